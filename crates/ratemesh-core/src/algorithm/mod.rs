@@ -1,0 +1,238 @@
+//! The limiting algorithms, behind one [`Bucket`] type: the state of one key under one limit.
+//!
+//! Every operation takes `now`; a `now` earlier than one the bucket has already seen is treated
+//! as no time passing. Arithmetic saturates and never panics, whatever the inputs.
+
+mod leases;
+mod log;
+mod tat;
+mod window;
+
+use rand::Rng;
+
+use crate::decision::{Decision, LeaseId};
+use crate::limit::{Kind, Limit};
+use crate::time::Instant;
+pub(crate) use leases::LeaseParams;
+use leases::Leases;
+use log::Log;
+pub(crate) use log::LogParams;
+pub(crate) use tat::TatParams;
+use window::Window;
+pub(crate) use window::WindowParams;
+
+/// The seeded random number generator the core draws from (never from the OS).
+pub type CoreRng = rand_xoshiro::Xoshiro256PlusPlus;
+
+/// The state of one key under one limit.
+///
+/// A bucket does not remember its limit: the caller passes the same [`Limit`] to every call. If the
+/// limit changes to another algorithm family (a policy reload), the bucket starts fresh.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bucket {
+    updated_at: Instant,
+    state: State,
+}
+
+/// The algorithm-specific part of a bucket. Large states are boxed so that the common ones (TAT,
+/// window) keep a bucket at 32 bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum State {
+    Tat(Instant),
+    Window(Window),
+    Log(Box<Log>),
+    Leases(Box<Leases>),
+}
+
+/// A bucket's state as it travels between nodes: times are relative to the sender's `now`, never
+/// instants, because nodes' clocks have different epochs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Snapshot {
+    /// Token bucket, GCRA, shaper: how far the theoretical arrival time is ahead of now.
+    Tat {
+        /// `TAT − now` in nanoseconds (0 for a full bucket).
+        backlog_nanos: u64,
+    },
+    /// Fixed window or sliding window counter.
+    Window {
+        /// Time since the current window started, in nanoseconds.
+        elapsed_nanos: u64,
+        /// Hits in the previous window.
+        prev: u64,
+        /// Hits in the current window.
+        curr: u64,
+    },
+    /// Sliding window log: `(age in nanoseconds, cost)` per logged time.
+    Log {
+        /// The logged hits.
+        hits: Vec<(u64, u64)>,
+    },
+    /// Concurrency: `(lease, slots, nanoseconds until it expires)` per lease held.
+    Leases {
+        /// The leases held.
+        leases: Vec<(LeaseId, u64, u64)>,
+    },
+}
+
+/// A snapshot that does not fit the limit it is applied under. The peer that sent it (or a policy
+/// that differs between nodes) is at fault; the local bucket is unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("snapshot of another algorithm family than the limit's ({0})")]
+pub struct SnapshotMismatch(pub &'static str);
+
+impl Bucket {
+    /// A fresh bucket: nothing counted.
+    pub fn new(limit: &Limit, now: Instant) -> Bucket {
+        Bucket { updated_at: now, state: State::fresh(limit.kind(), now) }
+    }
+
+    /// Decides a request of `cost` hits at `now` and counts it when it passes (`cost` 0 only asks).
+    /// `rng` names concurrency leases.
+    pub fn check(&mut self, limit: &Limit, cost: u64, now: Instant, rng: &mut CoreRng) -> Decision {
+        let now = self.advance(limit, now);
+        match (&mut self.state, limit.kind()) {
+            (State::Tat(at), Kind::Tat(p)) => tat::check(at, p, cost, now),
+            (State::Window(w), Kind::Window(p)) => w.check(p, cost, now),
+            (State::Log(l), Kind::Log(p)) => l.check(p, cost, now),
+            (State::Leases(l), Kind::Leases(p)) => l.check(p, cost, now, LeaseId(rng.next_u64())),
+            // advance() replaced a state of another family by a fresh one: cannot happen.
+            _ => Decision::new(false, limit.reported_limit(), 0, 0).refused_for(None),
+        }
+    }
+
+    /// Applies `hits` admitted elsewhere, unconditionally: the bucket may go into debt, which later
+    /// requests pay back. Concurrency leases are not hits: for them this does nothing.
+    pub fn force(&mut self, limit: &Limit, hits: u64, now: Instant) {
+        let now = self.advance(limit, now);
+        match (&mut self.state, limit.kind()) {
+            (State::Tat(at), Kind::Tat(p)) => tat::force(at, p, hits, now),
+            (State::Window(w), Kind::Window(p)) => w.force(p, hits, now),
+            (State::Log(l), Kind::Log(p)) => l.force(p, hits, now),
+            _ => {}
+        }
+    }
+
+    /// Returns `hits` (e.g. for work that failed downstream); never fills above capacity.
+    /// Concurrency leases are returned with [`Bucket::release`] instead.
+    pub fn refund(&mut self, limit: &Limit, hits: u64, now: Instant) {
+        let now = self.advance(limit, now);
+        match (&mut self.state, limit.kind()) {
+            (State::Tat(at), Kind::Tat(p)) => tat::refund(at, p, hits, now),
+            (State::Window(w), Kind::Window(p)) => w.refund(p, hits, now),
+            (State::Log(l), Kind::Log(p)) => l.refund(p, hits, now),
+            _ => {}
+        }
+    }
+
+    /// Releases a concurrency lease; false when it is not held (released, expired, or not a
+    /// concurrency limit).
+    pub fn release(&mut self, limit: &Limit, lease: LeaseId, now: Instant) -> bool {
+        let now = self.advance(limit, now);
+        match &mut self.state {
+            State::Leases(leases) => leases.release(lease, now),
+            _ => false,
+        }
+    }
+
+    /// The instant after which this bucket is indistinguishable from a fresh one (its TTL).
+    pub fn fresh_at(&self, limit: &Limit) -> Instant {
+        let now = self.updated_at;
+        match (&self.state, limit.kind()) {
+            (State::Tat(at), _) => *at,
+            (State::Window(w), Kind::Window(p)) => w.fresh_at(p, now),
+            (State::Log(l), Kind::Log(p)) => l.fresh_at(p),
+            (State::Leases(l), _) => l.fresh_at(),
+            // A state of another family is dropped at the next call: it is stale already.
+            _ => now,
+        }
+        .max(now)
+    }
+
+    /// The state at `now`, relative to `now`, for another node.
+    pub fn export(&self, now: Instant) -> Snapshot {
+        let now = now.max(self.updated_at);
+        match &self.state {
+            State::Tat(at) => Snapshot::Tat { backlog_nanos: at.nanos_since(now) },
+            State::Window(w) => {
+                Snapshot::Window { elapsed_nanos: now.nanos_since(w.start), prev: w.prev, curr: w.curr }
+            }
+            State::Log(l) => {
+                Snapshot::Log { hits: l.hits.iter().map(|&(at, cost)| (now.nanos_since(at), cost)).collect() }
+            }
+            State::Leases(l) => Snapshot::Leases {
+                leases: l.held.iter().map(|h| (h.id, h.slots, h.expires_at.nanos_since(now))).collect(),
+            },
+        }
+    }
+
+    /// A bucket holding `snapshot`, received at `now`.
+    pub fn import(limit: &Limit, snapshot: Snapshot, now: Instant) -> Result<Bucket, SnapshotMismatch> {
+        let state = State::from_snapshot(limit, snapshot, now)?;
+        Ok(Bucket { updated_at: now, state })
+    }
+
+    /// Joins `snapshot` into this bucket: afterwards the bucket admits no more, at any future
+    /// instant, than either the bucket or the snapshot would have. Commutative, associative and
+    /// idempotent, so state that arrives twice or by several routes is never counted twice.
+    pub fn join(&mut self, limit: &Limit, snapshot: Snapshot, now: Instant) -> Result<(), SnapshotMismatch> {
+        let other = State::from_snapshot(limit, snapshot, now)?;
+        let now = self.advance(limit, now);
+        match (&mut self.state, other, limit.kind()) {
+            (State::Tat(at), State::Tat(theirs), _) => *at = (*at).max(theirs),
+            (State::Window(w), State::Window(theirs), Kind::Window(p)) => w.join(p, theirs, now),
+            (State::Log(l), State::Log(theirs), Kind::Log(p)) => l.join(p, *theirs, now),
+            (State::Leases(l), State::Leases(theirs), Kind::Leases(p)) => l.join(p, *theirs, now),
+            // Both sides were checked against the limit's family above: cannot happen.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Clamps `now` so time never goes backwards for this bucket, and replaces a state of another
+    /// algorithm family (after a policy change) by a fresh one.
+    fn advance(&mut self, limit: &Limit, now: Instant) -> Instant {
+        let now = now.max(self.updated_at);
+        self.updated_at = now;
+        if !self.state.fits(limit.kind()) {
+            self.state = State::fresh(limit.kind(), now);
+        }
+        now
+    }
+}
+
+impl State {
+    fn fresh(kind: Kind, now: Instant) -> State {
+        match kind {
+            Kind::Tat(_) => State::Tat(now),
+            Kind::Window(p) => State::Window(Window::fresh(p, now)),
+            Kind::Log(_) => State::Log(Box::default()),
+            Kind::Leases(_) => State::Leases(Box::default()),
+        }
+    }
+
+    fn fits(&self, kind: Kind) -> bool {
+        matches!(
+            (self, kind),
+            (State::Tat(_), Kind::Tat(_))
+                | (State::Window(_), Kind::Window(_))
+                | (State::Log(_), Kind::Log(_))
+                | (State::Leases(_), Kind::Leases(_))
+        )
+    }
+
+    fn from_snapshot(limit: &Limit, snapshot: Snapshot, now: Instant) -> Result<State, SnapshotMismatch> {
+        let mismatch = SnapshotMismatch(limit.algorithm().name());
+        let state = match (snapshot, limit.kind()) {
+            (Snapshot::Tat { backlog_nanos }, Kind::Tat(_)) => State::Tat(now.add_nanos(backlog_nanos)),
+            (Snapshot::Window { elapsed_nanos, prev, curr }, Kind::Window(_)) => {
+                State::Window(Window { start: now.sub_nanos(elapsed_nanos), prev, curr })
+            }
+            (Snapshot::Log { hits }, Kind::Log(p)) => State::Log(Box::new(Log::from_ages(p, hits, now))),
+            (Snapshot::Leases { leases }, Kind::Leases(p)) => {
+                State::Leases(Box::new(Leases::from_expiries(p, leases, now)))
+            }
+            _ => return Err(mismatch),
+        };
+        Ok(state)
+    }
+}

@@ -1,0 +1,292 @@
+//! What a limit is: the algorithm and its parameters, validated once.
+//!
+//! A [`LimitSpec`] is what a user writes (policy file, HTTP body, builder). [`Limit::new`] checks it
+//! and precomputes what the hot path needs, so that a decision is integer arithmetic only.
+
+use core::time::Duration;
+
+use crate::algorithm::{LeaseParams, LogParams, TatParams, WindowParams};
+use crate::time::duration_nanos;
+
+/// The limiting algorithms of ratemesh. See ARCHITECTURE.md for the semantics of each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// At most `limit` hits in each window of `period`, windows aligned to a fixed grid. Admits up to
+    /// 2 × `limit` across a window edge.
+    FixedWindow,
+    /// At most `limit` hits in any interval of length `period`, kept as a log of hits.
+    SlidingWindowLog,
+    /// The previous window's count weighted by its overlap with the sliding window, plus the current
+    /// window's count, must stay within `limit` (Cloudflare's approximation).
+    SlidingWindowCounter,
+    /// Capacity `burst` (default `limit`) refilled at `limit` per `period`.
+    TokenBucket,
+    /// Leaky bucket as a meter (GCRA, one theoretical arrival time per key): `limit` per `period`
+    /// with `burst` hits (default 1, i.e. no burst) allowed at once.
+    Gcra,
+    /// Leaky bucket as a queue (a shaper, like nginx `limit_req`): drains at `limit` per `period`;
+    /// up to `burst` hits wait in the queue and are admitted with a delay, the first `delay` of them
+    /// without one; past the queue bound a hit is refused.
+    LeakyBucketShaper,
+    /// At most `limit` leases held at once; a lease not released expires after `period`.
+    Concurrency,
+}
+
+impl Algorithm {
+    /// Every algorithm, in declaration order.
+    pub const ALL: [Algorithm; 7] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::LeakyBucketShaper,
+        Algorithm::Concurrency,
+    ];
+
+    /// The name used in configuration and APIs (`token_bucket`, `gcra`, …).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::LeakyBucketShaper => "leaky_bucket",
+            Algorithm::Concurrency => "concurrency",
+        }
+    }
+
+    /// The algorithm with this configuration name, if any.
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
+    }
+}
+
+/// A limit as a user states it, before validation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LimitSpec {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Hits per `period` (for [`Algorithm::Concurrency`]: leases held at once).
+    pub limit: u64,
+    /// The window, or the refill period (for [`Algorithm::Concurrency`]: the lease lifetime).
+    pub period: Duration,
+    /// Token bucket capacity; GCRA burst; shaper queue length. `None` takes the algorithm's default.
+    pub burst: Option<u64>,
+    /// Shaper only: how many queued hits pass without delay (nginx `delay=`). Default 0.
+    pub delay: Option<u64>,
+}
+
+impl LimitSpec {
+    /// A spec with no `burst` or `delay`: every algorithm takes its defaults.
+    pub fn new(algorithm: Algorithm, limit: u64, period: Duration) -> LimitSpec {
+        LimitSpec { algorithm, limit, period, burst: None, delay: None }
+    }
+
+    /// The same spec with `burst` set.
+    #[must_use]
+    pub fn with_burst(mut self, burst: u64) -> LimitSpec {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// The same spec with the shaper's `delay` set.
+    #[must_use]
+    pub fn with_delay(mut self, delay: u64) -> LimitSpec {
+        self.delay = Some(delay);
+        self
+    }
+}
+
+/// Why a [`LimitSpec`] is not a valid limit. Caused by the caller's input; nothing was changed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    /// `limit` is zero.
+    #[error("limit must be at least 1")]
+    ZeroLimit,
+    /// `period` is zero.
+    #[error("period must be longer than zero")]
+    ZeroPeriod,
+    /// `burst` is zero where a capacity of zero would refuse everything.
+    #[error("burst must be at least 1 for {0}")]
+    ZeroBurst(&'static str),
+    /// A parameter was given to an algorithm that has no use for it.
+    #[error("{parameter} does not apply to {algorithm}")]
+    NotApplicable {
+        /// The parameter's name.
+        parameter: &'static str,
+        /// The algorithm's name.
+        algorithm: &'static str,
+    },
+    /// `delay` is larger than the shaper's `burst`.
+    #[error("delay ({delay}) must not exceed burst ({burst})")]
+    DelayAboveBurst {
+        /// The delay given.
+        delay: u64,
+        /// The burst in force.
+        burst: u64,
+    },
+    /// The rate is above one hit per nanosecond, the resolution of the clock.
+    #[error("rate above one hit per nanosecond ({limit} per {period_nanos} ns)")]
+    RateTooHigh {
+        /// Hits per period.
+        limit: u64,
+        /// The period in nanoseconds.
+        period_nanos: u64,
+    },
+    /// A value so large that the state it implies cannot be represented.
+    #[error("{parameter} is too large (at most {max})")]
+    TooLarge {
+        /// The parameter's name.
+        parameter: &'static str,
+        /// The largest accepted value.
+        max: u64,
+    },
+}
+
+/// The most hits a sliding window log keeps per key: its memory is O(limit).
+pub const SLIDING_LOG_LIMIT_MAX: u64 = 100_000;
+/// The most leases a concurrency limit tracks per key: its memory is O(limit).
+pub const CONCURRENCY_LIMIT_MAX: u64 = 100_000;
+/// The longest period accepted: about 100 years, so that instants never saturate in practice.
+pub const PERIOD_NANOS_MAX: u64 = 100 * 365 * 24 * 3600 * 1_000_000_000;
+
+/// A validated limit. Cheap to clone; every decision takes one by reference.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Limit {
+    spec: LimitSpec,
+    kind: Kind,
+}
+
+/// The precomputed form that the algorithms run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Kind {
+    /// Token bucket, GCRA and shaper: a theoretical arrival time.
+    Tat(TatParams),
+    /// Fixed window and sliding window counter.
+    Window(WindowParams),
+    /// Sliding window log.
+    Log(LogParams),
+    /// Concurrency leases.
+    Leases(LeaseParams),
+}
+
+impl Limit {
+    /// Validates `spec`.
+    ///
+    /// Token bucket, GCRA and shaper drain one hit every `ceil(period / limit)` nanoseconds: when
+    /// `period` is not a multiple of `limit` the rate is rounded down by under one part in
+    /// `period_nanos / limit`, never up.
+    pub fn new(spec: LimitSpec) -> Result<Limit, LimitError> {
+        let period_nanos = duration_nanos(spec.period);
+        if spec.limit == 0 {
+            return Err(LimitError::ZeroLimit);
+        }
+        if period_nanos == 0 {
+            return Err(LimitError::ZeroPeriod);
+        }
+        if period_nanos > PERIOD_NANOS_MAX {
+            return Err(LimitError::TooLarge { parameter: "period", max: PERIOD_NANOS_MAX });
+        }
+        let name = spec.algorithm.name();
+        let reject = |parameter| LimitError::NotApplicable { parameter, algorithm: name };
+        if spec.delay.is_some() && spec.algorithm != Algorithm::LeakyBucketShaper {
+            return Err(reject("delay"));
+        }
+        let kind = match spec.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
+                no_burst(&spec, reject)?;
+                let sliding = spec.algorithm == Algorithm::SlidingWindowCounter;
+                Kind::Window(WindowParams { period_nanos, limit: spec.limit, sliding })
+            }
+            Algorithm::SlidingWindowLog => {
+                no_burst(&spec, reject)?;
+                at_most("limit", spec.limit, SLIDING_LOG_LIMIT_MAX)?;
+                Kind::Log(LogParams { period_nanos, limit: spec.limit })
+            }
+            Algorithm::Concurrency => {
+                no_burst(&spec, reject)?;
+                at_most("limit", spec.limit, CONCURRENCY_LIMIT_MAX)?;
+                Kind::Leases(LeaseParams { lease_nanos: period_nanos, limit: spec.limit })
+            }
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                let default_burst = if spec.algorithm == Algorithm::Gcra { 1 } else { spec.limit };
+                let capacity = spec.burst.unwrap_or(default_burst);
+                if capacity == 0 {
+                    return Err(LimitError::ZeroBurst(name));
+                }
+                tat_kind(&spec, period_nanos, capacity, capacity)?
+            }
+            Algorithm::LeakyBucketShaper => {
+                let burst = spec.burst.unwrap_or(0);
+                let delay = spec.delay.unwrap_or(0);
+                if delay > burst {
+                    return Err(LimitError::DelayAboveBurst { delay, burst });
+                }
+                // The queue holds `burst` waiting hits plus the one being served (nginx counts the
+                // same way: burst=5 admits 6 back to back).
+                let capacity = burst.saturating_add(1);
+                tat_kind(&spec, period_nanos, capacity, delay.saturating_add(1))?
+            }
+        };
+        Ok(Limit { spec, kind })
+    }
+
+    /// The spec this limit was made from.
+    pub fn spec(&self) -> &LimitSpec {
+        &self.spec
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.spec.algorithm
+    }
+
+    /// The most hits one request may cost and still pass on a fresh key; a costlier request is
+    /// refused without consuming anything and with no retry time (it can never pass).
+    pub fn capacity(&self) -> u64 {
+        match self.kind {
+            Kind::Tat(p) => p.capacity,
+            Kind::Window(WindowParams { limit, .. })
+            | Kind::Log(LogParams { limit, .. })
+            | Kind::Leases(LeaseParams { limit, .. }) => limit,
+        }
+    }
+
+    /// The limit as reported to clients (`X-RateLimit-Limit`): hits per period, or leases.
+    pub fn reported_limit(&self) -> u64 {
+        self.spec.limit
+    }
+
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
+    }
+}
+
+fn no_burst(spec: &LimitSpec, reject: impl FnOnce(&'static str) -> LimitError) -> Result<(), LimitError> {
+    match spec.burst {
+        Some(_) => Err(reject("burst")),
+        None => Ok(()),
+    }
+}
+
+fn at_most(parameter: &'static str, value: u64, max: u64) -> Result<(), LimitError> {
+    if value > max {
+        return Err(LimitError::TooLarge { parameter, max });
+    }
+    Ok(())
+}
+
+fn tat_kind(spec: &LimitSpec, period_nanos: u64, capacity: u64, delay_free: u64) -> Result<Kind, LimitError> {
+    if spec.limit > period_nanos {
+        return Err(LimitError::RateTooHigh { limit: spec.limit, period_nanos });
+    }
+    let interval_nanos = period_nanos.div_ceil(spec.limit);
+    // The whole bucket must fit in the clock: capacity × interval within the period bound keeps
+    // every theoretical arrival time far from saturation.
+    let capacity_max = PERIOD_NANOS_MAX / interval_nanos;
+    at_most("burst", capacity, capacity_max)?;
+    let reported_limit = spec.limit;
+    Ok(Kind::Tat(TatParams { interval_nanos, capacity, delay_free, reported_limit }))
+}

@@ -1,0 +1,326 @@
+//! Peer messages on the wire: versioned types of their own, encoded with postcard.
+//!
+//! Core types are not the wire format. The types here are a protocol contract: a field is never
+//! reordered or retyped within a version; a change makes a new [`WIRE_VERSION`]. Every frame starts
+//! with its version byte, then the postcard encoding of a [`Frame`].
+//!
+//! Decoding is bounded twice: a frame longer than the caller's `frame_len_max` is refused before
+//! any parsing, and postcard never reads (or allocates for) more than the slice holds. Malformed,
+//! truncated, oversized or unknown-version input is a [`WireError`], never a panic. Values are
+//! then validated when they are turned into core types ([`LimitWire::to_limit`]).
+
+use core::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::algorithm::Snapshot;
+use crate::decision::{Decision, LeaseId};
+use crate::limit::{Algorithm, Limit, LimitError, LimitSpec};
+use crate::time::duration_nanos;
+
+/// The wire version this build speaks.
+pub const WIRE_VERSION: u8 = 1;
+/// The default bound on one encoded frame: 1 MiB.
+pub const FRAME_LEN_MAX_DEFAULT: usize = 1 << 20;
+
+/// Why bytes from a peer are not a frame. The peer (or the network) is at fault; nothing changed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The input is empty.
+    #[error("empty frame")]
+    Empty,
+    /// The frame is longer than the bound.
+    #[error("frame of {len} bytes exceeds the bound of {max} bytes")]
+    Oversized {
+        /// The frame's length.
+        len: usize,
+        /// The bound in force.
+        max: usize,
+    },
+    /// The frame is of a version this build does not speak.
+    #[error("wire version {0} is not supported (this build speaks {WIRE_VERSION})")]
+    Version(u8),
+    /// The frame does not decode (malformed or truncated).
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+    /// The frame decoded but bytes were left over.
+    #[error("{0} trailing bytes after the frame")]
+    Trailing(usize),
+    /// Encoding failed (only for a frame larger than the bound).
+    #[error("cannot encode frame: {0}")]
+    Encode(String),
+}
+
+/// One message between peers: who sent it, its sequence number, and what it says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Frame {
+    /// The sending node.
+    pub from: u64,
+    /// The sender's incarnation: a restarted node starts a new one, so its sequence numbers do
+    /// not collide with those of its previous life.
+    pub incarnation: u64,
+    /// Increases by one per frame sent by this incarnation; receivers drop duplicates and stale
+    /// frames by it.
+    pub seq: u64,
+    /// The message.
+    pub body: Body,
+}
+
+/// What a frame says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Body {
+    /// Exact mode: checks forwarded to the owner of their keys, batched.
+    Forward(Vec<ForwardCheck>),
+    /// Exact mode: the owner's decisions, matched to the checks by `id`.
+    Decided(Vec<Decided>),
+    /// Approximate mode: hits admitted locally since the last report, per key.
+    Report(Vec<Report>),
+    /// Approximate mode: the owner's authoritative state and the receiver's share, per key.
+    Grant(Vec<Grant>),
+    /// Ownership moved: the sender's state of keys the receiver now owns (or replicates).
+    Handoff(Vec<KeyState>),
+    /// Acknowledges frames up to `seq` (for retransmission of the frames that must not be lost).
+    Ack {
+        /// The highest sequence number received in order.
+        seq: u64,
+    },
+}
+
+/// A limit as it travels: the spec, checked again on arrival.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitWire {
+    /// The algorithm's configuration name (`token_bucket`, …).
+    pub algorithm: String,
+    /// Hits per period.
+    pub limit: u64,
+    /// The period in nanoseconds.
+    pub period_nanos: u64,
+    /// Burst, if set.
+    pub burst: Option<u64>,
+    /// Shaper delay, if set.
+    pub delay: Option<u64>,
+}
+
+/// Why a [`LimitWire`] is not a limit.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LimitWireError {
+    /// The algorithm name is unknown.
+    #[error("unknown algorithm {0:?}")]
+    UnknownAlgorithm(String),
+    /// The parameters are invalid.
+    #[error(transparent)]
+    Invalid(#[from] LimitError),
+}
+
+impl LimitWire {
+    /// The wire form of `limit`.
+    pub fn from_limit(limit: &Limit) -> LimitWire {
+        let spec = limit.spec();
+        LimitWire {
+            algorithm: spec.algorithm.name().to_owned(),
+            limit: spec.limit,
+            period_nanos: duration_nanos(spec.period),
+            burst: spec.burst,
+            delay: spec.delay,
+        }
+    }
+
+    /// The validated limit.
+    pub fn to_limit(&self) -> Result<Limit, LimitWireError> {
+        let algorithm = Algorithm::from_name(&self.algorithm)
+            .ok_or_else(|| LimitWireError::UnknownAlgorithm(self.algorithm.clone()))?;
+        let spec = LimitSpec {
+            algorithm,
+            limit: self.limit,
+            period: Duration::from_nanos(self.period_nanos),
+            burst: self.burst,
+            delay: self.delay,
+        };
+        Ok(Limit::new(spec)?)
+    }
+}
+
+/// A bucket's state as it travels (times relative to the sender's now).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SnapshotWire {
+    /// See [`Snapshot::Tat`].
+    Tat {
+        /// Nanoseconds the theoretical arrival time is ahead of now.
+        backlog_nanos: u64,
+    },
+    /// See [`Snapshot::Window`].
+    Window {
+        /// Nanoseconds since the current window started.
+        elapsed_nanos: u64,
+        /// Hits in the previous window.
+        prev: u64,
+        /// Hits in the current window.
+        curr: u64,
+    },
+    /// See [`Snapshot::Log`]: `(age in nanoseconds, cost)`.
+    Log(Vec<(u64, u64)>),
+    /// See [`Snapshot::Leases`]: `(lease, slots, nanoseconds until expiry)`.
+    Leases(Vec<(u64, u64, u64)>),
+}
+
+impl From<Snapshot> for SnapshotWire {
+    fn from(snapshot: Snapshot) -> Self {
+        match snapshot {
+            Snapshot::Tat { backlog_nanos } => SnapshotWire::Tat { backlog_nanos },
+            Snapshot::Window { elapsed_nanos, prev, curr } => {
+                SnapshotWire::Window { elapsed_nanos, prev, curr }
+            }
+            Snapshot::Log { hits } => SnapshotWire::Log(hits),
+            Snapshot::Leases { leases } => SnapshotWire::Leases(
+                leases.into_iter().map(|(id, slots, left)| (id.0, slots, left)).collect(),
+            ),
+        }
+    }
+}
+
+impl From<SnapshotWire> for Snapshot {
+    fn from(wire: SnapshotWire) -> Self {
+        match wire {
+            SnapshotWire::Tat { backlog_nanos } => Snapshot::Tat { backlog_nanos },
+            SnapshotWire::Window { elapsed_nanos, prev, curr } => {
+                Snapshot::Window { elapsed_nanos, prev, curr }
+            }
+            SnapshotWire::Log(hits) => Snapshot::Log { hits },
+            SnapshotWire::Leases(leases) => Snapshot::Leases {
+                leases: leases.into_iter().map(|(id, slots, left)| (LeaseId(id), slots, left)).collect(),
+            },
+        }
+    }
+}
+
+/// A decision as it travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecisionWire {
+    /// See [`Decision::allowed`].
+    pub allowed: bool,
+    /// See [`Decision::limit`].
+    pub limit: u64,
+    /// See [`Decision::remaining`].
+    pub remaining: u64,
+    /// See [`Decision::reset_after`], in nanoseconds.
+    pub reset_after_nanos: u64,
+    /// See [`Decision::retry_after`], in nanoseconds.
+    pub retry_after_nanos: Option<u64>,
+    /// See [`Decision::delay`], in nanoseconds.
+    pub delay_nanos: u64,
+    /// See [`Decision::lease`].
+    pub lease: Option<u64>,
+}
+
+impl From<Decision> for DecisionWire {
+    fn from(d: Decision) -> Self {
+        DecisionWire {
+            allowed: d.allowed,
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_after_nanos: duration_nanos(d.reset_after),
+            retry_after_nanos: d.retry_after.map(duration_nanos),
+            delay_nanos: duration_nanos(d.delay),
+            lease: d.lease.map(|lease| lease.0),
+        }
+    }
+}
+
+impl From<DecisionWire> for Decision {
+    fn from(w: DecisionWire) -> Self {
+        Decision {
+            allowed: w.allowed,
+            limit: w.limit,
+            remaining: w.remaining,
+            reset_after: Duration::from_nanos(w.reset_after_nanos),
+            retry_after: w.retry_after_nanos.map(Duration::from_nanos),
+            delay: Duration::from_nanos(w.delay_nanos),
+            lease: w.lease.map(LeaseId),
+        }
+    }
+}
+
+/// One forwarded check.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardCheck {
+    /// Chosen by the sender to match the answer.
+    pub id: u64,
+    /// The bucket.
+    pub key: u128,
+    /// The limit to check under.
+    pub limit: LimitWire,
+    /// Hits.
+    pub cost: u64,
+}
+
+/// The owner's answer to one forwarded check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decided {
+    /// The [`ForwardCheck::id`] answered.
+    pub id: u64,
+    /// The decision.
+    pub decision: DecisionWire,
+}
+
+/// Hits a node admitted locally for one key since its last report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// The bucket.
+    pub key: u128,
+    /// The limit.
+    pub limit: LimitWire,
+    /// Hits admitted since the last report.
+    pub hits: u64,
+    /// Hits asked for (admitted or not) per second, recently: the node's demand.
+    pub demand: u64,
+}
+
+/// The owner's answer to a report for one key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// The bucket.
+    pub key: u128,
+    /// The authoritative state after applying every report.
+    pub state: SnapshotWire,
+    /// Hits the receiver may admit locally until its next grant.
+    pub share: u64,
+}
+
+/// A key's state, handed over or replicated.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyState {
+    /// The bucket.
+    pub key: u128,
+    /// The limit.
+    pub limit: LimitWire,
+    /// The state.
+    pub state: SnapshotWire,
+}
+
+/// Encodes `frame`, refusing to produce more than `frame_len_max` bytes.
+pub fn encode(frame: &Frame, frame_len_max: usize) -> Result<Vec<u8>, WireError> {
+    let mut bytes =
+        postcard::to_allocvec(&(WIRE_VERSION, frame)).map_err(|e| WireError::Encode(e.to_string()))?;
+    if bytes.len() > frame_len_max {
+        return Err(WireError::Encode(format!("{} bytes exceed the bound of {frame_len_max}", bytes.len())));
+    }
+    bytes.shrink_to_fit();
+    Ok(bytes)
+}
+
+/// Decodes one frame from exactly `bytes`.
+pub fn decode(bytes: &[u8], frame_len_max: usize) -> Result<Frame, WireError> {
+    if bytes.len() > frame_len_max {
+        return Err(WireError::Oversized { len: bytes.len(), max: frame_len_max });
+    }
+    let (&version, body) = bytes.split_first().ok_or(WireError::Empty)?;
+    if version != WIRE_VERSION {
+        return Err(WireError::Version(version));
+    }
+    let (frame, rest) =
+        postcard::take_from_bytes::<Frame>(body).map_err(|e| WireError::Malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(WireError::Trailing(rest.len()));
+    }
+    Ok(frame)
+}
