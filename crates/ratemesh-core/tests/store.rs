@@ -1,0 +1,140 @@
+//! The keyed store: bounds, TTL expiry, eviction, and that it never loses information early.
+
+use core::time::Duration;
+
+use ratemesh_core::{Algorithm, Instant, KeyHash, Limit, LimitSpec, Namespace, Store, StoreConfig, StoreStats};
+
+fn token_bucket(limit: u64, burst: u64) -> Limit {
+    Limit::new(LimitSpec::new(Algorithm::TokenBucket, limit, Duration::from_secs(1)).with_burst(burst))
+        .expect("valid limit")
+}
+
+fn key(i: u64) -> KeyHash {
+    Namespace::new(b"test").key(&i.to_le_bytes())
+}
+
+fn store(keys_max: usize) -> Store {
+    Store::new(StoreConfig { keys_max, sweep_len_max: 64, eviction_sample_len: 8 }, 7)
+}
+
+const T0: Instant = Instant::from_millis(1_000);
+
+#[test]
+fn table_never_exceeds_keys_max_and_counts_evictions() {
+    let limit = token_bucket(10, 10);
+    let mut store = store(100);
+    for i in 0..1_000 {
+        assert!(store.check(key(i), &limit, 1, T0).allowed);
+        assert!(store.len() <= 100);
+    }
+    assert_eq!(store.len(), 100);
+    // Every key is still live (a token bucket takes 100 ms to refill one token): all 900 were
+    // evictions of live keys, none an expiry.
+    assert_eq!(store.stats(), StoreStats { inserted: 1_000, expired: 0, evicted: 900 });
+}
+
+#[test]
+fn eviction_prefers_keys_that_are_fresh_already() {
+    let limit = token_bucket(10, 10);
+    let mut store = store(100);
+    for i in 0..100 {
+        store.check(key(i), &limit, 1, T0);
+    }
+    // 100 ms later all of them are full again: evicting them loses nothing.
+    let later = T0.add_nanos(100_000_000);
+    for i in 100..200 {
+        store.check(key(i), &limit, 1, later);
+    }
+    let stats = store.stats();
+    assert_eq!(stats.evicted + stats.expired, 100);
+    assert!(stats.evicted < 10, "sampling should find stale entries nearly always: {stats:?}");
+}
+
+#[test]
+fn sweep_drops_exactly_the_fresh_entries() {
+    let limit = token_bucket(10, 10);
+    let mut store = store(1_000);
+    for i in 0..50 {
+        store.check(key(i), &limit, 1, T0); // full again after 100 ms
+        store.check(key(1_000 + i), &limit, 5, T0); // full again after 500 ms
+    }
+    let mut dropped = 0;
+    for _ in 0..10 {
+        dropped += store.sweep(T0.add_nanos(100_000_000));
+    }
+    assert_eq!(dropped, 50);
+    assert_eq!(store.len(), 50);
+    for i in 0..50 {
+        assert!(store.get(key(1_000 + i)).is_some(), "a live key was swept");
+    }
+}
+
+#[test]
+fn sweep_work_per_call_is_bounded() {
+    let limit = token_bucket(10, 10);
+    let mut store = store(1_000);
+    for i in 0..1_000 {
+        store.check(key(i), &limit, 1, T0);
+    }
+    // sweep_len_max is 64: one call examines (and so drops) at most 64 entries.
+    assert_eq!(store.sweep(T0.add_nanos(1_000_000_000)), 64);
+    assert_eq!(store.len(), 936);
+}
+
+#[test]
+fn refusals_and_queries_on_unknown_keys_insert_nothing() {
+    let limit = token_bucket(10, 10);
+    let mut store = store(10);
+    assert!(store.check(key(1), &limit, 0, T0).allowed, "a query on a fresh key");
+    let refused = store.check(key(2), &limit, 11, T0);
+    assert!(!refused.allowed);
+    assert_eq!(refused.retry_after, None, "cost above capacity never passes");
+    assert!(store.is_empty());
+    store.refund(key(3), &limit, 5, T0);
+    assert!(store.is_empty(), "refunding an unknown key (already full) tracks nothing");
+}
+
+#[test]
+fn expiry_loses_no_information() {
+    // A key dropped at its fresh_at decides exactly like the kept one would have.
+    let limit = token_bucket(10, 10);
+    let mut kept = store(10);
+    let mut swept = store(10);
+    kept.check(key(1), &limit, 10, T0);
+    swept.check(key(1), &limit, 10, T0);
+    let fresh = T0.add_nanos(1_000_000_000);
+    assert_eq!(swept.sweep(fresh), 1);
+    for step in 0..30u64 {
+        let now = fresh.add_nanos(step * 10_000_000);
+        assert_eq!(kept.check(key(1), &limit, 1, now), swept.check(key(1), &limit, 1, now));
+    }
+}
+
+#[test]
+fn force_creates_debt_and_export_join_move_it() {
+    let limit = token_bucket(10, 10);
+    let mut owner = store(10);
+    owner.force(key(1), &limit, 15, T0);
+    let decision = owner.check(key(1), &limit, 1, T0);
+    assert!(!decision.allowed);
+    // 15 hits into a bucket of 10: 5 in debt, plus one token for this request: 600 ms at 10/s.
+    assert_eq!(decision.retry_after, Some(Duration::from_millis(600)));
+
+    let snapshot = owner.export(key(1), T0).expect("tracked");
+    let mut successor = store(10);
+    successor.join(key(1), &limit, snapshot, T0).expect("same family");
+    assert_eq!(successor.check(key(1), &limit, 1, T0), decision);
+}
+
+#[test]
+fn same_seed_same_evictions() {
+    let limit = token_bucket(10, 10);
+    let run = || {
+        let mut store = store(50);
+        for i in 0..500 {
+            store.check(key(i % 173), &limit, 1, T0.add_nanos(i * 1_000_000));
+        }
+        store.keys().collect::<Vec<_>>()
+    };
+    assert_eq!(run(), run());
+}
