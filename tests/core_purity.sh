@@ -11,7 +11,7 @@ deps=$(cargo tree --locked -p ratemesh-core -e normal --prefix none --format '{p
 if bad=$(grep -E "$forbidden_crates" <<<"$deps"); then
   echo "core-purity: ratemesh-core depends on forbidden crates:"; echo "$bad"; status=1
 fi
-forbidden_code='std::time::(Instant|SystemTime)|SystemTime::now|Instant::now|std::thread|std::net|std::fs|tokio|thread_rng|rand::rng\(|OsRng|from_os_rng'
+forbidden_code='std::time::(Instant|SystemTime)|SystemTime::now|Instant::now|std::thread|std::net|std::fs|tokio|thread_rng|rand::rng\(|OsRng|from_os_rng|RandomState|HashMap::new|HashSet::new'
 # Comments may name what the core does not do; code may not.
 if bad=$(grep -rnE "$forbidden_code" crates/ratemesh-core/src | grep -vE '^[^:]+:[0-9]+:[[:space:]]*//'); then
   echo "core-purity: ratemesh-core sources do IO:"; echo "$bad"; status=1

@@ -41,6 +41,11 @@ impl Decision {
         }
     }
 
+    /// An admission with nothing known about the state (a fail-open fallback).
+    pub(crate) fn admitted_blind(limit: u64) -> Self {
+        Decision::new(true, limit, limit, 0)
+    }
+
     /// The same decision, refused, passing after `nanos` (or never, for `None`).
     pub(crate) fn refused_for(mut self, nanos: Option<u64>) -> Self {
         self.allowed = false;

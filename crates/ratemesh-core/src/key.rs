@@ -73,7 +73,8 @@ mod tests {
             (b"api", b"user:42", 0xbad1a046fc6a9b6cca6b331238374353),
             (b"inline:token_bucket:100/1s", b"10.0.0.1", 0x0337ce2ad73d56524e85b79efef44f40),
         ];
-        let got: Vec<u128> = cases.iter().map(|(namespace, key, _)| Namespace::new(namespace).key(key).0).collect();
+        let got: Vec<u128> =
+            cases.iter().map(|(namespace, key, _)| Namespace::new(namespace).key(key).0).collect();
         let expected: Vec<u128> = cases.iter().map(|case| case.2).collect();
         assert_eq!(got, expected, "got {got:#034x?}");
     }

@@ -7,12 +7,14 @@
 //! - [`Limit`]: a validated limit (algorithm and parameters).
 //! - [`Bucket`]: the state of one key under one limit; [`Decision`]: the answer to a check.
 //! - [`Store`]: many buckets, bounded by `keys_max`, with TTL expiry and counted eviction.
+//! - [`Node`]: the cluster node state machine (ownership, exact and approximate modes, handoff).
 //! - [`wire`]: versioned peer messages, encoded with postcard, decoded with a size bound.
 
 mod algorithm;
 mod decision;
 mod key;
 mod limit;
+mod node;
 mod store;
 mod time;
 pub mod wire;
@@ -23,5 +25,9 @@ pub use key::{KeyHash, KeyHasher, KeyHasherBuilder, Namespace};
 pub use limit::{
     Algorithm, CONCURRENCY_LIMIT_MAX, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX, SLIDING_LOG_LIMIT_MAX,
 };
-pub use store::{Store, StoreConfig, StoreStats};
+pub use node::{
+    CheckOutcome, CheckRequest, DeliveryStats, Event, Fallback, MemberView, Mode, Node, NodeConfig, NodeId,
+    NodeStats, Policy, RING_VNODES_DEFAULT, RequestId, Ring, Transmit,
+};
+pub use store::{KeyExtra, Store, StoreConfig, StoreStats};
 pub use time::{Instant, duration_nanos};

@@ -216,7 +216,7 @@ impl Limit {
                 if capacity == 0 {
                     return Err(LimitError::ZeroBurst(name));
                 }
-                tat_kind(&spec, period_nanos, capacity, capacity)?
+                tat_kind(&spec, period_nanos, capacity, 0, capacity)?
             }
             Algorithm::LeakyBucketShaper => {
                 let burst = spec.burst.unwrap_or(0);
@@ -226,8 +226,7 @@ impl Limit {
                 }
                 // The queue holds `burst` waiting hits plus the one being served (nginx counts the
                 // same way: burst=5 admits 6 back to back).
-                let capacity = burst.saturating_add(1);
-                tat_kind(&spec, period_nanos, capacity, delay.saturating_add(1))?
+                tat_kind(&spec, period_nanos, burst, 1, delay.saturating_add(1))?
             }
         };
         Ok(Limit { spec, kind })
@@ -278,7 +277,14 @@ fn at_most(parameter: &'static str, value: u64, max: u64) -> Result<(), LimitErr
     Ok(())
 }
 
-fn tat_kind(spec: &LimitSpec, period_nanos: u64, capacity: u64, delay_free: u64) -> Result<Kind, LimitError> {
+/// The parameters of a TAT limit whose bucket holds `burst + in_service` hits.
+fn tat_kind(
+    spec: &LimitSpec,
+    period_nanos: u64,
+    burst: u64,
+    in_service: u64,
+    delay_free: u64,
+) -> Result<Kind, LimitError> {
     if spec.limit > period_nanos {
         return Err(LimitError::RateTooHigh { limit: spec.limit, period_nanos });
     }
@@ -286,7 +292,9 @@ fn tat_kind(spec: &LimitSpec, period_nanos: u64, capacity: u64, delay_free: u64)
     // The whole bucket must fit in the clock: capacity × interval within the period bound keeps
     // every theoretical arrival time far from saturation.
     let capacity_max = PERIOD_NANOS_MAX / interval_nanos;
-    at_most("burst", capacity, capacity_max)?;
+    // The error reports the largest `burst` accepted, which the shaper's hit in service lowers.
+    at_most("burst", burst, capacity_max - in_service)?;
+    let capacity = burst + in_service;
     let reported_limit = spec.limit;
     Ok(Kind::Tat(TatParams { interval_nanos, capacity, delay_free, reported_limit }))
 }

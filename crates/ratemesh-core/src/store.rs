@@ -48,25 +48,44 @@ pub struct StoreStats {
     pub evicted: u64,
 }
 
-#[derive(Clone, Debug)]
-struct Entry {
-    fresh_at: Instant,
-    bucket: Bucket,
+/// Data kept beside a key's bucket by a user of the store (the cluster node keeps its per-key
+/// bookkeeping there); `()` for none.
+pub trait KeyExtra {
+    /// The entry must be kept until then even if its bucket is fresh (e.g. unreported hits).
+    fn keep_until(&self) -> Instant {
+        Instant::ZERO
+    }
 }
 
-/// The buckets of many keys. See the module documentation for the bounds.
+impl KeyExtra for () {}
+
 #[derive(Clone, Debug)]
-pub struct Store {
+struct Entry<X> {
+    fresh_at: Instant,
+    bucket: Bucket,
+    extra: X,
+}
+
+impl<X: KeyExtra> Entry<X> {
+    fn refresh(&mut self, limit: &Limit) {
+        self.fresh_at = self.bucket.fresh_at(limit).max(self.extra.keep_until());
+    }
+}
+
+/// The buckets of many keys, each with optional extra data `X`. See the module documentation for
+/// the bounds.
+#[derive(Clone, Debug)]
+pub struct Store<X = ()> {
     config: StoreConfig,
-    entries: IndexMap<KeyHash, Entry, KeyHasherBuilder>,
+    entries: IndexMap<KeyHash, Entry<X>, KeyHasherBuilder>,
     rng: CoreRng,
     sweep_cursor: usize,
     stats: StoreStats,
 }
 
-impl Store {
+impl<X: KeyExtra> Store<X> {
     /// An empty store; `seed` decides eviction samples and lease ids.
-    pub fn new(config: StoreConfig, seed: u64) -> Store {
+    pub fn new(config: StoreConfig, seed: u64) -> Store<X> {
         Store {
             config: StoreConfig { keys_max: config.keys_max.max(1), ..config },
             entries: IndexMap::default(),
@@ -77,55 +96,36 @@ impl Store {
     }
 
     /// Decides a request of `cost` hits on `key` under `limit` at `now`, counting it if it passes.
-    pub fn check(&mut self, key: KeyHash, limit: &Limit, cost: u64, now: Instant) -> Decision {
+    /// A new key gets `extra()` beside its bucket.
+    pub fn check_with(
+        &mut self,
+        key: KeyHash,
+        limit: &Limit,
+        cost: u64,
+        now: Instant,
+        extra: impl FnOnce() -> X,
+    ) -> Decision {
         if let Some(entry) = self.entries.get_mut(&key) {
             let decision = entry.bucket.check(limit, cost, now, &mut self.rng);
-            entry.fresh_at = entry.bucket.fresh_at(limit);
+            entry.refresh(limit);
             return decision;
         }
         let mut bucket = Bucket::new(limit, now);
         let decision = bucket.check(limit, cost, now, &mut self.rng);
         if decision.allowed && cost > 0 {
-            self.insert(key, limit, bucket, now);
+            self.insert(key, limit, bucket, extra(), now);
         }
         decision
     }
 
-    /// Applies `hits` admitted elsewhere to `key`, unconditionally (see [`Bucket::force`]).
-    pub fn force(&mut self, key: KeyHash, limit: &Limit, hits: u64, now: Instant) {
-        if hits == 0 {
-            return;
-        }
-        self.upsert(key, limit, now, |bucket| bucket.force(limit, hits, now));
-    }
-
     /// Returns `hits` to `key` (see [`Bucket::refund`]). An unknown key is full already.
     pub fn refund(&mut self, key: KeyHash, limit: &Limit, hits: u64, now: Instant) {
-        if let Some(entry) = self.entries.get_mut(&key) {
-            entry.bucket.refund(limit, hits, now);
-            entry.fresh_at = entry.bucket.fresh_at(limit);
-        }
+        self.update(key, limit, |bucket, _| bucket.refund(limit, hits, now));
     }
 
     /// Releases a concurrency lease on `key`; false when it is not held.
     pub fn release(&mut self, key: KeyHash, limit: &Limit, lease: LeaseId, now: Instant) -> bool {
-        let Some(entry) = self.entries.get_mut(&key) else { return false };
-        let released = entry.bucket.release(limit, lease, now);
-        entry.fresh_at = entry.bucket.fresh_at(limit);
-        released
-    }
-
-    /// Joins a snapshot from another node into `key`'s bucket (see [`Bucket::join`]).
-    pub fn join(
-        &mut self,
-        key: KeyHash,
-        limit: &Limit,
-        snapshot: Snapshot,
-        now: Instant,
-    ) -> Result<(), SnapshotMismatch> {
-        let mut result = Ok(());
-        self.upsert(key, limit, now, |bucket| result = bucket.join(limit, snapshot, now));
-        result
+        self.update(key, limit, |bucket, _| bucket.release(limit, lease, now)).unwrap_or(false)
     }
 
     /// `key`'s state relative to `now`, if tracked.
@@ -138,7 +138,48 @@ impl Store {
         self.entries.get(&key).map(|entry| &entry.bucket)
     }
 
-    /// Stops tracking `key` (e.g. after handing it to its new owner), returning its bucket.
+    /// The extra data beside `key`'s bucket, if tracked.
+    pub fn extra(&self, key: KeyHash) -> Option<&X> {
+        self.entries.get(&key).map(|entry| &entry.extra)
+    }
+
+    /// Runs `change` on `key`'s bucket and extra data, if tracked; `limit` is the key's limit
+    /// (for its TTL).
+    pub fn update<R>(
+        &mut self,
+        key: KeyHash,
+        limit: &Limit,
+        change: impl FnOnce(&mut Bucket, &mut X) -> R,
+    ) -> Option<R> {
+        let entry = self.entries.get_mut(&key)?;
+        let result = change(&mut entry.bucket, &mut entry.extra);
+        entry.refresh(limit);
+        Some(result)
+    }
+
+    /// Runs `change` on `key`'s bucket and extra data, creating them (`Bucket::new`, `extra()`,
+    /// making room if needed) when absent.
+    pub fn upsert_with<R>(
+        &mut self,
+        key: KeyHash,
+        limit: &Limit,
+        now: Instant,
+        extra: impl FnOnce() -> X,
+        change: impl FnOnce(&mut Bucket, &mut X) -> R,
+    ) -> R {
+        if let Some(entry) = self.entries.get_mut(&key) {
+            let result = change(&mut entry.bucket, &mut entry.extra);
+            entry.refresh(limit);
+            return result;
+        }
+        let mut bucket = Bucket::new(limit, now);
+        let mut fresh_extra = extra();
+        let result = change(&mut bucket, &mut fresh_extra);
+        self.insert(key, limit, bucket, fresh_extra, now);
+        result
+    }
+
+    /// Stops tracking `key`, returning its bucket.
     pub fn remove(&mut self, key: KeyHash) -> Option<Bucket> {
         self.entries.swap_remove(&key).map(|entry| entry.bucket)
     }
@@ -189,24 +230,13 @@ impl Store {
         self.config
     }
 
-    /// Runs `change` on `key`'s bucket, creating a fresh one (making room if needed) when absent.
-    fn upsert(&mut self, key: KeyHash, limit: &Limit, now: Instant, change: impl FnOnce(&mut Bucket)) {
-        if let Some(entry) = self.entries.get_mut(&key) {
-            change(&mut entry.bucket);
-            entry.fresh_at = entry.bucket.fresh_at(limit);
-            return;
-        }
-        let mut bucket = Bucket::new(limit, now);
-        change(&mut bucket);
-        self.insert(key, limit, bucket, now);
-    }
-
-    fn insert(&mut self, key: KeyHash, limit: &Limit, bucket: Bucket, now: Instant) {
+    fn insert(&mut self, key: KeyHash, limit: &Limit, bucket: Bucket, extra: X, now: Instant) {
         if self.entries.len() >= self.config.keys_max {
             self.evict_one(now);
         }
-        let fresh_at = bucket.fresh_at(limit);
-        self.entries.insert(key, Entry { fresh_at, bucket });
+        let mut entry = Entry { fresh_at: Instant::ZERO, bucket, extra };
+        entry.refresh(limit);
+        self.entries.insert(key, entry);
         self.stats.inserted += 1;
     }
 
@@ -225,5 +255,31 @@ impl Store {
         } else {
             self.stats.evicted += 1;
         }
+    }
+}
+
+impl<X: KeyExtra + Default> Store<X> {
+    /// Decides a request of `cost` hits on `key` under `limit` at `now`, counting it if it passes.
+    pub fn check(&mut self, key: KeyHash, limit: &Limit, cost: u64, now: Instant) -> Decision {
+        self.check_with(key, limit, cost, now, X::default)
+    }
+
+    /// Applies `hits` admitted elsewhere to `key`, unconditionally (see [`Bucket::force`]).
+    pub fn force(&mut self, key: KeyHash, limit: &Limit, hits: u64, now: Instant) {
+        if hits == 0 {
+            return;
+        }
+        self.upsert_with(key, limit, now, X::default, |bucket, _| bucket.force(limit, hits, now));
+    }
+
+    /// Joins a snapshot from another node into `key`'s bucket (see [`Bucket::join`]).
+    pub fn join(
+        &mut self,
+        key: KeyHash,
+        limit: &Limit,
+        snapshot: Snapshot,
+        now: Instant,
+    ) -> Result<(), SnapshotMismatch> {
+        self.upsert_with(key, limit, now, X::default, |bucket, _| bucket.join(limit, snapshot, now))
     }
 }

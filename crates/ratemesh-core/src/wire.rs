@@ -7,7 +7,8 @@
 //! Decoding is bounded twice: a frame longer than the caller's `frame_len_max` is refused before
 //! any parsing, and postcard never reads (or allocates for) more than the slice holds. Malformed,
 //! truncated, oversized or unknown-version input is a [`WireError`], never a panic. Values are
-//! then validated when they are turned into core types ([`LimitWire::to_limit`]).
+//! then validated when they are turned into core types ([`LimitWire::to_limit`]). Only the canonical
+//! encoding (the bytes [`encode`] produces) decodes: a frame has exactly one byte representation.
 
 use core::time::Duration;
 
@@ -51,17 +52,23 @@ pub enum WireError {
     Encode(String),
 }
 
-/// One message between peers: who sent it, its sequence number, and what it says.
+/// One message between peers: who sent it, delivery bookkeeping, and what it says.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Frame {
     /// The sending node.
     pub from: u64,
-    /// The sender's incarnation: a restarted node starts a new one, so its sequence numbers do
-    /// not collide with those of its previous life.
+    /// The sender's incarnation: a restarted node starts a new one, and its sequence numbers
+    /// start again.
     pub incarnation: u64,
-    /// Increases by one per frame sent by this incarnation; receivers drop duplicates and stale
-    /// frames by it.
+    /// Increases by one per sequenced frame this incarnation sends to the receiver; 0 for a
+    /// heartbeat (not retransmitted, not acknowledged). Receivers drop sequence numbers seen before.
     pub seq: u64,
+    /// Cumulative acknowledgement: the sender has received every sequenced frame of the
+    /// receiver's current incarnation below this number.
+    pub ack: u64,
+    /// The sender's oldest frame to this receiver not yet acknowledged (or its next sequence
+    /// number): lower numbers will never be sent again.
+    pub una: u64,
     /// The message.
     pub body: Body,
 }
@@ -73,17 +80,16 @@ pub enum Body {
     Forward(Vec<ForwardCheck>),
     /// Exact mode: the owner's decisions, matched to the checks by `id`.
     Decided(Vec<Decided>),
-    /// Approximate mode: hits admitted locally since the last report, per key.
+    /// Approximate mode: per key, what a follower admitted and gave back, and its demand.
     Report(Vec<Report>),
-    /// Approximate mode: the owner's authoritative state and the receiver's share, per key.
+    /// Approximate mode: per key, the owner's authoritative state and a new allowance.
     Grant(Vec<Grant>),
-    /// Ownership moved: the sender's state of keys the receiver now owns (or replicates).
+    /// Ownership moved: the sender's state of keys the receiver now owns.
     Handoff(Vec<KeyState>),
-    /// Acknowledges frames up to `seq` (for retransmission of the frames that must not be lost).
-    Ack {
-        /// The highest sequence number received in order.
-        seq: u64,
-    },
+    /// Concurrency leases to release at the owner.
+    Release(Vec<Release>),
+    /// Nothing but the header: keeps acknowledgements and reachability current.
+    Heartbeat,
 }
 
 /// A limit as it travels: the spec, checked again on arrival.
@@ -262,17 +268,23 @@ pub struct Decided {
     pub decision: DecisionWire,
 }
 
-/// Hits a node admitted locally for one key since its last report.
+/// What a follower has to tell the owner of one key since its last report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
     /// The bucket.
     pub key: u128,
     /// The limit.
     pub limit: LimitWire,
-    /// Hits admitted since the last report.
-    pub hits: u64,
-    /// Hits asked for (admitted or not) per second, recently: the node's demand.
-    pub demand: u64,
+    /// Hits admitted from the allowance (already debited at the owner).
+    pub covered: u64,
+    /// Hits admitted without an allowance (by the fallback): the owner debits them.
+    pub uncovered: u64,
+    /// Allowance given back: the owner credits it.
+    pub returned: u64,
+    /// Hits asked for per second, recently: the follower's demand.
+    pub demand_per_s: u64,
+    /// The follower's last authoritative state, sent once to a new owner to seed it.
+    pub seed: Option<SnapshotWire>,
 }
 
 /// The owner's answer to a report for one key.
@@ -280,10 +292,21 @@ pub struct Report {
 pub struct Grant {
     /// The bucket.
     pub key: u128,
-    /// The authoritative state after applying every report.
+    /// The authoritative state, after this grant was debited.
     pub state: SnapshotWire,
-    /// Hits the receiver may admit locally until its next grant.
-    pub share: u64,
+    /// New allowance: hits the receiver may admit without asking.
+    pub grant: u64,
+}
+
+/// A concurrency lease to release.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Release {
+    /// The bucket.
+    pub key: u128,
+    /// The limit.
+    pub limit: LimitWire,
+    /// The lease.
+    pub lease: u64,
 }
 
 /// A key's state, handed over or replicated.
@@ -322,5 +345,32 @@ pub fn decode(bytes: &[u8], frame_len_max: usize) -> Result<Frame, WireError> {
     if !rest.is_empty() {
         return Err(WireError::Trailing(rest.len()));
     }
+    // postcard accepts overlong varints (`81 00` for 1): refuse them, so that a frame has exactly
+    // one encoding (the one `encode` produces) and frames can be compared or hashed as bytes.
+    if !postcard::serialize_with_flavor(&frame, SameAs(body)).unwrap_or(false) {
+        return Err(WireError::Malformed("non-canonical encoding".to_owned()));
+    }
     Ok(frame)
+}
+
+/// A postcard output that compares what is serialized with the bytes a frame was decoded from,
+/// without allocating: `true` when every byte matches and none is left over.
+struct SameAs<'a>(&'a [u8]);
+
+impl postcard::ser_flavors::Flavor for SameAs<'_> {
+    type Output = bool;
+
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        match self.0.split_first() {
+            Some((&expected, rest)) if expected == byte => {
+                self.0 = rest;
+                Ok(())
+            }
+            _ => Err(postcard::Error::SerializeBufferFull),
+        }
+    }
+
+    fn finalize(self) -> postcard::Result<bool> {
+        Ok(self.0.is_empty())
+    }
 }

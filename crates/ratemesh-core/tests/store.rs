@@ -2,7 +2,9 @@
 
 use core::time::Duration;
 
-use ratemesh_core::{Algorithm, Instant, KeyHash, Limit, LimitSpec, Namespace, Store, StoreConfig, StoreStats};
+use ratemesh_core::{
+    Algorithm, Instant, KeyHash, Limit, LimitSpec, Namespace, Store, StoreConfig, StoreStats,
+};
 
 fn token_bucket(limit: u64, burst: u64) -> Limit {
     Limit::new(LimitSpec::new(Algorithm::TokenBucket, limit, Duration::from_secs(1)).with_burst(burst))

@@ -29,8 +29,9 @@ impl Leases {
         self.held.retain(|lease| lease.expires_at > now);
     }
 
-    fn in_use(&self) -> u64 {
-        self.held.iter().fold(0u64, |sum, lease| sum.saturating_add(lease.slots))
+    /// Slots held. Wider than a slot count: leases from other nodes can sum past `u64::MAX`.
+    fn in_use(&self) -> u128 {
+        self.held.iter().map(|lease| u128::from(lease.slots)).sum()
     }
 
     /// Takes a lease of `cost` slots at `now` if they are free; `id` names it.
@@ -40,9 +41,9 @@ impl Leases {
         if cost > p.limit {
             return self.decision(p, now).refused_for(None);
         }
-        let probe = cost.max(1);
-        if in_use.saturating_add(probe) > p.limit {
-            let retry = self.retry_after(in_use + probe - p.limit, now);
+        let probe = u128::from(cost.max(1));
+        if in_use + probe > u128::from(p.limit) {
+            let retry = self.retry_after(in_use + probe - u128::from(p.limit), now);
             return self.decision(p, now).refused_for(Some(retry));
         }
         if cost == 0 {
@@ -58,14 +59,15 @@ impl Leases {
 
     fn decision(&self, p: LeaseParams, now: Instant) -> Decision {
         let reset = self.held.last().map_or(0, |lease| lease.expires_at.nanos_since(now));
-        Decision::new(true, p.limit, p.limit.saturating_sub(self.in_use()), reset)
+        let remaining = u128::from(p.limit).saturating_sub(self.in_use());
+        Decision::new(true, p.limit, u64::try_from(remaining).unwrap_or(0), reset)
     }
 
     /// Nanoseconds until leases holding at least `needed` slots have expired.
-    fn retry_after(&self, needed: u64, now: Instant) -> u64 {
-        let mut freed = 0u64;
+    fn retry_after(&self, needed: u128, now: Instant) -> u64 {
+        let mut freed = 0u128;
         for lease in &self.held {
-            freed = freed.saturating_add(lease.slots);
+            freed += u128::from(lease.slots);
             if freed >= needed {
                 return lease.expires_at.nanos_since(now);
             }

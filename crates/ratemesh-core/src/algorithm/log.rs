@@ -15,8 +15,9 @@ use crate::time::Instant;
 pub(crate) struct Log {
     /// `(time of the hits, their cost)`, times strictly increasing.
     pub hits: VecDeque<(Instant, u64)>,
-    /// The sum of the costs in `hits`.
-    pub used: u64,
+    /// The sum of the costs in `hits`. Wider than a cost: hits forced in from other nodes can sum
+    /// past `u64::MAX`, and an undercount would free them early.
+    pub used: u128,
 }
 
 /// Parameters of a sliding window log.
@@ -34,7 +35,7 @@ impl Log {
                 break;
             }
             self.hits.pop_front();
-            self.used -= cost;
+            self.used -= u128::from(cost);
         }
     }
 
@@ -44,9 +45,9 @@ impl Log {
         if cost > p.limit {
             return self.decision(p, now).refused_for(None);
         }
-        let probe = cost.max(1);
-        if self.used.saturating_add(probe) > p.limit {
-            let retry = self.retry_after(p, self.used + probe - p.limit, now);
+        let probe = u128::from(cost.max(1));
+        if self.used + probe > u128::from(p.limit) {
+            let retry = self.retry_after(p, self.used + probe - u128::from(p.limit), now);
             return self.decision(p, now).refused_for(Some(retry));
         }
         self.push(p, now, cost);
@@ -55,14 +56,15 @@ impl Log {
 
     fn decision(&self, p: LogParams, now: Instant) -> Decision {
         let reset = self.hits.back().map_or(0, |&(at, _)| at.add_nanos(p.period_nanos).nanos_since(now));
-        Decision::new(true, p.limit, p.limit.saturating_sub(self.used), reset)
+        let remaining = u128::from(p.limit).saturating_sub(self.used);
+        Decision::new(true, p.limit, u64::try_from(remaining).unwrap_or(0), reset)
     }
 
     /// Nanoseconds from `now` until at least `needed` cost has left the window.
-    fn retry_after(&self, p: LogParams, needed: u64, now: Instant) -> u64 {
-        let mut freed = 0u64;
+    fn retry_after(&self, p: LogParams, needed: u128, now: Instant) -> u64 {
+        let mut freed = 0u128;
         for &(at, cost) in &self.hits {
-            freed = freed.saturating_add(cost);
+            freed += u128::from(cost);
             if freed >= needed {
                 return at.add_nanos(p.period_nanos).nanos_since(now);
             }
@@ -76,12 +78,25 @@ impl Log {
         if cost == 0 {
             return;
         }
-        self.used = self.used.saturating_add(cost);
-        match self.hits.back_mut() {
-            Some((at, total)) if *at >= now => *total = total.saturating_add(cost),
-            _ => self.hits.push_back((now, cost)),
-        }
+        self.append(now, cost);
         self.bound(p);
+    }
+
+    /// Appends `cost` at `at` (no earlier than the newest entry, into which it merges when at the
+    /// same time), keeping `used` the sum of the entries. An entry saturates at `u64::MAX`, which
+    /// refuses everything while it lasts anyway (limits are far smaller).
+    fn append(&mut self, at: Instant, cost: u64) {
+        match self.hits.back_mut() {
+            Some((last, total)) if *last >= at => {
+                let merged = total.saturating_add(cost);
+                self.used += u128::from(merged - *total);
+                *total = merged;
+            }
+            _ => {
+                self.hits.push_back((at, cost));
+                self.used += u128::from(cost);
+            }
+        }
     }
 
     /// Keeps at most `limit` entries by merging the oldest into its successor (conservative).
@@ -89,8 +104,11 @@ impl Log {
         let len_max = usize::try_from(p.limit).unwrap_or(usize::MAX).max(1);
         while self.hits.len() > len_max {
             if let Some((_, oldest)) = self.hits.pop_front() {
+                self.used -= u128::from(oldest);
                 if let Some((_, next)) = self.hits.front_mut() {
-                    *next = next.saturating_add(oldest);
+                    let merged = next.saturating_add(oldest);
+                    self.used += u128::from(merged - *next);
+                    *next = merged;
                 }
             }
         }
@@ -110,7 +128,7 @@ impl Log {
             let Some((_, cost)) = self.hits.back_mut() else { break };
             let taken = left.min(*cost);
             *cost -= taken;
-            self.used -= taken;
+            self.used -= u128::from(taken);
             left -= taken;
             if *cost == 0 {
                 self.hits.pop_back();
@@ -134,25 +152,26 @@ impl Log {
         // Walk from the newest time down; at each time the amount still counted at or after it is
         // the suffix sum of each log; the join keeps the larger suffix.
         let (mut mine, mut theirs) = (self.hits.iter().rev().peekable(), other.hits.iter().rev().peekable());
-        let (mut suffix_mine, mut suffix_theirs, mut suffix_joined) = (0u64, 0u64, 0u64);
+        let (mut suffix_mine, mut suffix_theirs, mut suffix_joined) = (0u128, 0u128, 0u128);
         let mut joined = VecDeque::with_capacity(times.len());
         for &at in times.iter().rev() {
             while let Some(&&(_, c)) = mine.peek().filter(|(t, _)| *t >= at) {
-                suffix_mine = suffix_mine.saturating_add(c);
+                suffix_mine += u128::from(c);
                 mine.next();
             }
             while let Some(&&(_, c)) = theirs.peek().filter(|(t, _)| *t >= at) {
-                suffix_theirs = suffix_theirs.saturating_add(c);
+                suffix_theirs += u128::from(c);
                 theirs.next();
             }
             let suffix = suffix_mine.max(suffix_theirs);
             if suffix > suffix_joined {
-                joined.push_front((at, suffix - suffix_joined));
+                // At most the larger of the two entries at `at`: it fits a cost.
+                joined.push_front((at, u64::try_from(suffix - suffix_joined).unwrap_or(u64::MAX)));
                 suffix_joined = suffix;
             }
         }
+        self.used = joined.iter().map(|&(_, cost)| u128::from(cost)).sum();
         self.hits = joined;
-        self.used = suffix_joined;
         self.bound(p);
     }
 
@@ -167,11 +186,7 @@ impl Log {
         timed.sort_unstable();
         let mut incoming = Log::default();
         for (at, cost) in timed {
-            match incoming.hits.back_mut() {
-                Some((last, total)) if *last == at => *total = total.saturating_add(cost),
-                _ => incoming.hits.push_back((at, cost)),
-            }
-            incoming.used = incoming.used.saturating_add(cost);
+            incoming.append(at, cost);
         }
         // Joining into an empty log prunes and applies the length bound.
         let mut log = Log::default();

@@ -8,7 +8,7 @@ mod log;
 mod tat;
 mod window;
 
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 
 use crate::decision::{Decision, LeaseId};
 use crate::limit::{Kind, Limit};
@@ -98,6 +98,15 @@ impl Bucket {
             // advance() replaced a state of another family by a fresh one: cannot happen.
             _ => Decision::new(false, limit.reported_limit(), 0, 0).refused_for(None),
         }
+    }
+
+    /// The decision a request of `cost` would get at `now`, changing nothing.
+    pub fn peek(&self, limit: &Limit, cost: u64, now: Instant) -> Decision {
+        let mut copy = self.clone();
+        // Only a concurrency limit draws a lease id, and a peek takes no lease: any seed will do.
+        let mut decision = copy.check(limit, cost, now, &mut CoreRng::seed_from_u64(0));
+        decision.lease = None;
+        decision
     }
 
     /// Applies `hits` admitted elsewhere, unconditionally: the bucket may go into debt, which later

@@ -46,8 +46,8 @@ impl Window {
     }
 
     /// Usage × period: the weighted count scaled by the period, so that it stays an integer.
-    fn scaled_usage(&self, p: WindowParams, curr: u64, now: Instant) -> u128 {
-        let curr_scaled = u128::from(curr) * u128::from(p.period_nanos);
+    fn scaled_usage(&self, p: WindowParams, curr: u128, now: Instant) -> u128 {
+        let curr_scaled = curr * u128::from(p.period_nanos);
         if !p.sliding {
             return curr_scaled;
         }
@@ -57,7 +57,7 @@ impl Window {
 
     fn remaining(&self, p: WindowParams, now: Instant) -> u64 {
         let allowed = u128::from(p.limit) * u128::from(p.period_nanos);
-        let left = allowed.saturating_sub(self.scaled_usage(p, self.curr, now));
+        let left = allowed.saturating_sub(self.scaled_usage(p, u128::from(self.curr), now));
         u64::try_from(left / u128::from(p.period_nanos)).unwrap_or(u64::MAX)
     }
 
@@ -81,7 +81,8 @@ impl Window {
         }
         let probe = cost.max(1);
         let allowed = u128::from(p.limit) * u128::from(p.period_nanos);
-        if self.scaled_usage(p, self.curr.saturating_add(probe), now) > allowed {
+        // Not saturating: with a limit near u64::MAX, a saturated sum would pass and overflow.
+        if self.scaled_usage(p, u128::from(self.curr) + u128::from(probe), now) > allowed {
             let retry = self.retry_after(p, probe, now);
             return self.decision(p, now).refused_for(Some(retry));
         }
@@ -98,7 +99,7 @@ impl Window {
     fn retry_after(&self, p: WindowParams, cost: u64, now: Instant) -> u64 {
         let period = p.period_nanos;
         let window_end = self.start.add_nanos(period);
-        if p.sliding && self.curr.saturating_add(cost) <= p.limit {
+        if p.sliding && self.curr.checked_add(cost).is_some_and(|n| n <= p.limit) {
             // Within this window, wait until the previous window's weight has shrunk enough.
             let at = self.start.add_nanos(first_offset(period, self.prev, p.limit - self.curr - cost));
             if at < window_end {

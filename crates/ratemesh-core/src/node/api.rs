@@ -1,0 +1,153 @@
+//! The node's inputs, outputs and configuration.
+
+use core::time::Duration;
+use std::sync::Arc;
+
+use crate::decision::Decision;
+use crate::key::KeyHash;
+use crate::limit::Limit;
+use crate::store::StoreConfig;
+
+/// A member of the cluster. Stable across restarts of the same member (its *incarnation* changes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(pub u64);
+
+/// The membership as a node's failure detector sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemberView {
+    /// Members believed alive (including this node). They form the ring.
+    pub live: Vec<NodeId>,
+    /// Members that failed recently and have not been forgotten yet. They own no keys, but still
+    /// count in the cluster's size: a node that sees `live` of `live + dead` members admits that
+    /// fraction of each limit, so that the sides of a partition together never admit much more
+    /// than the limit.
+    pub dead: Vec<NodeId>,
+}
+
+/// How a limit is enforced across the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Every check is decided by the key's owner (forwarded in batches). No over-admission while
+    /// membership is stable; one peer round trip per check.
+    Exact,
+    /// Checks are decided locally from a share of the limit granted by the owner every sync
+    /// period. Memory-speed decisions; bounded over-admission under faults.
+    Approximate,
+}
+
+/// What a node does for a key whose owner it cannot reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fallback {
+    /// Admit this node's share of the limit (`limit / cluster size`) from a local bucket.
+    LocalShare,
+    /// Admit everything.
+    FailOpen,
+    /// Refuse everything.
+    FailClosed,
+}
+
+/// A limit with its cluster behaviour: what a check names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Policy {
+    /// The limit.
+    pub limit: Limit,
+    /// Exact or approximate.
+    pub mode: Mode,
+    /// Behaviour when the owner is unreachable.
+    pub fallback: Fallback,
+}
+
+/// Names one pending check, so that its decision can be matched when it arrives later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId(pub u64);
+
+/// A client's check.
+#[derive(Clone, Debug)]
+pub struct CheckRequest {
+    /// Chosen by the caller; echoed in [`Event::Decided`].
+    pub id: RequestId,
+    /// The bucket.
+    pub key: KeyHash,
+    /// The limit and its mode.
+    pub policy: Arc<Policy>,
+    /// Hits (0 = query).
+    pub cost: u64,
+}
+
+/// The immediate result of [`crate::Node::handle_check`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckOutcome {
+    /// Decided now.
+    Decided(Decision),
+    /// Sent to the owner; the decision will come as [`Event::Decided`] with the request's id.
+    Pending,
+}
+
+/// Bytes for a peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// The destination.
+    pub to: NodeId,
+    /// One encoded frame.
+    pub bytes: Vec<u8>,
+}
+
+/// Something the driver should know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A pending check was decided.
+    Decided {
+        /// The request.
+        id: RequestId,
+        /// Its decision.
+        decision: Decision,
+    },
+}
+
+/// Timing and bounds of a node. Every bound has a default that suits a cluster of tens of nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// How often approximate-mode hits are reported to owners (and grants renewed).
+    pub sync_interval: Duration,
+    /// The most checks in one forwarded batch.
+    pub forward_batch_len_max: usize,
+    /// How long a forwarded check may wait for its batch to fill.
+    pub forward_wait: Duration,
+    /// How long a forwarded check waits for the owner before the fallback decides it.
+    pub forward_timeout: Duration,
+    /// The most forwarded checks waiting for an answer at once; more are decided by the fallback.
+    pub pending_forwards_max: usize,
+    /// The most keys in one report or grant frame.
+    pub sync_batch_len_max: usize,
+    /// A peer not heard from for this long is treated as unreachable.
+    pub peer_silence: Duration,
+    /// The most frames kept per peer for retransmission.
+    pub unacked_frames_max: usize,
+    /// The first retransmission timeout (adapted to the measured round trip afterwards).
+    pub retransmit_initial: Duration,
+    /// The most bytes in one frame.
+    pub frame_len_max: usize,
+    /// Virtual nodes per member on the ring.
+    pub ring_vnodes: u32,
+    /// Bounds of the key table.
+    pub store: StoreConfig,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            sync_interval: Duration::from_millis(50),
+            forward_batch_len_max: 256,
+            forward_wait: Duration::from_micros(200),
+            forward_timeout: Duration::from_millis(100),
+            pending_forwards_max: 65_536,
+            sync_batch_len_max: 1024,
+            peer_silence: Duration::from_millis(200),
+            unacked_frames_max: 1024,
+            retransmit_initial: Duration::from_millis(20),
+            frame_len_max: crate::wire::FRAME_LEN_MAX_DEFAULT,
+            ring_vnodes: super::ring::RING_VNODES_DEFAULT,
+            store: StoreConfig::default(),
+        }
+    }
+}

@@ -1,0 +1,802 @@
+//! The peer wire format: round trips, canonical encoding, hostile and malformed input, size bounds,
+//! the pinned byte layout (golden frames) and the conversions between wire and core types.
+
+use core::time::Duration;
+use std::time::Instant as WallClock;
+
+use proptest::collection::vec;
+use proptest::option;
+use proptest::prelude::*;
+use proptest::sample::{Index, select};
+use ratemesh_core::wire::{
+    Body, Decided, DecisionWire, FRAME_LEN_MAX_DEFAULT, ForwardCheck, Frame, Grant, KeyState, LimitWire,
+    LimitWireError, Release, Report, SnapshotWire, WIRE_VERSION, WireError, decode, encode,
+};
+use ratemesh_core::{
+    Algorithm, CONCURRENCY_LIMIT_MAX, Decision, LeaseId, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX,
+    SLIDING_LOG_LIMIT_MAX, Snapshot,
+};
+
+const MAX: usize = FRAME_LEN_MAX_DEFAULT;
+/// Elements per generated Vec (outer and nested): enough to cover lengths of 0, 1 and several.
+const VEC_LEN: usize = 6;
+
+// ---------------------------------------------------------------------------------------------
+// Allocation probe: the largest single allocation requested by the current thread.
+// ---------------------------------------------------------------------------------------------
+
+/// Wraps the system allocator to record, per thread, the largest single allocation requested, so a
+/// test can show that hostile input allocates nothing large. Test-only; no behaviour changes.
+#[allow(unsafe_code)]
+mod alloc_probe {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        // A const-initialised Cell without Drop: reading it never allocates, so the allocator may use it.
+        static LARGEST: Cell<usize> = const { Cell::new(0) };
+    }
+
+    pub struct Probe;
+
+    fn note(size: usize) {
+        // `try_with`: the slot may be gone while the thread shuts down.
+        let _ = LARGEST.try_with(|largest| largest.set(largest.get().max(size)));
+    }
+
+    // SAFETY: every call is forwarded unchanged to `System`, which upholds the `GlobalAlloc`
+    // contract; the probe only records sizes in a thread-local `Cell`, which does not allocate.
+    unsafe impl GlobalAlloc for Probe {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            note(layout.size());
+            // SAFETY: forwarded with the caller's guarantees.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            note(layout.size());
+            // SAFETY: forwarded with the caller's guarantees.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            note(new_size);
+            // SAFETY: forwarded with the caller's guarantees.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: forwarded with the caller's guarantees.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    /// Runs `f` and returns its result with the largest single allocation it requested.
+    pub fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
+        LARGEST.with(|largest| largest.set(0));
+        let out = f();
+        (out, LARGEST.with(Cell::get))
+    }
+}
+
+#[global_allocator]
+static PROBE: alloc_probe::Probe = alloc_probe::Probe;
+
+// ---------------------------------------------------------------------------------------------
+// Strategies
+// ---------------------------------------------------------------------------------------------
+
+/// Integers of every varint length, including the edges.
+fn int() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(0), Just(u64::MAX), 0..128u64, 128..1u64 << 21, any::<u64>()]
+}
+
+fn key() -> impl Strategy<Value = u128> {
+    prop_oneof![Just(0), Just(u128::MAX), 0..1u128 << 21, any::<u128>()]
+}
+
+fn algorithm_name() -> impl Strategy<Value = String> {
+    let names: Vec<String> = Algorithm::ALL.iter().map(|a| a.name().to_owned()).collect();
+    prop_oneof![select(names), "\\PC{0,16}"]
+}
+
+fn limit_wire() -> impl Strategy<Value = LimitWire> {
+    (algorithm_name(), int(), int(), option::of(int()), option::of(int())).prop_map(
+        |(algorithm, limit, period_nanos, burst, delay)| LimitWire {
+            algorithm,
+            limit,
+            period_nanos,
+            burst,
+            delay,
+        },
+    )
+}
+
+fn snapshot_wire() -> impl Strategy<Value = SnapshotWire> {
+    prop_oneof![
+        int().prop_map(|backlog_nanos| SnapshotWire::Tat { backlog_nanos }),
+        (int(), int(), int()).prop_map(|(elapsed_nanos, prev, curr)| SnapshotWire::Window {
+            elapsed_nanos,
+            prev,
+            curr
+        }),
+        vec((int(), int()), 0..VEC_LEN).prop_map(SnapshotWire::Log),
+        vec((int(), int(), int()), 0..VEC_LEN).prop_map(SnapshotWire::Leases),
+    ]
+}
+
+fn decision_wire() -> impl Strategy<Value = DecisionWire> {
+    (any::<bool>(), int(), int(), int(), option::of(int()), int(), option::of(int())).prop_map(
+        |(allowed, limit, remaining, reset_after_nanos, retry_after_nanos, delay_nanos, lease)| {
+            DecisionWire {
+                allowed,
+                limit,
+                remaining,
+                reset_after_nanos,
+                retry_after_nanos,
+                delay_nanos,
+                lease,
+            }
+        },
+    )
+}
+
+fn body() -> impl Strategy<Value = Body> {
+    let forward = (int(), key(), limit_wire(), int()).prop_map(|(id, key, limit, cost)| ForwardCheck {
+        id,
+        key,
+        limit,
+        cost,
+    });
+    let decided = (int(), decision_wire()).prop_map(|(id, decision)| Decided { id, decision });
+    let report = (key(), limit_wire(), (int(), int(), int(), int()), option::of(snapshot_wire())).prop_map(
+        |(key, limit, (covered, uncovered, returned, demand_per_s), seed)| Report {
+            key,
+            limit,
+            covered,
+            uncovered,
+            returned,
+            demand_per_s,
+            seed,
+        },
+    );
+    let grant = (key(), snapshot_wire(), int()).prop_map(|(key, state, grant)| Grant { key, state, grant });
+    let release =
+        (key(), limit_wire(), int()).prop_map(|(key, limit, lease)| Release { key, limit, lease });
+    let key_state =
+        (key(), limit_wire(), snapshot_wire()).prop_map(|(key, limit, state)| KeyState { key, limit, state });
+    prop_oneof![
+        vec(forward, 0..VEC_LEN).prop_map(Body::Forward),
+        vec(decided, 0..VEC_LEN).prop_map(Body::Decided),
+        vec(report, 0..VEC_LEN).prop_map(Body::Report),
+        vec(grant, 0..VEC_LEN).prop_map(Body::Grant),
+        vec(key_state, 0..VEC_LEN).prop_map(Body::Handoff),
+        vec(release, 0..VEC_LEN).prop_map(Body::Release),
+        Just(Body::Heartbeat),
+    ]
+}
+
+fn frame() -> impl Strategy<Value = Frame> {
+    ((int(), int(), int(), int(), int()), body()).prop_map(|((from, incarnation, seq, ack, una), body)| Frame {
+        from,
+        incarnation,
+        seq,
+        ack,
+        una,
+        body,
+    })
+}
+
+/// A valid limit of any algorithm (parameters that do not apply are dropped, the rest filtered by
+/// [`Limit::new`]).
+fn valid_limit() -> impl Strategy<Value = Limit> {
+    let limit = prop_oneof![1..=1_000u64, 1..=SLIDING_LOG_LIMIT_MAX, 1..=u64::MAX];
+    let period = prop_oneof![1..=1_000_000_000_000u64, 1..=PERIOD_NANOS_MAX, Just(PERIOD_NANOS_MAX)];
+    let param = option::of(prop_oneof![0..=100u64, any::<u64>()]);
+    (select(Algorithm::ALL.to_vec()), limit, period, param.clone(), param).prop_filter_map(
+        "invalid limit",
+        |(algorithm, limit, period_nanos, burst, delay)| {
+            let takes_burst =
+                matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucketShaper);
+            let mut spec = LimitSpec::new(algorithm, limit, Duration::from_nanos(period_nanos));
+            spec.burst = burst.filter(|_| takes_burst);
+            if algorithm == Algorithm::LeakyBucketShaper {
+                spec.delay = delay.map(|d| d.min(spec.burst.unwrap_or(0)));
+            }
+            Limit::new(spec).ok()
+        },
+    )
+}
+
+fn snapshot() -> impl Strategy<Value = Snapshot> {
+    prop_oneof![
+        int().prop_map(|backlog_nanos| Snapshot::Tat { backlog_nanos }),
+        (int(), int(), int()).prop_map(|(elapsed_nanos, prev, curr)| Snapshot::Window {
+            elapsed_nanos,
+            prev,
+            curr
+        }),
+        vec((int(), int()), 0..VEC_LEN).prop_map(|hits| Snapshot::Log { hits }),
+        vec((int().prop_map(LeaseId), int(), int()), 0..VEC_LEN)
+            .prop_map(|leases| Snapshot::Leases { leases }),
+    ]
+}
+
+fn decision() -> impl Strategy<Value = Decision> {
+    let nanos = || int().prop_map(Duration::from_nanos);
+    (any::<bool>(), int(), int(), nanos(), option::of(nanos()), nanos(), option::of(int().prop_map(LeaseId)))
+        .prop_map(|(allowed, limit, remaining, reset_after, retry_after, delay, lease)| Decision {
+            allowed,
+            limit,
+            remaining,
+            reset_after,
+            retry_after,
+            delay,
+            lease,
+        })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+fn enc(frame: &Frame) -> Vec<u8> {
+    encode(frame, MAX).expect("a generated frame fits the default bound")
+}
+
+/// Decodes `bytes` (must not panic) and checks what any outcome must satisfy: a decoded frame
+/// re-encodes to exactly `bytes` (the encoding is canonical); an error names the right cause for
+/// empty input and for a foreign version byte.
+fn check_decode(bytes: &[u8]) -> Result<Frame, WireError> {
+    let decoded = decode(bytes, MAX);
+    match &decoded {
+        Ok(frame) => assert_eq!(enc(frame), bytes, "decoded frame does not re-encode to its input"),
+        Err(err) => match bytes.first() {
+            None => assert_eq!(*err, WireError::Empty),
+            Some(&v) if v != WIRE_VERSION => assert_eq!(*err, WireError::Version(v)),
+            Some(_) => assert!(
+                matches!(err, WireError::Malformed(_) | WireError::Trailing(_)),
+                "unexpected error {err:?}"
+            ),
+        },
+    }
+    decoded
+}
+
+/// Postcard's varint: 7 bits a byte, least significant group first, high bit = more follow.
+fn varint(mut value: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return out;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn gcra_wire() -> LimitWire {
+    LimitWire {
+        algorithm: "gcra".to_owned(),
+        limit: 10,
+        period_nanos: 1_000_000_000,
+        burst: Some(5),
+        delay: None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Properties
+// ---------------------------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// (a) Every frame survives encode → decode; (g) the bound is exact: the encoding fits a bound
+    /// of its own length and is refused by one byte less.
+    #[test]
+    fn frames_round_trip(frame in frame()) {
+        let bytes = enc(&frame);
+        prop_assert_eq!(bytes[0], WIRE_VERSION);
+        prop_assert_eq!(decode(&bytes, MAX), Ok(frame.clone()));
+        prop_assert_eq!(decode(&bytes, bytes.len()), Ok(frame.clone()));
+        prop_assert_eq!(encode(&frame, bytes.len()), Ok(bytes.clone()));
+        prop_assert!(matches!(encode(&frame, bytes.len() - 1), Err(WireError::Encode(_))));
+    }
+
+    /// (b) Arbitrary bytes never panic; what decodes is canonical. Half the inputs start with the
+    /// right version byte so that they reach the parser.
+    #[test]
+    fn garbage_never_panics(
+        mut bytes in vec(any::<u8>(), 0..4096),
+        versioned in any::<bool>(),
+    ) {
+        if versioned && !bytes.is_empty() {
+            bytes[0] = WIRE_VERSION;
+        }
+        let _ = check_decode(&bytes);
+    }
+
+    /// (c) Every strict prefix of a valid frame is an error: `Empty` for no bytes, else `Malformed`.
+    #[test]
+    fn truncations_are_errors(frame in frame()) {
+        let bytes = enc(&frame);
+        prop_assert_eq!(decode(&[], MAX), Err(WireError::Empty));
+        for len in 1..bytes.len() {
+            let err = decode(&bytes[..len], MAX);
+            prop_assert!(matches!(err, Err(WireError::Malformed(_))), "prefix {} of {}: {:?}", len, bytes.len(), err);
+        }
+    }
+
+    /// (d) Flipping bits of a valid frame never panics, and whatever still decodes is canonical.
+    #[test]
+    fn bit_flips_never_panic(frame in frame(), flips in vec(any::<Index>(), 1..=4)) {
+        let mut bytes = enc(&frame);
+        let bits = bytes.len() * 8;
+        for flip in &flips {
+            let bit = flip.index(bits);
+            bytes[bit / 8] ^= 1 << (bit % 8);
+        }
+        let _ = check_decode(&bytes);
+    }
+
+    /// (e) Trailing bytes after a valid frame are counted, not ignored.
+    #[test]
+    fn trailing_bytes_are_refused(frame in frame(), extra in vec(any::<u8>(), 1..64)) {
+        let mut bytes = enc(&frame);
+        bytes.extend_from_slice(&extra);
+        prop_assert_eq!(decode(&bytes, MAX), Err(WireError::Trailing(extra.len())));
+    }
+
+    /// (e) Any version byte but ours is refused as such, whatever follows.
+    #[test]
+    fn foreign_versions_are_refused(frame in frame(), version in any::<u8>()) {
+        prop_assume!(version != WIRE_VERSION);
+        let mut bytes = enc(&frame);
+        bytes[0] = version;
+        prop_assert_eq!(decode(&bytes, MAX), Err(WireError::Version(version)));
+    }
+
+    /// (h) A valid limit survives the wire, and its wire form is the one it came from.
+    #[test]
+    fn valid_limits_round_trip(limit in valid_limit()) {
+        let wire = LimitWire::from_limit(&limit);
+        prop_assert_eq!(wire.to_limit(), Ok(limit.clone()));
+        prop_assert_eq!(LimitWire::from_limit(&wire.to_limit().expect("valid")), wire);
+    }
+
+    /// (h) Any wire limit (arbitrary name and numbers) is validated exactly like a local spec, and
+    /// what validates maps back to the same wire form.
+    #[test]
+    fn wire_limits_validate_like_specs(wire in limit_wire()) {
+        let result = wire.to_limit();
+        match Algorithm::from_name(&wire.algorithm) {
+            None => prop_assert_eq!(result, Err(LimitWireError::UnknownAlgorithm(wire.algorithm.clone()))),
+            Some(algorithm) => {
+                let spec = LimitSpec {
+                    algorithm,
+                    limit: wire.limit,
+                    period: Duration::from_nanos(wire.period_nanos),
+                    burst: wire.burst,
+                    delay: wire.delay,
+                };
+                prop_assert_eq!(&result, &Limit::new(spec).map_err(LimitWireError::Invalid));
+                if let Ok(limit) = result {
+                    prop_assert_eq!(LimitWire::from_limit(&limit), wire);
+                }
+            }
+        }
+    }
+
+    /// (h) Snapshots convert both ways without loss.
+    #[test]
+    fn snapshots_round_trip(snapshot in snapshot(), wire in snapshot_wire()) {
+        prop_assert_eq!(Snapshot::from(SnapshotWire::from(snapshot.clone())), snapshot);
+        prop_assert_eq!(SnapshotWire::from(Snapshot::from(wire.clone())), wire);
+    }
+
+    /// (h) Decisions convert both ways without loss (durations in whole nanoseconds up to u64::MAX).
+    #[test]
+    fn decisions_round_trip(decision in decision(), wire in decision_wire()) {
+        prop_assert_eq!(Decision::from(DecisionWire::from(decision)), decision);
+        prop_assert_eq!(DecisionWire::from(Decision::from(wire)), wire);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bounds and error kinds (e, g)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn empty_input_is_empty() {
+    assert_eq!(decode(&[], MAX), Err(WireError::Empty));
+    assert_eq!(decode(&[], 0), Err(WireError::Empty));
+}
+
+#[test]
+fn oversized_input_is_refused_before_parsing() {
+    // A version byte we do not speak: had the decoder looked at the bytes, it would say `Version`.
+    let junk = vec![0xff; MAX + 1];
+    assert_eq!(decode(&junk, MAX), Err(WireError::Oversized { len: MAX + 1, max: MAX }));
+
+    let bytes = enc(&golden_frames()[0].0);
+    let n = bytes.len();
+    assert_eq!(decode(&bytes, n - 1), Err(WireError::Oversized { len: n, max: n - 1 }));
+    assert_eq!(decode(&bytes, 0), Err(WireError::Oversized { len: n, max: 0 }));
+    assert!(decode(&bytes, n).is_ok());
+}
+
+#[test]
+fn encode_refuses_frames_over_the_bound() {
+    // About 10 × 4096 bytes of log entries.
+    let state = SnapshotWire::Log(vec![(u64::MAX - 1, 1); 4096]);
+    let frame = Frame {
+        from: 1,
+        incarnation: 1,
+        seq: 1, ack: 0, una: 0,
+        body: Body::Handoff(vec![KeyState { key: 1, limit: gcra_wire(), state }]),
+    };
+    let bytes = encode(&frame, MAX).expect("fits 1 MiB");
+    assert!(bytes.len() > 40_000);
+    assert!(matches!(encode(&frame, 40_000), Err(WireError::Encode(_))));
+    assert!(matches!(encode(&frame, bytes.len() - 1), Err(WireError::Encode(_))));
+    assert!(matches!(encode(&frame, 0), Err(WireError::Encode(_))));
+    assert_eq!(encode(&frame, bytes.len()), Ok(bytes));
+}
+
+#[test]
+fn unknown_versions_are_refused() {
+    let mut bytes = enc(&golden_frames()[5].0);
+    for version in [0, 2, 0x80, 0xff] {
+        bytes[0] = version;
+        assert_eq!(decode(&bytes, MAX), Err(WireError::Version(version)));
+    }
+    // A version byte alone: still a version error, not a truncation.
+    assert_eq!(decode(&[7], MAX), Err(WireError::Version(7)));
+    assert!(matches!(decode(&[WIRE_VERSION], MAX), Err(WireError::Malformed(_))));
+}
+
+#[test]
+fn trailing_bytes_are_counted() {
+    let mut bytes = enc(&golden_frames()[0].0);
+    bytes.push(0);
+    assert_eq!(decode(&bytes, MAX), Err(WireError::Trailing(1)));
+    bytes.extend_from_slice(&[1, 2, 3]);
+    assert_eq!(decode(&bytes, MAX), Err(WireError::Trailing(4)));
+}
+
+/// (b) A value written with more varint bytes than it needs (here `from` = 1 as `81 00`, and an
+/// overlong enum tag) is refused: each frame has exactly one encoding, so bytes can be compared,
+/// hashed or deduplicated as frames.
+#[test]
+fn overlong_varints_are_refused() {
+    let frame = Frame { from: 1, incarnation: 2, seq: 3, ack: 4, una: 5, body: Body::Heartbeat };
+    let bytes = enc(&frame);
+    assert_eq!(hex(&bytes), "01010203040506");
+    for overlong in [
+        vec![WIRE_VERSION, 0x81, 0x00, 2, 3, 4, 5, 6],             // from
+        vec![WIRE_VERSION, 1, 2, 3, 4, 5, 0x86, 0x80, 0x00],       // body tag
+        vec![WIRE_VERSION, 1, 2, 3, 0x84, 0x80, 0x80, 0x00, 5, 6], // ack
+    ] {
+        let err = decode(&overlong, MAX);
+        assert!(matches!(err, Err(WireError::Malformed(_))), "{}: {err:?}", hex(&overlong));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile length prefixes (f)
+// ---------------------------------------------------------------------------------------------
+
+/// Frames whose length prefixes claim far more elements than the input holds: each must be a
+/// clean `Malformed` error, found quickly, without allocating for the claimed length.
+#[test]
+fn hostile_length_prefixes_allocate_nothing_large() {
+    const HUGE: u64 = 1 << 60;
+    let huge = varint(HUGE);
+    assert_eq!(hex(&huge), "808080808080808010"); // 2^60: eight empty groups, then 0x10 << 56.
+    let header = [WIRE_VERSION, 1, 2, 3, 4, 5]; // version, from, incarnation, seq, ack, una
+    // gcra_wire() by hand: name length and bytes, limit, period, burst Some(5), delay None.
+    let gcra = [&[4][..], b"gcra", &[10], &varint(1_000_000_000), &[1, 5, 0]].concat();
+    let cat = |parts: &[&[u8]]| -> Vec<u8> {
+        let mut b = header.to_vec();
+        for part in parts {
+            b.extend_from_slice(part);
+        }
+        // A little real data after the claim, so that the decoder has something to chew on.
+        b.extend_from_slice(&[1; 32]);
+        b
+    };
+    let mut hostile = Vec::new();
+    // Each Vec-bearing body variant (tags 0 to 5) claiming 2^60 and u64::MAX elements.
+    for tag in 0..=5u8 {
+        hostile.push(cat(&[&[tag], &huge]));
+        hostile.push(cat(&[&[tag], &varint(u64::MAX)]));
+    }
+    // Forward, one check, whose algorithm name claims 2^60 bytes.
+    hostile.push(cat(&[&[0, 1, 7, 1], &huge, b"gcra"]));
+    // Grant, one grant, key 1, state Log (tag 2) claiming 2^60 entries.
+    hostile.push(cat(&[&[3, 1, 1, 2], &huge]));
+    // Handoff, one key state, gcra limit, state Leases (tag 3) claiming 2^60 entries.
+    hostile.push(cat(&[&[4, 1, 9], &gcra, &[3], &huge]));
+    // Forward claiming 2^60 checks, the first of them well-formed.
+    hostile.push(cat(&[&[0], &huge, &[7, 1], &gcra, &[1]]));
+
+    // The probe sees a large allocation when there is one.
+    let (_, largest) =
+        alloc_probe::largest_allocation(|| std::hint::black_box(Vec::<u8>::with_capacity(1 << 20)));
+    assert!(largest >= 1 << 20, "the allocation probe is blind: {largest}");
+
+    let started = WallClock::now();
+    for bytes in &hostile {
+        let (result, largest) = alloc_probe::largest_allocation(|| decode(bytes, MAX));
+        assert!(matches!(result, Err(WireError::Malformed(_))), "{}: {result:?}", hex(bytes));
+        // Error messages and a partial element are all that may be allocated.
+        assert!(largest < 4096, "{}: allocated {largest} bytes at once", hex(bytes));
+    }
+    // Microseconds in practice; the bound only catches a decoder that loops over the claim.
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+}
+
+/// A length prefix that does not exceed the input may preallocate for it, but serde caps any
+/// preallocation at 1 MiB, whatever the claim: the memory a frame costs stays proportional to its
+/// length and bounded.
+#[test]
+fn plausible_length_prefixes_preallocate_boundedly() {
+    for len in [4096usize, 200_000] {
+        // Forward claiming `len` checks, followed by `len` bytes of 0xff: the first check's id is a
+        // varint that never ends, so only the preallocation happens.
+        let mut bytes = vec![WIRE_VERSION, 1, 2, 3, 4, 5, 0];
+        bytes.extend_from_slice(&varint(len as u64));
+        bytes.extend(std::iter::repeat_n(0xffu8, len));
+        let (result, largest) = alloc_probe::largest_allocation(|| decode(&bytes, MAX));
+        assert!(matches!(result, Err(WireError::Malformed(_))), "{result:?}");
+        assert!(largest <= 1 << 20, "claim of {len}: allocated {largest} bytes at once");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Golden frames: the byte layout of WIRE_VERSION 1, pinned.
+// ---------------------------------------------------------------------------------------------
+
+/// One frame per body variant (together every wire type and every enum variant), with its
+/// encoding.
+///
+/// THESE BYTES ARE THE WIRE FORMAT. If this test fails, the encoding changed and peers of the
+/// previous build can no longer read this one: do not update the hex; restore the format, or make
+/// the change a new `WIRE_VERSION` (and pin the new version's bytes here).
+fn golden_frames() -> Vec<(Frame, &'static str)> {
+    vec![
+        (
+            Frame {
+                from: 1,
+                incarnation: 2,
+                seq: 3, ack: 0, una: 0,
+                body: Body::Forward(vec![ForwardCheck {
+                    id: 7,
+                    key: 0x0102_0304,
+                    limit: gcra_wire(),
+                    cost: 1,
+                }]),
+            },
+            "0101020300000001078486880804676372610a8094ebdc0301050001",
+        ),
+        (
+            Frame {
+                from: 300,
+                incarnation: 1,
+                seq: 4, ack: 0, una: 0,
+                body: Body::Decided(vec![
+                    Decided {
+                        id: 7,
+                        decision: DecisionWire {
+                            allowed: true,
+                            limit: 10,
+                            remaining: 4,
+                            reset_after_nanos: 500_000_000,
+                            retry_after_nanos: None,
+                            delay_nanos: 0,
+                            lease: None,
+                        },
+                    },
+                    Decided {
+                        id: 8,
+                        decision: DecisionWire {
+                            allowed: false,
+                            limit: 10,
+                            remaining: 0,
+                            reset_after_nanos: 1_000,
+                            retry_after_nanos: Some(100),
+                            delay_nanos: 5,
+                            lease: Some(0xdead_beef),
+                        },
+                    },
+                ]),
+            },
+            "01ac0201040000010207010a0480cab5ee0100000008000a00e80701640501effdb6f50d",
+        ),
+        (
+            Frame {
+                from: 2,
+                incarnation: u64::MAX,
+                seq: 0, ack: 0, una: 0,
+                body: Body::Report(vec![Report {
+                    key: u128::MAX,
+                    limit: LimitWire {
+                        algorithm: "leaky_bucket".to_owned(),
+                        limit: 5,
+                        period_nanos: 60_000_000_000,
+                        burst: Some(3),
+                        delay: Some(1),
+                    },
+                    covered: 300,
+                    uncovered: 2,
+                    returned: 0,
+                    demand_per_s: 12,
+                    seed: Some(SnapshotWire::Tat { backlog_nanos: 7 }),
+                }]),
+            },
+            "0102ffffffffffffffffff010000000201ffffffffffffffffffffffffffffffffffff030c6c65616b795f6275636b65740580b09dc2df0101030101ac0202000c010007",
+        ),
+        (
+            Frame {
+                from: 3,
+                incarnation: 3,
+                seq: 9, ack: 0, una: 0,
+                body: Body::Grant(vec![
+                    Grant {
+                        key: 42,
+                        state: SnapshotWire::Window { elapsed_nanos: 250, prev: 6, curr: 2 },
+                        grant: 3,
+                    },
+                    Grant { key: 43, state: SnapshotWire::Tat { backlog_nanos: 1 << 40 }, grant: 0 },
+                ]),
+            },
+            "01030309000003022a01fa010602032b0080808080802000",
+        ),
+        (
+            Frame {
+                from: 4,
+                incarnation: 1,
+                seq: 1, ack: 0, una: 0,
+                body: Body::Handoff(vec![
+                    KeyState {
+                        key: 9,
+                        limit: LimitWire {
+                            algorithm: "sliding_window_log".to_owned(),
+                            limit: 3,
+                            period_nanos: 1_000,
+                            burst: None,
+                            delay: None,
+                        },
+                        state: SnapshotWire::Log(vec![(1, 2), (300, 1)]),
+                    },
+                    KeyState {
+                        key: 10,
+                        limit: LimitWire {
+                            algorithm: "concurrency".to_owned(),
+                            limit: 2,
+                            period_nanos: 5_000,
+                            burst: None,
+                            delay: None,
+                        },
+                        state: SnapshotWire::Leases(vec![(0xdead_beef, 1, 2_000)]),
+                    },
+                ]),
+            },
+            "01040101000004020912736c6964696e675f77696e646f775f6c6f6703e807000002020102ac02010a0b636f6e63757272656e637902882700000301effdb6f50d01d00f",
+        ),
+        (
+            Frame {
+                from: 6,
+                incarnation: 2,
+                seq: 5,
+                ack: 0,
+                una: 0,
+                body: Body::Release(vec![Release { key: 11, limit: gcra_wire(), lease: 0xdead_beef }]),
+            },
+            "01060205000005010b04676372610a8094ebdc03010500effdb6f50d",
+        ),
+        (Frame { from: 5, incarnation: 6, seq: 0, ack: 128, una: 7, body: Body::Heartbeat }, "0105060080010706"),
+    ]
+}
+
+#[test]
+fn golden_frames_are_pinned() {
+    assert_eq!(WIRE_VERSION, 1, "a new wire version needs golden frames of its own");
+    for (i, (frame, expected)) in golden_frames().into_iter().enumerate() {
+        let bytes = enc(&frame);
+        assert_eq!(hex(&bytes), expected, "golden frame {i}: the wire format changed");
+        assert_eq!(decode(&bytes, MAX), Ok(frame), "golden frame {i}");
+    }
+}
+
+/// (d) Every single-bit flip of every golden frame, exhaustively.
+#[test]
+fn golden_frames_survive_every_bit_flip() {
+    for (frame, _) in golden_frames() {
+        let bytes = enc(&frame);
+        for bit in 0..bytes.len() * 8 {
+            let mut flipped = bytes.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            let _ = check_decode(&flipped);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// LimitWire validation (h)
+// ---------------------------------------------------------------------------------------------
+
+fn wire(algorithm: &str, limit: u64, period_nanos: u64, burst: Option<u64>, delay: Option<u64>) -> LimitWire {
+    LimitWire { algorithm: algorithm.to_owned(), limit, period_nanos, burst, delay }
+}
+
+#[test]
+fn unknown_algorithms_are_refused() {
+    for name in ["", "GCRA", "token-bucket", "fixed_window ", "sliding_window", "leaky_bucket_shaper"] {
+        assert_eq!(
+            wire(name, 10, 1_000_000_000, None, None).to_limit(),
+            Err(LimitWireError::UnknownAlgorithm(name.to_owned())),
+        );
+    }
+}
+
+#[test]
+fn invalid_parameters_are_refused() {
+    use LimitError::*;
+    let s = 1_000_000_000;
+    let cases = [
+        (wire("gcra", 0, s, None, None), ZeroLimit),
+        (wire("token_bucket", 10, 0, None, None), ZeroPeriod),
+        (
+            wire("fixed_window", 10, PERIOD_NANOS_MAX + 1, None, None),
+            TooLarge { parameter: "period", max: PERIOD_NANOS_MAX },
+        ),
+        (
+            wire("fixed_window", 10, u64::MAX, None, None),
+            TooLarge { parameter: "period", max: PERIOD_NANOS_MAX },
+        ),
+        (
+            wire("fixed_window", 10, s, Some(1), None),
+            NotApplicable { parameter: "burst", algorithm: "fixed_window" },
+        ),
+        (
+            wire("concurrency", 10, s, Some(1), None),
+            NotApplicable { parameter: "burst", algorithm: "concurrency" },
+        ),
+        (wire("gcra", 10, s, None, Some(1)), NotApplicable { parameter: "delay", algorithm: "gcra" }),
+        (wire("token_bucket", 10, s, Some(0), None), ZeroBurst("token_bucket")),
+        (wire("leaky_bucket", 10, s, Some(2), Some(3)), DelayAboveBurst { delay: 3, burst: 2 }),
+        (wire("gcra", 2_000, 1_000, None, None), RateTooHigh { limit: 2_000, period_nanos: 1_000 }),
+        (
+            wire("sliding_window_log", SLIDING_LOG_LIMIT_MAX + 1, s, None, None),
+            TooLarge { parameter: "limit", max: SLIDING_LOG_LIMIT_MAX },
+        ),
+        (
+            wire("concurrency", CONCURRENCY_LIMIT_MAX + 1, s, None, None),
+            TooLarge { parameter: "limit", max: CONCURRENCY_LIMIT_MAX },
+        ),
+    ];
+    for (wire, expected) in cases {
+        assert_eq!(wire.to_limit(), Err(LimitWireError::Invalid(expected)), "{wire:?}");
+    }
+}
+
+#[test]
+fn decisions_saturate_beyond_u64_nanos() {
+    let decision = Decision {
+        allowed: false,
+        limit: 1,
+        remaining: 0,
+        reset_after: Duration::MAX,
+        retry_after: Some(Duration::MAX),
+        delay: Duration::ZERO,
+        lease: None,
+    };
+    let wire = DecisionWire::from(decision);
+    assert_eq!(wire.reset_after_nanos, u64::MAX);
+    assert_eq!(wire.retry_after_nanos, Some(u64::MAX));
+}
