@@ -258,6 +258,12 @@ impl Limit {
         self.spec.limit
     }
 
+    /// Whether capacity comes back continuously (token bucket, GCRA, shaper), rather than as hits
+    /// age out of a window or leases end.
+    pub fn refills_continuously(&self) -> bool {
+        matches!(self.kind, Kind::Tat(_))
+    }
+
     pub(crate) fn kind(&self) -> Kind {
         self.kind
     }

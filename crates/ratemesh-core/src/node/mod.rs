@@ -408,7 +408,7 @@ impl Node {
             Arc::new(Policy { limit, mode: api::Mode::Approximate, fallback: api::Fallback::LocalShare });
         let limit = self.owner_limit(&policy);
         let silence = duration_nanos(self.config.peer_silence);
-        let need_window = 2 * duration_nanos(self.config.sync_interval);
+        let interval = self.config.sync_interval;
         let half_life = self.half_life_nanos();
         self.keys.upsert_with(
             key,
@@ -428,16 +428,16 @@ impl Node {
                 participant.demand_per_s = report.demand_per_s;
                 participant.heard_at = now;
                 let self_demand = meta.demand.per_second(now, half_life);
-                let grant = compute_grant(
+                let input = GrantInput {
                     bucket,
-                    &limit,
-                    &meta.participants,
-                    from,
+                    limit: &limit,
+                    participants: &meta.participants,
                     self_demand,
                     now,
-                    silence,
-                    need_window,
-                );
+                    silence_nanos: silence,
+                    interval,
+                };
+                let grant = compute_grant(&input, from);
                 bucket.force(&limit, grant, now);
                 if let Some(p) = meta.participants.iter_mut().find(|p| p.node == from) {
                     p.outstanding = p.outstanding.saturating_add(grant);
@@ -860,34 +860,42 @@ fn need_for(demand_per_s: u64, window_nanos: u64) -> u64 {
     expected.saturating_mul(2).saturating_add(4)
 }
 
-/// The grant for `to`: its demand's share of everything that is not yet admitted (the bucket's
-/// remaining and all outstanding allowances), minus what it holds, capped by what is left in the
-/// bucket and by its need.
-#[allow(clippy::too_many_arguments)]
-fn compute_grant(
-    bucket: &Bucket,
-    limit: &Limit,
-    participants: &[Participant],
-    to: NodeId,
+/// The grant for `to`: its demand's share of everything not yet admitted, minus what it holds,
+/// capped by its need (two intervals of its demand) and by what the bucket can give.
+///
+/// "Everything not yet admitted" is the allowances outstanding and what the bucket will hold one
+/// interval from now: granting the coming refill early keeps followers from running dry between
+/// grants; the bucket goes into debt by at most one interval of refill, paid back by that very
+/// refill, and never holds more than its capacity.
+struct GrantInput<'a> {
+    bucket: &'a Bucket,
+    limit: &'a Limit,
+    participants: &'a [Participant],
     self_demand: u64,
     now: Instant,
     silence_nanos: u64,
-    need_window_nanos: u64,
-) -> u64 {
-    let remaining = bucket.peek(limit, 0, now).remaining;
+    interval: core::time::Duration,
+}
+
+fn compute_grant(input: &GrantInput<'_>, to: NodeId) -> u64 {
+    let GrantInput { bucket, limit, participants, self_demand, now, silence_nanos, interval } = *input;
+    let Some(p) = participants.iter().find(|p| p.node == to) else { return 0 };
     let active = participants.iter().filter(|p| p.heard_at.add_nanos(silence_nanos) > now);
     let (demand_sum, outstanding_sum) = active.fold((self_demand, 0u64), |(d, o), p| {
         (d.saturating_add(p.demand_per_s), o.saturating_add(p.outstanding))
     });
-    let Some(p) = participants.iter().find(|p| p.node == to) else { return 0 };
     if demand_sum == 0 || p.demand_per_s == 0 {
         return 0;
     }
-    let pool = u128::from(remaining.saturating_add(outstanding_sum));
+    // What the bucket will hold one interval from now if nothing else is admitted: for a
+    // continuously refilling limit this counts the coming refill, and debt, and caps at capacity.
+    let horizon = if limit.refills_continuously() { now.add(interval) } else { now };
+    let available = bucket.peek(limit, 0, horizon).remaining;
+    let pool = u128::from(available.saturating_add(outstanding_sum));
     let target =
         u64::try_from(pool * u128::from(p.demand_per_s) / u128::from(demand_sum)).unwrap_or(u64::MAX);
-    let target = target.min(need_for(p.demand_per_s, need_window_nanos));
-    target.saturating_sub(p.outstanding).min(remaining)
+    let need = need_for(p.demand_per_s, 2 * duration_nanos(interval));
+    target.min(need).saturating_sub(p.outstanding).min(available)
 }
 
 fn participant(participants: &mut Vec<Participant>, node: NodeId, now: Instant) -> &mut Participant {
