@@ -21,6 +21,8 @@ use crate::wire::{self, Body, Frame, WireError};
 
 /// How many sequence numbers beyond the contiguous floor the receiver remembers.
 const RECV_WINDOW_LEN_MAX: usize = 4096;
+/// The most peers tracked (members plus senders outside the view).
+const PEERS_MAX: usize = 4096;
 /// The shortest retransmission timeout, in nanoseconds.
 const RTO_MIN_NANOS: u64 = 2_000_000;
 /// The longest retransmission timeout, in nanoseconds.
@@ -106,17 +108,7 @@ impl Peers {
         self.peers.retain(|id, _| live.contains(id));
         for &id in live.iter().filter(|&&id| id != self.me) {
             let rto_nanos = self.config.rto_initial_nanos;
-            self.peers.entry(id).or_insert_with(|| Peer {
-                next_seq: 1,
-                unacked: VecDeque::new(),
-                recv_incarnation: None,
-                recv_floor: 0,
-                recv_above: BTreeSet::new(),
-                heard_at: now,
-                last_sent_at: None,
-                srtt_nanos: None,
-                rto_nanos,
-            });
+            self.peers.entry(id).or_insert_with(|| Peer::new(now, rto_nanos));
         }
     }
 
@@ -196,7 +188,7 @@ impl Peers {
                 from.0, frame.from
             )));
         }
-        let Some(peer) = self.peers.get_mut(&from) else { return Ok(None) };
+        let Some(peer) = self.peer_for_sender(from, now) else { return Ok(None) };
         if peer.recv_incarnation.is_some_and(|known| known > frame.incarnation) {
             // From a previous life of the peer, delayed in the network.
             self.stats.duplicates += 1;
@@ -216,6 +208,16 @@ impl Peers {
         Ok(Some(frame.body))
     }
 
+    /// The peer state of an authenticated sender; a sender outside the view (a member that just
+    /// left and hands its keys over, or one this node's view has not caught up with) gets one,
+    /// up to a bound.
+    fn peer_for_sender(&mut self, from: NodeId, now: Instant) -> Option<&mut Peer> {
+        if !self.peers.contains_key(&from) && self.peers.len() < PEERS_MAX && from != self.me {
+            self.peers.insert(from, Peer::new(now, self.config.rto_initial_nanos));
+        }
+        self.peers.get_mut(&from)
+    }
+
     fn transmit(&mut self, to: NodeId, seq: u64, body: Body, now: Instant) -> Option<Transmit> {
         let peer = self.peers.get_mut(&to)?;
         peer.last_sent_at = Some(now);
@@ -229,6 +231,20 @@ impl Peers {
 }
 
 impl Peer {
+    fn new(now: Instant, rto_nanos: u64) -> Peer {
+        Peer {
+            next_seq: 1,
+            unacked: VecDeque::new(),
+            recv_incarnation: None,
+            recv_floor: 0,
+            recv_above: BTreeSet::new(),
+            heard_at: now,
+            last_sent_at: None,
+            srtt_nanos: None,
+            rto_nanos,
+        }
+    }
+
     /// Drops frames the peer has acknowledged (`ack`: it has every sequence number below) and
     /// samples the round trip from a frame that was sent once (Karn's rule).
     fn on_ack(&mut self, ack: u64, now: Instant) {

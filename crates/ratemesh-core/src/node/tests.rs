@@ -20,6 +20,8 @@ struct Cluster {
     decided: Vec<(RequestId, Decision)>,
     /// Links that drop everything: (from, to).
     cut: Vec<(NodeId, NodeId)>,
+    /// Deliver every frame twice.
+    duplicate: bool,
 }
 
 impl Cluster {
@@ -32,7 +34,15 @@ impl Cluster {
             node.handle_membership(now, MemberView { live: ids.clone(), dead: vec![] });
             nodes.insert(id, node);
         }
-        let mut cluster = Cluster { now, nodes, in_flight: vec![], sent: 0, decided: vec![], cut: vec![] };
+        let mut cluster = Cluster {
+            now,
+            nodes,
+            in_flight: vec![],
+            sent: 0,
+            decided: vec![],
+            cut: vec![],
+            duplicate: false,
+        };
         cluster.drain();
         cluster
     }
@@ -49,14 +59,12 @@ impl Cluster {
                 if self.cut.contains(&(id, transmit.to)) {
                     continue;
                 }
-                self.sent += 1;
-                self.in_flight.push((
-                    self.now.add_nanos(LATENCY_NANOS),
-                    self.sent,
-                    id,
-                    transmit.to,
-                    transmit.bytes,
-                ));
+                let copies = if self.duplicate { 2 } else { 1 };
+                for _ in 0..copies {
+                    self.sent += 1;
+                    let at = self.now.add_nanos(LATENCY_NANOS);
+                    self.in_flight.push((at, self.sent, id, transmit.to, transmit.bytes.clone()));
+                }
             }
             while let Some(Event::Decided { id, decision }) = node.poll_event() {
                 self.decided.push((id, decision));
@@ -170,4 +178,131 @@ fn approximate_mode_converges_to_the_limit() {
     // Steady state (last 20 s): the limit is 100/s, so about 2 000.
     println!("approximate mode admitted {allowed} in 20 s at 100/s");
     assert!((1_900..=2_060).contains(&allowed), "admitted {allowed}");
+}
+
+impl Cluster {
+    /// Applies a view to every node in `to`.
+    fn view(&mut self, to: &[u64], live: &[u64], dead: &[u64]) {
+        let view = MemberView {
+            live: live.iter().copied().map(NodeId).collect(),
+            dead: dead.iter().copied().map(NodeId).collect(),
+        };
+        let now = self.now;
+        for id in to {
+            self.node(*id).handle_membership(now, view.clone());
+        }
+        self.drain();
+    }
+
+    fn add_node(&mut self, id: u64) {
+        let now = self.now;
+        self.nodes.insert(NodeId(id), Node::new(NodeId(id), 1, NodeConfig::default(), id, now));
+    }
+
+    /// Decides `count` checks of cost 1 at `node` (waiting for forwarded ones) and counts passes.
+    fn admit(&mut self, node: u64, k: KeyHash, policy: &Arc<Policy>, count: u64) -> u64 {
+        let before = self.decided.len();
+        let mut allowed = 0;
+        for i in 0..count {
+            let request =
+                CheckRequest { id: RequestId(1_000_000 + i), key: k, policy: policy.clone(), cost: 1 };
+            if let CheckOutcome::Decided(d) = self.check(node, request) {
+                allowed += u64::from(d.allowed);
+            }
+        }
+        self.run_for(Duration::from_millis(5));
+        allowed + self.decided[before..].iter().filter(|(_, d)| d.allowed).count() as u64
+    }
+}
+
+/// A key owned by `owner` in a ring of `members`.
+fn key_owned_by(owner: u64, members: &[u64]) -> KeyHash {
+    let ring = Ring::new(&members.iter().copied().map(NodeId).collect::<Vec<_>>(), RING_VNODES_DEFAULT);
+    (0..10_000u64)
+        .map(|i| key(&format!("k{i}")))
+        .find(|&k| ring.owner(k) == Some(NodeId(owner)))
+        .expect("found")
+}
+
+#[test]
+fn a_joining_owner_receives_the_state_instead_of_a_full_bucket() {
+    let mut cluster = Cluster::new(2);
+    let policy = policy(Mode::Exact, 1, 20);
+    let k = key_owned_by(3, &[1, 2, 3]);
+    assert_eq!(cluster.admit(1, k, &policy, 30), 20, "the burst, then nothing (1/s)");
+    cluster.add_node(3);
+    cluster.view(&[1, 2, 3], &[1, 2, 3], &[]);
+    cluster.run_for(Duration::from_millis(20));
+    assert_eq!(cluster.node(1).owner_of(k), Some(NodeId(3)));
+    // 25 ms have passed at 1/s: nothing refilled; the new owner must refuse.
+    assert_eq!(cluster.admit(2, k, &policy, 5), 0);
+    assert_eq!(cluster.node(3).stats().handoffs_received, 1);
+}
+
+#[test]
+fn a_leaving_owner_hands_its_keys_over() {
+    let mut cluster = Cluster::new(3);
+    let policy = policy(Mode::Exact, 1, 20);
+    let k = key_owned_by(3, &[1, 2, 3]);
+    assert_eq!(cluster.admit(1, k, &policy, 15), 15);
+    // Node 3 leaves gracefully: everyone's view drops it, its own too.
+    cluster.view(&[1, 2, 3], &[1, 2], &[]);
+    cluster.run_for(Duration::from_millis(20));
+    assert_eq!(cluster.admit(1, k, &policy, 10) + cluster.admit(2, k, &policy, 10), 5, "20 − 15 left");
+}
+
+#[test]
+fn an_unreachable_owner_leaves_the_local_share() {
+    let mut cluster = Cluster::new(4);
+    let policy = policy(Mode::Approximate, 1, 40);
+    let k = key_owned_by(4, &[1, 2, 3, 4]);
+    // Cut node 4 off completely; after the silence bound nodes 1–3 fall back to 40 / 4 = 10 each.
+    for other in 1..=3 {
+        cluster.cut.push((NodeId(4), NodeId(other)));
+        cluster.cut.push((NodeId(other), NodeId(4)));
+    }
+    cluster.run_for(Duration::from_millis(300));
+    for node in 1..=3 {
+        assert_eq!(cluster.admit(node, k, &policy, 20), 10, "node {node}");
+    }
+    assert!(!cluster.node(1).is_settled());
+}
+
+#[test]
+fn garbage_from_peers_is_counted_and_dropped() {
+    let mut cluster = Cluster::new(2);
+    let now = cluster.now;
+    let node = cluster.node(1);
+    for bytes in [&b""[..], &[1], &[1, 2, 3, 4, 5, 6, 200], &[0xff; 64], &[1, 2, 0, 1, 0, 0, 0, 0x80]] {
+        node.handle_frame(now, NodeId(2), bytes);
+    }
+    // A valid frame claiming another sender than the transport says.
+    let mut other = Node::new(NodeId(3), 1, NodeConfig::default(), 3, now);
+    other.handle_membership(now, MemberView { live: vec![NodeId(1), NodeId(3)], dead: vec![] });
+    other.handle_timeout(now.add(Duration::from_secs(1)));
+    while let Some(transmit) = other.poll_transmit() {
+        node.handle_frame(now, NodeId(2), &transmit.bytes);
+    }
+    assert!(node.stats().delivery.malformed >= 5, "{:?}", node.stats().delivery);
+}
+
+#[test]
+fn duplicated_frames_are_applied_once() {
+    let mut cluster = Cluster::new(3);
+    let policy = policy(Mode::Exact, 1, 20);
+    let k = key_owned_by(2, &[1, 2, 3]);
+    cluster.duplicate = true;
+    let mut allowed = 0;
+    for i in 0..40 {
+        let request = CheckRequest { id: RequestId(i), key: k, policy: policy.clone(), cost: 1 };
+        if let CheckOutcome::Decided(d) = cluster.check(1, request) {
+            allowed += u64::from(d.allowed);
+        }
+        cluster.run_for(Duration::from_micros(300));
+    }
+    cluster.run_for(Duration::from_millis(10));
+    allowed += cluster.decided.iter().filter(|(_, d)| d.allowed).count() as u64;
+    assert_eq!(allowed, 20);
+    let stats = cluster.node(2).stats();
+    assert!(stats.delivery.duplicates > 0, "{stats:?}");
 }
