@@ -90,6 +90,8 @@ pub enum Body {
     Release(Vec<Release>),
     /// Nothing but the header: keeps acknowledgements and reachability current.
     Heartbeat,
+    /// The owner's state of keys the receiver would own if the owner failed (its ring successor).
+    Replica(Vec<KeyState>),
 }
 
 /// A limit as it travels: the spec, checked again on arrival.

@@ -184,7 +184,9 @@ impl Bucket {
     /// instant, than either the bucket or the snapshot would have. Commutative, associative and
     /// idempotent, so state that arrives twice or by several routes is never counted twice.
     pub fn join(&mut self, limit: &Limit, snapshot: Snapshot, now: Instant) -> Result<(), SnapshotMismatch> {
-        let other = State::from_snapshot(limit, snapshot, now)?;
+        // A `now` this bucket has passed already is no time passing: the snapshot is anchored at
+        // the bucket's own now, not in its past (where the peer's hits would count less long).
+        let other = State::from_snapshot(limit, snapshot, now.max(self.updated_at))?;
         let now = self.advance(limit, now);
         match (&mut self.state, other, limit.kind()) {
             (State::Tat(at), State::Tat(theirs), _) => *at = (*at).max(theirs),

@@ -127,6 +127,9 @@ pub struct NodeConfig {
     pub retransmit_initial: Duration,
     /// The most bytes in one frame.
     pub frame_len_max: usize,
+    /// Whether owners send the state of changed keys to their ring successors every interval, so
+    /// that an owner's crash loses at most one interval.
+    pub replicate: bool,
     /// Virtual nodes per member on the ring.
     pub ring_vnodes: u32,
     /// Bounds of the key table.
@@ -146,6 +149,7 @@ impl Default for NodeConfig {
             unacked_frames_max: 1024,
             retransmit_initial: Duration::from_millis(20),
             frame_len_max: crate::wire::FRAME_LEN_MAX_DEFAULT,
+            replicate: true,
             ring_vnodes: super::ring::RING_VNODES_DEFAULT,
             store: StoreConfig::default(),
         }

@@ -88,6 +88,10 @@ pub struct NodeStats {
     pub handoffs_sent: u64,
     /// Keys received from a previous owner.
     pub handoffs_received: u64,
+    /// Key states sent to ring successors as replicas.
+    pub replicas_sent: u64,
+    /// Key states received as replicas.
+    pub replicas_received: u64,
     /// Items from peers that were refused (invalid limit, mismatched state).
     pub items_refused: u64,
     /// Membership views applied.
@@ -126,6 +130,8 @@ pub struct Node {
     flush_at: Option<Instant>,
     /// Keys with something to report, by owner (bounded by the key table).
     dirty: IndexSet<KeyHash, KeyHasherBuilder>,
+    /// Owned keys changed since the last tick, to replicate to their successors.
+    replicas_due: IndexSet<KeyHash, KeyHasherBuilder>,
     next_sync_at: Instant,
     fallbacks_since_sync: u64,
     settled: bool,
@@ -157,6 +163,7 @@ impl Node {
             outbox: BTreeMap::new(),
             flush_at: None,
             dirty: IndexSet::default(),
+            replicas_due: IndexSet::default(),
             next_sync_at: now.add(config.sync_interval),
             fallbacks_since_sync: 0,
             settled: true,
@@ -250,7 +257,8 @@ impl Node {
             Body::Decided(decided) => self.on_decided(decided),
             Body::Report(reports) => self.on_reports(from, reports, now),
             Body::Grant(grants) => self.on_grants(from, grants, now),
-            Body::Handoff(states) => self.on_handoff(states, now),
+            Body::Handoff(states) => self.on_states(states, false, now),
+            Body::Replica(states) => self.on_states(states, true, now),
             Body::Release(releases) => self.on_release(releases, now),
             Body::Heartbeat => {}
         }
@@ -343,10 +351,13 @@ impl Node {
         let limit = self.owner_limit(policy);
         let half_life = self.half_life_nanos();
         let decision = self.keys.check_with(key, &limit, cost, now, || KeyMeta::new(policy.clone(), true));
-        self.keys.update(key, &limit, |_, meta| {
+        let tracked = self.keys.update(key, &limit, |_, meta| {
             meta.owned = true;
             meta.demand.add(cost.max(1), now, half_life);
         });
+        if tracked.is_some() && cost > 0 && self.config.replicate {
+            self.replicas_due.insert(key);
+        }
         decision
     }
 
@@ -390,7 +401,12 @@ impl Node {
         let mut grants = Vec::with_capacity(reports.len());
         for report in reports {
             match self.apply_report(from, report, now) {
-                Some(grant) => grants.push(grant),
+                Some(grant) => {
+                    if self.config.replicate {
+                        self.replicas_due.insert(KeyHash(grant.key));
+                    }
+                    grants.push(grant);
+                }
                 None => self.stats.items_refused += 1,
             }
         }
@@ -448,13 +464,16 @@ impl Node {
         )
     }
 
-    fn on_handoff(&mut self, states: Vec<KeyState>, now: Instant) {
+    /// Joins state from a key's (previous) owner: a handoff when ownership moved, or a replica
+    /// kept in case the owner fails. Joining is conservative and idempotent either way.
+    fn on_states(&mut self, states: Vec<KeyState>, replica: bool, now: Instant) {
         for state in states {
             let Ok(limit) = state.limit.to_limit() else {
                 self.stats.items_refused += 1;
                 continue;
             };
             let key = KeyHash(state.key);
+            let owned = self.ring.owner(key) == Some(self.id);
             let policy = Arc::new(Policy {
                 limit: limit.clone(),
                 mode: api::Mode::Approximate,
@@ -464,12 +483,35 @@ impl Node {
                 key,
                 &limit,
                 now,
-                || KeyMeta::new(policy, true),
+                || KeyMeta::new(policy, owned),
                 |bucket, _| bucket.join(&limit, state.state.into(), now),
             );
-            match joined {
-                Ok(()) => self.stats.handoffs_received += 1,
-                Err(_) => self.stats.items_refused += 1,
+            match (joined, replica) {
+                (Ok(()), false) => self.stats.handoffs_received += 1,
+                (Ok(()), true) => self.stats.replicas_received += 1,
+                (Err(_), _) => self.stats.items_refused += 1,
+            }
+            if owned && self.config.replicate {
+                self.replicas_due.insert(key);
+            }
+        }
+    }
+
+    /// Sends the state of owned keys that changed since the last tick to their ring successors,
+    /// so that an owner's crash loses at most one interval.
+    fn send_replicas(&mut self, now: Instant) {
+        let mut batches: BTreeMap<NodeId, Vec<KeyState>> = BTreeMap::new();
+        for key in std::mem::take(&mut self.replicas_due) {
+            let Some(successor) = self.ring.successor(key).filter(|&s| s != self.id) else { continue };
+            let Some(meta) = self.keys.extra(key).filter(|meta| meta.owned) else { continue };
+            let limit = LimitWire::from_limit(&meta.policy.limit);
+            let Some(state) = self.keys.export(key, now) else { continue };
+            batches.entry(successor).or_default().push(KeyState { key: key.0, limit, state: state.into() });
+        }
+        for (successor, states) in batches {
+            self.stats.replicas_sent += states.len() as u64;
+            for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
+                self.send(successor, Body::Replica(chunk.to_vec()), now);
             }
         }
     }
@@ -744,6 +786,9 @@ impl Node {
         self.settled = all_reachable && self.fallbacks_since_sync == 0;
         self.fallbacks_since_sync = 0;
         self.send_reports(now);
+        if self.config.replicate {
+            self.send_replicas(now);
+        }
         let idle = duration_nanos(self.config.sync_interval);
         let heartbeats = self.peers.heartbeats(now, idle);
         self.transmits.extend(heartbeats);

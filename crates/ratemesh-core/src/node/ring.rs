@@ -21,6 +21,7 @@ pub const RING_VNODES_DEFAULT: u32 = 512;
 pub struct Ring {
     ring: HashRing<VNode, RingHasherBuilder>,
     members: Vec<NodeId>,
+    vnodes: u32,
 }
 
 /// One of a member's points on the ring.
@@ -56,6 +57,22 @@ impl Hasher for RingHasher {
     fn write_u128(&mut self, value: u128) {
         self.0 = (value as u64) ^ ((value >> 64) as u64);
     }
+
+    /// A [`Position`]: already a point on the ring.
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+/// A raw point on the ring, for walking from one virtual node to the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Position(u64);
+
+/// Where `vnode` sits on the ring (as the ring itself computes it).
+fn position(vnode: &VNode) -> u64 {
+    let mut hasher = RingHasherBuilder.build_hasher();
+    vnode.hash(&mut hasher);
+    hasher.finish()
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -79,12 +96,33 @@ impl Ring {
         let points =
             sorted.iter().flat_map(|&node| (0..vnodes.max(1)).map(move |index| VNode { node, index }));
         ring.batch_add(points.collect());
-        Ring { ring, members: sorted }
+        Ring { ring, members: sorted, vnodes: vnodes.max(1) }
     }
 
     /// The owner of `key`; `None` for an empty ring.
     pub fn owner(&self, key: KeyHash) -> Option<NodeId> {
         self.ring.get(&key).map(|vnode| vnode.node)
+    }
+
+    /// The member that would own `key` if its owner left: where the owner replicates it. Walks
+    /// the ring clockwise from the owner's virtual node to the next one of another member.
+    pub fn successor(&self, key: KeyHash) -> Option<NodeId> {
+        let owner = self.ring.get(&key)?;
+        let mut point = position(owner);
+        // Each step passes one virtual node; the walk visits each at most once.
+        for _ in 0..self.ring.len() {
+            let next = self.ring.get(&Position(point.wrapping_add(1)))?;
+            if next.node != owner.node {
+                return Some(next.node);
+            }
+            point = position(next);
+        }
+        None
+    }
+
+    /// The virtual nodes per member.
+    pub fn vnodes(&self) -> u32 {
+        self.vnodes
     }
 
     /// The members, sorted.
@@ -151,6 +189,21 @@ mod tests {
             all.iter().all(|&k| before.owner(k) == joined.owner(k) || joined.owner(k) == Some(NodeId(11)))
         );
         assert!(all.iter().all(|&k| before.owner(k) == left.owner(k) || before.owner(k) == Some(NodeId(10))));
+    }
+
+    #[test]
+    fn successor_is_the_owner_once_the_owner_leaves() {
+        let ring = Ring::new(&ids(10), 64);
+        let without: Vec<Ring> = (1..=10u64)
+            .map(|gone| {
+                Ring::new(&ids(10).into_iter().filter(|&n| n != NodeId(gone)).collect::<Vec<_>>(), 64)
+            })
+            .collect();
+        for key in keys(5_000) {
+            let owner = ring.owner(key).expect("non-empty");
+            assert_eq!(ring.successor(key), without[owner.0 as usize - 1].owner(key));
+        }
+        assert_eq!(Ring::new(&ids(1), 64).successor(keys(1)[0]), None);
     }
 
     #[test]

@@ -306,3 +306,20 @@ fn duplicated_frames_are_applied_once() {
     let stats = cluster.node(2).stats();
     assert!(stats.delivery.duplicates > 0, "{stats:?}");
 }
+
+#[test]
+fn an_owner_crash_loses_at_most_one_interval_thanks_to_the_replica() {
+    let mut cluster = Cluster::new(3);
+    let policy = policy(Mode::Exact, 1, 20);
+    let k = key_owned_by(3, &[1, 2, 3]);
+    assert_eq!(cluster.admit(1, k, &policy, 15), 15);
+    cluster.run_for(Duration::from_millis(60)); // one sync interval: the replica is sent
+    let successor = cluster.node(1).ring().successor(k).expect("3 members");
+    assert_eq!(cluster.node(successor.0).stats().replicas_received, 1);
+    // Node 3 crashes: its state is gone; the others' views drop it.
+    cluster.nodes.remove(&NodeId(3));
+    cluster.view(&[1, 2], &[1, 2], &[3]);
+    assert_eq!(cluster.node(1).owner_of(k), Some(successor));
+    // A fresh bucket would admit 13 (the 2/3 share of 20); the replica says 15 are spent.
+    assert_eq!(cluster.admit(1, k, &policy, 10) + cluster.admit(2, k, &policy, 10), 0);
+}
