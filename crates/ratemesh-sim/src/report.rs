@@ -1,0 +1,374 @@
+//! Reports: the metrics of each strategy's run, as a terminal table, markdown, and a summary of
+//! many scenarios side by side.
+
+use core::fmt::Write as _;
+
+use crate::engine::RunOutput;
+use crate::metrics::{BIN_NANOS, BINS_PER_WINDOW, over_admission, peak_rate, worst_window};
+use crate::scenario::{Expectation, FaultConfig, Metric, Scenario};
+
+/// The metrics of one strategy on one scenario.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StrategyReport {
+    /// The strategy's name.
+    pub strategy: String,
+    /// Requests that arrived.
+    pub requests: u64,
+    /// Hits the cluster admitted.
+    pub admitted: u64,
+    /// Hits the ideal global limiter admitted.
+    pub ideal: u64,
+    /// `(admitted − ideal) / ideal` over the run.
+    pub over_admission: f64,
+    /// `max(0, admitted − ideal) / ideal` of the worst 1-second window, over all keys together
+    /// and over each hot key alone (the largest of these).
+    pub worst_window_over_admission: f64,
+    /// Which second that was.
+    pub worst_window_s: Option<usize>,
+    /// The largest admitted hits of one hot key in a 1-second window, as a multiple of the limit per
+    /// second.
+    pub peak_rate_x_limit: f64,
+    /// The same, over the windows entirely inside a partition (`None`: the scenario has none). The
+    /// partition bound of the issue: ≤ 1.10 with the local-share fallback.
+    pub partition_peak_rate_x_limit: Option<f64>,
+    /// Requests the ideal admitted and the cluster refused, as a fraction of requests.
+    pub false_reject_rate: f64,
+    /// Requests the cluster admitted and the ideal refused, as a fraction of requests.
+    pub false_admit_rate: f64,
+    /// Convergence time after each heal that converged, in milliseconds.
+    pub convergence_ms: Vec<f64>,
+    /// Heals after which the cluster never converged before the end of the run.
+    pub unconverged: u32,
+    /// Messages sent per node per second, averaged over nodes.
+    pub msgs_per_node_s: f64,
+    /// Messages sent per second by the busiest node.
+    pub msgs_per_node_s_max: f64,
+    /// Bytes sent per node per second, averaged over nodes.
+    pub bytes_per_node_s: f64,
+    /// Message copies lost to random loss.
+    pub lost: u64,
+    /// Messages dropped by cut links.
+    pub cut: u64,
+    /// Events processed.
+    pub events: u64,
+    /// Digest of the run's event log (equal for equal runs, bit for bit).
+    pub digest: u64,
+    /// Admitted hits per 100 ms bin.
+    pub admitted_bins: Vec<u64>,
+    /// Ideal admitted hits per 100 ms bin.
+    pub ideal_bins: Vec<u64>,
+}
+
+impl StrategyReport {
+    /// Summarises a run of `scenario`.
+    pub fn from_run(scenario: &Scenario, run: &RunOutput) -> StrategyReport {
+        let r = &run.recorder;
+        let limit_per_s = scenario.limit_per_s();
+        let key_windows = r.key_windows();
+        let (worst, worst_at) = std::iter::once(r.windows())
+            .chain(key_windows.iter().cloned())
+            .map(|windows| worst_window(&windows))
+            .fold((0.0, None), |a, b| if b.1.is_some() && (a.1.is_none() || b.0 > a.0) { b } else { a });
+        let partitions = partition_windows(scenario);
+        let duration_s = scenario.duration_s as f64;
+        let nodes = run.traffic.len().max(1) as f64;
+        let msgs: Vec<f64> = run.traffic.iter().map(|t| t.sent_msgs as f64 / duration_s).collect();
+        let bytes: f64 = run.traffic.iter().map(|t| t.sent_bytes as f64).sum();
+        let requests = r.requests.max(1) as f64;
+        StrategyReport {
+            strategy: run.strategy.name().to_owned(),
+            requests: r.requests,
+            admitted: r.admitted(),
+            ideal: r.ideal(),
+            over_admission: over_admission(r.admitted(), r.ideal()),
+            worst_window_over_admission: worst,
+            worst_window_s: worst_at,
+            peak_rate_x_limit: peak_rate(&key_windows, limit_per_s, |_| true).unwrap_or(0.0),
+            partition_peak_rate_x_limit: peak_rate(&key_windows, limit_per_s, |w| partitions.contains(&w)),
+            false_reject_rate: r.false_rejects as f64 / requests,
+            false_admit_rate: r.false_admits as f64 / requests,
+            convergence_ms: run.convergence_nanos.iter().map(|n| *n as f64 / 1e6).collect(),
+            unconverged: run.unconverged,
+            msgs_per_node_s: msgs.iter().sum::<f64>() / nodes,
+            msgs_per_node_s_max: msgs.iter().copied().fold(0.0, f64::max),
+            bytes_per_node_s: bytes / nodes / duration_s,
+            lost: run.network.lost,
+            cut: run.network.cut,
+            events: run.events,
+            digest: run.digest,
+            admitted_bins: r.admitted_bins.clone(),
+            ideal_bins: r.ideal_bins.clone(),
+        }
+    }
+
+    /// The longest convergence in ms; infinite when a heal never converged; `None` without heals.
+    pub fn convergence_max_ms(&self) -> Option<f64> {
+        if self.unconverged > 0 {
+            return Some(f64::INFINITY);
+        }
+        self.convergence_ms.iter().copied().reduce(f64::max)
+    }
+
+    /// The value of `metric` (0 for a metric the scenario does not define, e.g. no partition).
+    pub fn metric(&self, metric: Metric) -> f64 {
+        match metric {
+            Metric::OverAdmission => self.over_admission,
+            Metric::WorstWindowOverAdmission => self.worst_window_over_admission,
+            Metric::PeakRateXLimit => self.peak_rate_x_limit,
+            Metric::PartitionPeakRateXLimit => self.partition_peak_rate_x_limit.unwrap_or(0.0),
+            Metric::FalseRejectRate => self.false_reject_rate,
+            Metric::ConvergenceMaxMs => self.convergence_max_ms().unwrap_or(0.0),
+        }
+    }
+}
+
+/// A scenario's results: every strategy's metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// The scenario's name.
+    pub scenario: String,
+    /// Its description.
+    pub description: String,
+    /// The seed the run used.
+    pub seed: u64,
+    /// Every parameter, as TOML.
+    pub parameters: String,
+    /// The limit in hits per second.
+    pub limit_per_s: f64,
+    /// Virtual duration in seconds.
+    pub duration_s: u64,
+    /// Intervals (ms) with a partition or a crashed node, with a label, for the plot.
+    pub fault_intervals_ms: Vec<(String, u64, u64)>,
+    /// The expectations of the scenario file.
+    pub expectations: Vec<Expectation>,
+    /// One entry per strategy, in run order.
+    pub strategies: Vec<StrategyReport>,
+}
+
+impl Report {
+    /// A report of `runs` of `scenario` with `seed`.
+    pub fn new(scenario: &Scenario, seed: u64, runs: &[RunOutput]) -> Report {
+        Report {
+            scenario: scenario.name.clone(),
+            description: scenario.description.clone(),
+            seed,
+            parameters: scenario.to_toml(),
+            limit_per_s: scenario.limit_per_s(),
+            duration_s: scenario.duration_s,
+            fault_intervals_ms: fault_intervals(scenario),
+            expectations: scenario.expect.clone(),
+            strategies: runs.iter().map(|run| StrategyReport::from_run(scenario, run)).collect(),
+        }
+    }
+
+    /// The metrics of the strategy called `name`.
+    pub fn strategy(&self, name: &str) -> Option<&StrategyReport> {
+        self.strategies.iter().find(|s| s.strategy == name)
+    }
+
+    /// The command that reruns this report's scenario file with its seed and duration (assuming
+    /// the file is `simulations/<name>.toml`).
+    pub fn reproduce_command(&self) -> String {
+        format!(
+            "cargo run -p ratemesh-sim --release -- simulations/{}.toml --seed {} --duration-s {}",
+            self.scenario, self.seed, self.duration_s
+        )
+    }
+
+    /// `reproduce with: <command>`, for assertion messages.
+    pub fn reproduce(&self) -> String {
+        format!("reproduce with: {}", self.reproduce_command())
+    }
+
+    /// One digest over every strategy's event log.
+    pub fn digest(&self) -> u64 {
+        let bytes: Vec<u8> = self.strategies.iter().flat_map(|s| s.digest.to_le_bytes()).collect();
+        xxhash_rust::xxh3::xxh3_64(&bytes)
+    }
+
+    /// The expectations this report misses, one line each (strategies not run are skipped).
+    pub fn violations(&self) -> Vec<String> {
+        let mut violations = Vec::new();
+        for e in &self.expectations {
+            let Some(s) = self.strategy(&e.strategy) else { continue };
+            let value = s.metric(e.metric);
+            if value.is_nan() || value > e.max {
+                violations.push(format!("{}: {:?} = {value:.5} > {}", e.strategy, e.metric, e.max));
+            }
+        }
+        violations
+    }
+
+    /// A compact table for the terminal.
+    pub fn text_table(&self) -> String {
+        let mut out = format!(
+            "{:<16} {:>9} {:>9} {:>7} {:>8} {:>9} {:>13} {:>9} {:>10} {:>18}\n",
+            "strategy",
+            "over-adm",
+            "worst-1s",
+            "peak/L",
+            "part/L",
+            "false-rej",
+            "conv-max-ms",
+            "msg/n/s",
+            "B/n/s",
+            "digest"
+        );
+        for s in &self.strategies {
+            let _ = writeln!(
+                out,
+                "{:<16} {:>9} {:>9} {:>7.3} {:>8} {:>9} {:>13} {:>9.1} {:>10.0} {:>18}",
+                s.strategy,
+                percent(s.over_admission),
+                percent(s.worst_window_over_admission),
+                s.peak_rate_x_limit,
+                s.partition_peak_rate_x_limit.map_or("-".into(), |p| format!("{p:.3}")),
+                percent(s.false_reject_rate),
+                convergence(s),
+                s.msgs_per_node_s,
+                s.bytes_per_node_s,
+                format!("{:016x}", s.digest),
+            );
+        }
+        out
+    }
+
+    /// The markdown results file: parameters, table, plot reference.
+    pub fn markdown(&self) -> String {
+        let mut out = format!("# Scenario `{}`\n\n{}\n\n", self.scenario, self.description);
+        let _ = writeln!(
+            out,
+            "Seed {} · limit {} hits/s · {} s virtual.\n",
+            self.seed, self.limit_per_s, self.duration_s
+        );
+        out.push_str(
+            "| strategy | admitted | ideal | over-admission | worst 1-s window | peak rate / L | \
+             partition peak / L | false rejects | convergence max (ms) | msgs/node/s | bytes/node/s |\n",
+        );
+        out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for s in &self.strategies {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {:.1} | {:.0} |",
+                s.strategy,
+                s.admitted,
+                s.ideal,
+                percent(s.over_admission),
+                percent(s.worst_window_over_admission),
+                s.peak_rate_x_limit,
+                s.partition_peak_rate_x_limit.map_or("–".into(), |p| format!("{p:.3}")),
+                percent(s.false_reject_rate),
+                convergence(s),
+                s.msgs_per_node_s,
+                s.bytes_per_node_s,
+            );
+        }
+        let _ = write!(
+            out,
+            "\n![admitted rate per 100 ms]({}.svg)\n\nReproduce: `{}`\n\n<details><summary>Parameters</summary>\n\n```toml\n{}```\n</details>\n",
+            self.scenario,
+            self.reproduce_command(),
+            self.parameters
+        );
+        out
+    }
+}
+
+/// All strategies × all scenarios, one table per metric.
+pub fn summary_markdown(reports: &[Report]) -> String {
+    let mut strategies: Vec<&str> = Vec::new();
+    for s in reports.iter().flat_map(|r| &r.strategies) {
+        if !strategies.contains(&s.strategy.as_str()) {
+            strategies.push(&s.strategy);
+        }
+    }
+    let mut out = String::from("# Simulation results: all strategies × all scenarios\n\n");
+    out.push_str("Generated by `cargo run -p ratemesh-sim --release -- --all`. Each scenario's own file has the seed,\n");
+    out.push_str("every parameter and a plot. Over-admission is against one ideal global limiter seeing every request.\n");
+    out.push_str("Metric definitions: `simulations/README.md`. Scenarios where a metric does not apply are left out of\n");
+    out.push_str(
+        "its table. False rejects under overload mostly measure *which* requests passed, not how many. The\n",
+    );
+    out.push_str("baselines are always settled, so their convergence only measures ring agreement.\n\n");
+    let tables: [(&str, Cell); 6] = [
+        ("Over-admission over the run", |s| percent(s.over_admission)),
+        ("Over-admission in the worst 1-second window", |s| percent(s.worst_window_over_admission)),
+        ("Peak admitted rate in a 1-second window inside a partition, × L", |s| {
+            s.partition_peak_rate_x_limit.map_or("–".into(), |p| format!("{p:.3}"))
+        }),
+        ("False rejects (fraction of requests)", |s| percent(s.false_reject_rate)),
+        ("Longest convergence after a heal (ms)", convergence),
+        ("Messages per node per second", |s| format!("{:.1}", s.msgs_per_node_s)),
+    ];
+    for (title, cell) in tables {
+        let _ = writeln!(out, "## {title}\n\n| scenario | {} |", strategies.join(" | "));
+        let _ = writeln!(out, "|---|{}", "---:|".repeat(strategies.len()));
+        for r in reports {
+            let cells: Vec<String> =
+                strategies.iter().map(|name| r.strategy(name).map_or("".into(), cell)).collect();
+            if cells.iter().all(|c| c == "–") {
+                continue;
+            }
+            let _ = writeln!(out, "| [{}]({}.md) | {} |", r.scenario, r.scenario, cells.join(" | "));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Formats one cell of a summary table.
+type Cell = fn(&StrategyReport) -> String;
+
+fn percent(fraction: f64) -> String {
+    format!("{:.3}%", fraction * 100.0)
+}
+
+fn convergence(s: &StrategyReport) -> String {
+    match s.convergence_max_ms() {
+        None => "–".into(),
+        Some(ms) if ms.is_infinite() => {
+            format!("never ({} of {})", s.unconverged, s.unconverged as usize + s.convergence_ms.len())
+        }
+        Some(ms) => format!("{ms:.1} ({})", s.convergence_ms.len()),
+    }
+}
+
+/// Indices of the 1-second windows that lie entirely inside a partition or one-way cut.
+fn partition_windows(scenario: &Scenario) -> Vec<usize> {
+    let window_ms = BIN_NANOS * BINS_PER_WINDOW as u64 / 1_000_000;
+    let mut windows = Vec::new();
+    for fault in &scenario.faults {
+        if let FaultConfig::Partition { start_ms, end_ms, .. }
+        | FaultConfig::OneWay { start_ms, end_ms, .. } = fault
+        {
+            let first = start_ms.div_ceil(window_ms);
+            let last = end_ms / window_ms;
+            windows.extend((first..last).map(|w| w as usize));
+        }
+    }
+    windows.sort_unstable();
+    windows.dedup();
+    windows
+}
+
+/// Intervals with a partition or a crashed node, for shading the plot.
+fn fault_intervals(scenario: &Scenario) -> Vec<(String, u64, u64)> {
+    let end = scenario.duration_s * 1000;
+    let mut intervals = Vec::new();
+    for fault in &scenario.faults {
+        match fault {
+            FaultConfig::Partition { start_ms, end_ms, .. } => {
+                intervals.push(("partition".into(), *start_ms, *end_ms))
+            }
+            FaultConfig::OneWay { start_ms, end_ms, .. } => {
+                intervals.push(("one-way cut".into(), *start_ms, *end_ms))
+            }
+            FaultConfig::Crash { at_ms, restart_after_ms, .. } => {
+                let until = restart_after_ms.map_or(end, |after| at_ms + after);
+                intervals.push(("node down".into(), *at_ms, until.min(end)));
+            }
+            _ => {}
+        }
+    }
+    intervals
+}

@@ -1,0 +1,206 @@
+//! Strategies: the node logic under test, behind one object-safe trait with the shape of
+//! `ratemesh_core::Node`'s API (`handle_*` inputs, `poll_*` outputs drained after every input).
+//!
+//! The baselines (`gubernator`, `crdt`, `static`) reimplement the field's known designs on
+//! `ratemesh_core::Bucket`; `ratemesh-exact` and `ratemesh-approx` drive the real core node. Every
+//! strategy of a run sees the same scenario, seed, workload and fault schedule.
+
+pub mod codec;
+mod crdt;
+mod gubernator;
+mod ratemesh;
+pub mod ring;
+mod static_split;
+
+use ratemesh_core::{Instant, KeyHash, Limit, Mode};
+
+pub use crdt::Crdt;
+pub use gubernator::Gubernator;
+pub use ratemesh::Ratemesh;
+pub use static_split::StaticSplit;
+
+use crate::error::SimError;
+
+/// A client's check, as the simulator hands it to a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Check {
+    /// Unique in the run; echoed by [`SimNode::poll_decided`] for pending checks.
+    pub id: u64,
+    /// The bucket.
+    pub key: KeyHash,
+    /// Hits.
+    pub cost: u64,
+}
+
+/// The immediate answer to a [`Check`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Admitted now.
+    Allowed,
+    /// Refused now.
+    Refused,
+    /// Decided later, through [`SimNode::poll_decided`].
+    Pending,
+}
+
+/// Bytes for a peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The destination node.
+    pub to: u32,
+    /// One encoded message.
+    pub bytes: Vec<u8>,
+}
+
+/// A node's membership view (node numbers, ascending).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    /// Members believed alive (the node itself included, unless it is leaving).
+    pub live: Vec<u32>,
+    /// Members believed failed, not yet forgotten: they own nothing but count in the cluster size.
+    pub dead: Vec<u32>,
+}
+
+/// One node of a strategy, driven by the simulator. Same contract as `ratemesh_core::Node`: after
+/// every `handle_*` call the driver drains [`SimNode::poll_transmit`] and
+/// [`SimNode::poll_decided`], then asks [`SimNode::poll_timeout`]. `now` is the node's local clock.
+pub trait SimNode {
+    /// A client's check.
+    fn handle_check(&mut self, now: Instant, check: Check) -> Verdict;
+    /// Bytes from a peer (malformed bytes are dropped and counted, never a panic).
+    fn handle_frame(&mut self, now: Instant, from: u32, bytes: &[u8]);
+    /// A new membership view.
+    fn handle_membership(&mut self, now: Instant, view: &View);
+    /// The instant from [`SimNode::poll_timeout`] has come.
+    fn handle_timeout(&mut self, now: Instant);
+    /// The next message to send.
+    fn poll_transmit(&mut self) -> Option<Outgoing>;
+    /// The next decision of a pending check: `(check id, allowed)`.
+    fn poll_decided(&mut self) -> Option<(u64, bool)>;
+    /// When [`SimNode::handle_timeout`] should be called next (local clock).
+    fn poll_timeout(&self) -> Option<Instant>;
+    /// The owner of `key` in this node's view.
+    fn owner_of(&self, key: KeyHash) -> Option<u32>;
+    /// Nothing in fallback and nothing handed off pending.
+    fn is_settled(&self) -> bool;
+}
+
+/// What a strategy needs to create one node.
+#[derive(Clone, Debug)]
+pub struct NodeSetup {
+    /// The node's number.
+    pub id: u32,
+    /// 1 at start; +1 per restart or rejoin.
+    pub incarnation: u64,
+    /// The limit of every key.
+    pub limit: Limit,
+    /// The sync period.
+    pub sync_interval_ms: u64,
+    /// Seeds the node's own randomness.
+    pub seed: u64,
+    /// The node's local clock at creation.
+    pub now: Instant,
+}
+
+/// The strategies the simulator knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StrategyKind {
+    /// Gubernator GLOBAL: local buckets start full, the owner's broadcasts overwrite them.
+    Gubernator,
+    /// Limitador distributed: every node decides alone from merged G-counters.
+    Crdt,
+    /// limit / live members, enforced by each node alone.
+    Static,
+    /// `ratemesh_core::Node` in exact mode (checks forwarded to the owner).
+    RatemeshExact,
+    /// `ratemesh_core::Node` in approximate mode (local decisions from owner grants).
+    RatemeshApprox,
+}
+
+impl StrategyKind {
+    /// Every strategy, in report order.
+    pub const ALL: [StrategyKind; 5] = [
+        StrategyKind::Gubernator,
+        StrategyKind::Crdt,
+        StrategyKind::Static,
+        StrategyKind::RatemeshExact,
+        StrategyKind::RatemeshApprox,
+    ];
+
+    /// The name used in scenario files, on the command line and in reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            StrategyKind::Gubernator => "gubernator",
+            StrategyKind::Crdt => "crdt",
+            StrategyKind::Static => "static",
+            StrategyKind::RatemeshExact => "ratemesh-exact",
+            StrategyKind::RatemeshApprox => "ratemesh-approx",
+        }
+    }
+
+    /// The strategy called `name`.
+    pub fn from_name(name: &str) -> Result<StrategyKind, SimError> {
+        StrategyKind::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| SimError::UnknownStrategy(name.into()))
+    }
+
+    /// The known names, comma-separated (for messages).
+    pub fn known_names() -> String {
+        StrategyKind::ALL.map(StrategyKind::name).join(", ")
+    }
+
+    /// Whether the strategy needs a limit of the token bucket family (token bucket, GCRA, shaper).
+    pub const fn needs_tat_limit(self) -> bool {
+        matches!(self, StrategyKind::Gubernator | StrategyKind::Crdt)
+    }
+
+    /// A new node of this strategy.
+    pub fn build(self, setup: NodeSetup) -> Box<dyn SimNode> {
+        match self {
+            StrategyKind::Gubernator => Box::new(Gubernator::new(setup)),
+            StrategyKind::Crdt => Box::new(Crdt::new(setup)),
+            StrategyKind::Static => Box::new(StaticSplit::new(setup)),
+            StrategyKind::RatemeshExact => Box::new(Ratemesh::new(setup, Mode::Exact)),
+            StrategyKind::RatemeshApprox => Box::new(Ratemesh::new(setup, Mode::Approximate)),
+        }
+    }
+}
+
+/// A periodic wakeup with a per-node phase (nodes do not sync in lockstep).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ticker {
+    next: Instant,
+    interval_nanos: u64,
+}
+
+impl Ticker {
+    /// First tick at `now + phase`, with `phase` in `1..=interval` drawn from `seed`.
+    pub(crate) fn new(now: Instant, interval_ms: u64, seed: u64) -> Ticker {
+        let interval_nanos = interval_ms.saturating_mul(1_000_000).max(1);
+        let phase = seed % interval_nanos + 1;
+        Ticker { next: now.add_nanos(phase), interval_nanos }
+    }
+
+    /// Whether a tick is due at `now`; if so, the next one is scheduled after `now`.
+    pub(crate) fn due(&mut self, now: Instant) -> bool {
+        if now < self.next {
+            return false;
+        }
+        let missed = now.nanos_since(self.next) / self.interval_nanos;
+        self.next = self.next.add_nanos((missed + 1) * self.interval_nanos);
+        true
+    }
+
+    /// The next tick.
+    pub(crate) fn next(&self) -> Instant {
+        self.next
+    }
+}
+
+/// Nanoseconds per hit of a token-bucket-family limit: `ceil(period / limit)`, as the core uses.
+pub(crate) fn interval_nanos(limit: &Limit) -> u64 {
+    let period = ratemesh_core::duration_nanos(limit.spec().period);
+    period.div_ceil(limit.spec().limit.max(1)).max(1)
+}
