@@ -1,0 +1,728 @@
+//! Cluster security: which certificates a node presents, which it trusts, and how a peer's
+//! certificate names the member it speaks for.
+//!
+//! Every peer connection is mutual TLS 1.3 (rustls, the *ring* provider chosen explicitly, never
+//! the process default): the server requires a client certificate issued by the cluster CA, the
+//! client checks that the server's certificate was issued by the cluster CA for the node it meant
+//! to reach. ALPN is [`ALPN`].
+//!
+//! # Node names
+//!
+//! A node certificate names its node by one DNS subject alternative name,
+//! `n<node id in decimal>.ratemesh.invalid` ([`node_dns_name`]). A DNS name, because it is what
+//! rustls' client verifier checks against the expected server name, so the handshake itself
+//! refuses a certificate that names another node; `.invalid` (RFC 6761), because that top-level
+//! domain never resolves, so these names can never collide with, or be mistaken for, real hosts.
+//!
+//! # Admission rule
+//!
+//! **A member enters the ring only after a successful mutual-TLS handshake whose peer certificate
+//! names that member.** Gossip proposes members; the transport's `verify` confirms them with
+//! [`admit`]. On every incoming connection the sender's [`NodeId`] is read from its verified
+//! certificate ([`peer_node_id`]), never from the message.
+//!
+//! # Two ways to set it up
+//!
+//! - [`ClusterSecurity::Secret`]: every node derives the *same* CA from a shared [`ClusterSecret`]
+//!   ([`ClusterCa::derive`]: HKDF-SHA256 → Ed25519 seed, fixed subject, serial and validity) and
+//!   issues its own node certificate with a fresh key. Anyone who holds the secret can mint a
+//!   certificate for any node id: guard it like a private key; rotate by changing it everywhere.
+//! - [`ClusterSecurity::Provided`]: a CA certificate, node certificate and node key in PEM, for
+//!   example made once by [`write_cert_files`].
+//!
+//! Secrets and private keys never appear in `Debug` output, errors or logs.
+
+use std::fmt;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ratemesh_core::NodeId;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+    KeyPair, KeyUsagePurpose, PKCS_ED25519, SerialNumber,
+};
+use rustls::RootCertStore;
+use rustls::client::Resumption;
+use rustls::crypto::CryptoProvider;
+use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use zeroize::Zeroizing;
+
+/// The ALPN protocol every ratemesh peer connection negotiates.
+pub const ALPN: &[u8] = b"ratemesh/1";
+
+/// Suffix of every node's DNS name: `n<id>` followed by this.
+pub const NODE_NAME_SUFFIX: &str = ".ratemesh.invalid";
+
+/// The shortest accepted cluster secret, in bytes.
+pub const CLUSTER_SECRET_LEN_MIN: usize = 16;
+
+/// The largest PEM file read from disk, in bytes.
+pub const PEM_FILE_LEN_MAX: u64 = 1 << 20;
+
+/// The most node certificates [`write_cert_files`] writes in one call.
+pub const CERT_FILES_NODES_MAX: usize = 4096;
+
+/// The longest decimal rendering of a `u64` (`18446744073709551615`).
+const NODE_ID_DIGITS_MAX: usize = 20;
+
+/// HKDF salt and info of the cluster-CA derivation. Changing either changes every derived CA:
+/// they are part of the protocol (version 1).
+const CA_HKDF_SALT: &[u8] = b"ratemesh cluster-ca salt v1";
+const CA_HKDF_INFO: &[u8] = b"ratemesh cluster-ca ed25519 seed v1";
+
+/// HKDF salt of a node's QUIC stateless-reset key (see [`NodeIdentity::stateless_reset_key`]).
+const RESET_HKDF_SALT: &[u8] = b"ratemesh stateless-reset salt v1";
+/// HKDF salt of a node's QUIC connection-id key (see [`NodeIdentity::connection_id_key`]).
+const CID_HKDF_SALT: &[u8] = b"ratemesh connection-id salt v1";
+
+/// Subject and serial of a derived cluster CA (fixed, so every node builds identical bytes).
+const CA_COMMON_NAME: &str = "ratemesh cluster CA";
+const CA_ORGANIZATION: &str = "ratemesh";
+const CA_SERIAL: &[u8] = &[0x01];
+
+/// The validity window of derived CAs and of every certificate issued here: fixed (not "now"),
+/// so that derived CAs are byte-identical and clock skew between nodes never rejects a fresh
+/// certificate.
+const VALIDITY_FROM_YMD: (i32, u8, u8) = (2025, 1, 1);
+const VALIDITY_UNTIL_YMD: (i32, u8, u8) = (2125, 1, 1);
+
+/// RFC 8410 PKCS#8 v1 prefix of an Ed25519 private key; the 32-byte seed follows.
+const ED25519_PKCS8_V1_PREFIX: [u8; 16] =
+    [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+
+/// Why cluster security could not be set up, or why a peer certificate was refused.
+///
+/// Setup errors (secret, PEM, files, generation, TLS configuration) are the operator's: nothing
+/// was created. Peer errors (`NoPeerCertificate`, `NoNodeName`, `AmbiguousNodeName`,
+/// `NodeMismatch`) are the peer's: the connection is refused and the member is not admitted.
+#[derive(Debug, thiserror::Error)]
+pub enum SecurityError {
+    /// The cluster secret is shorter than [`CLUSTER_SECRET_LEN_MIN`] bytes.
+    #[error("cluster secret is {len_bytes} bytes, at least {min_bytes} are required")]
+    SecretTooShort {
+        /// Length of the secret given.
+        len_bytes: usize,
+        /// The minimum.
+        min_bytes: usize,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A PEM file is larger than [`PEM_FILE_LEN_MAX`].
+    #[error("{path}: larger than {max_bytes} bytes")]
+    PemTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The bound.
+        max_bytes: u64,
+    },
+    /// PEM input holds no usable item of the expected kind (`what`), or is malformed.
+    #[error("no valid {what} in PEM input")]
+    Pem {
+        /// What was expected: "CA certificate", "node certificate" or "private key".
+        what: &'static str,
+    },
+    /// A certificate or key could not be generated (a local bug, or an unsupported key).
+    #[error("certificate generation failed: {0}")]
+    Generate(#[from] rcgen::Error),
+    /// rustls refused the configuration (for example a key that does not match its certificate).
+    #[error("TLS configuration refused: {0}")]
+    Tls(#[from] rustls::Error),
+    /// The client-certificate verifier could not be built (for example an empty CA set).
+    #[error("client certificate verifier: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+    /// The key derivation failed (a local bug: the output length is fixed).
+    #[error("cluster CA key derivation failed")]
+    Derive,
+    /// The peer presented no certificate.
+    #[error("peer presented no certificate")]
+    NoPeerCertificate,
+    /// The certificate could not be parsed.
+    #[error("certificate could not be parsed: {0}")]
+    Certificate(webpki::Error),
+    /// The certificate names no node (no `n<id>.ratemesh.invalid` DNS name).
+    #[error("certificate names no ratemesh node")]
+    NoNodeName,
+    /// The certificate names more than one node.
+    #[error("certificate names more than one ratemesh node")]
+    AmbiguousNodeName,
+    /// The certificate names another node than the one expected.
+    #[error("certificate names node {found:?}, expected {expected:?}")]
+    NodeMismatch {
+        /// The node that was expected.
+        expected: NodeId,
+        /// The node the certificate names.
+        found: NodeId,
+    },
+    /// A file to be written exists already (nothing is overwritten).
+    #[error("{path} exists already; not overwriting")]
+    FileExists {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Too many node certificates requested in one call.
+    #[error("{len} node certificates requested, at most {max} per call")]
+    TooManyNodes {
+        /// Requested.
+        len: usize,
+        /// The bound, [`CERT_FILES_NODES_MAX`].
+        max: usize,
+    },
+}
+
+/// The DNS name a node's certificate carries: `n<id>.ratemesh.invalid`.
+pub fn node_dns_name(node: NodeId) -> String {
+    format!("n{}{NODE_NAME_SUFFIX}", node.0)
+}
+
+/// The node a DNS name designates, if it is a node name in canonical form (`n`, decimal digits
+/// without leading zeros, [`NODE_NAME_SUFFIX`]; ASCII case is ignored, as in DNS).
+pub fn parse_node_dns_name(name: &str) -> Option<NodeId> {
+    let name = name.to_ascii_lowercase();
+    let digits = name.strip_suffix(NODE_NAME_SUFFIX)?.strip_prefix('n')?;
+    let canonical = digits == "0" || !digits.starts_with('0');
+    let all_digits = !digits.is_empty() && digits.len() <= NODE_ID_DIGITS_MAX;
+    if !(canonical && all_digits && digits.bytes().all(|b| b.is_ascii_digit())) {
+        return None;
+    }
+    digits.parse().ok().map(NodeId)
+}
+
+/// The node named by a peer's certificate chain (leaf first).
+///
+/// Call it only with a chain that rustls has verified against the cluster CA (the peer
+/// certificates of a completed handshake): it checks names, not signatures.
+pub fn peer_node_id(chain: &[CertificateDer<'_>]) -> Result<NodeId, SecurityError> {
+    let leaf = chain.first().ok_or(SecurityError::NoPeerCertificate)?;
+    let cert = webpki::EndEntityCert::try_from(leaf).map_err(SecurityError::Certificate)?;
+    let mut found: Option<NodeId> = None;
+    for node in cert.valid_dns_names().filter_map(parse_node_dns_name) {
+        if found.is_some_and(|seen| seen != node) {
+            return Err(SecurityError::AmbiguousNodeName);
+        }
+        found = Some(node);
+    }
+    let node = found.ok_or(SecurityError::NoNodeName)?;
+    // Confirm with webpki's own name matching, as its docs require for a name decision.
+    let name = server_name(node);
+    cert.verify_is_valid_for_subject_name(&name).map_err(SecurityError::Certificate)?;
+    Ok(node)
+}
+
+/// The admission rule: `Ok` only if the verified peer chain names exactly `expected`.
+pub fn admit(expected: NodeId, chain: &[CertificateDer<'_>]) -> Result<(), SecurityError> {
+    let found = peer_node_id(chain)?;
+    if found != expected {
+        return Err(SecurityError::NodeMismatch { expected, found });
+    }
+    Ok(())
+}
+
+/// The TLS server name under which a client reaches `node`.
+pub fn server_name(node: NodeId) -> ServerName<'static> {
+    // Invariant: `n<digits>.ratemesh.invalid` is a syntactically valid DNS name.
+    ServerName::try_from(node_dns_name(node)).expect("node DNS names are valid server names")
+}
+
+/// A shared cluster secret (at least [`CLUSTER_SECRET_LEN_MIN`] bytes). Zeroed on drop; its
+/// `Debug` output never shows it.
+#[derive(Clone)]
+pub struct ClusterSecret(Zeroizing<Vec<u8>>);
+
+impl ClusterSecret {
+    /// Accepts `secret` if it is long enough.
+    pub fn new(secret: impl Into<String>) -> Result<Self, SecurityError> {
+        let bytes = Zeroizing::new(secret.into().into_bytes());
+        if bytes.len() < CLUSTER_SECRET_LEN_MIN {
+            return Err(SecurityError::SecretTooShort {
+                len_bytes: bytes.len(),
+                min_bytes: CLUSTER_SECRET_LEN_MIN,
+            });
+        }
+        Ok(Self(bytes))
+    }
+
+    /// The 32-byte Ed25519 seed of the cluster CA: HKDF-SHA256(salt, secret, info).
+    fn ca_seed(&self) -> Result<Zeroizing<[u8; 32]>, SecurityError> {
+        hkdf_sha256_32(CA_HKDF_SALT, &self.0, &[CA_HKDF_INFO])
+    }
+}
+
+/// 32 bytes of HKDF-SHA256 output.
+fn hkdf_sha256_32(salt: &[u8], ikm: &[u8], info: &[&[u8]]) -> Result<Zeroizing<[u8; 32]>, SecurityError> {
+    use ring::hkdf;
+    struct Len32;
+    impl hkdf::KeyType for Len32 {
+        fn len(&self) -> usize {
+            32
+        }
+    }
+    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, salt).extract(ikm);
+    let okm = prk.expand(info, Len32).map_err(|_| SecurityError::Derive)?;
+    let mut out = Zeroizing::new([0_u8; 32]);
+    okm.fill(&mut out[..]).map_err(|_| SecurityError::Derive)?;
+    Ok(out)
+}
+
+/// A node's stateless-reset key material: stable across restarts of the same node when `ikm`
+/// is (the cluster secret, or the node's provided private key), secret to everyone else.
+fn reset_key_material(ikm: &[u8], node: NodeId) -> Result<Zeroizing<[u8; 32]>, SecurityError> {
+    hkdf_sha256_32(RESET_HKDF_SALT, ikm, &[&node.0.to_be_bytes()])
+}
+
+impl fmt::Debug for ClusterSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClusterSecret(<redacted>)")
+    }
+}
+
+/// Where PEM input comes from.
+#[derive(Clone)]
+pub enum PemSource {
+    /// A file, read when the identity is built (at most [`PEM_FILE_LEN_MAX`] bytes).
+    Path(PathBuf),
+    /// PEM text in memory.
+    Bytes(Vec<u8>),
+}
+
+impl PemSource {
+    fn load(&self) -> Result<Zeroizing<Vec<u8>>, SecurityError> {
+        match self {
+            Self::Bytes(bytes) => Ok(Zeroizing::new(bytes.clone())),
+            Self::Path(path) => read_bounded(path),
+        }
+    }
+}
+
+impl fmt::Debug for PemSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Path(path) => f.debug_tuple("Path").field(path).finish(),
+            Self::Bytes(bytes) => write!(f, "Bytes(<{} bytes>)", bytes.len()),
+        }
+    }
+}
+
+fn read_bounded(path: &Path) -> Result<Zeroizing<Vec<u8>>, SecurityError> {
+    let io_error = |source| SecurityError::Io { path: path.to_owned(), source };
+    let file = fs::File::open(path).map_err(io_error)?;
+    let mut bytes = Zeroizing::new(Vec::new());
+    file.take(PEM_FILE_LEN_MAX + 1).read_to_end(&mut bytes).map_err(io_error)?;
+    if bytes.len() as u64 > PEM_FILE_LEN_MAX {
+        return Err(SecurityError::PemTooLarge { path: path.to_owned(), max_bytes: PEM_FILE_LEN_MAX });
+    }
+    Ok(bytes)
+}
+
+/// User-supplied certificates: the CA certificate(s) to trust, this node's certificate (chain,
+/// leaf first) and its private key (PKCS#8, PKCS#1 or SEC1), all PEM.
+#[derive(Clone, Debug)]
+pub struct ProvidedCerts {
+    /// The cluster CA certificate(s).
+    pub ca_cert: PemSource,
+    /// This node's certificate, optionally followed by intermediates.
+    pub node_cert: PemSource,
+    /// This node's private key.
+    pub node_key: PemSource,
+}
+
+/// How a cluster is secured. Build a node's [`NodeIdentity`] with [`ClusterSecurity::identity`].
+#[derive(Clone, Debug)]
+pub enum ClusterSecurity {
+    /// Every node derives the same CA from the secret and issues its own certificate.
+    Secret(ClusterSecret),
+    /// Certificates made beforehand (see [`write_cert_files`]).
+    Provided(ProvidedCerts),
+}
+
+impl ClusterSecurity {
+    /// Shared-secret mode from a secret string (a typed error if it is too short).
+    pub fn from_secret(secret: impl Into<String>) -> Result<Self, SecurityError> {
+        ClusterSecret::new(secret).map(Self::Secret)
+    }
+
+    /// The identity `node` presents and the CA it trusts. In `Provided` mode the certificate
+    /// must name `node` ([`SecurityError::NodeMismatch`] otherwise).
+    pub fn identity(&self, node: NodeId) -> Result<NodeIdentity, SecurityError> {
+        match self {
+            Self::Secret(secret) => {
+                let mut identity = ClusterCa::derive(secret)?.issue(node)?;
+                identity.reset_key = reset_key_material(&secret.0, node)?;
+                Ok(identity)
+            }
+            Self::Provided(certs) => NodeIdentity::from_pem(
+                node,
+                &certs.ca_cert.load()?,
+                &certs.node_cert.load()?,
+                &certs.node_key.load()?,
+            ),
+        }
+    }
+}
+
+/// A cluster certificate authority: its certificate and signing key.
+pub struct ClusterCa {
+    params: CertificateParams,
+    key: KeyPair,
+    cert_der: CertificateDer<'static>,
+}
+
+impl ClusterCa {
+    /// The CA every holder of `secret` derives: identical bytes on every node and every run.
+    pub fn derive(secret: &ClusterSecret) -> Result<Self, SecurityError> {
+        let seed = secret.ca_seed()?;
+        let mut pkcs8 = Zeroizing::new(Vec::with_capacity(ED25519_PKCS8_V1_PREFIX.len() + seed.len()));
+        pkcs8.extend_from_slice(&ED25519_PKCS8_V1_PREFIX);
+        pkcs8.extend_from_slice(&seed[..]);
+        let der = PrivatePkcs8KeyDer::from(pkcs8.as_slice());
+        let key = KeyPair::from_pkcs8_der_and_sign_algo(&der, &PKCS_ED25519)?;
+        Self::self_signed(key, Some(SerialNumber::from_slice(CA_SERIAL)))
+    }
+
+    /// A new CA with a random key (OS randomness), for certificates made once and distributed.
+    pub fn generate() -> Result<Self, SecurityError> {
+        Self::self_signed(KeyPair::generate_for(&PKCS_ED25519)?, None)
+    }
+
+    fn self_signed(key: KeyPair, serial: Option<SerialNumber>) -> Result<Self, SecurityError> {
+        let mut params = CertificateParams::default();
+        let mut subject = DistinguishedName::new();
+        subject.push(DnType::CommonName, CA_COMMON_NAME);
+        subject.push(DnType::OrganizationName, CA_ORGANIZATION);
+        params.distinguished_name = subject;
+        params.serial_number = serial;
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        set_validity(&mut params);
+        let cert_der = params.self_signed(&key)?.der().clone();
+        Ok(Self { params, key, cert_der })
+    }
+
+    /// The CA certificate, DER.
+    pub fn cert_der(&self) -> &CertificateDer<'static> {
+        &self.cert_der
+    }
+
+    /// The CA certificate, PEM.
+    pub fn cert_pem(&self) -> String {
+        pem_encode("CERTIFICATE", &self.cert_der)
+    }
+
+    /// The CA's private key, PEM (PKCS#8). Secret: write it only to a protected file.
+    pub fn key_pem(&self) -> Zeroizing<String> {
+        Zeroizing::new(self.key.serialize_pem())
+    }
+
+    /// Issues a certificate naming `node` for a fresh key (OS randomness), valid for both server
+    /// and client authentication.
+    pub fn issue(&self, node: NodeId) -> Result<NodeIdentity, SecurityError> {
+        let name = node_dns_name(node);
+        let mut params = CertificateParams::new(vec![name.clone()])?;
+        let mut subject = DistinguishedName::new();
+        subject.push(DnType::CommonName, name);
+        params.distinguished_name = subject;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages =
+            vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        set_validity(&mut params);
+        let key = KeyPair::generate_for(&PKCS_ED25519)?;
+        let issuer = Issuer::from_params(&self.params, &self.key);
+        let cert = params.signed_by(&key, &issuer)?;
+        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        Ok(NodeIdentity {
+            node,
+            ca_certs: vec![self.cert_der.clone()],
+            chain: vec![cert.der().clone()],
+            reset_key: reset_key_material(key_der.secret_der(), node)?,
+            key: key_der,
+        })
+    }
+}
+
+impl fmt::Debug for ClusterCa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterCa").field("cert_len_bytes", &self.cert_der.len()).finish_non_exhaustive()
+    }
+}
+
+fn set_validity(params: &mut CertificateParams) {
+    let (year, month, day) = VALIDITY_FROM_YMD;
+    params.not_before = rcgen::date_time_ymd(year, month, day);
+    let (year, month, day) = VALIDITY_UNTIL_YMD;
+    params.not_after = rcgen::date_time_ymd(year, month, day);
+}
+
+/// PEM with `\n` line endings and 64-column lines (RFC 7468).
+fn pem_encode(label: &str, der: &[u8]) -> String {
+    let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+    pem::encode_config(&pem::Pem::new(label, der), config)
+}
+
+/// What one node presents (its certificate chain and key) and trusts (the cluster CA).
+pub struct NodeIdentity {
+    node: NodeId,
+    ca_certs: Vec<CertificateDer<'static>>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    reset_key: Zeroizing<[u8; 32]>,
+}
+
+impl NodeIdentity {
+    /// An identity from PEM: CA certificate(s), node certificate chain (leaf first), node key.
+    /// The leaf must name `node`. Whether it chains to the CA is checked by the handshakes, not
+    /// here.
+    pub fn from_pem(
+        node: NodeId,
+        ca_pem: &[u8],
+        cert_pem: &[u8],
+        key_pem: &[u8],
+    ) -> Result<Self, SecurityError> {
+        let ca_certs = parse_certs(ca_pem, "CA certificate")?;
+        let chain = parse_certs(cert_pem, "node certificate")?;
+        let key =
+            PrivateKeyDer::from_pem_slice(key_pem).map_err(|_| SecurityError::Pem { what: "private key" })?;
+        admit(node, &chain)?;
+        let reset_key = reset_key_material(key.secret_der(), node)?;
+        Ok(Self { node, ca_certs, chain, key, reset_key })
+    }
+
+    /// The node this identity names.
+    pub fn node_id(&self) -> NodeId {
+        self.node
+    }
+
+    /// The trusted CA certificate(s), DER.
+    pub fn ca_certs(&self) -> &[CertificateDer<'static>] {
+        &self.ca_certs
+    }
+
+    /// The node certificate chain, PEM (leaf first).
+    pub fn cert_pem(&self) -> String {
+        self.chain.iter().map(|cert| pem_encode("CERTIFICATE", cert)).collect()
+    }
+
+    /// The node's private key, PEM. Secret: write it only to a protected file.
+    pub fn key_pem(&self) -> Zeroizing<String> {
+        let label = match &self.key {
+            PrivateKeyDer::Pkcs1(_) => "RSA PRIVATE KEY",
+            PrivateKeyDer::Sec1(_) => "EC PRIVATE KEY",
+            _ => "PRIVATE KEY",
+        };
+        Zeroizing::new(pem_encode(label, self.key.secret_der()))
+    }
+
+    /// The rustls server configuration: TLS 1.3 only, *ring* provider, ALPN [`ALPN`], client
+    /// certificates required and verified against the cluster CA, no session resumption (every
+    /// connection is a full mutual authentication).
+    pub fn server_config(&self) -> Result<rustls::ServerConfig, SecurityError> {
+        let provider = ring_provider();
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(self.roots()?, provider.clone()).build()?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain.clone(), self.key.clone_key())?;
+        config.alpn_protocols = vec![ALPN.to_vec()];
+        config.session_storage = Arc::new(NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
+        Ok(config)
+    }
+
+    /// The rustls client configuration: TLS 1.3 only, *ring* provider, ALPN [`ALPN`], server
+    /// certificates verified against the cluster CA and the expected node name (the server name
+    /// of each connection, see [`server_name`]), this node's certificate presented, no resumption.
+    pub fn client_config(&self) -> Result<rustls::ClientConfig, SecurityError> {
+        let mut config = rustls::ClientConfig::builder_with_provider(ring_provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_root_certificates(self.roots()?)
+            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())?;
+        config.alpn_protocols = vec![ALPN.to_vec()];
+        config.resumption = Resumption::disabled();
+        Ok(config)
+    }
+
+    /// The HMAC key of this node's QUIC stateless resets. It is the same after a restart of the
+    /// node (derived from the cluster secret, or from the provided node key, and the node id), so
+    /// a node that comes back on the same address promptly resets the connections its peers
+    /// still hold to its previous run, instead of leaving them to black-hole frames until their
+    /// idle timeout. (Identities from [`ClusterCa::issue`] derive it from their fresh key.)
+    pub(crate) fn stateless_reset_key(&self) -> ring::hmac::Key {
+        ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.reset_key[..])
+    }
+
+    /// The key with which this node signs its QUIC connection ids, stable across restarts like
+    /// [`NodeIdentity::stateless_reset_key`]: a restarted node recognizes the ids of its previous
+    /// run as its own (and answers them with a stateless reset), while it still drops packets
+    /// with forged ids without answering.
+    pub(crate) fn connection_id_key(&self) -> Result<u64, SecurityError> {
+        let okm = hkdf_sha256_32(CID_HKDF_SALT, &self.reset_key[..], &[])?;
+        let mut key = [0_u8; 8];
+        key.copy_from_slice(&okm[..8]);
+        Ok(u64::from_le_bytes(key))
+    }
+
+    fn roots(&self) -> Result<Arc<RootCertStore>, SecurityError> {
+        let mut roots = RootCertStore::empty();
+        for cert in &self.ca_certs {
+            roots.add(cert.clone())?;
+        }
+        Ok(Arc::new(roots))
+    }
+}
+
+impl fmt::Debug for NodeIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NodeIdentity").field("node", &self.node).finish_non_exhaustive()
+    }
+}
+
+fn ring_provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn parse_certs(pem: &[u8], what: &'static str) -> Result<Vec<CertificateDer<'static>>, SecurityError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| SecurityError::Pem { what })?;
+    if certs.is_empty() {
+        return Err(SecurityError::Pem { what });
+    }
+    Ok(certs)
+}
+
+/// The files [`write_cert_files`] wrote.
+#[derive(Clone, Debug)]
+pub struct CertFiles {
+    /// The CA certificate (`ca.pem`).
+    pub ca_cert: PathBuf,
+    /// The CA private key (`ca.key`, mode 0600 on Unix).
+    pub ca_key: PathBuf,
+    /// Per node: its certificate (`node-<id>.pem`) and key (`node-<id>.key`, mode 0600).
+    pub nodes: Vec<NodeCertFiles>,
+}
+
+/// One node's certificate and key files.
+#[derive(Clone, Debug)]
+pub struct NodeCertFiles {
+    /// The node.
+    pub node: NodeId,
+    /// Its certificate, PEM.
+    pub cert: PathBuf,
+    /// Its private key, PEM.
+    pub key: PathBuf,
+}
+
+/// Writes `ca`'s certificate and key and a certificate and key for every node in `nodes` into
+/// `dir` (which must exist). Refuses to overwrite any file; at most [`CERT_FILES_NODES_MAX`]
+/// nodes. The files are what [`ProvidedCerts`] reads.
+pub fn write_cert_files(dir: &Path, ca: &ClusterCa, nodes: &[NodeId]) -> Result<CertFiles, SecurityError> {
+    if nodes.len() > CERT_FILES_NODES_MAX {
+        return Err(SecurityError::TooManyNodes { len: nodes.len(), max: CERT_FILES_NODES_MAX });
+    }
+    let ca_cert = dir.join("ca.pem");
+    let ca_key = dir.join("ca.key");
+    write_new(&ca_cert, ca.cert_pem().as_bytes(), false)?;
+    write_new(&ca_key, ca.key_pem().as_bytes(), true)?;
+    let mut files = CertFiles { ca_cert, ca_key, nodes: Vec::with_capacity(nodes.len()) };
+    for &node in nodes {
+        let identity = ca.issue(node)?;
+        let cert = dir.join(format!("node-{}.pem", node.0));
+        let key = dir.join(format!("node-{}.key", node.0));
+        write_new(&cert, identity.cert_pem().as_bytes(), false)?;
+        write_new(&key, identity.key_pem().as_bytes(), true)?;
+        files.nodes.push(NodeCertFiles { node, cert, key });
+    }
+    Ok(files)
+}
+
+fn write_new(path: &Path, contents: &[u8], secret: bool) -> Result<(), SecurityError> {
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    if secret {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    #[cfg(not(unix))]
+    let _ = secret;
+    let mut file = options.open(path).map_err(|source| match source.kind() {
+        io::ErrorKind::AlreadyExists => SecurityError::FileExists { path: path.to_owned() },
+        _ => SecurityError::Io { path: path.to_owned(), source },
+    })?;
+    file.write_all(contents).map_err(|source| SecurityError::Io { path: path.to_owned(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &str = "correct horse battery staple";
+
+    #[test]
+    fn deriving_the_ca_twice_gives_identical_bytes() {
+        let secret = ClusterSecret::new(SECRET).expect("long enough");
+        let first = ClusterCa::derive(&secret).expect("derive");
+        let second = ClusterCa::derive(&secret).expect("derive");
+        assert_eq!(first.cert_der(), second.cert_der());
+        assert_eq!(*first.key_pem(), *second.key_pem());
+    }
+
+    #[test]
+    fn node_names_round_trip_and_reject_non_canonical_forms() {
+        for id in [0, 1, 7, 42, u64::MAX] {
+            assert_eq!(parse_node_dns_name(&node_dns_name(NodeId(id))), Some(NodeId(id)));
+        }
+        assert_eq!(parse_node_dns_name("N7.RateMesh.Invalid"), Some(NodeId(7)));
+        for bad in [
+            "n07.ratemesh.invalid",
+            "n.ratemesh.invalid",
+            "n+7.ratemesh.invalid",
+            "7.ratemesh.invalid",
+            "n7.ratemesh.example",
+            "n18446744073709551616.ratemesh.invalid",
+            "xn7.ratemesh.invalid",
+        ] {
+            assert_eq!(parse_node_dns_name(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn issued_certificate_names_its_node_and_round_trips_through_pem() {
+        let ca = ClusterCa::derive(&ClusterSecret::new(SECRET).expect("long enough")).expect("derive");
+        let identity = ca.issue(NodeId(7)).expect("issue");
+        assert_eq!(peer_node_id(&identity.chain).expect("named"), NodeId(7));
+        let again = NodeIdentity::from_pem(
+            NodeId(7),
+            ca.cert_pem().as_bytes(),
+            identity.cert_pem().as_bytes(),
+            identity.key_pem().as_bytes(),
+        )
+        .expect("PEM round trip");
+        assert_eq!(again.chain, identity.chain);
+        let wrong = NodeIdentity::from_pem(
+            NodeId(8),
+            ca.cert_pem().as_bytes(),
+            identity.cert_pem().as_bytes(),
+            identity.key_pem().as_bytes(),
+        );
+        assert!(matches!(wrong, Err(SecurityError::NodeMismatch { expected: NodeId(8), found: NodeId(7) })));
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let secret = ClusterSecurity::from_secret(SECRET).expect("long enough");
+        assert!(!format!("{secret:?}").contains("horse"));
+    }
+}
