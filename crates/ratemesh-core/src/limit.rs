@@ -258,6 +258,12 @@ impl Limit {
         self.spec.limit
     }
 
+    /// The sustained rate in hits per second (for concurrency: leases per lease lifetime).
+    pub fn rate_per_second(&self) -> u64 {
+        let period_nanos = u128::from(duration_nanos(self.spec.period)).max(1);
+        u64::try_from(u128::from(self.spec.limit) * 1_000_000_000 / period_nanos).unwrap_or(u64::MAX)
+    }
+
     /// Whether capacity comes back continuously (token bucket, GCRA, shaper), rather than as hits
     /// age out of a window or leases end.
     pub fn refills_continuously(&self) -> bool {

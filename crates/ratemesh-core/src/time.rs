@@ -48,7 +48,7 @@ impl Instant {
 
     /// `self + duration`, saturating at [`Instant::MAX`].
     #[must_use]
-    pub fn add(self, duration: Duration) -> Instant {
+    pub fn add_duration(self, duration: Duration) -> Instant {
         self.add_nanos(duration_nanos(duration))
     }
 

@@ -277,8 +277,12 @@ pub struct Report {
     pub key: u128,
     /// The limit.
     pub limit: LimitWire,
-    /// Hits admitted from the allowance (already debited at the owner).
-    pub covered: u64,
+    /// The follower's relationship with this owner; a new epoch restarts the owner's accounting.
+    pub epoch: u64,
+    /// The allowance the follower holds after this report.
+    pub holding: u64,
+    /// The sum of the grants the follower has applied in this epoch.
+    pub granted_seen: u64,
     /// Hits admitted without an allowance (by the fallback): the owner debits them.
     pub uncovered: u64,
     /// Allowance given back: the owner credits it.
@@ -294,10 +298,15 @@ pub struct Report {
 pub struct Grant {
     /// The bucket.
     pub key: u128,
+    /// The epoch of the report answered.
+    pub epoch: u64,
     /// The authoritative state, after this grant was debited.
     pub state: SnapshotWire,
     /// New allowance: hits the receiver may admit without asking.
     pub grant: u64,
+    /// Whether the key's total demand exceeds its rate: then a node whose allowance runs dry
+    /// refuses locally instead of asking the owner for room it does not have.
+    pub contended: bool,
 }
 
 /// A concurrency lease to release.

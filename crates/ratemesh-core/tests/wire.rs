@@ -146,18 +146,22 @@ fn body() -> impl Strategy<Value = Body> {
         cost,
     });
     let decided = (int(), decision_wire()).prop_map(|(id, decision)| Decided { id, decision });
-    let report = (key(), limit_wire(), (int(), int(), int(), int()), option::of(snapshot_wire())).prop_map(
-        |(key, limit, (covered, uncovered, returned, demand_per_s), seed)| Report {
+    let counters = (int(), int(), int(), int(), int(), int());
+    let report = (key(), limit_wire(), counters, option::of(snapshot_wire())).prop_map(
+        |(key, limit, (epoch, holding, granted_seen, uncovered, returned, demand_per_s), seed)| Report {
             key,
             limit,
-            covered,
+            epoch,
+            holding,
+            granted_seen,
             uncovered,
             returned,
             demand_per_s,
             seed,
         },
     );
-    let grant = (key(), snapshot_wire(), int()).prop_map(|(key, state, grant)| Grant { key, state, grant });
+    let grant = (key(), int(), snapshot_wire(), int(), any::<bool>())
+        .prop_map(|(key, epoch, state, grant, contended)| Grant { key, epoch, state, grant, contended });
     let release = (key(), limit_wire(), int()).prop_map(|(key, limit, lease)| Release { key, limit, lease });
     let key_state = || {
         (key(), limit_wire(), snapshot_wire()).prop_map(|(key, limit, state)| KeyState { key, limit, state })
@@ -515,8 +519,8 @@ fn hostile_length_prefixes_allocate_nothing_large() {
     }
     // Forward, one check, whose algorithm name claims 2^60 bytes.
     hostile.push(cat(&[&[0, 1, 7, 1], &huge, b"gcra"]));
-    // Grant, one grant, key 1, state Log (tag 2) claiming 2^60 entries.
-    hostile.push(cat(&[&[3, 1, 1, 2], &huge]));
+    // Grant, one grant, key 1, epoch 0, state Log (tag 2) claiming 2^60 entries.
+    hostile.push(cat(&[&[3, 1, 1, 0, 2], &huge]));
     // Handoff, one key state, gcra limit, state Leases (tag 3) claiming 2^60 entries.
     hostile.push(cat(&[&[4, 1, 9], &gcra, &[3], &huge]));
     // Forward claiming 2^60 checks, the first of them well-formed.
@@ -635,14 +639,16 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         burst: Some(3),
                         delay: Some(1),
                     },
-                    covered: 300,
+                    epoch: 0xabcd,
+                    holding: 300,
+                    granted_seen: 1 << 20,
                     uncovered: 2,
                     returned: 0,
                     demand_per_s: 12,
                     seed: Some(SnapshotWire::Tat { backlog_nanos: 7 }),
                 }]),
             },
-            "0102ffffffffffffffffff010000000201ffffffffffffffffffffffffffffffffffff030c6c65616b795f6275636b65740580b09dc2df0101030101ac0202000c010007",
+            "0102ffffffffffffffffff010000000201ffffffffffffffffffffffffffffffffffff030c6c65616b795f6275636b65740580b09dc2df0101030101cdd702ac0280804002000c010007",
         ),
         (
             Frame {
@@ -654,13 +660,21 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 body: Body::Grant(vec![
                     Grant {
                         key: 42,
+                        epoch: 7,
                         state: SnapshotWire::Window { elapsed_nanos: 250, prev: 6, curr: 2 },
                         grant: 3,
+                        contended: false,
                     },
-                    Grant { key: 43, state: SnapshotWire::Tat { backlog_nanos: 1 << 40 }, grant: 0 },
+                    Grant {
+                        key: 43,
+                        epoch: u64::MAX,
+                        state: SnapshotWire::Tat { backlog_nanos: 1 << 40 },
+                        grant: 0,
+                        contended: true,
+                    },
                 ]),
             },
-            "01030309000003022a01fa010602032b0080808080802000",
+            "01030309000003022a0701fa01060203002bffffffffffffffffff01008080808080200001",
         ),
         (
             Frame {

@@ -120,6 +120,14 @@ impl Log {
         self.push(p, now, hits);
     }
 
+    /// Keeps at least `hits` in the window, adding the shortfall at `now` (see
+    /// [`super::Bucket::hold`]).
+    pub fn hold(&mut self, p: LogParams, hits: u64, now: Instant) {
+        self.prune(p, now);
+        let shortfall = u128::from(hits).saturating_sub(self.used);
+        self.push(p, now, u64::try_from(shortfall).unwrap_or(u64::MAX));
+    }
+
     /// Returns `hits`, taking them from the newest entries.
     pub fn refund(&mut self, p: LogParams, hits: u64, now: Instant) {
         self.prune(p, now);

@@ -121,6 +121,19 @@ impl Bucket {
         }
     }
 
+    /// Makes sure at least `hits` count as in use now, without adding any: hits held elsewhere
+    /// (allowances granted to other nodes and not used yet) must not be refilled under them, or
+    /// the bucket plus the allowances would exceed the capacity. Concurrency: does nothing.
+    pub fn hold(&mut self, limit: &Limit, hits: u64, now: Instant) {
+        let now = self.advance(limit, now);
+        match (&mut self.state, limit.kind()) {
+            (State::Tat(at), Kind::Tat(p)) => tat::hold(at, p, hits, now),
+            (State::Window(w), Kind::Window(p)) => w.hold(p, hits, now),
+            (State::Log(l), Kind::Log(p)) => l.hold(p, hits, now),
+            _ => {}
+        }
+    }
+
     /// Returns `hits` (e.g. for work that failed downstream); never fills above capacity.
     /// Concurrency leases are returned with [`Bucket::release`] instead.
     pub fn refund(&mut self, limit: &Limit, hits: u64, now: Instant) {

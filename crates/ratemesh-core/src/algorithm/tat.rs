@@ -56,6 +56,11 @@ pub(crate) fn force(tat: &mut Instant, p: TatParams, hits: u64, now: Instant) {
     *tat = (*tat).max(now).add_nanos(hits.saturating_mul(p.interval_nanos));
 }
 
+/// Keeps the TAT at least `hits` intervals ahead of now (see [`super::Bucket::hold`]).
+pub(crate) fn hold(tat: &mut Instant, p: TatParams, hits: u64, now: Instant) {
+    *tat = (*tat).max(now.add_nanos(hits.saturating_mul(p.interval_nanos)));
+}
+
 /// Returns `hits` to the bucket; it never fills above capacity.
 pub(crate) fn refund(tat: &mut Instant, p: TatParams, hits: u64, now: Instant) {
     *tat = (*tat).sub_nanos(hits.saturating_mul(p.interval_nanos)).max(now);

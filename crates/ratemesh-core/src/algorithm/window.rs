@@ -119,6 +119,12 @@ impl Window {
         self.curr = self.curr.saturating_add(hits);
     }
 
+    /// Counts at least `hits` in the current window (see [`super::Bucket::hold`]).
+    pub fn hold(&mut self, p: WindowParams, hits: u64, now: Instant) {
+        self.roll(p, now);
+        self.curr = self.curr.max(hits);
+    }
+
     /// Returns `hits`: from the current window first, then from the previous one.
     pub fn refund(&mut self, p: WindowParams, hits: u64, now: Instant) {
         self.roll(p, now);

@@ -41,6 +41,7 @@ mod ring;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use indexmap::IndexSet;
+use rand::Rng;
 use std::sync::Arc;
 
 pub use api::{
@@ -60,6 +61,10 @@ use crate::wire::{Body, Decided, ForwardCheck, Grant, KeyState, LimitWire, Relea
 use keys::{Follower, KeyMeta, Participant};
 use peers::{PeerConfig, Peers};
 
+/// Separates the node's random stream from its key table's, which is seeded with the same seed.
+const NODE_RNG_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
+/// Hits an allowance holds beyond the expected demand (see `need_for`).
+const NEED_SLACK: u64 = 2;
 /// The retry hint of a fail-closed refusal: 100 ms.
 const FAIL_CLOSED_RETRY_NANOS: u64 = 100_000_000;
 /// The most distinct limit specs whose scaled forms are cached.
@@ -122,7 +127,8 @@ pub struct Node {
     cluster_len: usize,
     /// Live members this node could reach at the last sync tick, itself included.
     reachable_len: usize,
-    scaled: HashMap<LimitSpec, Limit, KeyHasherBuilder>,
+    /// Scaled limits by (spec, numerator, denominator).
+    scaled: HashMap<(LimitSpec, usize, usize), Limit, KeyHasherBuilder>,
     peers: Peers,
     pending: BTreeMap<u64, PendingForward>,
     next_forward_id: u64,
@@ -152,7 +158,7 @@ impl Node {
         Node {
             id,
             keys: Store::new(config.store, seed),
-            rng: rand::SeedableRng::seed_from_u64(seed ^ 0x5eed_0f_1ea5e),
+            rng: rand::SeedableRng::seed_from_u64(seed ^ NODE_RNG_SALT),
             ring: Ring::new(&[id], config.ring_vnodes),
             cluster_len: 1,
             reachable_len: 1,
@@ -164,7 +170,7 @@ impl Node {
             flush_at: None,
             dirty: IndexSet::default(),
             replicas_due: IndexSet::default(),
-            next_sync_at: now.add(config.sync_interval),
+            next_sync_at: now.add_duration(config.sync_interval),
             fallbacks_since_sync: 0,
             settled: true,
             transmits: VecDeque::new(),
@@ -223,13 +229,16 @@ impl Node {
         }
         match effective_mode(&request.policy) {
             api::Mode::Exact => self.forward(owner, request, now),
-            api::Mode::Approximate => CheckOutcome::Decided(self.decide_as_follower(
-                owner,
-                &request.policy,
-                request.key,
-                request.cost,
-                now,
-            )),
+            api::Mode::Approximate => {
+                let (decision, path) =
+                    self.decide_as_follower(owner, &request.policy, request.key, request.cost, now);
+                // The allowance ran dry while the owner may still have room: ask it (one round
+                // trip) rather than refuse what the ideal limiter would admit.
+                if path == Path::Exhausted && self.pending.len() < self.config.pending_forwards_max {
+                    return self.forward(owner, request, now);
+                }
+                CheckOutcome::Decided(decision)
+            }
         }
     }
 
@@ -254,7 +263,7 @@ impl Node {
         let Ok(Some(body)) = self.peers.receive(from, bytes, now) else { return };
         match body {
             Body::Forward(checks) => self.on_forward(from, checks, now),
-            Body::Decided(decided) => self.on_decided(decided),
+            Body::Decided(decided) => self.on_decided(decided, now),
             Body::Report(reports) => self.on_reports(from, reports, now),
             Body::Grant(grants) => self.on_grants(from, grants, now),
             Body::Handoff(states) => self.on_states(states, false, now),
@@ -272,7 +281,6 @@ impl Node {
         self.peers.set_members(&view.live, now);
         self.ring = Ring::new(&view.live, self.config.ring_vnodes);
         self.reachable_len = self.reachable_members(now);
-        self.scaled.clear();
         self.move_keys(now);
     }
 
@@ -284,6 +292,8 @@ impl Node {
         self.expire_forwards(now);
         let retransmits = self.peers.retransmits(now);
         self.transmits.extend(retransmits);
+        let acks = self.peers.acks(now);
+        self.transmits.extend(acks);
         if now >= self.next_sync_at {
             self.sync(now);
             let interval = duration_nanos(self.config.sync_interval);
@@ -310,26 +320,27 @@ impl Node {
             Some(self.next_sync_at),
             self.flush_at,
             self.pending.values().next().map(|p| p.deadline),
-            self.peers.next_retransmit(),
+            self.peers.next_timeout(),
         ];
         deadlines.into_iter().flatten().min()
     }
 
     // --- Limits scaled to the reachable part of the cluster ---------------------------------------
 
-    /// `policy`'s limit scaled by `num / den` (cached per view).
+    /// `limit` scaled by `num / den` (cached; the cache is bounded and cleared when full).
     fn scaled_limit(&mut self, limit: &Limit, num: usize, den: usize) -> Limit {
         if num >= den {
             return limit.clone();
         }
-        if let Some(scaled) = self.scaled.get(limit.spec()) {
+        let cache_key = (limit.spec().clone(), num, den);
+        if let Some(scaled) = self.scaled.get(&cache_key) {
             return scaled.clone();
         }
         let scaled = scale(limit, num as u64, den as u64);
         if self.scaled.len() >= SCALED_LIMITS_MAX {
             self.scaled.clear();
         }
-        self.scaled.insert(limit.spec().clone(), scaled.clone());
+        self.scaled.insert(cache_key, scaled.clone());
         scaled
     }
 
@@ -346,16 +357,43 @@ impl Node {
 
     // --- Owner side --------------------------------------------------------------------------------
 
+    /// Decides a check on a key this node owns. Exact mode decides on the bucket itself;
+    /// approximate mode decides from the owner's own allowance, granted from the bucket like any
+    /// follower's (so the owner takes its fair share, not whatever the followers left).
     fn decide_as_owner(&mut self, policy: &Arc<Policy>, key: KeyHash, cost: u64, now: Instant) -> Decision {
         self.stats.owner_decisions += 1;
         let limit = self.owner_limit(policy);
         let half_life = self.half_life_nanos();
-        let decision = self.keys.check_with(key, &limit, cost, now, || KeyMeta::new(policy.clone(), true));
-        let tracked = self.keys.update(key, &limit, |_, meta| {
-            meta.owned = true;
-            meta.demand.add(cost.max(1), now, half_life);
-        });
-        if tracked.is_some() && cost > 0 && self.config.replicate {
+        let mode = effective_mode(policy);
+        let grants = self.grant_context(now);
+        let rng = &mut self.rng;
+        let (decision, tracked) = self.keys.upsert_with(
+            key,
+            &limit,
+            now,
+            || KeyMeta::new(policy.clone(), true),
+            |bucket, meta| {
+                meta.owned = true;
+                meta.demand.add(cost.max(1), now, half_life);
+                // Allowances out count as in use: the bucket must not refill under them.
+                bucket.hold(&limit, meta.outstanding(), now);
+                let decision = match mode {
+                    api::Mode::Exact => bucket.check(&limit, cost, now, rng),
+                    api::Mode::Approximate => {
+                        if meta.own_allowance < cost.max(1) {
+                            let self_demand = meta.demand.per_second(now, half_life);
+                            let own = (self_demand, meta.own_allowance);
+                            let grant = grants.size(bucket, &limit, &meta.participants, own, own);
+                            bucket.force(&limit, grant, now);
+                            meta.own_allowance += grant;
+                        }
+                        decide_from_allowance(bucket, &limit, &mut meta.own_allowance, cost, now)
+                    }
+                };
+                (decision, decision.allowed && cost > 0)
+            },
+        );
+        if tracked && self.config.replicate {
             self.replicas_due.insert(key);
         }
         decision
@@ -424,8 +462,8 @@ impl Node {
             Arc::new(Policy { limit, mode: api::Mode::Approximate, fallback: api::Fallback::LocalShare });
         let limit = self.owner_limit(&policy);
         let silence = duration_nanos(self.config.peer_silence);
-        let interval = self.config.sync_interval;
         let half_life = self.half_life_nanos();
+        let grants = self.grant_context(now);
         self.keys.upsert_with(
             key,
             &limit,
@@ -438,28 +476,27 @@ impl Node {
                 }
                 bucket.force(&limit, report.uncovered, now);
                 bucket.refund(&limit, report.returned, now);
-                let participant = participant(&mut meta.participants, from, now);
-                participant.outstanding =
-                    participant.outstanding.saturating_sub(report.covered.saturating_add(report.returned));
+                let participant = participant(&mut meta.participants, from, report.epoch, now);
+                // Reports may arrive out of order: the sum of grants seen only grows.
+                participant.seen = participant.seen.max(report.granted_seen);
+                participant.holding = report.holding;
                 participant.demand_per_s = report.demand_per_s;
                 participant.heard_at = now;
-                let self_demand = meta.demand.per_second(now, half_life);
-                let input = GrantInput {
-                    bucket,
-                    limit: &limit,
-                    participants: &meta.participants,
-                    self_demand,
-                    now,
-                    silence_nanos: silence,
-                    interval,
-                };
-                let grant = compute_grant(&input, from);
+                let holder = (participant.demand_per_s, participant.outstanding());
+                // A participant silent for long is gone (crashed, or follows another owner): what
+                // it held is released.
+                meta.participants.retain(|p| p.heard_at.add_nanos(8 * silence) > now);
+                // Allowances out count as in use: the bucket must not refill under them.
+                bucket.hold(&limit, meta.outstanding(), now);
+                let own = (meta.demand.per_second(now, half_life), meta.own_allowance);
+                let grant = grants.size(bucket, &limit, &meta.participants, own, holder);
                 bucket.force(&limit, grant, now);
                 if let Some(p) = meta.participants.iter_mut().find(|p| p.node == from) {
-                    p.outstanding = p.outstanding.saturating_add(grant);
+                    p.sent = p.sent.saturating_add(grant);
                 }
-                meta.participants.retain(|p| p.outstanding > 0 || p.heard_at.add_nanos(8 * silence) > now);
-                Some(Grant { key: key.0, state: bucket.export(now).into(), grant })
+                let contended = grants.contended(&limit, &meta.participants, own.0);
+                let state = bucket.export(now).into();
+                Some(Grant { key: key.0, epoch: report.epoch, state, grant, contended })
             },
         )
     }
@@ -524,14 +561,17 @@ impl Node {
         for key in keys {
             let owner = self.ring.owner(key).unwrap_or(self.id);
             let me = self.id;
+            let epoch = self.rng.next_u64();
             let moved = self.update_key(key, |bucket, meta| {
                 let was_owned = meta.owned;
                 meta.owned = owner == me;
                 if was_owned && owner != me {
                     meta.participants.clear();
+                    // The own allowance was debited in the bucket now handed over: keep using it.
+                    let own_allowance = std::mem::take(&mut meta.own_allowance);
                     let follower = meta.follower();
-                    follower.owner = Some(owner);
-                    follower.granted = false;
+                    follower.follow(owner, epoch);
+                    follower.allowance = follower.allowance.saturating_add(own_allowance);
                     return Some(KeyState {
                         key: key.0,
                         limit: LimitWire::from_limit(&meta.policy.limit),
@@ -543,12 +583,12 @@ impl Node {
                     // hits admitted here without an allowance are debited at once.
                     if let Some(follower) = meta.follower.take() {
                         bucket.force(&meta.policy.limit, follower.uncovered, now);
+                        meta.own_allowance = meta.own_allowance.saturating_add(follower.allowance);
                     }
                     return None;
                 }
                 if let Some(follower) = meta.follower.as_mut().filter(|f| f.owner != Some(owner)) {
-                    follower.owner = Some(owner);
-                    follower.granted = false;
+                    follower.follow(owner, epoch);
                     follower.seed_pending = true;
                 }
                 None
@@ -575,7 +615,7 @@ impl Node {
         key: KeyHash,
         cost: u64,
         now: Instant,
-    ) -> Decision {
+    ) -> (Decision, Path) {
         let reachable = self.peers.reachable(owner, now);
         let half_life = self.half_life_nanos();
         let (num, den) = (1, self.cluster_len);
@@ -590,8 +630,7 @@ impl Node {
             |bucket, meta| {
                 let follower = meta.follower();
                 if follower.owner != Some(owner) {
-                    follower.owner = Some(owner);
-                    follower.granted = false;
+                    follower.follow(owner, rng.next_u64());
                 }
                 follower.demand.add(cost.max(1), now, half_life);
                 if follower.over_until > now && cost > 0 {
@@ -600,24 +639,28 @@ impl Node {
                     return (decision, Path::Allowance);
                 }
                 if reachable && follower.granted {
-                    return (decide_from_allowance(bucket, &limit, follower, cost, now), Path::Allowance);
+                    let decision = decide_from_allowance(bucket, &limit, &mut follower.allowance, cost, now);
+                    let path = match decision.retry_after {
+                        Some(_) if !decision.allowed && !follower.contended => Path::Exhausted,
+                        _ => Path::Allowance,
+                    };
+                    return (decision, path);
                 }
                 (decide_by_fallback(policy, &local_limit, follower, cost, now, rng), Path::Fallback)
             },
         );
         match path {
-            Path::Allowance => self.stats.allowance_decisions += 1,
+            Path::Allowance | Path::Exhausted => self.stats.allowance_decisions += 1,
             Path::Fallback => {
                 self.stats.fallback_decisions += 1;
                 self.fallbacks_since_sync += 1;
             }
         }
         self.dirty.insert(key);
-        let exhausted = !decision.allowed && reachable;
-        if exhausted || (reachable && path == Path::Fallback) {
+        if reachable && (path != Path::Allowance || !decision.allowed) {
             self.report_early(owner, key, now);
         }
-        decision
+        (decision, path)
     }
 
     /// Sends one key's report now (no grant yet, or allowance exhausted), at most once per quarter
@@ -644,22 +687,23 @@ impl Node {
             let applied = self.update_key(key, |bucket, meta| {
                 let limit = meta.policy.limit.clone();
                 let follower = meta.follower.as_mut()?;
-                if follower.owner != Some(from) {
-                    // A grant from an owner this node no longer reports to: its allowance was
-                    // debited there; keep it (it is safe), but do not take its state as truth.
-                    follower.allowance = follower.allowance.saturating_add(grant.grant);
-                    return Some(());
+                if follower.owner != Some(from) || follower.epoch != grant.epoch {
+                    // An answer to a relationship this node has left (another owner, or state it
+                    // lost): the owner debited the grant, so dropping it is conservative.
+                    return None;
                 }
                 let imported = Bucket::import(&limit, grant.state.into(), now).ok()?;
                 *bucket = imported;
                 follower.granted = true;
+                follower.granted_seen = follower.granted_seen.saturating_add(grant.grant);
                 follower.allowance = follower.allowance.saturating_add(grant.grant);
+                follower.contended = grant.contended;
                 follower.local = None;
                 follower.over_until = Instant::ZERO;
                 if follower.allowance == 0 {
                     let probe = bucket.peek(&limit, 1, now);
                     if let Some(retry) = probe.retry_after.filter(|_| !probe.allowed) {
-                        follower.over_until = now.add(retry);
+                        follower.over_until = now.add_duration(retry);
                     }
                 }
                 Some(())
@@ -674,7 +718,8 @@ impl Node {
 
     fn forward(&mut self, owner: NodeId, request: CheckRequest, now: Instant) -> CheckOutcome {
         if !self.peers.reachable(owner, now) || self.pending.len() >= self.config.pending_forwards_max {
-            let decision = self.decide_as_follower(owner, &request.policy, request.key, request.cost, now);
+            let (decision, _) =
+                self.decide_as_follower(owner, &request.policy, request.key, request.cost, now);
             return CheckOutcome::Decided(decision);
         }
         let id = self.next_forward_id;
@@ -685,7 +730,7 @@ impl Node {
             limit: LimitWire::from_limit(&request.policy.limit),
             cost: request.cost,
         };
-        let deadline = now.add(self.config.forward_timeout);
+        let deadline = now.add_duration(self.config.forward_timeout);
         self.pending.insert(
             id,
             PendingForward {
@@ -703,7 +748,7 @@ impl Node {
             let batch = std::mem::take(batch);
             self.send_forwards(owner, batch, now);
         } else if self.flush_at.is_none() {
-            self.flush_at = Some(now.add(self.config.forward_wait));
+            self.flush_at = Some(now.add_duration(self.config.forward_wait));
         }
         CheckOutcome::Pending
     }
@@ -721,13 +766,20 @@ impl Node {
         self.send(owner, Body::Forward(batch), now);
     }
 
-    fn on_decided(&mut self, decided: Vec<Decided>) {
+    fn on_decided(&mut self, decided: Vec<Decided>, now: Instant) {
         for answer in decided {
             // An answer after the timeout finds nothing: the fallback decided already.
-            if let Some(pending) = self.pending.remove(&answer.id) {
-                self.events
-                    .push_back(Event::Decided { id: pending.request, decision: answer.decision.into() });
+            let Some(pending) = self.pending.remove(&answer.id) else { continue };
+            let decision: Decision = answer.decision.into();
+            if let Some(retry) = decision.retry_after.filter(|_| !decision.allowed) {
+                // The owner has no room until then: followers refuse locally, without asking.
+                self.update_key(pending.key, |_, meta| {
+                    if let Some(follower) = meta.follower.as_mut() {
+                        follower.over_until = follower.over_until.max(now.add_duration(retry));
+                    }
+                });
             }
+            self.events.push_back(Event::Decided { id: pending.request, decision });
         }
     }
 
@@ -781,7 +833,6 @@ impl Node {
 
     fn sync(&mut self, now: Instant) {
         self.reachable_len = self.reachable_members(now);
-        self.scaled.clear();
         let all_reachable = self.reachable_len == self.ring.members().len();
         self.settled = all_reachable && self.fallbacks_since_sync == 0;
         self.fallbacks_since_sync = 0;
@@ -812,8 +863,9 @@ impl Node {
             let report = self.update_key(key, |bucket, meta| {
                 let follower = meta.follower.as_mut()?;
                 let report = take_report(key, bucket, &meta.policy.limit, follower, now, half_life);
-                let active =
-                    report.demand_per_s > 0 || report.covered + report.uncovered + report.returned > 0;
+                let active = report.demand_per_s > 0
+                    || report.holding > 0
+                    || report.uncovered.saturating_add(report.returned) > 0;
                 active.then_some(report)
             });
             if let Some(report) = report.flatten() {
@@ -840,6 +892,14 @@ impl Node {
         self.keys.update(key, &limit, change)
     }
 
+    fn grant_context(&self, now: Instant) -> GrantContext {
+        GrantContext {
+            now,
+            silence_nanos: duration_nanos(self.config.peer_silence),
+            interval: self.config.sync_interval,
+        }
+    }
+
     fn half_life_nanos(&self) -> u64 {
         2 * duration_nanos(self.config.sync_interval)
     }
@@ -860,9 +920,14 @@ fn effective_mode(policy: &Policy) -> api::Mode {
     }
 }
 
+/// How a follower decided.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Path {
+    /// From its allowance (or refused while the owner says the key is over its limit).
     Allowance,
+    /// Refused: the allowance is spent though the owner may have room.
+    Exhausted,
+    /// By the fallback policy.
     Fallback,
 }
 
@@ -876,8 +941,8 @@ fn take_report(
     half_life: u64,
 ) -> Report {
     let demand_per_s = follower.demand.per_second(now, half_life);
-    // Keep what two intervals of demand need (see `compute_grant`); give back the rest.
-    let need = need_for(demand_per_s, half_life);
+    // Keep what the coming interval needs (see `need_for`); give back the rest.
+    let need = need_for(demand_per_s, half_life / 2);
     if follower.allowance > need {
         follower.returned = follower.returned.saturating_add(follower.allowance - need);
         follower.allowance = need;
@@ -886,7 +951,9 @@ fn take_report(
     let report = Report {
         key: key.0,
         limit: LimitWire::from_limit(limit),
-        covered: std::mem::take(&mut follower.covered),
+        epoch: follower.epoch,
+        holding: follower.allowance,
+        granted_seen: follower.granted_seen,
         uncovered: std::mem::take(&mut follower.uncovered),
         returned: std::mem::take(&mut follower.returned),
         demand_per_s,
@@ -898,60 +965,92 @@ fn take_report(
 }
 
 /// Hits a node with `demand_per_s` needs to hold for `window_nanos`, with headroom for bursts.
-fn need_for(demand_per_s: u64, window_nanos: u64) -> u64 {
-    let expected = u128::from(demand_per_s) * u128::from(window_nanos) / 1_000_000_000;
+fn need_for(demand_per_s: u64, interval_nanos: u64) -> u64 {
+    let expected = u128::from(demand_per_s) * u128::from(interval_nanos) / 1_000_000_000;
     let expected = u64::try_from(expected).unwrap_or(u64::MAX);
-    // Twice the expectation plus a constant: Poisson bursts within a window rarely exceed it.
-    expected.saturating_mul(2).saturating_add(4)
+    // An interval's demand and half again, plus a little: enough to last until the next grant
+    // most of the time. Holding more would strand capacity at nodes that do not need it now; a
+    // node that runs dry asks the owner, which keeps what nobody holds.
+    expected.saturating_add(NEED_SLACK)
 }
 
-/// The grant for `to`: its demand's share of everything not yet admitted, minus what it holds,
-/// capped by its need (two intervals of its demand) and by what the bucket can give.
-///
-/// "Everything not yet admitted" is the allowances outstanding and what the bucket will hold one
-/// interval from now: granting the coming refill early keeps followers from running dry between
-/// grants; the bucket goes into debt by at most one interval of refill, paid back by that very
-/// refill, and never holds more than its capacity.
-struct GrantInput<'a> {
-    bucket: &'a Bucket,
-    limit: &'a Limit,
-    participants: &'a [Participant],
-    self_demand: u64,
+/// What sizing a grant takes besides the key's own state.
+#[derive(Clone, Copy)]
+struct GrantContext {
     now: Instant,
     silence_nanos: u64,
     interval: core::time::Duration,
 }
 
-fn compute_grant(input: &GrantInput<'_>, to: NodeId) -> u64 {
-    let GrantInput { bucket, limit, participants, self_demand, now, silence_nanos, interval } = *input;
-    let Some(p) = participants.iter().find(|p| p.node == to) else { return 0 };
-    let active = participants.iter().filter(|p| p.heard_at.add_nanos(silence_nanos) > now);
-    let (demand_sum, outstanding_sum) = active.fold((self_demand, 0u64), |(d, o), p| {
-        (d.saturating_add(p.demand_per_s), o.saturating_add(p.outstanding))
-    });
-    if demand_sum == 0 || p.demand_per_s == 0 {
-        return 0;
+impl GrantContext {
+    /// Whether the recent demand of the owner and its active participants clearly exceeds the
+    /// rate (by a quarter: demand estimates over a few intervals are noisy).
+    fn contended(&self, limit: &Limit, participants: &[Participant], own_demand: u64) -> bool {
+        let demand = self.active(participants).fold(own_demand, |sum, p| sum.saturating_add(p.demand_per_s));
+        let rate = limit.rate_per_second();
+        demand > rate.saturating_add(rate / 4)
     }
-    // What the bucket will hold one interval from now if nothing else is admitted: for a
-    // continuously refilling limit this counts the coming refill, and debt, and caps at capacity.
-    let horizon = if limit.refills_continuously() { now.add(interval) } else { now };
-    let available = bucket.peek(limit, 0, horizon).remaining;
-    let pool = u128::from(available.saturating_add(outstanding_sum));
-    let target =
-        u64::try_from(pool * u128::from(p.demand_per_s) / u128::from(demand_sum)).unwrap_or(u64::MAX);
-    let need = need_for(p.demand_per_s, 2 * duration_nanos(interval));
-    target.min(need).saturating_sub(p.outstanding).min(available)
+
+    /// The participants heard from within the silence bound.
+    fn active<'p>(&self, participants: &'p [Participant]) -> impl Iterator<Item = &'p Participant> + 'p {
+        let (now, silence) = (self.now, self.silence_nanos);
+        participants.iter().filter(move |p| p.heard_at.add_nanos(silence) > now)
+    }
+
+    /// The allowance to add for a holder with `(demand per second, allowance held)`: its demand's
+    /// share of everything not yet admitted, minus what it holds, capped by its need (two intervals
+    /// of its demand) and by what the bucket can give. `own` is the owner's own demand and
+    /// allowance; `participants` are the followers (silent ones do not count).
+    ///
+    /// "Everything not yet admitted" is the allowances held and what the bucket will hold one
+    /// interval from now: granting the coming refill early keeps holders from running dry between
+    /// grants; the bucket goes into debt by at most one interval of refill, paid back by that very
+    /// refill, and never holds more than its capacity.
+    fn size(
+        &self,
+        bucket: &Bucket,
+        limit: &Limit,
+        participants: &[Participant],
+        own: (u64, u64),
+        holder: (u64, u64),
+    ) -> u64 {
+        let (demand_sum, held_sum) = self
+            .active(participants)
+            .fold(own, |(d, h), p| (d.saturating_add(p.demand_per_s), h.saturating_add(p.outstanding())));
+        let (demand, held) = holder;
+        if demand_sum == 0 || demand == 0 {
+            return 0;
+        }
+        let horizon = self.now;
+        let available = bucket.peek(limit, 0, horizon).remaining;
+        let pool = u128::from(available.saturating_add(held_sum));
+        let fair = u64::try_from(pool * u128::from(demand) / u128::from(demand_sum)).unwrap_or(u64::MAX);
+        let need = need_for(demand, duration_nanos(self.interval));
+        fair.min(need).saturating_sub(held).min(available)
+    }
 }
 
-fn participant(participants: &mut Vec<Participant>, node: NodeId, now: Instant) -> &mut Participant {
+/// The participant entry of `node` for `epoch`; a new epoch starts the accounting afresh (the
+/// follower lost its state, or follows this owner anew).
+fn participant(
+    participants: &mut Vec<Participant>,
+    node: NodeId,
+    epoch: u64,
+    now: Instant,
+) -> &mut Participant {
+    let fresh = Participant { node, epoch, sent: 0, seen: 0, holding: 0, demand_per_s: 0, heard_at: now };
     let index = match participants.iter().position(|p| p.node == node) {
         Some(index) => index,
         None => {
-            participants.push(Participant { node, outstanding: 0, demand_per_s: 0, heard_at: now });
+            participants.push(fresh);
             participants.len() - 1
         }
     };
-    &mut participants[index]
+    let participant = &mut participants[index];
+    if participant.epoch != epoch {
+        *participant = fresh;
+    }
+    participant
 }
 
 /// Decides from the allowance: pass while it lasts; refuse with the authoritative state's view of
@@ -959,21 +1058,17 @@ fn participant(participants: &mut Vec<Participant>, node: NodeId, now: Instant) 
 fn decide_from_allowance(
     bucket: &Bucket,
     limit: &Limit,
-    follower: &mut Follower,
+    allowance: &mut u64,
     cost: u64,
     now: Instant,
 ) -> Decision {
     let auth = bucket.peek(limit, cost, now);
-    let probe = cost.max(1);
-    if follower.allowance >= probe {
-        if cost > 0 {
-            follower.allowance -= cost;
-            follower.covered = follower.covered.saturating_add(cost);
-        }
+    if *allowance >= cost.max(1) {
+        *allowance -= cost;
         let mut decision = auth;
         decision.allowed = true;
         decision.retry_after = None;
-        decision.remaining = follower.allowance.saturating_add(bucket.peek(limit, 0, now).remaining);
+        decision.remaining = allowance.saturating_add(bucket.peek(limit, 0, now).remaining);
         return decision;
     }
     if cost > limit.capacity() {

@@ -21,6 +21,8 @@ use crate::wire::{self, Body, Frame, WireError};
 
 /// How many sequence numbers beyond the contiguous floor the receiver remembers.
 const RECV_WINDOW_LEN_MAX: usize = 4096;
+/// How long an acknowledgement may wait for a frame to carry it: 1 ms.
+const ACK_DELAY_NANOS: u64 = 1_000_000;
 /// The most peers tracked (members plus senders outside the view).
 const PEERS_MAX: usize = 4096;
 /// The shortest retransmission timeout, in nanoseconds.
@@ -43,7 +45,16 @@ struct Unacked {
     seq: u64,
     body: Body,
     sent_at: Instant,
-    retransmitted: bool,
+    /// How often it was sent again; each retransmission doubles its timeout (up to the maximum),
+    /// so an unreachable peer is not flooded.
+    retransmits: u32,
+}
+
+impl Unacked {
+    fn due_at(&self, rto_nanos: u64) -> Instant {
+        let backoff = rto_nanos.saturating_mul(1 << self.retransmits.min(16)).min(RTO_MAX_NANOS);
+        self.sent_at.add_nanos(backoff)
+    }
 }
 
 /// What this node knows of one peer.
@@ -58,6 +69,9 @@ struct Peer {
     recv_above: BTreeSet<u64>,
     heard_at: Instant,
     last_sent_at: Option<Instant>,
+    /// A sequenced frame arrived and no frame has carried its acknowledgement back yet: send one
+    /// by then (a delayed acknowledgement, as in TCP, so that replies can carry it instead).
+    ack_due_at: Option<Instant>,
     srtt_nanos: Option<u64>,
     rto_nanos: u64,
 }
@@ -128,7 +142,7 @@ impl Peers {
             peer.unacked.pop_front();
             self.stats.overflowed += 1;
         }
-        peer.unacked.push_back(Unacked { seq, body: body.clone(), sent_at: now, retransmitted: false });
+        peer.unacked.push_back(Unacked { seq, body: body.clone(), sent_at: now, retransmits: 0 });
         self.stats.frames_sent += 1;
         self.transmit(to, seq, body, now)
     }
@@ -154,9 +168,9 @@ impl Peers {
         let mut due = Vec::new();
         for (&id, peer) in &mut self.peers {
             let rto = peer.rto_nanos;
-            for frame in peer.unacked.iter_mut().filter(|f| f.sent_at.add_nanos(rto) <= now) {
+            for frame in peer.unacked.iter_mut().filter(|f| f.due_at(rto) <= now) {
                 frame.sent_at = now;
-                frame.retransmitted = true;
+                frame.retransmits += 1;
                 due.push((id, frame.seq, frame.body.clone()));
             }
         }
@@ -164,9 +178,27 @@ impl Peers {
         due.into_iter().filter_map(|(id, seq, body)| self.transmit(id, seq, body, now)).collect()
     }
 
-    /// The earliest retransmission deadline.
-    pub fn next_retransmit(&self) -> Option<Instant> {
-        self.peers.values().filter_map(|p| p.unacked.front().map(|f| f.sent_at.add_nanos(p.rto_nanos))).min()
+    /// The earliest retransmission or delayed acknowledgement.
+    pub fn next_timeout(&self) -> Option<Instant> {
+        let frames = self.peers.values().flat_map(|p| p.unacked.iter().map(|f| f.due_at(p.rto_nanos)));
+        let acks = self.peers.values().filter_map(|p| p.ack_due_at);
+        frames.chain(acks).min()
+    }
+
+    /// Acknowledgements that waited long enough for a frame to carry them: sent alone.
+    pub fn acks(&mut self, now: Instant) -> Vec<Transmit> {
+        let due: Vec<NodeId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.ack_due_at.is_some_and(|at| at <= now))
+            .map(|(&id, _)| id)
+            .collect();
+        let mut out = Vec::with_capacity(due.len());
+        for id in due {
+            self.stats.frames_sent += 1;
+            out.extend(self.transmit(id, 0, Body::Heartbeat, now));
+        }
+        out
     }
 
     /// Decodes a frame from `from`; `Ok(None)` for a duplicate or a stranger, `Ok(Some(body))`
@@ -200,6 +232,8 @@ impl Peers {
         if frame.seq == 0 {
             return Ok(None);
         }
+        // Acknowledge even a duplicate: the sender retransmitted because it missed our ack.
+        peer.ack_due_at.get_or_insert(now.add_nanos(ACK_DELAY_NANOS));
         if !peer.accept(frame.seq) {
             self.stats.duplicates += 1;
             return Ok(None);
@@ -221,6 +255,7 @@ impl Peers {
     fn transmit(&mut self, to: NodeId, seq: u64, body: Body, now: Instant) -> Option<Transmit> {
         let peer = self.peers.get_mut(&to)?;
         peer.last_sent_at = Some(now);
+        peer.ack_due_at = None;
         let una = peer.unacked.front().map_or(peer.next_seq, |f| f.seq);
         let frame =
             Frame { from: self.me.0, incarnation: self.incarnation, seq, ack: peer.recv_floor, una, body };
@@ -240,6 +275,7 @@ impl Peer {
             recv_above: BTreeSet::new(),
             heard_at: now,
             last_sent_at: None,
+            ack_due_at: None,
             srtt_nanos: None,
             rto_nanos,
         }
@@ -257,7 +293,7 @@ impl Peer {
             if front.seq >= ack {
                 break;
             }
-            if !front.retransmitted {
+            if front.retransmits == 0 {
                 self.sample_rtt(now.nanos_since(front.sent_at));
             }
             self.unacked.pop_front();

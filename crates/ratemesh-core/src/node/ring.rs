@@ -70,9 +70,7 @@ struct Position(u64);
 
 /// Where `vnode` sits on the ring (as the ring itself computes it).
 fn position(vnode: &VNode) -> u64 {
-    let mut hasher = RingHasherBuilder.build_hasher();
-    vnode.hash(&mut hasher);
-    hasher.finish()
+    RingHasherBuilder.hash_one(vnode)
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

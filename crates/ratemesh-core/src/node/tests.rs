@@ -106,7 +106,7 @@ impl Cluster {
     }
 
     fn run_for(&mut self, duration: Duration) {
-        let until = self.now.add(duration);
+        let until = self.now.add_duration(duration);
         while self.step(until) {}
         self.now = until;
     }
@@ -279,7 +279,7 @@ fn garbage_from_peers_is_counted_and_dropped() {
     // A valid frame claiming another sender than the transport says.
     let mut other = Node::new(NodeId(3), 1, NodeConfig::default(), 3, now);
     other.handle_membership(now, MemberView { live: vec![NodeId(1), NodeId(3)], dead: vec![] });
-    other.handle_timeout(now.add(Duration::from_secs(1)));
+    other.handle_timeout(now.add_duration(Duration::from_secs(1)));
     while let Some(transmit) = other.poll_transmit() {
         node.handle_frame(now, NodeId(2), &transmit.bytes);
     }
