@@ -35,6 +35,9 @@ pub struct StrategyReport {
     pub false_reject_rate: f64,
     /// Requests the cluster admitted and the ideal refused, as a fraction of requests.
     pub false_admit_rate: f64,
+    /// Hits admitted beyond the ideal per membership change, in sync intervals of the limit (0
+    /// without membership changes).
+    pub excess_per_change_sync_intervals: f64,
     /// Convergence time after each heal that converged, in milliseconds.
     pub convergence_ms: Vec<f64>,
     /// Heals after which the cluster never converged before the end of the run.
@@ -87,6 +90,7 @@ impl StrategyReport {
             partition_peak_rate_x_limit: peak_rate(&key_windows, limit_per_s, |w| partitions.contains(&w)),
             false_reject_rate: r.false_rejects as f64 / requests,
             false_admit_rate: r.false_admits as f64 / requests,
+            excess_per_change_sync_intervals: excess_per_change(scenario, r.admitted(), r.ideal()),
             convergence_ms: run.convergence_nanos.iter().map(|n| *n as f64 / 1e6).collect(),
             unconverged: run.unconverged,
             msgs_per_node_s: msgs.iter().sum::<f64>() / nodes,
@@ -118,6 +122,7 @@ impl StrategyReport {
             Metric::PartitionPeakRateXLimit => self.partition_peak_rate_x_limit.unwrap_or(0.0),
             Metric::FalseRejectRate => self.false_reject_rate,
             Metric::ConvergenceMaxMs => self.convergence_max_ms().unwrap_or(0.0),
+            Metric::ExcessPerChangeSyncIntervals => self.excess_per_change_sync_intervals,
         }
     }
 }
@@ -334,6 +339,16 @@ fn convergence(s: &StrategyReport) -> String {
 }
 
 /// Indices of the 1-second windows that lie entirely inside a partition or one-way cut.
+/// `max(0, admitted − ideal)` per membership change, in sync intervals of the limit.
+fn excess_per_change(scenario: &Scenario, admitted: u64, ideal: u64) -> f64 {
+    let changes = scenario.membership_changes();
+    if changes == 0 {
+        return 0.0;
+    }
+    let interval_hits = scenario.limit_per_s() * scenario.sync_interval_ms as f64 / 1000.0;
+    admitted.saturating_sub(ideal) as f64 / (changes as f64 * interval_hits)
+}
+
 fn partition_windows(scenario: &Scenario) -> Vec<usize> {
     let window_ms = BIN_NANOS * BINS_PER_WINDOW as u64 / 1_000_000;
     let mut windows = Vec::new();

@@ -405,6 +405,10 @@ pub enum Metric {
     FalseRejectRate,
     /// Longest convergence after a heal in ms (infinite when one never converged).
     ConvergenceMaxMs,
+    /// Hits admitted beyond the ideal, per membership change, in sync intervals of the limit
+    /// (`max(0, admitted − ideal) / (changes × limit per second × sync interval)`): exact mode's
+    /// bound is one interval per ownership change.
+    ExcessPerChangeSyncIntervals,
 }
 
 impl Scenario {
@@ -454,6 +458,24 @@ impl Scenario {
     /// The limit's rate in hits per second.
     pub fn limit_per_s(&self) -> f64 {
         self.limit.limit as f64 * 1000.0 / self.limit.period_ms.max(1) as f64
+    }
+
+    /// How many times the membership changes during the run (each crash, restart, leave, join,
+    /// partition and heal), as the faults schedule them.
+    pub fn membership_changes(&self) -> u64 {
+        let end_ms = self.duration_s * 1000;
+        self.faults
+            .iter()
+            .map(|fault| match fault {
+                FaultConfig::Crash { restart_after_ms, .. } => 1 + u64::from(restart_after_ms.is_some()),
+                FaultConfig::Leave { rejoin_after_ms, .. } => 1 + u64::from(rejoin_after_ms.is_some()),
+                FaultConfig::Partition { .. } | FaultConfig::OneWay { .. } => 2,
+                FaultConfig::Churn { start_ms, end_ms: churn_end_ms, every_ms, .. } => {
+                    let stop_ms = (*churn_end_ms).min(end_ms);
+                    2 * stop_ms.saturating_sub(*start_ms).div_ceil((*every_ms).max(1))
+                }
+            })
+            .sum()
     }
 
     /// The strategies to run, parsed.
