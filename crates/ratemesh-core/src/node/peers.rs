@@ -60,6 +60,8 @@ impl Unacked {
 /// What this node knows of one peer.
 #[derive(Debug)]
 struct Peer {
+    /// Whether the peer is in this node's view (heartbeats go to members only).
+    member: bool,
     next_seq: u64,
     unacked: VecDeque<Unacked>,
     /// The peer's incarnation and, for it, every sequence number below `floor` has been received,
@@ -118,11 +120,23 @@ impl Peers {
 
     /// Makes the peer set the live members (except this node): new ones start as just heard,
     /// gone ones are forgotten with their unacknowledged frames.
+    ///
+    /// A peer that leaves the view keeps its sequence numbering (so that, should it come back in
+    /// the same incarnation, it does not take our new frames for old ones) but loses its frames
+    /// waiting for acknowledgement: they would never be acknowledged.
     pub fn set_members(&mut self, live: &[NodeId], now: Instant) {
-        self.peers.retain(|id, _| live.contains(id));
+        for (id, peer) in &mut self.peers {
+            let member = live.contains(id);
+            if !member {
+                peer.unacked.clear();
+            } else if !peer.member {
+                peer.heard_at = now;
+            }
+            peer.member = member;
+        }
         for &id in live.iter().filter(|&&id| id != self.me) {
             let rto_nanos = self.config.rto_initial_nanos;
-            self.peers.entry(id).or_insert_with(|| Peer::new(now, rto_nanos));
+            self.peers.entry(id).or_insert_with(|| Peer::new(now, rto_nanos, true));
         }
     }
 
@@ -152,7 +166,7 @@ impl Peers {
         let due: Vec<NodeId> = self
             .peers
             .iter()
-            .filter(|(_, p)| p.last_sent_at.is_none_or(|at| at.add_nanos(idle_nanos) <= now))
+            .filter(|(_, p)| p.member && p.last_sent_at.is_none_or(|at| at.add_nanos(idle_nanos) <= now))
             .map(|(&id, _)| id)
             .collect();
         let mut out = Vec::with_capacity(due.len());
@@ -247,7 +261,7 @@ impl Peers {
     /// up to a bound.
     fn peer_for_sender(&mut self, from: NodeId, now: Instant) -> Option<&mut Peer> {
         if !self.peers.contains_key(&from) && self.peers.len() < PEERS_MAX && from != self.me {
-            self.peers.insert(from, Peer::new(now, self.config.rto_initial_nanos));
+            self.peers.insert(from, Peer::new(now, self.config.rto_initial_nanos, false));
         }
         self.peers.get_mut(&from)
     }
@@ -266,8 +280,9 @@ impl Peers {
 }
 
 impl Peer {
-    fn new(now: Instant, rto_nanos: u64) -> Peer {
+    fn new(now: Instant, rto_nanos: u64, member: bool) -> Peer {
         Peer {
+            member,
             next_seq: 1,
             unacked: VecDeque::new(),
             recv_incarnation: None,
