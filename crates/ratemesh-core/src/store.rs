@@ -8,10 +8,15 @@
 //!   evicted: that key's next request starts from a fresh bucket, which the metrics make visible).
 //! - [`Store::sweep`] walks a bounded number of entries per call and drops the expired ones, so
 //!   memory follows the live key set without a full scan.
+//! - Layout: one flat open-addressing table (hashbrown's SwissTable) whose slots hold the key, its
+//!   TTL and its bucket together (64 bytes without extra data), so a lookup reads one control-byte
+//!   group and then the slot itself: two dependent memory accesses.
 //! - A check that consumes nothing (a refusal, a query) on an unknown key inserts nothing, so
 //!   refused floods of random keys cannot fill the table.
 
-use indexmap::IndexMap;
+use core::hash::BuildHasher;
+
+use hashbrown::HashTable;
 use rand::{RngExt, SeedableRng};
 
 use crate::algorithm::{Bucket, CoreRng, Snapshot, SnapshotMismatch};
@@ -59,26 +64,46 @@ pub trait KeyExtra {
 
 impl KeyExtra for () {}
 
+/// One slot of the table: the key and everything kept for it, side by side (64 bytes for `X = ()`).
 #[derive(Clone, Debug)]
 struct Entry<X> {
+    key: KeyHash,
     fresh_at: Instant,
     bucket: Bucket,
     extra: X,
 }
 
 impl<X: KeyExtra> Entry<X> {
+    #[inline]
     fn refresh(&mut self, limit: &Limit) {
         self.fresh_at = self.bucket.fresh_at(limit).max(self.extra.keep_until());
     }
 }
+
+/// The table hash of `key`: the key is a uniform hash already, [`KeyHasherBuilder`] only folds it.
+#[inline]
+fn table_hash(key: KeyHash) -> u64 {
+    KeyHasherBuilder::default().hash_one(key)
+}
+
+/// How many slots one [`Store::sweep`] call may pass over per entry it may examine: empty slots
+/// cost one control byte each, and this bounds a call's work on a sparse table (one that held
+/// many more keys once: the table does not shrink).
+const SWEEP_SLOTS_PER_ENTRY: usize = 8;
+
+/// How many random slots an eviction sample draws before it settles for the next occupied one.
+const SAMPLE_DRAWS_MAX: usize = 32;
 
 /// The buckets of many keys, each with optional extra data `X`. See the module documentation for
 /// the bounds.
 #[derive(Clone, Debug)]
 pub struct Store<X = ()> {
     config: StoreConfig,
-    entries: IndexMap<KeyHash, Entry<X>, KeyHasherBuilder>,
+    /// Hashed with [`table_hash`]. Its slot order (which [`Store::keys`] follows) depends only on
+    /// the sequence of operations, so it is deterministic.
+    entries: HashTable<Entry<X>>,
     rng: CoreRng,
+    /// The table slot (bucket index) the next sweep starts at.
     sweep_cursor: usize,
     stats: StoreStats,
 }
@@ -88,7 +113,7 @@ impl<X: KeyExtra> Store<X> {
     pub fn new(config: StoreConfig, seed: u64) -> Store<X> {
         Store {
             config: StoreConfig { keys_max: config.keys_max.max(1), ..config },
-            entries: IndexMap::default(),
+            entries: HashTable::new(),
             rng: CoreRng::seed_from_u64(seed),
             sweep_cursor: 0,
             stats: StoreStats::default(),
@@ -105,7 +130,7 @@ impl<X: KeyExtra> Store<X> {
         now: Instant,
         extra: impl FnOnce() -> X,
     ) -> Decision {
-        if let Some(entry) = self.entries.get_mut(&key) {
+        if let Some(entry) = self.entries.find_mut(table_hash(key), |entry| entry.key == key) {
             let decision = entry.bucket.check(limit, cost, now, &mut self.rng);
             entry.refresh(limit);
             return decision;
@@ -130,17 +155,17 @@ impl<X: KeyExtra> Store<X> {
 
     /// `key`'s state relative to `now`, if tracked.
     pub fn export(&self, key: KeyHash, now: Instant) -> Option<Snapshot> {
-        self.entries.get(&key).map(|entry| entry.bucket.export(now))
+        self.entry(key).map(|entry| entry.bucket.export(now))
     }
 
     /// `key`'s bucket, if tracked.
     pub fn get(&self, key: KeyHash) -> Option<&Bucket> {
-        self.entries.get(&key).map(|entry| &entry.bucket)
+        self.entry(key).map(|entry| &entry.bucket)
     }
 
     /// The extra data beside `key`'s bucket, if tracked.
     pub fn extra(&self, key: KeyHash) -> Option<&X> {
-        self.entries.get(&key).map(|entry| &entry.extra)
+        self.entry(key).map(|entry| &entry.extra)
     }
 
     /// Runs `change` on `key`'s bucket and extra data, if tracked; `limit` is the key's limit
@@ -151,7 +176,7 @@ impl<X: KeyExtra> Store<X> {
         limit: &Limit,
         change: impl FnOnce(&mut Bucket, &mut X) -> R,
     ) -> Option<R> {
-        let entry = self.entries.get_mut(&key)?;
+        let entry = self.entry_mut(key)?;
         let result = change(&mut entry.bucket, &mut entry.extra);
         entry.refresh(limit);
         Some(result)
@@ -167,7 +192,7 @@ impl<X: KeyExtra> Store<X> {
         extra: impl FnOnce() -> X,
         change: impl FnOnce(&mut Bucket, &mut X) -> R,
     ) -> R {
-        if let Some(entry) = self.entries.get_mut(&key) {
+        if let Some(entry) = self.entry_mut(key) {
             let result = change(&mut entry.bucket, &mut entry.extra);
             entry.refresh(limit);
             return result;
@@ -181,31 +206,42 @@ impl<X: KeyExtra> Store<X> {
 
     /// Stops tracking `key`, returning its bucket.
     pub fn remove(&mut self, key: KeyHash) -> Option<Bucket> {
-        self.entries.swap_remove(&key).map(|entry| entry.bucket)
+        let occupied = self.entries.find_entry(table_hash(key), |entry| entry.key == key).ok()?;
+        Some(occupied.remove().0.bucket)
     }
 
-    /// The tracked keys, in table order.
+    /// The tracked keys, in table order (deterministic for a given sequence of operations).
     pub fn keys(&self) -> impl Iterator<Item = KeyHash> + '_ {
-        self.entries.keys().copied()
+        self.entries.iter().map(|entry| entry.key)
     }
 
     /// Examines up to `sweep_len_max` entries, continuing where the last call stopped, and drops
-    /// those that are fresh at `now`. Returns how many it dropped.
+    /// those that are fresh at `now`. Returns how many it dropped. A call passes over at most one
+    /// lap of the table and at most `8 × sweep_len_max` slots, empty ones included.
     pub fn sweep(&mut self, now: Instant) -> usize {
+        let slots = self.entries.num_buckets();
+        let mut examine = self.config.sweep_len_max.min(self.entries.len());
+        let mut visit = slots.min(self.config.sweep_len_max.saturating_mul(SWEEP_SLOTS_PER_ENTRY));
+        // The table may have grown or been rehashed since the last call: the cursor is only a
+        // place to resume from, every slot is reached again within a lap.
+        let mut cursor = if self.sweep_cursor < slots { self.sweep_cursor } else { 0 };
         let mut dropped = 0;
-        for _ in 0..self.config.sweep_len_max.min(self.entries.len()) {
-            if self.sweep_cursor >= self.entries.len() {
-                self.sweep_cursor = 0;
+        while examine > 0 && visit > 0 {
+            visit -= 1;
+            // Removing an entry moves no other one: the cursor simply moves on.
+            if let Ok(occupied) = self.entries.get_bucket_entry(cursor) {
+                examine -= 1;
+                if occupied.get().fresh_at <= now {
+                    occupied.remove();
+                    dropped += 1;
+                }
             }
-            let expired = self.entries.get_index(self.sweep_cursor).is_some_and(|(_, e)| e.fresh_at <= now);
-            if expired {
-                // swap_remove moves the last entry here: examine this index again next.
-                self.entries.swap_remove_index(self.sweep_cursor);
-                dropped += 1;
-            } else {
-                self.sweep_cursor += 1;
+            cursor += 1;
+            if cursor == slots {
+                cursor = 0;
             }
         }
+        self.sweep_cursor = cursor;
         self.stats.expired += dropped as u64;
         dropped
     }
@@ -230,31 +266,83 @@ impl<X: KeyExtra> Store<X> {
         self.config
     }
 
+    #[inline]
+    fn entry(&self, key: KeyHash) -> Option<&Entry<X>> {
+        self.entries.find(table_hash(key), |entry| entry.key == key)
+    }
+
+    #[inline]
+    fn entry_mut(&mut self, key: KeyHash) -> Option<&mut Entry<X>> {
+        self.entries.find_mut(table_hash(key), |entry| entry.key == key)
+    }
+
+    /// Inserts `key`, which is not tracked.
     fn insert(&mut self, key: KeyHash, limit: &Limit, bucket: Bucket, extra: X, now: Instant) {
         if self.entries.len() >= self.config.keys_max {
             self.evict_one(now);
         }
-        let mut entry = Entry { fresh_at: Instant::ZERO, bucket, extra };
+        let mut entry = Entry { key, fresh_at: Instant::ZERO, bucket, extra };
         entry.refresh(limit);
-        self.entries.insert(key, entry);
+        self.entries.insert_unique(table_hash(key), entry, |entry| table_hash(entry.key));
         self.stats.inserted += 1;
     }
 
-    /// Drops the sampled entry that becomes fresh soonest.
+    /// Drops the sampled entry that becomes fresh soonest. The first expired entry sampled ends
+    /// the sample: any expired entry is as good a victim as another (dropping it loses nothing),
+    /// and a table full of expired entries (after a flood of one-off keys) then costs one draw
+    /// per insert instead of `eviction_sample_len`.
     fn evict_one(&mut self, now: Instant) {
-        let len = self.entries.len();
-        let samples = self.config.eviction_sample_len.clamp(1, len);
-        let victim = (0..samples)
-            .map(|_| self.rng.random_range(0..len))
-            .min_by_key(|&index| self.entries.get_index(index).map(|(_, e)| e.fresh_at));
-        let Some((_, entry)) = victim.and_then(|index| self.entries.swap_remove_index(index)) else {
+        let samples = self.config.eviction_sample_len.clamp(1, self.entries.len().max(1));
+        // (slot, fresh_at) of the soonest-fresh sample so far; the first one on ties.
+        let mut victim: Option<(usize, Instant)> = None;
+        for _ in 0..samples {
+            let Some((slot, fresh_at)) = self.sample() else { return };
+            if victim.is_none_or(|(_, soonest)| fresh_at < soonest) {
+                victim = Some((slot, fresh_at));
+            }
+            if fresh_at <= now {
+                break;
+            }
+        }
+        let Some(Ok(occupied)) = victim.map(|(slot, _)| self.entries.get_bucket_entry(slot)) else {
             return;
         };
+        let (entry, _) = occupied.remove();
         if entry.fresh_at <= now {
             self.stats.expired += 1;
         } else {
             self.stats.evicted += 1;
         }
+    }
+
+    /// A uniformly random entry: its slot and `fresh_at`; `None` when the table is empty.
+    ///
+    /// Slots are drawn until one is occupied. Taking the next occupied slot after an empty one
+    /// instead would favour the entries that follow empty runs, which are mostly the ones inserted
+    /// last (an insert takes the first free slot from its hash on): the live ones eviction should
+    /// spare. A table that holds `keys_max` entries is at least about a fifth full (it only grows
+    /// when more than 7/16 full), so a few draws suffice; after `SAMPLE_DRAWS_MAX` empty draws
+    /// (odds below 10⁻³ at a fifth full) it does take the next occupied slot, to bound the work.
+    fn sample(&mut self) -> Option<(usize, Instant)> {
+        if self.entries.is_empty() {
+            return None;
+        }
+        let slots = self.entries.num_buckets();
+        let mut slot = 0;
+        for _ in 0..SAMPLE_DRAWS_MAX {
+            slot = self.rng.random_range(0..slots);
+            if let Some(entry) = self.entries.get_bucket(slot) {
+                return Some((slot, entry.fresh_at));
+            }
+        }
+        // The table holds an entry, so this finds one within a lap.
+        for _ in 0..slots {
+            slot = if slot + 1 == slots { 0 } else { slot + 1 };
+            if let Some(entry) = self.entries.get_bucket(slot) {
+                return Some((slot, entry.fresh_at));
+            }
+        }
+        None
     }
 }
 
@@ -281,5 +369,114 @@ impl<X: KeyExtra + Default> Store<X> {
         now: Instant,
     ) -> Result<(), SnapshotMismatch> {
         self.upsert_with(key, limit, now, X::default, |bucket, _| bucket.join(limit, snapshot, now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use core::time::Duration;
+
+    use super::*;
+    use crate::key::Namespace;
+    use crate::limit::{Algorithm, LimitSpec};
+
+    fn limit() -> Limit {
+        Limit::new(LimitSpec::new(Algorithm::TokenBucket, 10, Duration::from_secs(1)).with_burst(10))
+            .expect("valid limit")
+    }
+
+    fn key(i: u64) -> KeyHash {
+        Namespace::new(b"store").key(&i.to_le_bytes())
+    }
+
+    const T0: Instant = Instant::from_millis(1_000);
+    /// Every bucket checked once at `T0` is full again by then.
+    const LATER: Instant = Instant::from_millis(2_000);
+
+    #[test]
+    fn sweep_of_a_sparse_table_is_bounded_and_still_reaches_every_entry() {
+        let limit = limit();
+        let config = StoreConfig { keys_max: 100_000, sweep_len_max: 4, eviction_sample_len: 8 };
+        let mut store: Store = Store::new(config, 1);
+        for i in 0..10_000 {
+            store.check(key(i), &limit, 1, T0);
+        }
+        let slots = store.entries.num_buckets();
+        for i in 10..10_000 {
+            store.remove(key(i));
+        }
+        assert_eq!(store.entries.num_buckets(), slots, "the table keeps its slots");
+        // 10 entries in 16 384 slots: a call passes over at most 8 × 4 slots.
+        let calls = slots.div_ceil(SWEEP_SLOTS_PER_ENTRY * 4);
+        let mut dropped = 0;
+        for _ in 0..calls {
+            let before = store.sweep_cursor;
+            let now_dropped = store.sweep(LATER);
+            assert!(now_dropped <= 4);
+            let passed = (store.sweep_cursor + slots - before) % slots;
+            assert!(passed <= SWEEP_SLOTS_PER_ENTRY * 4, "passed over {passed} slots");
+            dropped += now_dropped;
+        }
+        assert_eq!(dropped, 10, "one lap of calls reaches every entry");
+        assert!(store.is_empty());
+        assert_eq!(store.stats().expired, 10);
+    }
+
+    #[test]
+    fn sweep_resumes_after_the_table_grew() {
+        let limit = limit();
+        let config = StoreConfig { keys_max: 1_000, sweep_len_max: 8, eviction_sample_len: 8 };
+        let mut store: Store = Store::new(config, 1);
+        for i in 0..100 {
+            store.check(key(i), &limit, 1, T0);
+        }
+        assert_eq!(store.sweep(T0), 0, "nothing is fresh yet");
+        store.sweep_cursor = store.entries.num_buckets() - 1;
+        for i in 100..900 {
+            store.check(key(i), &limit, 1, T0);
+        }
+        let mut dropped = 0;
+        for _ in 0..200 {
+            dropped += store.sweep(LATER);
+        }
+        assert_eq!(dropped, 900);
+    }
+
+    #[test]
+    fn eviction_works_on_the_smallest_tables() {
+        let limit = limit();
+        for keys_max in 1..=4 {
+            let config = StoreConfig { keys_max, sweep_len_max: 8, eviction_sample_len: 8 };
+            let mut store: Store = Store::new(config, 3);
+            for i in 0..50 {
+                assert!(store.check(key(i), &limit, 1, T0).allowed);
+                assert!(store.get(key(i)).is_some(), "the new key is tracked");
+            }
+            assert_eq!(store.len(), keys_max);
+            assert_eq!(store.stats().evicted, 50 - keys_max as u64);
+        }
+    }
+
+    #[test]
+    fn eviction_samples_only_entries_and_prefers_the_soonest_fresh() {
+        let limit = limit();
+        let config = StoreConfig { keys_max: 64, sweep_len_max: 8, eviction_sample_len: 64 };
+        let mut store: Store = Store::new(config, 5);
+        // One key that is fresh soonest (one hit), the others ten hits deep.
+        store.check(key(0), &limit, 1, T0);
+        for i in 1..64 {
+            store.check(key(i), &limit, 10, T0);
+        }
+        // 64 samples of 64 entries miss a given one with odds (63/64)^64 ≈ 37 %: over 40 seeds,
+        // the soonest-fresh key must be the victim most of the time.
+        let mut soonest_evicted = 0;
+        for seed in 0..40 {
+            let mut copy = store.clone();
+            copy.rng = CoreRng::seed_from_u64(seed);
+            copy.check(key(1_000), &limit, 1, T0);
+            assert_eq!(copy.len(), 64);
+            soonest_evicted += usize::from(copy.get(key(0)).is_none());
+        }
+        assert!(soonest_evicted >= 15, "soonest-fresh key evicted {soonest_evicted} times in 40");
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Run with `cargo test -p ratemesh-core --test memory -- --nocapture --test-threads=1` to see the
 //! numbers. The goal: at most 64 bytes of state per key plus the 16-byte key hash; the hash table's
-//! own overhead (its index, its growth slack) is reported separately.
+//! own overhead (its control bytes, its growth slack) is reported separately.
 
 // The workspace denies `unsafe_code`. Counting allocations needs a `#[global_allocator]`, and
 // `GlobalAlloc` is an unsafe trait: its impl (which only forwards to `System` and counts) must be
@@ -71,24 +71,23 @@ const KEYS: u64 = 100_000;
 /// The goal for a key's state (bucket plus store bookkeeping), excluding the key itself.
 const STATE_BYTES_MAX: usize = 64;
 /// Everything the store holds per key, hash table included, with its growth slack. 100 000 keys fill
-/// 87 % of IndexMap's 114 688 entry slots and 76 % of its 131 072 index slots (measured: 103.5 B).
-const TOTAL_BYTES_PER_KEY_MAX: f64 = 128.0;
+/// 76 % of the table's 131 072 slots of 64 + 1 bytes (measured: 85.2 B; the bound leaves ~15 %).
+const TOTAL_BYTES_PER_KEY_MAX: f64 = 98.0;
 
 /// The state the store keeps next to each bucket: its TTL instant (`store::Entry` is private; this
 /// mirrors its fields).
 type EntryValue = (Instant, Bucket);
 
-/// IndexMap's entry slot (`indexmap::Bucket<K, V>`: the cached hash, the key, the value), mirrored
+/// The store's table slot (`store::Entry<()>`: the key beside its state, no cached hash), mirrored
 /// to learn its size with padding.
 #[allow(dead_code)] // Only measured with `size_of`.
-struct IndexMapSlot {
-    hash: usize,
+struct TableSlot {
     key: KeyHash,
     value: EntryValue,
 }
 
-/// IndexMap's index table (hashbrown `RawTable<usize>`): one index plus one control byte per slot.
-const INDEX_SLOT_BYTES: usize = size_of::<usize>() + 1;
+/// The table's (hashbrown `HashTable`) control byte, one per slot.
+const CONTROL_BYTES: usize = 1;
 
 struct Measured {
     live_bytes: usize,
@@ -115,8 +114,8 @@ fn measure(limit: &Limit) -> Measured {
 
 fn report(name: &str, measured: &Measured) {
     let state = size_of::<EntryValue>();
-    let slot = size_of::<IndexMapSlot>();
-    let per_key_min = slot + INDEX_SLOT_BYTES;
+    let slot = size_of::<TableSlot>();
+    let per_key_min = slot + CONTROL_BYTES;
     println!("{name}: {KEYS} keys, {} live heap bytes", measured.live_bytes);
     println!(
         "  size_of: KeyHash {} (align {}), Bucket {}, Instant (TTL) {}, state = Bucket + TTL {}",
@@ -127,12 +126,11 @@ fn report(name: &str, measured: &Measured) {
         state,
     );
     println!(
-        "  IndexMap entry slot (cached hash {} + key {} + state {} + padding {}) = {slot} B; index slot {} B",
-        size_of::<usize>(),
+        "  table slot (key {} + state {} + padding {}) = {slot} B; control byte {} B",
         size_of::<KeyHash>(),
         state,
-        slot - size_of::<usize>() - size_of::<KeyHash>() - state,
-        INDEX_SLOT_BYTES,
+        slot - size_of::<KeyHash>() - state,
+        CONTROL_BYTES,
     );
     println!(
         "  per key: state {state} B + key {} B = {} B; table overhead at 100 % load {} B; measured total {:.1} B",
@@ -155,7 +153,7 @@ fn check_bounds(measured: &Measured) {
     assert!(size_of::<EntryValue>() <= STATE_BYTES_MAX, "state per key {} B", size_of::<EntryValue>());
     assert!(size_of::<KeyHash>() <= 16);
     // The measurement can only be above the slots' own size: it includes the table's slack.
-    assert!(measured.per_key >= (size_of::<IndexMapSlot>() + INDEX_SLOT_BYTES) as f64);
+    assert!(measured.per_key >= (size_of::<TableSlot>() + CONTROL_BYTES) as f64);
     assert!(
         measured.per_key <= TOTAL_BYTES_PER_KEY_MAX,
         "{:.1} B per key, more than {TOTAL_BYTES_PER_KEY_MAX}",

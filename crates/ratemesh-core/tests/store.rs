@@ -49,7 +49,9 @@ fn eviction_prefers_keys_that_are_fresh_already() {
     }
     let stats = store.stats();
     assert_eq!(stats.evicted + stats.expired, 100);
-    assert!(stats.evicted < 10, "sampling should find stale entries nearly always: {stats:?}");
+    // The i-th insertion finds (100 − i) stale entries among 100: a uniform random victim would be
+    // live about 50 times in all; sampling 8 and taking the stalest, about 8 times.
+    assert!(stats.evicted <= 25, "sampling should prefer stale entries: {stats:?}");
 }
 
 #[test]

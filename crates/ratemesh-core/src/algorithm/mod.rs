@@ -35,7 +35,7 @@ pub struct Bucket {
 }
 
 /// The algorithm-specific part of a bucket. Large states are boxed so that the common ones (TAT,
-/// window) keep a bucket at 32 bytes.
+/// window) keep this at 32 bytes and a bucket (this plus `updated_at`) at 40.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum State {
     Tat(Instant),

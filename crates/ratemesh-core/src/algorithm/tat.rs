@@ -26,25 +26,36 @@ impl TatParams {
 }
 
 /// Decides a hit of `cost` at `now`, moving `tat` when it passes and `cost > 0`.
+///
+/// The hot path of every token bucket check: inlined, and it divides at most once (the hits left
+/// now are only computed for the answers that report them; a full bucket needs no division).
+#[inline]
 pub(crate) fn check(tat: &mut Instant, p: TatParams, cost: u64, now: Instant) -> Decision {
     let base = (*tat).max(now);
     let backlog = base.nanos_since(now);
     let tolerance = p.tolerance_nanos();
-    let remaining_now = tolerance.saturating_sub(backlog) / p.interval_nanos;
+    // Hits that would pass now: reported by refusals and queries, which change nothing.
+    let remaining_now = || tolerance.saturating_sub(backlog) / p.interval_nanos;
     if cost > p.capacity {
-        return Decision::new(false, p.reported_limit, remaining_now, backlog).refused_for(None);
+        return Decision::new(false, p.reported_limit, remaining_now(), backlog).refused_for(None);
     }
     let need = cost.max(1) * p.interval_nanos;
     let backlog_after = backlog.saturating_add(need);
     if backlog_after > tolerance {
-        let decision = Decision::new(false, p.reported_limit, remaining_now, backlog);
+        let decision = Decision::new(false, p.reported_limit, remaining_now(), backlog);
         return decision.refused_for(Some(backlog_after - tolerance));
     }
     if cost == 0 {
-        return Decision::new(true, p.reported_limit, remaining_now, backlog);
+        return Decision::new(true, p.reported_limit, remaining_now(), backlog);
     }
     *tat = base.add_nanos(need);
-    let remaining = (tolerance - backlog_after) / p.interval_nanos;
+    let remaining = if backlog == 0 {
+        // A full bucket (the common case for most keys): tolerance and need are whole intervals,
+        // `capacity × interval` fits (validated by `Limit::new`), and cost ≤ capacity here.
+        p.capacity - cost
+    } else {
+        (tolerance - backlog_after) / p.interval_nanos
+    };
     let mut decision = Decision::new(true, p.reported_limit, remaining, backlog_after);
     let delay_free_nanos = p.delay_free.saturating_mul(p.interval_nanos);
     decision.delay = core::time::Duration::from_nanos(backlog_after.saturating_sub(delay_free_nanos));
