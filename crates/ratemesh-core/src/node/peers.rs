@@ -161,20 +161,11 @@ impl Peers {
         self.transmit(to, seq, body, now)
     }
 
-    /// A heartbeat to every reachable-or-not peer that has not been sent anything for `idle`.
+    /// A heartbeat to every member that has not been sent anything for `idle_nanos`.
     pub fn heartbeats(&mut self, now: Instant, idle_nanos: u64) -> Vec<Transmit> {
-        let due: Vec<NodeId> = self
-            .peers
-            .iter()
-            .filter(|(_, p)| p.member && p.last_sent_at.is_none_or(|at| at.add_nanos(idle_nanos) <= now))
-            .map(|(&id, _)| id)
-            .collect();
-        let mut out = Vec::with_capacity(due.len());
-        for id in due {
-            self.stats.frames_sent += 1;
-            out.extend(self.transmit(id, 0, Body::Heartbeat, now));
-        }
-        out
+        self.heartbeat_where(now, |p| {
+            p.member && p.last_sent_at.is_none_or(|at| at.add_nanos(idle_nanos) <= now)
+        })
     }
 
     /// Retransmits every frame whose timeout has passed.
@@ -201,18 +192,14 @@ impl Peers {
 
     /// Acknowledgements that waited long enough for a frame to carry them: sent alone.
     pub fn acks(&mut self, now: Instant) -> Vec<Transmit> {
-        let due: Vec<NodeId> = self
-            .peers
-            .iter()
-            .filter(|(_, p)| p.ack_due_at.is_some_and(|at| at <= now))
-            .map(|(&id, _)| id)
-            .collect();
-        let mut out = Vec::with_capacity(due.len());
-        for id in due {
-            self.stats.frames_sent += 1;
-            out.extend(self.transmit(id, 0, Body::Heartbeat, now));
-        }
-        out
+        self.heartbeat_where(now, |p| p.ack_due_at.is_some_and(|at| at <= now))
+    }
+
+    /// A heartbeat (header only: acknowledgement and liveness) to every peer that is `due`.
+    fn heartbeat_where(&mut self, now: Instant, due: impl Fn(&Peer) -> bool) -> Vec<Transmit> {
+        let ids: Vec<NodeId> = self.peers.iter().filter(|(_, p)| due(p)).map(|(&id, _)| id).collect();
+        self.stats.frames_sent += ids.len() as u64;
+        ids.into_iter().filter_map(|id| self.transmit(id, 0, Body::Heartbeat, now)).collect()
     }
 
     /// Decodes a frame from `from`; `Ok(None)` for a duplicate or a stranger, `Ok(Some(body))`
