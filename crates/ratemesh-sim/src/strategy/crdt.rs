@@ -140,19 +140,11 @@ impl SimNode for Crdt {
         self.outbox.pop_front()
     }
 
-    fn poll_decided(&mut self) -> Option<(u64, bool)> {
-        None
-    }
-
     fn poll_timeout(&self) -> Option<Instant> {
         Some(self.ticker.next())
     }
 
     fn owner_of(&self, key: KeyHash) -> Option<u32> {
         self.ring.owner(key)
-    }
-
-    fn is_settled(&self) -> bool {
-        true
     }
 }

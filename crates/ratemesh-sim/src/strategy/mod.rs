@@ -75,14 +75,20 @@ pub trait SimNode {
     fn handle_timeout(&mut self, now: Instant);
     /// The next message to send.
     fn poll_transmit(&mut self) -> Option<Outgoing>;
-    /// The next decision of a pending check: `(check id, allowed)`.
-    fn poll_decided(&mut self) -> Option<(u64, bool)>;
+    /// The next decision of a pending check: `(check id, allowed)`. Strategies that decide every
+    /// check at once have none.
+    fn poll_decided(&mut self) -> Option<(u64, bool)> {
+        None
+    }
     /// When [`SimNode::handle_timeout`] should be called next (local clock).
     fn poll_timeout(&self) -> Option<Instant>;
     /// The owner of `key` in this node's view.
     fn owner_of(&self, key: KeyHash) -> Option<u32>;
-    /// Nothing in fallback and nothing handed off pending.
-    fn is_settled(&self) -> bool;
+    /// Nothing in fallback and nothing handed off pending. Strategies without a fallback are
+    /// always settled.
+    fn is_settled(&self) -> bool {
+        true
+    }
 }
 
 /// What a strategy needs to create one node.

@@ -67,19 +67,11 @@ impl SimNode for StaticSplit {
         None
     }
 
-    fn poll_decided(&mut self) -> Option<(u64, bool)> {
-        None
-    }
-
     fn poll_timeout(&self) -> Option<Instant> {
         None
     }
 
     fn owner_of(&self, key: KeyHash) -> Option<u32> {
         self.ring.owner(key)
-    }
-
-    fn is_settled(&self) -> bool {
-        true
     }
 }
