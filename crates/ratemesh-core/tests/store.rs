@@ -142,3 +142,23 @@ fn same_seed_same_evictions() {
     };
     assert_eq!(run(), run());
 }
+
+#[test]
+fn debt_is_capped_at_one_capacity() {
+    use rand::SeedableRng;
+    use ratemesh_core::{Bucket, CoreRng};
+    let limit = token_bucket(10, 10);
+    let mut rng = CoreRng::seed_from_u64(1);
+    let mut bucket = Bucket::new(&limit, T0);
+    bucket.force(&limit, 1_000, T0); // 100 s of debt at 10/s
+    bucket.cap_debt(&limit, T0);
+    // Empty, plus one capacity (10 hits = 1 s) of debt: a hit passes after 1.1 s, not 100 s.
+    let refused = bucket.check(&limit, 1, T0, &mut rng);
+    assert_eq!(refused.retry_after, Some(Duration::from_millis(1_100)));
+    // A bucket within the cap is left alone.
+    let mut within = Bucket::new(&limit, T0);
+    within.force(&limit, 15, T0);
+    let before = within.clone();
+    within.cap_debt(&limit, T0);
+    assert_eq!(within, before);
+}

@@ -134,6 +134,17 @@ impl Bucket {
         }
     }
 
+    /// Forgives debt beyond one capacity: the bucket owes at most one full bucket. Hits forced in
+    /// after the fact (admitted by a fallback while the owner was unreachable) keep being charged,
+    /// but a long outage does not turn into an equally long refusal afterwards. Token bucket, GCRA
+    /// and shaper only; the other algorithms forget their debt as their windows pass anyway.
+    pub fn cap_debt(&mut self, limit: &Limit, now: Instant) {
+        let now = self.advance(limit, now);
+        if let (State::Tat(at), Kind::Tat(p)) = (&mut self.state, limit.kind()) {
+            tat::cap_debt(at, p, now);
+        }
+    }
+
     /// Returns `hits` (e.g. for work that failed downstream); never fills above capacity.
     /// Concurrency leases are returned with [`Bucket::release`] instead.
     pub fn refund(&mut self, limit: &Limit, hits: u64, now: Instant) {

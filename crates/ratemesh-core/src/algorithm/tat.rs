@@ -72,6 +72,11 @@ pub(crate) fn hold(tat: &mut Instant, p: TatParams, hits: u64, now: Instant) {
     *tat = (*tat).max(now.add_nanos(hits.saturating_mul(p.interval_nanos)));
 }
 
+/// Keeps the TAT within two capacities of now: empty, plus at most one capacity of debt.
+pub(crate) fn cap_debt(tat: &mut Instant, p: TatParams, now: Instant) {
+    *tat = (*tat).min(now.add_nanos(p.tolerance_nanos().saturating_mul(2)));
+}
+
 /// Returns `hits` to the bucket; it never fills above capacity.
 pub(crate) fn refund(tat: &mut Instant, p: TatParams, hits: u64, now: Instant) {
     *tat = (*tat).sub_nanos(hits.saturating_mul(p.interval_nanos)).max(now);

@@ -142,6 +142,7 @@ impl Node {
                     bucket.join(&limit, seed.into(), now).ok()?;
                 }
                 bucket.force(&limit, report.uncovered, now);
+                bucket.cap_debt(&limit, now);
                 bucket.refund(&limit, report.returned, now);
                 let participant = participant(&mut meta.participants, from, report.epoch, now);
                 // Reports may arrive out of order: the sum of grants seen only grows.
