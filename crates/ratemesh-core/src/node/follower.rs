@@ -57,7 +57,9 @@ impl Node {
             }
         }
         self.dirty.insert(key);
-        if reachable && (path != Path::Allowance || !decision.allowed) {
+        // Ask for a grant now when there is none yet or the allowance ran dry; not when the key
+        // is contended or over its limit: the owner has nothing more to give before the next tick.
+        if reachable && path != Path::Allowance {
             self.report_early(owner, key, now);
         }
         (decision, path)
