@@ -8,6 +8,8 @@ use rand::Rng;
 use super::*;
 
 impl Node {
+    /// Decides a check on a key another node owns: from the allowance while the owner is
+    /// reachable and has granted one, else by the policy's fallback.
     pub(super) fn decide_as_follower(
         &mut self,
         owner: NodeId,
@@ -18,13 +20,11 @@ impl Node {
     ) -> (Decision, Path) {
         let reachable = self.peers.reachable(owner, now);
         let half_life = self.half_life_nanos();
-        let (num, den) = (1, self.cluster_len);
-        let local_limit = self.scaled_limit(&policy.limit, num, den);
-        let limit = policy.limit.clone();
+        let limit = &policy.limit;
         let rng = &mut self.rng;
-        let (decision, path) = self.keys.upsert_with(
+        let decided = self.keys.upsert_with(
             key,
-            &limit,
+            limit,
             now,
             || KeyMeta::new(policy.clone(), false),
             |bucket, meta| {
@@ -35,20 +35,24 @@ impl Node {
                 follower.demand.add(cost.max(1), now, half_life);
                 if follower.over_until > now && cost > 0 {
                     let retry = follower.over_until.nanos_since(now);
-                    let decision = bucket.peek(&limit, cost, now).refused_for(Some(retry));
-                    return (decision, Path::Allowance);
+                    return Some((bucket.peek(limit, cost, now).refused_for(Some(retry)), Path::Allowance));
                 }
-                if reachable && follower.granted {
-                    let decision = decide_from_allowance(bucket, &limit, &mut follower.allowance, cost, now);
-                    let path = match decision.retry_after {
-                        Some(_) if !decision.allowed && !follower.contended => Path::Exhausted,
-                        _ => Path::Allowance,
-                    };
-                    return (decision, path);
+                if !(reachable && follower.granted) {
+                    return None;
                 }
-                (decide_by_fallback(policy, &local_limit, follower, cost, now, rng), Path::Fallback)
+                let decision = decide_from_allowance(bucket, limit, &mut follower.allowance, cost, now);
+                let path = match decision.retry_after {
+                    Some(_) if !decision.allowed && !follower.contended => Path::Exhausted,
+                    _ => Path::Allowance,
+                };
+                Some((decision, path))
             },
         );
+        // The fallback is the rare path: only it needs the local share of the limit.
+        let (decision, path) = match decided {
+            Some(decided) => decided,
+            None => (self.decide_by_fallback_here(policy, key, cost, now), Path::Fallback),
+        };
         match path {
             Path::Allowance | Path::Exhausted => self.stats.allowance_decisions += 1,
             Path::Fallback => {
@@ -63,6 +67,23 @@ impl Node {
             self.report_early(owner, key, now);
         }
         (decision, path)
+    }
+
+    /// Decides a tracked follower key by the policy's fallback, under this node's local share.
+    fn decide_by_fallback_here(
+        &mut self,
+        policy: &Arc<Policy>,
+        key: KeyHash,
+        cost: u64,
+        now: Instant,
+    ) -> Decision {
+        let local_limit = self.scaled_limit(&policy.limit, 1, self.cluster_len);
+        let rng = &mut self.rng;
+        let decided = self.keys.update(key, &policy.limit, |_, meta| {
+            decide_by_fallback(policy, &local_limit, meta.follower(), cost, now, rng)
+        });
+        // The key was inserted just before; should it be gone, refusing is the safe answer.
+        decided.unwrap_or_else(|| Decision::admitted_blind(policy.limit.reported_limit()).refused_for(None))
     }
 
     /// Sends one key's report now (no grant yet, or allowance exhausted), at most once per quarter
@@ -83,6 +104,8 @@ impl Node {
         }
     }
 
+    /// Applies an owner's grants: the authoritative state, a new allowance, and whether the key is
+    /// contended or over its limit.
     pub(super) fn on_grants(&mut self, from: NodeId, grants: Vec<Grant>, now: Instant) {
         for grant in grants {
             let key = KeyHash(grant.key);
