@@ -51,7 +51,7 @@ impl Node {
         // The fallback is the rare path: only it needs the local share of the limit.
         let (decision, path) = match decided {
             Some(decided) => decided,
-            None => (self.decide_by_fallback_here(policy, key, cost, now), Path::Fallback),
+            None => (self.decide_by_fallback_here(owner, policy, key, cost, now), Path::Fallback),
         };
         match path {
             Path::Allowance | Path::Exhausted => self.stats.allowance_decisions += 1,
@@ -69,9 +69,11 @@ impl Node {
         (decision, path)
     }
 
-    /// Decides a tracked follower key by the policy's fallback, under this node's local share.
+    /// Decides by the policy's fallback under this node's local share of the limit, following
+    /// `owner` (the key's entry is created when absent).
     fn decide_by_fallback_here(
         &mut self,
+        owner: NodeId,
         policy: &Arc<Policy>,
         key: KeyHash,
         cost: u64,
@@ -79,11 +81,14 @@ impl Node {
     ) -> Decision {
         let local_limit = self.scaled_limit(&policy.limit, 1, self.cluster_len);
         let rng = &mut self.rng;
-        let decided = self.keys.update(key, &policy.limit, |_, meta| {
-            decide_by_fallback(policy, &local_limit, meta.follower(), cost, now, rng)
-        });
-        // The key was inserted just before; should it be gone, refusing is the safe answer.
-        decided.unwrap_or_else(|| Decision::admitted_blind(policy.limit.reported_limit()).refused_for(None))
+        let init = || KeyMeta::new(policy.clone(), false);
+        self.keys.upsert_with(key, &policy.limit, now, init, |_, meta| {
+            let follower = meta.follower();
+            if follower.owner != Some(owner) {
+                follower.follow(owner, rng.next_u64());
+            }
+            decide_by_fallback(policy, &local_limit, follower, cost, now, rng)
+        })
     }
 
     /// Sends one key's report now (no grant yet, or allowance exhausted), at most once per quarter
@@ -150,20 +155,7 @@ impl Node {
     ) -> Decision {
         self.stats.fallback_decisions += 1;
         self.fallbacks_since_sync += 1;
-        let local_limit = self.scaled_limit(&policy.limit, 1, self.cluster_len);
-        let limit = policy.limit.clone();
-        let rng = &mut self.rng;
-        let decision = self.keys.upsert_with(
-            key,
-            &limit,
-            now,
-            || KeyMeta::new(policy.clone(), false),
-            |_, meta| {
-                let follower = meta.follower();
-                follower.owner = Some(owner);
-                decide_by_fallback(policy, &local_limit, follower, cost, now, rng)
-            },
-        );
+        let decision = self.decide_by_fallback_here(owner, policy, key, cost, now);
         self.dirty.insert(key);
         decision
     }
