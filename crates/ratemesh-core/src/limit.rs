@@ -264,12 +264,6 @@ impl Limit {
         u64::try_from(u128::from(self.spec.limit) * 1_000_000_000 / period_nanos).unwrap_or(u64::MAX)
     }
 
-    /// Whether capacity comes back continuously (token bucket, GCRA, shaper), rather than as hits
-    /// age out of a window or leases end.
-    pub fn refills_continuously(&self) -> bool {
-        matches!(self.kind, Kind::Tat(_))
-    }
-
     pub(crate) fn kind(&self) -> Kind {
         self.kind
     }

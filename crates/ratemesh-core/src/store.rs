@@ -120,29 +120,6 @@ impl<X: KeyExtra> Store<X> {
         }
     }
 
-    /// Decides a request of `cost` hits on `key` under `limit` at `now`, counting it if it passes.
-    /// A new key gets `extra()` beside its bucket.
-    pub fn check_with(
-        &mut self,
-        key: KeyHash,
-        limit: &Limit,
-        cost: u64,
-        now: Instant,
-        extra: impl FnOnce() -> X,
-    ) -> Decision {
-        if let Some(entry) = self.entries.find_mut(table_hash(key), |entry| entry.key == key) {
-            let decision = entry.bucket.check(limit, cost, now, &mut self.rng);
-            entry.refresh(limit);
-            return decision;
-        }
-        let mut bucket = Bucket::new(limit, now);
-        let decision = bucket.check(limit, cost, now, &mut self.rng);
-        if decision.allowed && cost > 0 {
-            self.insert(key, limit, bucket, extra(), now);
-        }
-        decision
-    }
-
     /// Returns `hits` to `key` (see [`Bucket::refund`]). An unknown key is full already.
     pub fn refund(&mut self, key: KeyHash, limit: &Limit, hits: u64, now: Instant) {
         self.update(key, limit, |bucket, _| bucket.refund(limit, hits, now));
@@ -348,8 +325,19 @@ impl<X: KeyExtra> Store<X> {
 
 impl<X: KeyExtra + Default> Store<X> {
     /// Decides a request of `cost` hits on `key` under `limit` at `now`, counting it if it passes.
+    /// A refusal or a query on an unknown key inserts nothing.
     pub fn check(&mut self, key: KeyHash, limit: &Limit, cost: u64, now: Instant) -> Decision {
-        self.check_with(key, limit, cost, now, X::default)
+        if let Some(entry) = self.entries.find_mut(table_hash(key), |entry| entry.key == key) {
+            let decision = entry.bucket.check(limit, cost, now, &mut self.rng);
+            entry.refresh(limit);
+            return decision;
+        }
+        let mut bucket = Bucket::new(limit, now);
+        let decision = bucket.check(limit, cost, now, &mut self.rng);
+        if decision.allowed && cost > 0 {
+            self.insert(key, limit, bucket, X::default(), now);
+        }
+        decision
     }
 
     /// Applies `hits` admitted elsewhere to `key`, unconditionally (see [`Bucket::force`]).

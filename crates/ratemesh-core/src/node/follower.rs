@@ -250,15 +250,17 @@ pub(super) fn decide_from_allowance(
     cost: u64,
     now: Instant,
 ) -> Decision {
-    let auth = bucket.peek(limit, cost, now);
     if *allowance >= cost.max(1) {
         *allowance -= cost;
-        let mut decision = auth;
+        // The owner debited the allowance already: the authoritative state as it stands says
+        // when the key is fresh again and what else is left.
+        let mut decision = bucket.peek(limit, 0, now);
         decision.allowed = true;
         decision.retry_after = None;
-        decision.remaining = allowance.saturating_add(bucket.peek(limit, 0, now).remaining);
+        decision.remaining = allowance.saturating_add(decision.remaining);
         return decision;
     }
+    let auth = bucket.peek(limit, cost, now);
     if cost > limit.capacity() {
         return auth.refused_for(None);
     }

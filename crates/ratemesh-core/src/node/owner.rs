@@ -335,8 +335,7 @@ impl GrantContext {
         if demand_sum == 0 || demand == 0 {
             return 0;
         }
-        let horizon = self.now;
-        let available = bucket.peek(limit, 0, horizon).remaining;
+        let available = bucket.peek(limit, 0, self.now).remaining;
         let pool = u128::from(available.saturating_add(held_sum));
         let fair = u64::try_from(pool * u128::from(demand) / u128::from(demand_sum)).unwrap_or(u64::MAX);
         let need = need_for(demand, duration_nanos(self.interval));
