@@ -105,6 +105,8 @@ pub struct NodeStats {
     pub items_refused: u64,
     /// Membership views applied.
     pub membership_changes: u64,
+    /// Sync rounds run (one per sync interval: reports, grants, replicas, heartbeats).
+    pub sync_rounds: u64,
     /// Delivery counters.
     pub delivery: DeliveryStats,
 }
@@ -205,6 +207,12 @@ impl Node {
         self.keys.len()
     }
 
+    /// Frames sent to peers and not acknowledged yet (a leaving node waits for its handoff to be
+    /// acknowledged).
+    pub fn unacked_frames(&self) -> usize {
+        self.peers.unacked_frames()
+    }
+
     /// The key table's counters.
     pub fn store_stats(&self) -> crate::store::StoreStats {
         self.keys.stats()
@@ -232,6 +240,23 @@ impl Node {
                     return self.forward(owner, request, now);
                 }
                 CheckOutcome::Decided(decision)
+            }
+        }
+    }
+
+    /// Decides a client's check without a round trip, or returns `None` when only the owner can
+    /// (an exact-mode key owned by another node). Unlike [`Node::handle_check`], an
+    /// approximate-mode check whose allowance ran dry is refused here instead of being forwarded:
+    /// for callers that must never wait.
+    pub fn handle_check_now(&mut self, now: Instant, request: &CheckRequest) -> Option<Decision> {
+        let owner = self.ring.owner(request.key).unwrap_or(self.id);
+        if owner == self.id {
+            return Some(self.decide_as_owner(&request.policy, request.key, request.cost, now));
+        }
+        match effective_mode(&request.policy) {
+            api::Mode::Exact => None,
+            api::Mode::Approximate => {
+                Some(self.decide_as_follower(owner, &request.policy, request.key, request.cost, now).0)
             }
         }
     }
@@ -352,6 +377,7 @@ impl Node {
     // --- Sync tick ---------------------------------------------------------------------------------
 
     fn sync(&mut self, now: Instant) {
+        self.stats.sync_rounds += 1;
         self.reachable_len = self.reachable_members(now);
         let all_reachable = self.reachable_len == self.ring.members().len();
         self.settled = all_reachable && self.fallbacks_since_sync == 0;

@@ -118,6 +118,11 @@ impl Peers {
         self.stats
     }
 
+    /// Frames waiting for an acknowledgement, over all peers.
+    pub fn unacked_frames(&self) -> usize {
+        self.peers.values().map(|peer| peer.unacked.len()).sum()
+    }
+
     /// Makes the peer set the live members (except this node): new ones start as just heard,
     /// gone ones are forgotten with their unacknowledged frames.
     ///
