@@ -77,4 +77,5 @@ scenarios!(
     partition,
     one_way,
     on_off,
+    loopback_steady,
 );

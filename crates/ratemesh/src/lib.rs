@@ -1,17 +1,31 @@
 //! ratemesh: the embedded node library.
 //!
-//! This crate will run a ratemesh node inside a Rust service: a tokio driver over the sans-IO
-//! core (`ratemesh-core`), gossip membership, and peers over QUIC with mutual TLS. So far it holds
-//! the security and peer-transport layers:
+//! A Rust service links this crate to run a ratemesh node in its own process: a tokio driver
+//! ([`Node`]) over the sans-IO protocol core (`ratemesh-core`), chitchat gossip membership, and
+//! peers over QUIC with mutual TLS. Start one with [`NodeBuilder`]; see [`Node`] for an example.
 //!
+//! - [`node`]: [`NodeBuilder`], [`Node`] (`check`, `check_now`, `release`, `members`,
+//!   `metrics`, `shutdown`), [`NamedPolicy`].
+//! - [`headers`]: the rate-limit response headers (`X-RateLimit-*`, `Retry-After`, IETF `RateLimit`).
+//! - `layer` (feature `tower`, on by default): `RateLimitLayer`, a `tower::Layer` for HTTP services.
+//! - [`membership`]: gossip proposes members, mutual TLS confirms them.
 //! - [`security`]: cluster security — a CA derived from a shared secret or user-provided
 //!   certificates, node names in certificates, the admission rule, certificate files.
 //! - [`transport`]: [`Transport`], QUIC peers (quinn) that send the core's frames to members and
 //!   deliver frames whose sender is authenticated by its certificate.
 
+pub mod headers;
+#[cfg(feature = "tower")]
+pub mod layer;
+pub mod membership;
+pub mod node;
 pub mod security;
 pub mod transport;
 
+#[cfg(feature = "tower")]
+pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};
+pub use membership::{Member, MemberStatus};
+pub use node::{CheckError, NamedPolicy, Node, NodeBuilder, NodeMetrics, StartError};
 pub use ratemesh_core::NodeId;
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use transport::{Received, Transport, TransportConfig, TransportError, TransportStats};

@@ -1,0 +1,241 @@
+//! What the library adds to a check, and what an exact-mode check costs across the network.
+//!
+//! Run: `cargo bench -p ratemesh --bench node` (prints its summary at the end; criterion's
+//! reports land in `target/criterion/library_*`).
+//!
+//! 1. **Approximate-mode check, library vs core** (criterion, same harness as the core's
+//!    `check` bench), approximate token buckets on 10 000 keys picked by a deterministic
+//!    xorshift, all populated before timing:
+//!    - `core`: `ratemesh_core::Node::handle_check` with `now` from a counter (the core alone);
+//!    - `core_clock`: the same plus one `std::time::Instant` read per check (what any driver pays);
+//!    - `library_check_now`: `ratemesh::Node::check_now` (lock, clock, core, drain outputs);
+//!    - `library_check`: `ratemesh::Node::check` awaited on a current-thread runtime (decided
+//!      locally, so the future completes at its first poll).
+//!
+//!    The goal: the library at most 2× the core's time per check.
+//! 2. **Exact-mode forwarded checks between two nodes on loopback** (real QUIC with mutual TLS):
+//!    every key is owned by the other node. Latency p50/p99 of one check at a time (`REPEATS` runs
+//!    of `SEQUENTIAL_CHECKS`, medians of the percentiles), and throughput with `IN_FLIGHT` checks
+//!    in flight, with the mean forward batch length from the node's counters (batches form
+//!    under load). Goal: p50 < 100 µs.
+
+#![allow(missing_docs, clippy::unwrap_used)] // criterion_group! defines an undocumented `pub fn`.
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::Criterion;
+use ratemesh::{ClusterSecurity, MemberStatus, NamedPolicy, NodeBuilder, NodeId};
+use ratemesh_core::{
+    Algorithm, CheckRequest, Fallback, Instant, KeyHash, Limit, LimitSpec, Mode, NodeConfig, Policy,
+    RequestId,
+};
+use tokio::runtime::Runtime;
+
+const KEYS: usize = 10_000;
+const SEQUENTIAL_CHECKS: usize = 2_000;
+const CONCURRENT_CHECKS: usize = 40_000;
+const IN_FLIGHT: usize = 64;
+const REPEATS: usize = 5;
+const SECRET: &str = "benchmark cluster secret, 16+";
+
+fn policy(mode: Mode) -> NamedPolicy {
+    // Mostly allowed: 100 M per second, so the measured path is the common one.
+    let spec = LimitSpec::new(Algorithm::TokenBucket, 100_000_000, Duration::from_secs(1)).with_burst(1000);
+    NamedPolicy::new(
+        "bench",
+        Policy { limit: Limit::new(spec).unwrap(), mode, fallback: Fallback::LocalShare },
+    )
+}
+
+fn keys() -> Vec<Vec<u8>> {
+    (0..KEYS).map(|i| format!("client-{i}").into_bytes()).collect()
+}
+
+/// A deterministic index sequence over the keys.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self, len: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % len as u64) as usize
+    }
+}
+
+fn approximate_check(c: &mut Criterion, runtime: &Runtime) {
+    let policy = policy(Mode::Approximate);
+    let keys = keys();
+    let hashes: Vec<KeyHash> = keys.iter().map(|k| policy.key(k)).collect();
+    let shared = Arc::new(policy.policy().clone());
+    let mut group = c.benchmark_group("library_approx_10k_keys");
+
+    let mut core = ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 7, Instant::ZERO);
+    let mut nanos = 0u64;
+    let request =
+        |i: usize| CheckRequest { id: RequestId(0), key: hashes[i], policy: shared.clone(), cost: 1 };
+    for i in 0..KEYS {
+        let _ = core.handle_check(Instant::from_nanos(0), request(i));
+    }
+    let mut pick = XorShift(0x2545_f491_4f6c_dd1d);
+    group.bench_function("core", |b| {
+        b.iter(|| {
+            nanos += 50;
+            let i = pick.next(KEYS);
+            // The key's hash is part of the library's per-check work: pay it here too.
+            let key = policy.key(&keys[i]);
+            let req = CheckRequest { id: RequestId(0), key, policy: shared.clone(), cost: 1 };
+            black_box(core.handle_check(Instant::from_nanos(nanos), req))
+        })
+    });
+    let origin = std::time::Instant::now();
+    group.bench_function("core_clock", |b| {
+        b.iter(|| {
+            let now = Instant::from_nanos(origin.elapsed().as_nanos() as u64);
+            let i = pick.next(KEYS);
+            let key = policy.key(&keys[i]);
+            let req = CheckRequest { id: RequestId(0), key, policy: shared.clone(), cost: 1 };
+            black_box(core.handle_check(now, req))
+        })
+    });
+
+    let node = runtime.block_on(builder(1).start()).unwrap();
+    for key in &keys {
+        node.check_now(&policy, key, 1).unwrap();
+    }
+    group.bench_function("library_check_now", |b| {
+        b.iter(|| black_box(node.check_now(&policy, &keys[pick.next(KEYS)], 1).unwrap()))
+    });
+    let local = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    group.bench_function("library_check", |b| {
+        b.iter(|| black_box(local.block_on(node.check(&policy, &keys[pick.next(KEYS)], 1)).unwrap()))
+    });
+    group.finish();
+    runtime.block_on(node.shutdown());
+}
+
+fn builder(id: u64) -> NodeBuilder {
+    NodeBuilder::new(NodeId(id)).security(ClusterSecurity::from_secret(SECRET).unwrap())
+}
+
+/// Percentile `p` (0..=100) of sorted durations.
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    sorted[(sorted.len() - 1) * p / 100]
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+struct ExactResult {
+    p50_us: f64,
+    p99_us: f64,
+    throughput_per_s: f64,
+    batch_len_mean: f64,
+}
+
+async fn exact_forwarded() -> ExactResult {
+    let owner = builder(1).start().await.unwrap();
+    let client = builder(2).seeds([owner.gossip_addr()]).start().await.unwrap();
+    for node in [&owner, &client] {
+        let mut members = node.subscribe_members();
+        let live =
+            |m: &Vec<ratemesh::Member>| m.iter().filter(|m| m.status == MemberStatus::Live).count() == 2;
+        tokio::time::timeout(Duration::from_secs(30), members.wait_for(live)).await.unwrap().unwrap();
+    }
+    let policy = policy(Mode::Exact);
+    let keys: Vec<Vec<u8>> =
+        keys().into_iter().filter(|k| client.owner_of(&policy, k) == Some(NodeId(1))).take(1000).collect();
+    // Warm up the connection and the owner's keys.
+    for key in &keys {
+        client.check(&policy, key, 1).await.unwrap();
+    }
+    let (mut p50s, mut p99s, mut rates, mut batch_lens) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..REPEATS {
+        let mut latencies = Vec::with_capacity(SEQUENTIAL_CHECKS);
+        for i in 0..SEQUENTIAL_CHECKS {
+            let started = std::time::Instant::now();
+            black_box(client.check(&policy, &keys[i % keys.len()], 1).await.unwrap());
+            latencies.push(started.elapsed());
+        }
+        latencies.sort_unstable();
+        p50s.push(percentile(&latencies, 50).as_secs_f64() * 1e6);
+        p99s.push(percentile(&latencies, 99).as_secs_f64() * 1e6);
+
+        let before = client.metrics().protocol;
+        let started = std::time::Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for worker in 0..IN_FLIGHT {
+            let (client, policy, keys) = (client.clone(), policy.clone(), keys.clone());
+            tasks.spawn(async move {
+                for i in (worker..CONCURRENT_CHECKS).step_by(IN_FLIGHT) {
+                    black_box(client.check(&policy, &keys[i % keys.len()], 1).await.unwrap());
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        rates.push(CONCURRENT_CHECKS as f64 / started.elapsed().as_secs_f64());
+        let after = client.metrics().protocol;
+        let batches = (after.forward_batches - before.forward_batches).max(1);
+        batch_lens.push((after.forwarded - before.forwarded) as f64 / batches as f64);
+        assert_eq!(after.forward_timeouts, 0, "a forwarded check timed out");
+    }
+    client.shutdown().await;
+    owner.shutdown().await;
+    ExactResult {
+        p50_us: median(p50s),
+        p99_us: median(p99s),
+        throughput_per_s: median(rates),
+        batch_len_mean: median(batch_lens),
+    }
+}
+
+/// Where criterion writes its reports (cargo's target directory, as for the core's bench).
+fn criterion_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"), PathBuf::from);
+    target.join("criterion")
+}
+
+/// Criterion's median estimate of one benchmark of the approximate group, in nanoseconds.
+fn median_nanos(function: &str) -> Option<f64> {
+    let path = criterion_dir().join("library_approx_10k_keys").join(function).join("new/estimates.json");
+    let estimates: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    estimates["median"]["point_estimate"].as_f64()
+}
+
+fn print_approximate_summary() {
+    let functions = ["core", "core_clock", "library_check_now", "library_check"];
+    let medians: Vec<Option<f64>> = functions.iter().map(|f| median_nanos(f)).collect();
+    println!("\napproximate mode, 10k keys, median ns per check (ratio to `core`):");
+    println!("| {} |", functions.join(" | "));
+    println!("|---|---|---|---|");
+    let cells: Vec<String> = medians
+        .iter()
+        .map(|m| match (m, medians[0]) {
+            (Some(m), Some(core)) => format!("{m:.1} ({:.2}×)", m / core),
+            _ => "n/a".to_owned(),
+        })
+        .collect();
+    println!("| {} |", cells.join(" | "));
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let mut criterion = Criterion::default().output_directory(&criterion_dir()).configure_from_args();
+    approximate_check(&mut criterion, &runtime);
+    criterion.final_summary();
+    print_approximate_summary();
+    let exact = runtime.block_on(exact_forwarded());
+    println!("\nexact mode, forwarded to the owner over QUIC on loopback (medians of {REPEATS} runs):");
+    println!("| one at a time p50 | p99 | {IN_FLIGHT} in flight: checks/s | mean batch |");
+    println!("|---|---|---|---|");
+    println!(
+        "| {:.0} µs | {:.0} µs | {:.0} | {:.1} |",
+        exact.p50_us, exact.p99_us, exact.throughput_per_s, exact.batch_len_mean
+    );
+}

@@ -1,0 +1,845 @@
+//! The tokio driver of the core's node: [`NodeBuilder`] → [`Node`].
+//!
+//! The protocol is entirely in [`ratemesh_core::Node`]; this module only feeds it time, client
+//! checks, peer frames and membership views, and carries out what it asks for (frames to send,
+//! decisions to return, the next timer). Three tasks drive one node:
+//!
+//! - the **timer** task sleeps until the core's next deadline (or until a check moved it
+//!   earlier) and runs the core's timers: forward batches, acknowledgements, retransmissions,
+//!   sync rounds;
+//! - the **receive** task hands authenticated peer frames to the core;
+//! - the **membership** task turns gossip plus mutual-TLS confirmation into membership views
+//!   (see [`crate::membership`]).
+//!
+//! Client checks run on the caller's task: lock, decide, unlock. A check that must wait for its
+//! owner (exact mode, or an approximate allowance that ran dry) registers a one-shot channel that
+//! the receive or timer task completes. Forwarded checks are batched without a timer: a check
+//! asks the timer task to flush, and every check that arrives before that task runs joins the
+//! same batch — so batches grow with load and an idle node adds no delay.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use chitchat::transport::UdpTransport;
+use chitchat::{ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ProtocolVersion};
+use ratemesh_core::wire::WIRE_VERSION;
+use ratemesh_core::{
+    CheckOutcome, CheckRequest, Decision, Event, KeyHash, LeaseId, MemberView, Namespace, NodeConfig, NodeId,
+    NodeStats, Policy, RequestId, StoreStats,
+};
+use tokio::sync::{Notify, oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::{Instrument, debug, info, info_span, trace_span};
+
+use crate::membership::{
+    KEY_LEAVING, KEY_PROTOCOL, KEY_QUIC_ADDR, Member, MemberStatus, Membership, ViewSink, chitchat_node_id,
+};
+use crate::security::{ClusterSecurity, SecurityError};
+use crate::transport::{Received, Transport, TransportConfig, TransportError, TransportStats};
+
+/// Frames handed to the core per lock taken by the receive task (the rest wait for the next turn,
+/// so that client checks are not starved by a burst of frames).
+const FRAMES_PER_TURN_MAX: usize = 64;
+/// Attempts at binding the gossip socket when its port is chosen by the node (port 0).
+const GOSSIP_BIND_ATTEMPTS_MAX: usize = 16;
+
+/// A policy with a name. The name separates its keys from other policies' (the same key under two
+/// policies is two buckets) and appears in the `RateLimit-Policy` header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedPolicy {
+    name: Arc<str>,
+    namespace: Namespace,
+    policy: Arc<Policy>,
+}
+
+impl NamedPolicy {
+    /// `policy` under `name`. Policies are plain values: there is nothing to register, and a
+    /// changed policy (a configuration reload) takes effect with the next check that names it.
+    pub fn new(name: impl Into<Arc<str>>, policy: Policy) -> NamedPolicy {
+        let name = name.into();
+        NamedPolicy { namespace: Namespace::new(name.as_bytes()), name, policy: Arc::new(policy) }
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The limit, mode and fallback.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The bucket of `key` under this policy.
+    pub fn key(&self, key: &[u8]) -> KeyHash {
+        self.namespace.key(key)
+    }
+}
+
+/// Why a [`NodeBuilder`] could not start a node.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// No cluster security was given ([`NodeBuilder::security`]).
+    #[error("cluster security is required: a shared secret or provided certificates")]
+    NoSecurity,
+    /// The node's certificate could not be made or loaded.
+    #[error(transparent)]
+    Security(#[from] SecurityError),
+    /// The QUIC endpoint could not be opened.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The gossip socket could not be opened.
+    #[error("gossip on {addr}: {reason}")]
+    Gossip {
+        /// The address.
+        addr: SocketAddr,
+        /// What chitchat reported.
+        reason: String,
+    },
+    /// A setting is out of range.
+    #[error("invalid setting {field}: {reason}")]
+    Config {
+        /// The setting.
+        field: &'static str,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+/// Why a check has no decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// The node is shutting down or shut down.
+    #[error("the node is shutting down")]
+    ShutDown,
+    /// [`Node::check_now`] only: the key is owned by another node and its policy is exact, so
+    /// only a round trip can decide. Use [`Node::check`].
+    #[error("an exact-mode check of a key owned elsewhere needs a round trip")]
+    WouldWait,
+}
+
+/// Configures and starts a [`Node`]. Every setting but the node id and security has a default
+/// suited to a cluster on one network: loopback addresses with ephemeral ports, 200 ms gossip,
+/// the core's [`NodeConfig`] defaults.
+#[derive(Clone, Debug)]
+pub struct NodeBuilder {
+    id: NodeId,
+    security: Option<ClusterSecurity>,
+    gossip_addr: SocketAddr,
+    gossip_advertise_addr: Option<SocketAddr>,
+    quic_addr: SocketAddr,
+    quic_advertise_addr: Option<SocketAddr>,
+    seeds: Vec<SocketAddr>,
+    cluster_id: String,
+    gossip_interval: Duration,
+    dead_member_forget: Duration,
+    leave_linger: Duration,
+    incarnation: Option<u64>,
+    seed: Option<u64>,
+    core: NodeConfig,
+    transport: TransportConfig,
+}
+
+impl NodeBuilder {
+    /// A builder for member `id` (unique in the cluster and stable across restarts).
+    pub fn new(id: NodeId) -> NodeBuilder {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        NodeBuilder {
+            id,
+            security: None,
+            gossip_addr: loopback,
+            gossip_advertise_addr: None,
+            quic_addr: loopback,
+            quic_advertise_addr: None,
+            seeds: Vec::new(),
+            cluster_id: "ratemesh".to_owned(),
+            gossip_interval: Duration::from_millis(200),
+            dead_member_forget: Duration::from_secs(120),
+            leave_linger: Duration::from_secs(2),
+            incarnation: None,
+            seed: None,
+            core: NodeConfig { forward_wait: Duration::ZERO, ..NodeConfig::default() },
+            transport: TransportConfig::default(),
+        }
+    }
+
+    /// How peers authenticate each other (required).
+    #[must_use]
+    pub fn security(mut self, security: ClusterSecurity) -> Self {
+        self.security = Some(security);
+        self
+    }
+
+    /// The UDP address gossip listens on (port 0: a free port). Default `127.0.0.1:0`.
+    #[must_use]
+    pub fn gossip_addr(mut self, addr: SocketAddr) -> Self {
+        self.gossip_addr = addr;
+        self
+    }
+
+    /// The gossip address other members reach this node at, when it differs from the listen
+    /// address (a wildcard listen address, NAT).
+    #[must_use]
+    pub fn gossip_advertise_addr(mut self, addr: SocketAddr) -> Self {
+        self.gossip_advertise_addr = Some(addr);
+        self
+    }
+
+    /// The UDP address QUIC listens on (port 0: a free port). Default `127.0.0.1:0`.
+    #[must_use]
+    pub fn quic_addr(mut self, addr: SocketAddr) -> Self {
+        self.quic_addr = addr;
+        self
+    }
+
+    /// The QUIC address other members reach this node at, when it differs from the listen address.
+    #[must_use]
+    pub fn quic_advertise_addr(mut self, addr: SocketAddr) -> Self {
+        self.quic_advertise_addr = Some(addr);
+        self
+    }
+
+    /// Gossip addresses of members to join through (any one live member suffices).
+    #[must_use]
+    pub fn seeds(mut self, seeds: impl IntoIterator<Item = SocketAddr>) -> Self {
+        self.seeds = seeds.into_iter().collect();
+        self
+    }
+
+    /// The cluster's name; gossip from another cluster is ignored. Default `ratemesh`.
+    #[must_use]
+    pub fn cluster_id(mut self, cluster_id: impl Into<String>) -> Self {
+        self.cluster_id = cluster_id.into();
+        self
+    }
+
+    /// Time between gossip rounds (default 200 ms). A crashed member is declared dead after
+    /// about ten of them.
+    #[must_use]
+    pub fn gossip_interval(mut self, interval: Duration) -> Self {
+        self.gossip_interval = interval;
+        self
+    }
+
+    /// How long a dead member counts in the cluster's size before it is forgotten (default
+    /// 120 s). While it counts, every node enforces `live / (live + dead)` of each limit, which
+    /// keeps the sides of a partition near one limit; after, the survivors enforce all of it.
+    #[must_use]
+    pub fn dead_member_forget(mut self, forget_after: Duration) -> Self {
+        self.dead_member_forget = forget_after;
+        self
+    }
+
+    /// The longest a graceful shutdown waits for its handoff to be acknowledged (default 2 s).
+    #[must_use]
+    pub fn leave_linger(mut self, linger: Duration) -> Self {
+        self.leave_linger = linger;
+        self
+    }
+
+    /// How often approximate-mode nodes sync with owners (default 50 ms).
+    #[must_use]
+    pub fn sync_interval(mut self, interval: Duration) -> Self {
+        self.core.sync_interval = interval;
+        self
+    }
+
+    /// The protocol's timings and bounds (key table size, batch lengths, timeouts). The
+    /// library's default differs from the core's in one field: `forward_wait` is zero, because
+    /// the driver batches forwarded checks by scheduling instead of by a timer.
+    #[must_use]
+    pub fn node_config(mut self, config: NodeConfig) -> Self {
+        self.core = config;
+        self
+    }
+
+    /// The peer transport's bounds and timings.
+    #[must_use]
+    pub fn transport_config(mut self, config: TransportConfig) -> Self {
+        self.transport = config;
+        self
+    }
+
+    /// This run's incarnation; must grow with every restart of the member. Default: the Unix
+    /// time in microseconds.
+    #[must_use]
+    pub fn incarnation(mut self, incarnation: u64) -> Self {
+        self.incarnation = Some(incarnation);
+        self
+    }
+
+    /// The seed of the node's randomness (grant jitter, key-table probing). Default: derived
+    /// from the node id and incarnation.
+    #[must_use]
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Opens the sockets, joins the cluster through the seeds and starts the node's tasks on the
+    /// current tokio runtime. Returns once the node answers checks (alone until members are
+    /// confirmed; see [`Node::subscribe_members`]).
+    pub async fn start(self) -> Result<Node, StartError> {
+        let security = self.security.clone().ok_or(StartError::NoSecurity)?;
+        if self.gossip_interval.is_zero() || self.core.sync_interval.is_zero() {
+            return Err(StartError::Config { field: "gossip_interval/sync_interval", reason: "must be > 0" });
+        }
+        let incarnation = self.incarnation.unwrap_or_else(unix_micros);
+        let seed = self.seed.unwrap_or(incarnation ^ self.id.0.rotate_left(32));
+        let (transport, received) =
+            Transport::bind(self.quic_addr, &security, self.id, self.transport.clone())?;
+        let quic_addr = self.quic_advertise_addr.unwrap_or_else(|| transport.local_addr());
+        let gossip = self.spawn_gossip(incarnation, quic_addr).await?;
+        let origin = std::time::Instant::now();
+        let core = ratemesh_core::Node::new(self.id, incarnation, self.core.clone(), seed, clock(origin));
+        let me = Member { id: self.id, quic_addr, status: MemberStatus::Live };
+        let (members_tx, members_rx) = watch::channel(vec![me]);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            id: self.id,
+            origin,
+            state: Mutex::new(State {
+                core,
+                waiters: HashMap::new(),
+                next_request: 0,
+                addrs: HashMap::new(),
+                timer_at: None,
+                leaving: false,
+                view: MemberView { live: vec![self.id], dead: Vec::new() },
+            }),
+            timer_wake: Notify::new(),
+            progress: Notify::new(),
+            transport,
+            gossip_addr: gossip.chitchat_id().gossip_advertise_addr,
+            quic_addr,
+            members: members_rx,
+            stop: stop_tx,
+            gossip: Mutex::new(Some(gossip)),
+            tasks: Mutex::new(Vec::new()),
+            leave_linger: self.leave_linger,
+            gossip_interval: self.gossip_interval,
+        });
+        shared.spawn_tasks(received, me, members_tx, stop_rx);
+        info!(node = ?self.id, %quic_addr, gossip = %shared.gossip_addr, incarnation, "node started");
+        Ok(Node { shared })
+    }
+
+    async fn spawn_gossip(
+        &self,
+        incarnation: u64,
+        quic_addr: SocketAddr,
+    ) -> Result<ChitchatHandle, StartError> {
+        let attempts = if self.gossip_addr.port() == 0 { GOSSIP_BIND_ATTEMPTS_MAX } else { 1 };
+        let mut last_error = String::new();
+        for _ in 0..attempts {
+            let listen_addr = if self.gossip_addr.port() == 0 {
+                free_udp_port(self.gossip_addr).map_err(|error| StartError::Gossip {
+                    addr: self.gossip_addr,
+                    reason: error.to_string(),
+                })?
+            } else {
+                self.gossip_addr
+            };
+            let advertise = self.gossip_advertise_addr.unwrap_or(listen_addr);
+            let key_values = vec![
+                (KEY_QUIC_ADDR.to_owned(), quic_addr.to_string()),
+                (KEY_PROTOCOL.to_owned(), WIRE_VERSION.to_string()),
+            ];
+            match chitchat::spawn_chitchat(
+                self.chitchat_config(incarnation, listen_addr, advertise),
+                key_values,
+                &UdpTransport,
+            )
+            .await
+            {
+                Ok(handle) => return Ok(handle),
+                Err(error) => last_error = format!("{error:#}"),
+            }
+        }
+        Err(StartError::Gossip { addr: self.gossip_addr, reason: last_error })
+    }
+
+    fn chitchat_config(
+        &self,
+        incarnation: u64,
+        listen_addr: SocketAddr,
+        advertise: SocketAddr,
+    ) -> ChitchatConfig {
+        // The failure detector's prior is `initial_interval`: set to the gossip interval, a crashed
+        // member is declared dead after ~2 s at 200 ms gossip, not after ~26 s (chitchat's 5 s prior).
+        let failure_detector_config = FailureDetectorConfig {
+            phi_threshold: 8.0,
+            sampling_window_size: 1000,
+            max_interval: self.gossip_interval * 10,
+            initial_interval: self.gossip_interval,
+            dead_node_grace_period: self.dead_member_forget,
+        };
+        ChitchatConfig {
+            chitchat_id: ChitchatId::new(chitchat_node_id(self.id), incarnation, advertise),
+            cluster_id: self.cluster_id.clone(),
+            gossip_interval: self.gossip_interval,
+            listen_addr,
+            seed_nodes: self.seeds.iter().map(SocketAddr::to_string).collect(),
+            failure_detector_config,
+            marked_for_deletion_grace_period: self.dead_member_forget,
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: ProtocolVersion::V0,
+        }
+    }
+}
+
+/// A running ratemesh node. Cheap to clone; every clone is the same node.
+///
+/// # Example
+///
+/// Two nodes of one cluster on loopback, a token bucket of 10 per second shared by both:
+///
+/// ```
+/// use std::time::Duration;
+/// use ratemesh::{ClusterSecurity, NamedPolicy, NodeBuilder, NodeId, MemberStatus};
+/// use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, Policy};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let security = ClusterSecurity::from_secret("an example secret, shared by every node")?;
+/// let first = NodeBuilder::new(NodeId(1)).security(security.clone()).start().await?;
+/// let second = NodeBuilder::new(NodeId(2))
+///     .security(security)
+///     .seeds([first.gossip_addr()])
+///     .start()
+///     .await?;
+/// let mut members = second.subscribe_members();
+/// tokio::time::timeout(Duration::from_secs(30), members.wait_for(|members| {
+///     members.iter().filter(|m| m.status == MemberStatus::Live).count() == 2
+/// }))
+/// .await??;
+///
+/// let limit = Limit::new(LimitSpec::new(Algorithm::TokenBucket, 10, Duration::from_secs(1)))?;
+/// let policy = NamedPolicy::new("api", Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare });
+/// let decision = second.check(&policy, b"client-42", 1).await?;
+/// assert!(decision.allowed);
+/// assert_eq!(decision.limit, 10);
+///
+/// second.shutdown().await;
+/// first.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Node {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("id", &self.shared.id)
+            .field("quic_addr", &self.shared.quic_addr)
+            .finish()
+    }
+}
+
+/// Counters and gauges of a node, for metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeMetrics {
+    /// The protocol's counters (decisions by path, forwards, reports, grants, handoffs, delivery).
+    pub protocol: NodeStats,
+    /// The key table's counters (evictions, expirations).
+    pub store: StoreStats,
+    /// The peer transport's counters.
+    pub transport: TransportStats,
+    /// Keys tracked (owned and followed).
+    pub keys: usize,
+    /// Members in the ring (this node included).
+    pub members_live: usize,
+    /// Members counted as dead.
+    pub members_dead: usize,
+    /// Gossip members not confirmed by mutual TLS.
+    pub members_unverified: usize,
+    /// Checks waiting for their owner's answer.
+    pub checks_waiting: usize,
+}
+
+struct Shared {
+    id: NodeId,
+    origin: std::time::Instant,
+    state: Mutex<State>,
+    /// The core's next deadline moved earlier than the one the timer task sleeps until.
+    timer_wake: Notify,
+    /// Frames arrived while leaving (the shutdown waits for acknowledgements).
+    progress: Notify,
+    transport: Transport,
+    gossip_addr: SocketAddr,
+    quic_addr: SocketAddr,
+    members: watch::Receiver<Vec<Member>>,
+    stop: watch::Sender<bool>,
+    gossip: Mutex<Option<ChitchatHandle>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    leave_linger: Duration,
+    gossip_interval: Duration,
+}
+
+/// Everything behind the node's lock.
+struct State {
+    core: ratemesh_core::Node,
+    /// Checks waiting for a decision from their owner.
+    waiters: HashMap<RequestId, oneshot::Sender<Decision>>,
+    next_request: u64,
+    /// QUIC addresses of the members in the view (confirmed by mutual TLS).
+    addrs: HashMap<NodeId, SocketAddr>,
+    /// The deadline the timer task sleeps until.
+    timer_at: Option<ratemesh_core::Instant>,
+    leaving: bool,
+    view: MemberView,
+}
+
+impl Node {
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.shared.id
+    }
+
+    /// The gossip address other members can use as a seed.
+    pub fn gossip_addr(&self) -> SocketAddr {
+        self.shared.gossip_addr
+    }
+
+    /// The QUIC address peers reach this node at.
+    pub fn quic_addr(&self) -> SocketAddr {
+        self.shared.quic_addr
+    }
+
+    /// Checks `cost` hits (0: a query) of `key` under `policy`. Decided locally in approximate
+    /// mode (waits only when the local allowance ran dry and the owner may have more); forwarded
+    /// to the key's owner in exact mode. Never waits longer than the policy's forward timeout:
+    /// then the fallback decides.
+    pub async fn check(&self, policy: &NamedPolicy, key: &[u8], cost: u64) -> Result<Decision, CheckError> {
+        let waiter = {
+            let mut state = self.shared.lock_state();
+            if state.leaving {
+                return Err(CheckError::ShutDown);
+            }
+            let now = self.shared.now();
+            let id = RequestId(state.next_request);
+            state.next_request = state.next_request.wrapping_add(1);
+            let request = CheckRequest { id, key: policy.key(key), policy: policy.policy.clone(), cost };
+            let outcome = state.core.handle_check(now, request);
+            let waiter = match outcome {
+                CheckOutcome::Decided(decision) => Err(decision),
+                CheckOutcome::Pending => {
+                    let (tx, rx) = oneshot::channel();
+                    state.waiters.insert(id, tx);
+                    Ok(rx)
+                }
+            };
+            self.shared.after_input(&mut state);
+            waiter
+        };
+        match waiter {
+            Err(decision) => Ok(decision),
+            // The core decides every pending check by its deadline (by the fallback if the owner is
+            // silent); the channel closes without a decision only when the node shuts down.
+            Ok(rx) => rx.await.map_err(|_| CheckError::ShutDown),
+        }
+    }
+
+    /// Like [`Node::check`] but never waits: for approximate-mode policies on a synchronous hot
+    /// path. An approximate check whose allowance ran dry is refused (with a retry hint) instead
+    /// of asking the owner; an exact-mode check of a key owned elsewhere is
+    /// [`CheckError::WouldWait`].
+    pub fn check_now(&self, policy: &NamedPolicy, key: &[u8], cost: u64) -> Result<Decision, CheckError> {
+        let mut state = self.shared.lock_state();
+        if state.leaving {
+            return Err(CheckError::ShutDown);
+        }
+        let now = self.shared.now();
+        let request = CheckRequest {
+            id: RequestId(u64::MAX),
+            key: policy.key(key),
+            policy: policy.policy.clone(),
+            cost,
+        };
+        let decision = state.core.handle_check_now(now, &request).ok_or(CheckError::WouldWait);
+        self.shared.after_input(&mut state);
+        decision
+    }
+
+    /// Releases a concurrency lease taken by an admitted check (sent to the key's owner when it
+    /// is another node; a lease that is never released expires after the policy's period).
+    pub fn release(&self, policy: &NamedPolicy, key: &[u8], lease: LeaseId) -> Result<(), CheckError> {
+        let mut state = self.shared.lock_state();
+        if state.leaving {
+            return Err(CheckError::ShutDown);
+        }
+        let now = self.shared.now();
+        state.core.handle_release(now, policy.key(key), &policy.policy, lease);
+        self.shared.after_input(&mut state);
+        Ok(())
+    }
+
+    /// The members this node knows, itself included, sorted by id.
+    pub fn members(&self) -> Vec<Member> {
+        self.shared.members.borrow().clone()
+    }
+
+    /// The members, as a watch channel that changes with them: wait on it (with a timeout) for
+    /// the cluster to form.
+    pub fn subscribe_members(&self) -> watch::Receiver<Vec<Member>> {
+        self.shared.members.clone()
+    }
+
+    /// The owner of `key` under `policy` in this node's current ring.
+    pub fn owner_of(&self, policy: &NamedPolicy, key: &[u8]) -> Option<NodeId> {
+        self.shared.lock_state().core.owner_of(policy.key(key))
+    }
+
+    /// Counters and gauges, for metrics.
+    pub fn metrics(&self) -> NodeMetrics {
+        let state = self.shared.lock_state();
+        let members = self.shared.members.borrow();
+        let count = |status: MemberStatus| members.iter().filter(|m| m.status == status).count();
+        NodeMetrics {
+            protocol: state.core.stats(),
+            store: state.core.store_stats(),
+            transport: self.shared.transport.stats(),
+            keys: state.core.keys_len(),
+            members_live: count(MemberStatus::Live),
+            members_dead: count(MemberStatus::Dead),
+            members_unverified: count(MemberStatus::Unverified),
+            checks_waiting: state.waiters.len(),
+        }
+    }
+
+    /// Leaves the cluster gracefully: announces the leave in gossip, hands every owned key to
+    /// its new owner and waits (at most the leave linger) until peers acknowledged it, then stops
+    /// the node. Checks after this start fail with [`CheckError::ShutDown`]. Idempotent.
+    pub async fn shutdown(&self) {
+        let span = info_span!("shutdown", node = ?self.shared.id);
+        self.leave().instrument(span).await;
+    }
+
+    async fn leave(&self) {
+        if !self.shared.begin_leave().await {
+            return;
+        }
+        let linger_end = tokio::time::Instant::now() + self.shared.leave_linger;
+        // Peers learn of the leave through gossip within a few rounds; until then they may still
+        // forward checks here, which this node keeps answering (by forwarding them on).
+        let gossip_end = tokio::time::Instant::now() + self.shared.gossip_interval * 3;
+        loop {
+            let progress = self.shared.progress.notified();
+            let unacked = self.shared.lock_state().core.unacked_frames();
+            let now = tokio::time::Instant::now();
+            if (unacked == 0 && now >= gossip_end) || now >= linger_end {
+                info!(unacked, "leaving: handoff done");
+                break;
+            }
+            let wake_at = if unacked == 0 { gossip_end } else { linger_end };
+            tokio::select! {
+                () = progress => {}
+                () = tokio::time::sleep_until(wake_at) => {}
+            }
+        }
+        self.shared.stop().await;
+    }
+}
+
+impl Shared {
+    fn now(&self) -> ratemesh_core::Instant {
+        clock(self.origin)
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the core half-updated in a way that matters
+        // more than stopping every check: keep serving.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Carries out what the core asked for after an input: frames to send, decisions to hand to
+    /// waiting checks, and a timer to move earlier.
+    fn after_input(&self, state: &mut State) {
+        while let Some(transmit) = state.core.poll_transmit() {
+            if let Some(&addr) = state.addrs.get(&transmit.to) {
+                // A dropped frame is counted by the transport and retransmitted by the core.
+                let _ = self.transport.send(transmit.to, addr, transmit.bytes);
+            }
+        }
+        while let Some(Event::Decided { id, decision }) = state.core.poll_event() {
+            if let Some(waiter) = state.waiters.remove(&id) {
+                // The check's caller may have gone away (its future dropped): nothing to do.
+                let _ = waiter.send(decision);
+            }
+        }
+        let next = state.core.poll_timeout();
+        if next.is_some() && (state.timer_at.is_none() || next < state.timer_at) {
+            state.timer_at = next;
+            self.timer_wake.notify_one();
+        }
+    }
+
+    fn spawn_tasks(
+        self: &Arc<Self>,
+        received: tokio::sync::mpsc::Receiver<Received>,
+        me: Member,
+        members: watch::Sender<Vec<Member>>,
+        stop: watch::Receiver<bool>,
+    ) {
+        let mut tasks = Vec::with_capacity(3);
+        tasks.push(tokio::spawn(self.clone().run_timer(stop.clone())));
+        tasks.push(tokio::spawn(self.clone().run_receive(received, stop.clone())));
+        let gossip = self.gossip.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(gossip) = gossip.as_ref() {
+            let membership = Membership::new(me, self.transport.clone(), gossip);
+            let sink: Arc<dyn ViewSink> = self.clone();
+            tasks.push(tokio::spawn(membership.run(sink, members, self.gossip_interval * 5, stop)));
+        }
+        drop(gossip);
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner).extend(tasks);
+    }
+
+    async fn run_timer(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            let deadline = {
+                let mut state = self.lock_state();
+                let next = state.core.poll_timeout();
+                state.timer_at = next;
+                next
+            };
+            let sleep_until = deadline.map(|at| self.tokio_instant(at));
+            tokio::select! {
+                () = sleep_or_forever(sleep_until) => {}
+                () = self.timer_wake.notified() => {}
+                _ = stop.wait_for(|stopped| *stopped) => return,
+            }
+            let mut state = self.lock_state();
+            let now = self.now();
+            if state.core.poll_timeout().is_some_and(|at| at <= now) {
+                let _span = trace_span!("timers", node = ?self.id).entered();
+                state.core.handle_timeout(now);
+                self.after_input(&mut state);
+            }
+        }
+    }
+
+    async fn run_receive(
+        self: Arc<Self>,
+        mut received: tokio::sync::mpsc::Receiver<Received>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        loop {
+            let first = tokio::select! {
+                frame = received.recv() => match frame { Some(frame) => frame, None => return },
+                _ = stop.wait_for(|stopped| *stopped) => return,
+            };
+            let mut state = self.lock_state();
+            let now = self.now();
+            state.core.handle_frame(now, first.0, &first.1);
+            for _ in 1..FRAMES_PER_TURN_MAX {
+                let Ok((from, bytes)) = received.try_recv() else { break };
+                state.core.handle_frame(now, from, &bytes);
+            }
+            self.after_input(&mut state);
+            let leaving = state.leaving;
+            drop(state);
+            if leaving {
+                self.progress.notify_one();
+            }
+        }
+    }
+
+    /// Announces the leave and hands owned keys over. False when a shutdown already began.
+    async fn begin_leave(&self) -> bool {
+        let view = {
+            let mut state = self.lock_state();
+            if state.leaving {
+                return false;
+            }
+            state.leaving = true;
+            // Checks waiting for an owner get no answer any more: their callers see `ShutDown`.
+            state.waiters.clear();
+            let mut view = state.view.clone();
+            view.live.retain(|&id| id != self.id);
+            view
+        };
+        let gossip =
+            self.gossip.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(ChitchatHandle::chitchat);
+        if let Some(chitchat) = gossip {
+            chitchat.lock().await.self_node_state().set(KEY_LEAVING, "1");
+        }
+        let mut state = self.lock_state();
+        let now = self.now();
+        // This node's own view without itself: the ring moves every owned key to its successor
+        // and the core sends the state of each (never a reset to full at the new owner).
+        state.core.handle_membership(now, view);
+        info!(handoffs = state.core.stats().handoffs_sent, "leaving: keys handed over");
+        self.after_input(&mut state);
+        true
+    }
+
+    /// Stops the tasks, gossip and the transport.
+    async fn stop(&self) {
+        self.stop.send_replace(true);
+        let gossip = self.gossip.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(gossip) = gossip
+            && let Err(error) = gossip.shutdown().await
+        {
+            debug!(%error, "gossip stopped with an error");
+        }
+        self.transport.close().await;
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
+        for task in tasks {
+            task.abort();
+        }
+        self.lock_state().waiters.clear();
+    }
+
+    fn tokio_instant(&self, at: ratemesh_core::Instant) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.origin + Duration::from_nanos(at.as_nanos()))
+    }
+}
+
+impl ViewSink for Shared {
+    fn apply(&self, view: &MemberView, addrs: &HashMap<NodeId, SocketAddr>) {
+        let mut state = self.lock_state();
+        if state.leaving {
+            return;
+        }
+        state.addrs =
+            addrs.iter().filter(|(id, _)| view.live.contains(id)).map(|(&id, &addr)| (id, addr)).collect();
+        state.view = view.clone();
+        let now = self.now();
+        let before = state.core.stats().handoffs_sent;
+        state.core.handle_membership(now, view.clone());
+        let moved = state.core.stats().handoffs_sent - before;
+        info!(node = ?self.id, live = view.live.len(), dead = view.dead.len(), keys_handed_over = moved, "ownership moved");
+        self.after_input(&mut state);
+    }
+}
+
+/// The core's clock: nanoseconds since the node started.
+fn clock(origin: std::time::Instant) -> ratemesh_core::Instant {
+    let nanos = origin.elapsed().as_nanos();
+    ratemesh_core::Instant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+}
+
+async fn sleep_or_forever(until: Option<tokio::time::Instant>) {
+    match until {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn unix_micros() -> u64 {
+    let since_epoch = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A free UDP port on `addr`'s IP (chitchat binds by address, so the port must be known first).
+fn free_udp_port(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    std::net::UdpSocket::bind(addr)?.local_addr()
+}

@@ -1,0 +1,209 @@
+//! Real clusters on loopback: gossip membership, mutual-TLS admission, exact limits across
+//! nodes, a crash, a graceful leave. Approximate mode against the simulator's bound is in
+//! `scenario.rs`. See `support` for the harness (every wait is on a signal, bounded).
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use ratemesh::membership::{KEY_PROTOCOL, KEY_QUIC_ADDR};
+use ratemesh::{MemberStatus, NamedPolicy, Node, NodeId};
+use ratemesh_core::Mode;
+use ratemesh_core::wire::WIRE_VERSION;
+use support::*;
+use tokio::task::JoinSet;
+
+/// Sends `total` checks of cost 1 for `key`, spread round-robin over `nodes`, all in flight at
+/// once; returns how many were allowed.
+async fn admitted_concurrently(nodes: &[Node], policy: &NamedPolicy, key: &[u8], total: usize) -> u64 {
+    let mut checks = JoinSet::new();
+    for i in 0..total {
+        let node = nodes[i % nodes.len()].clone();
+        let (policy, key) = (policy.clone(), key.to_vec());
+        checks.spawn(async move { node.check(&policy, &key, 1).await.unwrap().allowed });
+    }
+    let mut allowed = 0;
+    while let Some(result) = checks.join_next().await {
+        allowed += u64::from(result.unwrap());
+    }
+    allowed
+}
+
+fn handles(nodes: &[TestNode]) -> Vec<Node> {
+    nodes.iter().map(|n| n.node.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_form_a_cluster_and_agree_on_the_owner_of_every_key() {
+    let nodes = start_cluster(5).await;
+    let policy = hourly_bucket("owners", 10, Mode::Exact);
+    let mut owned = [0usize; 5];
+    for i in 0..2000 {
+        let key = format!("user-{i}");
+        let owners: Vec<Option<NodeId>> =
+            nodes.iter().map(|n| n.node.owner_of(&policy, key.as_bytes())).collect();
+        assert!(owners.iter().all(|o| *o == owners[0]), "{key}: {owners:?}");
+        let owner = owners[0].unwrap();
+        owned[(owner.0 - 1) as usize] += 1;
+    }
+    // 512 virtual nodes per member: every member owns a fair share (ideal 400 of 2000).
+    assert!(owned.iter().all(|&n| (300..=500).contains(&n)), "{owned:?}");
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_mode_admits_exactly_the_limit_while_requests_are_spread_over_three_nodes() {
+    let nodes = start_cluster(3).await;
+    let policy = hourly_bucket("exact", 100, Mode::Exact);
+    let allowed = admitted_concurrently(&handles(&nodes), &policy, b"tenant-1", 300).await;
+    assert_eq!(allowed, 100);
+    let forwarded: u64 = nodes.iter().map(|n| n.metrics().protocol.forwarded).sum();
+    let timeouts: u64 = nodes.iter().map(|n| n.metrics().protocol.forward_timeouts).sum();
+    assert!(forwarded >= 150, "two thirds of the checks go to the owner: {forwarded}");
+    assert_eq!(timeouts, 0);
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_owner_is_detected_and_its_keys_move_without_a_reset_to_full() {
+    let mut nodes = start_cluster(3).await;
+    let policy = hourly_bucket("crash", 100, Mode::Exact);
+    let victim = NodeId(3);
+    let key = key_owned_by(&nodes[0].node, &policy, victim);
+    let survivors: Vec<Node> = nodes[..2].iter().map(|n| n.node.clone()).collect();
+    assert_eq!(admitted_concurrently(&survivors, &policy, &key, 60).await, 60);
+    // The owner replicates keys changed since its last sync round to their ring successor: wait
+    // for a round after the last check, then for its replicas to arrive.
+    let victim_node = nodes[2].node.clone();
+    let rounds = victim_node.metrics().protocol.sync_rounds;
+    eventually("a sync round after the last check", || victim_node.metrics().protocol.sync_rounds > rounds)
+        .await;
+    let sent = victim_node.metrics().protocol.replicas_sent;
+    eventually("the replicas arrived", || {
+        nodes[..2].iter().map(|n| n.metrics().protocol.replicas_received).sum::<u64>() >= sent
+    })
+    .await;
+    nodes.pop().unwrap().kill();
+    for node in &survivors {
+        wait_members(node, |members| {
+            members.iter().any(|m| m.id == victim && m.status == MemberStatus::Dead)
+                && live_ids(members) == [NodeId(1), NodeId(2)]
+        })
+        .await;
+    }
+    let new_owner = survivors[0].owner_of(&policy, &key).unwrap();
+    assert_ne!(new_owner, victim);
+    assert_eq!(survivors[1].owner_of(&policy, &key), Some(new_owner));
+    // 40 remain. The dead member still counts in the cluster's size, so the survivors enforce
+    // 2/3 of the limit: never more than the 40 left, and no reset to a full bucket of 100.
+    let after = admitted_concurrently(&survivors, &policy, &key, 150).await;
+    eprintln!("after the crash: {after} admitted (40 remained)");
+    assert!(after <= 40, "{after}");
+    assert!(after >= 6, "the state moved, the key is not stuck: {after}");
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_shutdown_hands_the_owned_state_over() {
+    let mut nodes = start_cluster(3).await;
+    let policy = hourly_bucket("leave", 100, Mode::Exact);
+    let leaver = NodeId(3);
+    let key = key_owned_by(&nodes[0].node, &policy, leaver);
+    let survivors: Vec<Node> = nodes[..2].iter().map(|n| n.node.clone()).collect();
+    assert_eq!(admitted_concurrently(&survivors, &policy, &key, 30).await, 30);
+    nodes.pop().unwrap().shutdown().await;
+    for node in &survivors {
+        // Gone, not dead: a leave does not shrink the limit.
+        wait_members(node, |members| {
+            members.iter().map(|m| m.id).collect::<Vec<_>>() == [NodeId(1), NodeId(2)]
+        })
+        .await;
+    }
+    let query = survivors[0].check(&policy, &key, 0).await.unwrap();
+    assert_eq!((query.limit, query.remaining), (100, 70), "{query:?}");
+    assert_eq!(admitted_concurrently(&survivors, &policy, &key, 100).await, 70);
+    let received: u64 = nodes.iter().map(|n| n.metrics().protocol.handoffs_received).sum();
+    assert!(received >= 1);
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_without_a_cluster_certificate_are_never_admitted_even_when_gossiped() {
+    let nodes = start_cluster(3).await;
+    let seed = nodes[0].node.gossip_addr();
+    // A node of another cluster CA that joins the gossip.
+    let foreign = TestNode::start(builder(7, FOREIGN_SECRET, &[seed])).await;
+    // Gossip-only entries: one claims to be node 8 at node 2's QUIC address (its certificate
+    // names node 2), one advertises node 9 at an address where nothing answers.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let impostor = bare_gossip(8, nodes[1].node.quic_addr(), seed).await;
+    let nobody = bare_gossip(9, silent.local_addr().unwrap(), seed).await;
+    let rogues = [NodeId(7), NodeId(8), NodeId(9)];
+    for node in &nodes {
+        // The gossip entries reached every member, and none of them got further.
+        wait_members(&node.node, |members| {
+            rogues.iter().all(|r| members.iter().any(|m| m.id == *r && m.status == MemberStatus::Unverified))
+        })
+        .await;
+    }
+    for node in &nodes {
+        // Every member tried each rogue and failed: wrong CA, a certificate naming another node,
+        // no answer.
+        eventually("three failed verifications", || node.metrics().transport.connect_failures >= 3).await;
+        assert_eq!(live_ids(&node.node.members()), [NodeId(1), NodeId(2), NodeId(3)]);
+    }
+    let policy = hourly_bucket("admission", 10, Mode::Exact);
+    for i in 0..2000 {
+        let owner = nodes[0].node.owner_of(&policy, format!("k{i}").as_bytes()).unwrap();
+        assert!(!rogues.contains(&owner));
+    }
+    assert_eq!(live_ids(&foreign.node.members()), [NodeId(7)]);
+    impostor.shutdown().await.unwrap();
+    nobody.shutdown().await.unwrap();
+    foreign.kill();
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+/// A chitchat instance that gossips a ratemesh member entry without being one.
+async fn bare_gossip(
+    id: u64,
+    quic_addr: std::net::SocketAddr,
+    seed: std::net::SocketAddr,
+) -> chitchat::ChitchatHandle {
+    let listen = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let config = chitchat::ChitchatConfig {
+        chitchat_id: chitchat::ChitchatId::new(id.to_string(), 1, listen),
+        cluster_id: "ratemesh".to_owned(),
+        gossip_interval: GOSSIP_INTERVAL,
+        listen_addr: listen,
+        seed_nodes: vec![seed.to_string()],
+        failure_detector_config: chitchat::FailureDetectorConfig {
+            phi_threshold: 8.0,
+            sampling_window_size: 1000,
+            max_interval: GOSSIP_INTERVAL * 10,
+            initial_interval: GOSSIP_INTERVAL,
+            dead_node_grace_period: Duration::from_secs(60),
+        },
+        marked_for_deletion_grace_period: Duration::from_secs(60),
+        catchup_callback: None,
+        extra_liveness_predicate: None,
+        protocol_version: chitchat::ProtocolVersion::V0,
+    };
+    let key_values = vec![
+        (KEY_QUIC_ADDR.to_owned(), quic_addr.to_string()),
+        (KEY_PROTOCOL.to_owned(), WIRE_VERSION.to_string()),
+    ];
+    chitchat::spawn_chitchat(config, key_values, &chitchat::transport::UdpTransport).await.unwrap()
+}
