@@ -519,6 +519,17 @@ impl Node {
     /// to the key's owner in exact mode. Never waits longer than the policy's forward timeout:
     /// then the fallback decides.
     pub async fn check(&self, policy: &NamedPolicy, key: &[u8], cost: u64) -> Result<Decision, CheckError> {
+        self.check_hashed(&policy.policy, policy.key(key), cost).await
+    }
+
+    /// [`Node::check`] of a bucket named by its hash (for callers that keep their own key
+    /// namespaces, like the daemon).
+    pub async fn check_hashed(
+        &self,
+        policy: &Arc<Policy>,
+        key: KeyHash,
+        cost: u64,
+    ) -> Result<Decision, CheckError> {
         let waiter = {
             let mut state = self.shared.lock_state();
             if state.leaving {
@@ -527,7 +538,7 @@ impl Node {
             let now = self.shared.now();
             let id = RequestId(state.next_request);
             state.next_request = state.next_request.wrapping_add(1);
-            let request = CheckRequest { id, key: policy.key(key), policy: policy.policy.clone(), cost };
+            let request = CheckRequest { id, key, policy: policy.clone(), cost };
             let outcome = state.core.handle_check(now, request);
             let waiter = match outcome {
                 CheckOutcome::Decided(decision) => Err(decision),
@@ -572,12 +583,17 @@ impl Node {
     /// Releases a concurrency lease taken by an admitted check (sent to the key's owner when it
     /// is another node; a lease that is never released expires after the policy's period).
     pub fn release(&self, policy: &NamedPolicy, key: &[u8], lease: LeaseId) -> Result<(), CheckError> {
+        self.release_hashed(&policy.policy, policy.key(key), lease)
+    }
+
+    /// [`Node::release`] of a bucket named by its hash.
+    pub fn release_hashed(&self, policy: &Policy, key: KeyHash, lease: LeaseId) -> Result<(), CheckError> {
         let mut state = self.shared.lock_state();
         if state.leaving {
             return Err(CheckError::ShutDown);
         }
         let now = self.shared.now();
-        state.core.handle_release(now, policy.key(key), &policy.policy, lease);
+        state.core.handle_release(now, key, policy, lease);
         self.shared.after_input(&mut state);
         Ok(())
     }
@@ -595,7 +611,12 @@ impl Node {
 
     /// The owner of `key` under `policy` in this node's current ring.
     pub fn owner_of(&self, policy: &NamedPolicy, key: &[u8]) -> Option<NodeId> {
-        self.shared.lock_state().core.owner_of(policy.key(key))
+        self.owner_of_hashed(policy.key(key))
+    }
+
+    /// The owner of a bucket named by its hash in this node's current ring.
+    pub fn owner_of_hashed(&self, key: KeyHash) -> Option<NodeId> {
+        self.shared.lock_state().core.owner_of(key)
     }
 
     /// Counters and gauges, for metrics.
