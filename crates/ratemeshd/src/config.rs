@@ -1,0 +1,1267 @@
+//! The configuration file (TOML): node, cluster, listeners, bounds, logging and policies.
+//!
+//! Every field has a default, so an empty file is valid and gives [`Config::default`]: a single
+//! node on loopback (HTTP 127.0.0.1:8080, Envoy RLS gRPC 127.0.0.1:8081, gossip UDP
+//! 127.0.0.1:7946, QUIC 127.0.0.1:7947) secured by the public [`DEV_CLUSTER_SECRET`].
+//!
+//! Loading is three steps: TOML into a raw model that remembers where each value came from, then
+//! environment overrides (`RATEMESH_<SECTION>_<FIELD>`, see [`env_variable_names`]), then
+//! validation into the typed [`Config`]. Every refusal is a [`ConfigError`] that names the field
+//! and where its value came from: `file:line:column`, or the environment variable. A refused file
+//! changes nothing: the caller keeps the configuration it runs on (hot reload relies on this).
+//!
+//! ```toml
+//! [node]
+//! id = 1
+//!
+//! [cluster]
+//! seeds = ["10.0.0.2:7946"]
+//! secret = "a long shared secret, 16 bytes or more"
+//!
+//! [[policies]]
+//! name = "api"
+//! algorithm = "token_bucket"
+//! limit = 100
+//! period_ms = 1000
+//! ```
+
+mod env;
+mod raw;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::io::Read as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratemesh::security::{CLUSTER_SECRET_LEN_MIN, PemSource, ProvidedCerts};
+use ratemesh::{ClusterSecret, ClusterSecurity, SecurityError};
+use ratemesh_core::{
+    Algorithm, Fallback, Limit, LimitError, LimitSpec, Mode, NodeConfig, NodeId, Policy, StoreConfig,
+};
+use toml::Spanned;
+use zeroize::Zeroizing;
+
+pub use env::{ENV_PREFIX, variable_name as env_variable_name, variable_names as env_variable_names};
+use raw::{At, PolicyStarts, RawConfig, RawDescriptor, RawPolicy, Val};
+
+/// The largest configuration file accepted, in bytes. A policy file is small; a larger one is a
+/// wrong path (a log, a binary), refused before it is parsed.
+pub const CONFIG_FILE_BYTES_MAX: usize = 1 << 20;
+
+/// The cluster secret used when the file sets neither `secret` nor certificate paths.
+///
+/// **INSECURE, for development only.** It is public (it is in the source code): anyone who can
+/// reach the gossip or QUIC ports can derive the cluster CA from it and join the cluster. It is
+/// therefore refused unless gossip and QUIC listen on loopback only; any real cluster must set
+/// `cluster.secret` (or `RATEMESH_CLUSTER_SECRET`) or certificate paths.
+pub const DEV_CLUSTER_SECRET: &str = "ratemesh INSECURE development secret: public, do not use";
+
+/// The default cluster id: nodes gossip only with nodes that have the same one.
+pub const CLUSTER_ID_DEFAULT: &str = "ratemesh";
+
+/// The default HTTP API address.
+pub const HTTP_LISTEN_DEFAULT: SocketAddr = loopback(8080);
+/// The default Envoy Rate Limit Service (gRPC) address.
+pub const GRPC_LISTEN_DEFAULT: SocketAddr = loopback(8081);
+/// The default gossip (UDP) address.
+pub const GOSSIP_LISTEN_DEFAULT: SocketAddr = loopback(7946);
+/// The default QUIC peer transport (UDP) address.
+pub const QUIC_LISTEN_DEFAULT: SocketAddr = loopback(7947);
+
+/// Default gossip interval. With chitchat's initial interval set to the same, a dead node is
+/// detected in about two seconds (the library's 5 s prior made it ~26 s).
+pub const GOSSIP_INTERVAL_MS_DEFAULT: u64 = 200;
+/// Default approximate-mode sync interval: the core's `NodeConfig` default.
+pub const SYNC_INTERVAL_MS_DEFAULT: u64 = 50;
+/// Default time after which a dead member is forgotten (and stops counting in the cluster size).
+/// chitchat's own default, 24 h, would keep a departed node's share of every limit unused for a day.
+pub const DEAD_MEMBER_FORGET_MS_DEFAULT: u64 = 60_000;
+
+/// Default `[limits] http_body_bytes_max`: 64 KiB.
+pub const HTTP_BODY_BYTES_MAX_DEFAULT: usize = 64 * 1024;
+/// Default `[limits] http_in_flight_max`.
+pub const HTTP_IN_FLIGHT_MAX_DEFAULT: usize = 1024;
+/// Default `[limits] batch_len_max`.
+pub const BATCH_LEN_MAX_DEFAULT: usize = 1000;
+/// Default `[limits] key_bytes_max`.
+pub const KEY_BYTES_MAX_DEFAULT: usize = 4096;
+
+/// The most seeds a node gossips with at start.
+pub const SEEDS_MAX: usize = 256;
+/// The most policies in one file.
+pub const POLICIES_MAX: usize = 10_000;
+/// The most entries in one policy's descriptor path.
+pub const DESCRIPTOR_DEPTH_MAX: usize = 16;
+/// The longest policy name, cluster id, domain, descriptor key or value, in bytes.
+pub const NAME_BYTES_MAX: usize = 255;
+
+/// Longest gossip or sync interval: beyond a minute the cluster no longer reacts in useful time.
+const INTERVAL_MS_MAX: u64 = 60_000;
+/// Longest time a dead member is remembered: a week.
+const DEAD_MEMBER_FORGET_MS_MAX: u64 = 7 * 24 * 3600 * 1000;
+/// Upper bounds of `[limits]`, far above any sane setting: they catch typos (an extra digit or
+/// three), not tuning.
+const KEYS_MAX_MAX: u64 = 1 << 32;
+const HTTP_BODY_BYTES_MAX_MAX: u64 = 16 << 20;
+const HTTP_IN_FLIGHT_MAX_MAX: u64 = 1 << 20;
+const BATCH_LEN_MAX_MAX: u64 = 100_000;
+
+const fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+}
+
+/// Where a refused value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// A position in a configuration text, both 1-based; the column counts characters.
+    File {
+        /// The file's name, or what the text was called by the caller.
+        origin: String,
+        /// Line.
+        line: usize,
+        /// Column.
+        column: usize,
+    },
+    /// An environment variable.
+    Env {
+        /// The variable's name.
+        variable: String,
+    },
+    /// The configuration as a whole (a rule about values that all took their defaults).
+    Whole {
+        /// The file's name, or what the text was called by the caller.
+        origin: String,
+    },
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::File { origin, line, column } => write!(f, "{origin}:{line}:{column}"),
+            Location::Env { variable } => write!(f, "environment variable {variable}"),
+            Location::Whole { origin } => f.write_str(origin),
+        }
+    }
+}
+
+/// Why a configuration was refused. The operator's input is at fault; nothing was applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The text is larger than [`CONFIG_FILE_BYTES_MAX`].
+    #[error("{origin}: larger than {max_bytes} bytes")]
+    TooLarge {
+        /// The file's name, or what the text was called.
+        origin: String,
+        /// The bound.
+        max_bytes: usize,
+    },
+    /// The text is not valid TOML (no field can be named yet).
+    #[error("{location}: invalid TOML: {message}")]
+    Syntax {
+        /// Where.
+        location: Location,
+        /// What is wrong.
+        message: String,
+    },
+    /// A field has a wrong type or value, is unknown, missing, or conflicts with another.
+    #[error("{location}: {field}: {message}")]
+    Invalid {
+        /// Where the value came from.
+        location: Location,
+        /// The field, as a path: `listen.http`, `policies[2].limit`,
+        /// `policies[0].descriptors[1].value`. Errors found while reading TOML types name the
+        /// path without array indices (`policies.limit`); the location has the line.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An environment variable starts with [`ENV_PREFIX`] but overrides no field.
+    #[error("environment variable {variable}: unknown (known: {})", env_variable_names().collect::<Vec<_>>().join(", "))]
+    UnknownVariable {
+        /// The variable's name.
+        variable: String,
+    },
+}
+
+impl ConfigError {
+    /// The field the error names, if any.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    /// Where the error is, if it has a place.
+    pub fn location(&self) -> Option<&Location> {
+        match self {
+            ConfigError::Invalid { location, .. } | ConfigError::Syntax { location, .. } => Some(location),
+            _ => None,
+        }
+    }
+
+    /// The line in the file, if the error is at one.
+    pub fn line(&self) -> Option<usize> {
+        match self.location() {
+            Some(Location::File { line, .. }) => Some(*line),
+            _ => None,
+        }
+    }
+}
+
+/// A validated configuration: every value typed, in range and consistent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// `[node]`.
+    pub node: NodeSection,
+    /// `[cluster]`.
+    pub cluster: ClusterSection,
+    /// `[listen]`.
+    pub listen: ListenSection,
+    /// `[limits]`: bounds of tables, queues and requests.
+    pub limits: Bounds,
+    /// `[log]`.
+    pub log: LogSection,
+    /// `[[policies]]`, in file order; names unique, Envoy descriptor paths unique per domain.
+    pub policies: Vec<PolicyConfig>,
+}
+
+/// `[node]`: this member's identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSection {
+    /// `id`: the member's id, stable across restarts and unique in the cluster (default 1).
+    pub id: NodeId,
+    /// `incarnation`: distinguishes restarts of the same id; unset, the daemon picks one at start
+    /// (so that peers can tell a restarted node from a delayed message of its previous life).
+    pub incarnation: Option<u64>,
+}
+
+impl Default for NodeSection {
+    fn default() -> Self {
+        NodeSection { id: NodeId(1), incarnation: None }
+    }
+}
+
+/// `[cluster]`: membership and peer security.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterSection {
+    /// `cluster_id`: nodes only gossip with nodes of the same id.
+    pub cluster_id: String,
+    /// `seeds`: gossip addresses (`ip:port`) contacted at start. Empty: a cluster of one, until
+    /// others seed from it.
+    pub seeds: Vec<SocketAddr>,
+    /// `secret`, or `ca_cert_path` + `cert_path` + `key_path` (mutually exclusive).
+    pub auth: ClusterAuth,
+    /// `gossip_interval_ms`.
+    pub gossip_interval: Duration,
+    /// `sync_interval_ms`: how often approximate-mode allowances are renewed.
+    pub sync_interval: Duration,
+    /// `dead_member_forget_ms`: how long a dead member still counts in the cluster size.
+    pub dead_member_forget: Duration,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            cluster_id: CLUSTER_ID_DEFAULT.to_owned(),
+            seeds: Vec::new(),
+            auth: ClusterAuth::Secret(SecretString::new(DEV_CLUSTER_SECRET)),
+            gossip_interval: Duration::from_millis(GOSSIP_INTERVAL_MS_DEFAULT),
+            sync_interval: Duration::from_millis(SYNC_INTERVAL_MS_DEFAULT),
+            dead_member_forget: Duration::from_millis(DEAD_MEMBER_FORGET_MS_DEFAULT),
+        }
+    }
+}
+
+/// How peers authenticate each other (see `ratemesh::security`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterAuth {
+    /// A shared secret (at least 16 bytes) from which every node derives the cluster CA.
+    Secret(SecretString),
+    /// Certificates made beforehand (`ratemeshd certs`), PEM files read at start.
+    Certs {
+        /// `ca_cert_path`: the cluster CA certificate.
+        ca_cert_path: PathBuf,
+        /// `cert_path`: this node's certificate.
+        cert_path: PathBuf,
+        /// `key_path`: this node's private key.
+        key_path: PathBuf,
+    },
+}
+
+impl ClusterAuth {
+    /// The security setup for the peer transport. Files are not read here but when the node's
+    /// identity is built.
+    pub fn security(&self) -> Result<ClusterSecurity, SecurityError> {
+        match self {
+            ClusterAuth::Secret(secret) => ClusterSecurity::from_secret(secret.expose()),
+            ClusterAuth::Certs { ca_cert_path, cert_path, key_path } => {
+                Ok(ClusterSecurity::Provided(ProvidedCerts {
+                    ca_cert: PemSource::Path(ca_cert_path.clone()),
+                    node_cert: PemSource::Path(cert_path.clone()),
+                    node_key: PemSource::Path(key_path.clone()),
+                }))
+            }
+        }
+    }
+
+    /// Whether this is the public [`DEV_CLUSTER_SECRET`] (worth a warning at start).
+    pub fn is_dev_secret(&self) -> bool {
+        matches!(self, ClusterAuth::Secret(secret) if secret.expose() == DEV_CLUSTER_SECRET)
+    }
+}
+
+/// A secret string: zeroed on drop, never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretString(Zeroizing<String>);
+
+impl SecretString {
+    /// Wraps `secret`.
+    pub fn new(secret: impl Into<String>) -> SecretString {
+        SecretString(Zeroizing::new(secret.into()))
+    }
+
+    /// The secret itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretString(<redacted>)")
+    }
+}
+
+/// `[listen]`: the node's sockets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenSection {
+    /// `http`: the HTTP API (TCP).
+    pub http: SocketAddr,
+    /// `grpc`: the Envoy Rate Limit Service (TCP).
+    pub grpc: SocketAddr,
+    /// `gossip`: membership gossip (UDP).
+    pub gossip: SocketAddr,
+    /// `quic`: the peer transport (UDP).
+    pub quic: SocketAddr,
+    /// `advertise_gossip`: the gossip address peers use, when it differs from `gossip` (NAT,
+    /// containers, a listener on `0.0.0.0`).
+    pub advertise_gossip: Option<SocketAddr>,
+    /// `advertise_quic`: the QUIC address peers use, when it differs from `quic`.
+    pub advertise_quic: Option<SocketAddr>,
+}
+
+impl ListenSection {
+    /// The gossip address to announce to peers. Port 0 (bound at start) must be replaced by the
+    /// port actually bound.
+    pub fn gossip_advertised(&self) -> SocketAddr {
+        self.advertise_gossip.unwrap_or(self.gossip)
+    }
+
+    /// The QUIC address to announce to peers (port 0: see [`Self::gossip_advertised`]).
+    pub fn quic_advertised(&self) -> SocketAddr {
+        self.advertise_quic.unwrap_or(self.quic)
+    }
+}
+
+impl Default for ListenSection {
+    fn default() -> Self {
+        ListenSection {
+            http: HTTP_LISTEN_DEFAULT,
+            grpc: GRPC_LISTEN_DEFAULT,
+            gossip: GOSSIP_LISTEN_DEFAULT,
+            quic: QUIC_LISTEN_DEFAULT,
+            advertise_gossip: None,
+            advertise_quic: None,
+        }
+    }
+}
+
+/// `[limits]`: the bounds of the daemon's tables, queues and requests. Every bound has a default;
+/// none is unbounded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// `keys_max`: keys held by the node's store (oldest-to-fresh evicted beyond it).
+    pub keys_max: usize,
+    /// `http_body_bytes_max`: larger request bodies get 413.
+    pub http_body_bytes_max: usize,
+    /// `http_in_flight_max`: requests served at once; more get 503 at once (load shedding, no
+    /// queue).
+    pub http_in_flight_max: usize,
+    /// `batch_len_max`: checks in one `POST /v1/check/batch`.
+    pub batch_len_max: usize,
+    /// `key_bytes_max`: the longest client key.
+    pub key_bytes_max: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            keys_max: StoreConfig::default().keys_max,
+            http_body_bytes_max: HTTP_BODY_BYTES_MAX_DEFAULT,
+            http_in_flight_max: HTTP_IN_FLIGHT_MAX_DEFAULT,
+            batch_len_max: BATCH_LEN_MAX_DEFAULT,
+            key_bytes_max: KEY_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+/// `[log]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogSection {
+    /// `format`: `"text"` (default) or `"json"`.
+    pub format: LogFormat,
+    /// `level`: `"error"`, `"warn"`, `"info"` (default), `"debug"` or `"trace"`.
+    pub level: LogLevel,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LogFormat {
+    /// The configuration name.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+/// The most verbose level logged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// And warnings.
+    Warn,
+    /// And information.
+    #[default]
+    Info,
+    /// And debugging detail.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+impl LogLevel {
+    const ALL: [LogLevel; 5] =
+        [LogLevel::Error, LogLevel::Warn, LogLevel::Info, LogLevel::Debug, LogLevel::Trace];
+
+    /// The configuration name (also what `tracing` level filters accept).
+    pub fn name(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// One validated `[[policies]]` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyConfig {
+    /// `name`: what `"policy"` in API requests and metrics labels refer to. Letters, digits,
+    /// `_`, `-` and `.` only: names appear in metric labels and in `RateLimit-Policy` headers, and
+    /// cannot collide with inline limits' namespaces (`inline:…`).
+    pub name: String,
+    /// `domain` + `descriptors`: the Envoy descriptor path this policy answers, if any.
+    pub envoy: Option<EnvoyPattern>,
+    /// The limit, or `unlimited = true`.
+    pub rule: Rule,
+    /// `shadow_mode`: decisions are counted and reported in metrics, but every request is allowed.
+    pub shadow_mode: bool,
+}
+
+/// What a policy enforces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// A limit, with its cluster mode and fallback (`algorithm`, `limit`, `period_ms`, `burst`,
+    /// `delay`, `mode`, `fallback`). Shared: every check names it by reference.
+    Limited(Arc<Policy>),
+    /// `unlimited = true`: matching requests are always allowed and not counted (Envoy-style
+    /// allow-listing of a descriptor).
+    Unlimited,
+}
+
+impl Rule {
+    /// The policy, unless unlimited.
+    pub fn policy(&self) -> Option<&Arc<Policy>> {
+        match self {
+            Rule::Limited(policy) => Some(policy),
+            Rule::Unlimited => None,
+        }
+    }
+}
+
+/// The Envoy request descriptors a policy applies to, like an envoyproxy/ratelimit config path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvoyPattern {
+    /// `domain`: the RLS request's domain.
+    pub domain: String,
+    /// `descriptors`: one pattern per descriptor entry; a request's entries must match them one by
+    /// one, with the same count.
+    pub descriptors: Vec<DescriptorPattern>,
+}
+
+/// One descriptor entry of a policy: `{ key = "...", value = "..." }`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DescriptorPattern {
+    /// The entry's key, matched exactly.
+    pub key: String,
+    /// Which values match.
+    pub value: ValuePattern,
+}
+
+/// Which values of a descriptor entry a pattern matches. Whatever matches, each distinct value is
+/// its own bucket (the bucket key is made of the request's values).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ValuePattern {
+    /// `value` absent: any value.
+    Any,
+    /// `value = "v"`: exactly `v`.
+    Exact(String),
+    /// `value = "v*"`: any value starting with `v` (`"*"` alone: any value, but tried before a
+    /// pattern without value, as in envoyproxy/ratelimit).
+    Prefix(String),
+}
+
+impl Config {
+    /// Parses and validates `text`, with no environment overrides. `origin` names the text in
+    /// errors (usually the file's path).
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        Config::parse_with_env(text, origin, std::iter::empty::<(&str, &str)>())
+    }
+
+    /// Parses `text`, applies the `RATEMESH_` variables among `vars` (pass `std::env::vars_os()`),
+    /// and validates the result.
+    pub fn parse_with_env<I, K, V>(text: &str, origin: &str, vars: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<std::ffi::OsStr>,
+        V: AsRef<std::ffi::OsStr>,
+    {
+        if text.len() > CONFIG_FILE_BYTES_MAX {
+            return Err(ConfigError::TooLarge {
+                origin: origin.to_owned(),
+                max_bytes: CONFIG_FILE_BYTES_MAX,
+            });
+        }
+        let ctx = Ctx { text, origin };
+        let mut raw: RawConfig = toml::from_str(text).map_err(|error| ctx.toml_error(error))?;
+        env::apply(&mut raw, vars)?;
+        ctx.validate(&raw)
+    }
+
+    /// Reads (at most [`CONFIG_FILE_BYTES_MAX`] bytes), parses and validates the file at `path`,
+    /// with no environment overrides.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_with_env(path, std::iter::empty::<(&str, &str)>())
+    }
+
+    /// [`Config::load`], then the `RATEMESH_` variables among `vars`.
+    pub fn load_with_env<I, K, V>(path: &Path, vars: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<std::ffi::OsStr>,
+        V: AsRef<std::ffi::OsStr>,
+    {
+        let text = read_bounded(path)?;
+        Config::parse_with_env(&text, &path.display().to_string(), vars)
+    }
+
+    /// The core node's configuration: the defaults, with this file's sync interval and key bound.
+    pub fn node_config(&self) -> NodeConfig {
+        let defaults = NodeConfig::default();
+        NodeConfig {
+            sync_interval: self.cluster.sync_interval,
+            store: StoreConfig { keys_max: self.limits.keys_max, ..defaults.store },
+            ..defaults
+        }
+    }
+}
+
+fn read_bounded(path: &Path) -> Result<String, ConfigError> {
+    let read_error = |source| ConfigError::Read { path: path.to_owned(), source };
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    let mut bytes = Vec::new();
+    // One byte more than the bound, to tell "exactly at the bound" from "over it".
+    file.take(CONFIG_FILE_BYTES_MAX as u64 + 1).read_to_end(&mut bytes).map_err(read_error)?;
+    if bytes.len() > CONFIG_FILE_BYTES_MAX {
+        return Err(ConfigError::TooLarge {
+            origin: path.display().to_string(),
+            max_bytes: CONFIG_FILE_BYTES_MAX,
+        });
+    }
+    String::from_utf8(bytes)
+        .map_err(|error| read_error(std::io::Error::new(std::io::ErrorKind::InvalidData, error.utf8_error())))
+}
+
+/// The mode called `name` in the file and the HTTP API.
+pub(crate) fn mode_from_name(name: &str) -> Option<Mode> {
+    match name {
+        "exact" => Some(Mode::Exact),
+        "approximate" => Some(Mode::Approximate),
+        _ => None,
+    }
+}
+
+/// The configuration name of `mode` (inverse of [`mode_from_name`]).
+pub(crate) fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Exact => "exact",
+        Mode::Approximate => "approximate",
+    }
+}
+
+/// The configuration name of `fallback` (inverse of [`fallback_from_name`]).
+pub(crate) fn fallback_name(fallback: Fallback) -> &'static str {
+    match fallback {
+        Fallback::LocalShare => "local_share",
+        Fallback::FailOpen => "fail_open",
+        Fallback::FailClosed => "fail_closed",
+    }
+}
+
+/// The fallback called `name` in the file and the HTTP API.
+pub(crate) fn fallback_from_name(name: &str) -> Option<Fallback> {
+    match name {
+        "local_share" => Some(Fallback::LocalShare),
+        "fail_open" => Some(Fallback::FailOpen),
+        "fail_closed" => Some(Fallback::FailClosed),
+        _ => None,
+    }
+}
+
+/// Every algorithm name, for error messages.
+pub(crate) fn algorithm_names() -> String {
+    Algorithm::ALL.map(Algorithm::name).join(", ")
+}
+
+/// The user-facing field a [`LimitError`] is about (`limit`, `period_ms`, `burst` or `delay`), so
+/// that the error can name it; the checks themselves stay in `Limit::new`.
+pub(crate) fn limit_error_field(error: &LimitError) -> &'static str {
+    match error {
+        LimitError::ZeroLimit | LimitError::RateTooHigh { .. } => "limit",
+        LimitError::ZeroPeriod => "period_ms",
+        LimitError::ZeroBurst(_) => "burst",
+        LimitError::DelayAboveBurst { .. } => "delay",
+        LimitError::NotApplicable { parameter, .. } | LimitError::TooLarge { parameter, .. } => {
+            match *parameter {
+                "period" => "period_ms",
+                "burst" => "burst",
+                "delay" => "delay",
+                _ => "limit",
+            }
+        }
+    }
+}
+
+/// Whether `name` is a valid policy name or cluster id: 1 to [`NAME_BYTES_MAX`] bytes of ASCII
+/// letters, digits, `_`, `-` and `.`.
+pub(crate) fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= NAME_BYTES_MAX
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// The text being validated, for locating errors.
+struct Ctx<'a> {
+    text: &'a str,
+    origin: &'a str,
+}
+
+impl Ctx<'_> {
+    /// The line and column (1-based, in characters) of byte `offset`.
+    fn position(&self, offset: usize) -> (usize, usize) {
+        let mut offset = offset.min(self.text.len());
+        while !self.text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        let before = &self.text[..offset];
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let line = before.matches('\n').count() + 1;
+        let column = before[line_start..].chars().count() + 1;
+        (line, column)
+    }
+
+    fn location(&self, at: &At) -> Location {
+        match at {
+            At::File(span) => {
+                let (line, column) = self.position(span.start);
+                Location::File { origin: self.origin.to_owned(), line, column }
+            }
+            At::Env(variable) => Location::Env { variable: variable.clone() },
+        }
+    }
+
+    fn invalid(&self, field: impl Into<String>, at: &At, message: impl fmt::Display) -> ConfigError {
+        ConfigError::Invalid {
+            location: self.location(at),
+            field: field.into(),
+            message: message.to_string(),
+        }
+    }
+
+    /// An error where no value was given: the whole configuration.
+    fn invalid_whole(&self, field: impl Into<String>, message: impl fmt::Display) -> ConfigError {
+        ConfigError::Invalid {
+            location: Location::Whole { origin: self.origin.to_owned() },
+            field: field.into(),
+            message: message.to_string(),
+        }
+    }
+
+    /// A TOML syntax or type error. The toml crate keeps the key path private but prints it when
+    /// the error has no input attached ("in `a.b`"), so it is read back from there.
+    fn toml_error(&self, mut error: toml::de::Error) -> ConfigError {
+        let location = match error.span() {
+            Some(span) => self.location(&At::File(span)),
+            None => Location::Whole { origin: self.origin.to_owned() },
+        };
+        let message = error.message().trim_end().to_owned();
+        error.set_input(None);
+        let rendered = error.to_string();
+        let keys =
+            rendered.lines().filter_map(|line| line.strip_prefix("in `")?.strip_suffix('`')).next_back();
+        // An unknown field is reported at its key, with the enclosing table as the path.
+        let unknown = message.strip_prefix("unknown field `").and_then(|rest| rest.split('`').next());
+        let field = match (keys, unknown) {
+            (Some(keys), Some(name)) => format!("{keys}.{name}"),
+            (None, Some(name)) => name.to_owned(),
+            (Some(keys), None) => keys.to_owned(),
+            (None, None) => return ConfigError::Syntax { location, message },
+        };
+        // The TOML is well-formed (only a type was wrong), so the lenient reading succeeds.
+        let field = match (error.span(), toml::from_str::<PolicyStarts>(self.text)) {
+            (Some(span), Ok(starts)) => starts.index_path(&field, span.start),
+            _ => field,
+        };
+        ConfigError::Invalid { location, field, message }
+    }
+
+    fn validate(&self, raw: &RawConfig) -> Result<Config, ConfigError> {
+        let node = NodeSection {
+            id: raw.node.id.as_ref().map_or(NodeSection::default().id, |v| NodeId(v.value)),
+            incarnation: raw.node.incarnation.as_ref().map(|v| v.value),
+        };
+        let listen = self.listen(raw)?;
+        let cluster = self.cluster(raw, &listen)?;
+        let limits = self.bounds(raw)?;
+        let log = self.log(raw)?;
+        let policies = self.policies(&raw.policies)?;
+        Ok(Config { node, cluster, listen, limits, log, policies })
+    }
+
+    fn cluster(&self, raw: &RawConfig, listen: &ListenSection) -> Result<ClusterSection, ConfigError> {
+        let c = &raw.cluster;
+        let cluster_id = match &c.cluster_id {
+            Some(v) if !is_plain_name(&v.value) => {
+                return Err(self.invalid(
+                    "cluster.cluster_id",
+                    &v.at,
+                    format!("{:?}: use 1 to {NAME_BYTES_MAX} letters, digits, '_', '-' or '.'", v.value),
+                ));
+            }
+            Some(v) => v.value.clone(),
+            None => CLUSTER_ID_DEFAULT.to_owned(),
+        };
+        let seeds = c.seeds.as_deref().unwrap_or_default();
+        if seeds.len() > SEEDS_MAX {
+            let at = &seeds[SEEDS_MAX].at;
+            return Err(self.invalid("cluster.seeds", at, format!("more than {SEEDS_MAX} seeds")));
+        }
+        let seeds = seeds
+            .iter()
+            .enumerate()
+            .map(|(i, seed)| self.peer_address(&format!("cluster.seeds[{i}]"), seed))
+            .collect::<Result<Vec<_>, _>>()?;
+        let auth = self.auth(raw, listen)?;
+        let gossip_ms = self.number(
+            "cluster.gossip_interval_ms",
+            &c.gossip_interval_ms,
+            GOSSIP_INTERVAL_MS_DEFAULT,
+            1,
+            INTERVAL_MS_MAX,
+        )?;
+        let sync_ms = self.number(
+            "cluster.sync_interval_ms",
+            &c.sync_interval_ms,
+            SYNC_INTERVAL_MS_DEFAULT,
+            1,
+            INTERVAL_MS_MAX,
+        )?;
+        // A member forgotten before the failure detector could have declared it dead would come
+        // back as a new member on every gossip round.
+        let forget_ms = self.number(
+            "cluster.dead_member_forget_ms",
+            &c.dead_member_forget_ms,
+            DEAD_MEMBER_FORGET_MS_DEFAULT,
+            gossip_ms,
+            DEAD_MEMBER_FORGET_MS_MAX,
+        )?;
+        Ok(ClusterSection {
+            cluster_id,
+            seeds,
+            auth,
+            gossip_interval: Duration::from_millis(gossip_ms),
+            sync_interval: Duration::from_millis(sync_ms),
+            dead_member_forget: Duration::from_millis(forget_ms),
+        })
+    }
+
+    fn auth(&self, raw: &RawConfig, listen: &ListenSection) -> Result<ClusterAuth, ConfigError> {
+        let c = &raw.cluster;
+        let paths =
+            [("ca_cert_path", &c.ca_cert_path), ("cert_path", &c.cert_path), ("key_path", &c.key_path)];
+        let given: Vec<_> = paths.iter().filter_map(|(name, v)| v.as_ref().map(|v| (*name, v))).collect();
+        if let Some(secret) = &c.secret {
+            if let Some((name, _)) = given.first() {
+                return Err(self.invalid(
+                    "cluster.secret",
+                    &secret.at,
+                    format!("conflicts with cluster.{name}: use a shared secret or certificates, not both"),
+                ));
+            }
+            if let Err(error) = ClusterSecret::new(secret.value.as_str()) {
+                return Err(self.invalid("cluster.secret", &secret.at, error));
+            }
+        }
+        if !given.is_empty() {
+            for (name, value) in &paths {
+                match value {
+                    None => {
+                        let (other, v) = given[0];
+                        let message = format!(
+                            "missing: cluster.{other} is set, and certificates need ca_cert_path, cert_path \
+                             and key_path"
+                        );
+                        return Err(self.invalid(format!("cluster.{name}"), &v.at, message));
+                    }
+                    Some(v) if v.value.is_empty() => {
+                        return Err(self.invalid(format!("cluster.{name}"), &v.at, "must not be empty"));
+                    }
+                    Some(_) => {}
+                }
+            }
+            let path = |v: &Option<Val<String>>| PathBuf::from(v.as_ref().map_or("", |v| v.value.as_str()));
+            return Ok(ClusterAuth::Certs {
+                ca_cert_path: path(&c.ca_cert_path),
+                cert_path: path(&c.cert_path),
+                key_path: path(&c.key_path),
+            });
+        }
+        let secret = c.secret.as_ref().map_or(DEV_CLUSTER_SECRET, |v| v.value.as_str());
+        if secret == DEV_CLUSTER_SECRET {
+            // The development secret is public: a node reachable from other hosts with it would
+            // admit anyone into its cluster.
+            let exposed =
+                [("gossip", listen.gossip, &raw.listen.gossip), ("quic", listen.quic, &raw.listen.quic)]
+                    .into_iter()
+                    .find(|(_, addr, _)| !addr.ip().is_loopback());
+            if let Some((name, addr, at)) = exposed {
+                let message = format!(
+                    "the built-in development secret is public and only allowed on loopback, but \
+                     listen.{name} is {addr}: set cluster.secret (at least {CLUSTER_SECRET_LEN_MIN} \
+                     bytes) or certificate paths"
+                );
+                return Err(match (&c.secret, at) {
+                    (Some(v), _) | (None, Some(v)) => self.invalid("cluster.secret", &v.at, message),
+                    (None, None) => self.invalid_whole("cluster.secret", message),
+                });
+            }
+        }
+        Ok(ClusterAuth::Secret(SecretString::new(secret)))
+    }
+
+    fn listen(&self, raw: &RawConfig) -> Result<ListenSection, ConfigError> {
+        let l = &raw.listen;
+        let http = self.address("listen.http", l.http.as_ref())?.unwrap_or(HTTP_LISTEN_DEFAULT);
+        let grpc = self.address("listen.grpc", l.grpc.as_ref())?.unwrap_or(GRPC_LISTEN_DEFAULT);
+        let gossip = self.address("listen.gossip", l.gossip.as_ref())?.unwrap_or(GOSSIP_LISTEN_DEFAULT);
+        let quic = self.address("listen.quic", l.quic.as_ref())?.unwrap_or(QUIC_LISTEN_DEFAULT);
+        let advertise_gossip = l
+            .advertise_gossip
+            .as_ref()
+            .map(|v| self.peer_address("listen.advertise_gossip", v))
+            .transpose()?;
+        let advertise_quic =
+            l.advertise_quic.as_ref().map(|v| self.peer_address("listen.advertise_quic", v)).transpose()?;
+        // Two sockets of one protocol on one address fail at bind; say so now, with the line.
+        // Port 0 asks the OS for a free port, so it never clashes.
+        for ((a, addr_a, va), (b, addr_b, vb)) in [
+            (("http", http, &l.http), ("grpc", grpc, &l.grpc)),
+            (("gossip", gossip, &l.gossip), ("quic", quic, &l.quic)),
+        ] {
+            if addr_a == addr_b && addr_a.port() != 0 {
+                let message = format!("listen.{a} and listen.{b} are both {addr_a}");
+                return Err(match (va, vb) {
+                    (_, Some(v)) => self.invalid(format!("listen.{b}"), &v.at, message),
+                    (Some(v), None) => self.invalid(format!("listen.{a}"), &v.at, message),
+                    (None, None) => self.invalid_whole(format!("listen.{b}"), message),
+                });
+            }
+        }
+        // Peers cannot reach "any address": a node must announce a concrete one.
+        for (name, addr, advertised, v) in
+            [("gossip", gossip, advertise_gossip, &l.gossip), ("quic", quic, advertise_quic, &l.quic)]
+        {
+            if advertised.is_none() && addr.ip().is_unspecified() {
+                let message = format!(
+                    "listens on {addr}, which peers cannot reach: set listen.advertise_{name} to the \
+                     address peers should use"
+                );
+                return Err(match v {
+                    Some(v) => self.invalid(format!("listen.{name}"), &v.at, message),
+                    None => self.invalid_whole(format!("listen.{name}"), message),
+                });
+            }
+        }
+        Ok(ListenSection { http, grpc, gossip, quic, advertise_gossip, advertise_quic })
+    }
+
+    /// A listen address (`ip:port`; port 0 lets the OS choose), if given.
+    fn address(&self, field: &str, v: Option<&Val<String>>) -> Result<Option<SocketAddr>, ConfigError> {
+        v.map(|v| {
+            v.value.trim().parse().map_err(|_| {
+                self.invalid(field, &v.at, format!("{:?} is not an address of the form ip:port", v.value))
+            })
+        })
+        .transpose()
+    }
+
+    /// An address peers connect to: a concrete IP and a port.
+    fn peer_address(&self, field: &str, v: &Val<String>) -> Result<SocketAddr, ConfigError> {
+        match self.address(field, Some(v))? {
+            Some(addr) if !addr.ip().is_unspecified() && addr.port() != 0 => Ok(addr),
+            addr => {
+                let shown = addr.map_or_else(|| v.value.clone(), |addr| addr.to_string());
+                Err(self.invalid(field, &v.at, format!("{shown} cannot be connected to")))
+            }
+        }
+    }
+
+    /// A number in `min..=max`, or `default` when absent.
+    fn number(
+        &self,
+        field: &str,
+        v: &Option<Val<u64>>,
+        default: u64,
+        min: u64,
+        max: u64,
+    ) -> Result<u64, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(v) if v.value < min || v.value > max => {
+                Err(self.invalid(field, &v.at, format!("{} is out of range {min}..={max}", v.value)))
+            }
+            Some(v) => Ok(v.value),
+        }
+    }
+
+    /// [`Self::number`] as a `usize`.
+    fn size(
+        &self,
+        field: &str,
+        v: &Option<Val<u64>>,
+        default: usize,
+        max: u64,
+    ) -> Result<usize, ConfigError> {
+        let value = self.number(field, v, default as u64, 1, max)?;
+        // Bounds are far below usize::MAX on 64-bit targets; on smaller ones a huge value is
+        // refused like any out-of-range value.
+        usize::try_from(value).map_err(|_| match v {
+            Some(v) => self.invalid(field, &v.at, format!("{value} is too large for this platform")),
+            None => self.invalid_whole(field, "default too large for this platform"),
+        })
+    }
+
+    fn bounds(&self, raw: &RawConfig) -> Result<Bounds, ConfigError> {
+        let l = &raw.limits;
+        let defaults = Bounds::default();
+        let http_body_bytes_max = self.size(
+            "limits.http_body_bytes_max",
+            &l.http_body_bytes_max,
+            defaults.http_body_bytes_max,
+            HTTP_BODY_BYTES_MAX_MAX,
+        )?;
+        Ok(Bounds {
+            keys_max: self.size("limits.keys_max", &l.keys_max, defaults.keys_max, KEYS_MAX_MAX)?,
+            http_in_flight_max: self.size(
+                "limits.http_in_flight_max",
+                &l.http_in_flight_max,
+                defaults.http_in_flight_max,
+                HTTP_IN_FLIGHT_MAX_MAX,
+            )?,
+            batch_len_max: self.size(
+                "limits.batch_len_max",
+                &l.batch_len_max,
+                defaults.batch_len_max,
+                BATCH_LEN_MAX_MAX,
+            )?,
+            // A key must fit in a request body.
+            key_bytes_max: self.size(
+                "limits.key_bytes_max",
+                &l.key_bytes_max,
+                defaults.key_bytes_max.min(http_body_bytes_max),
+                http_body_bytes_max as u64,
+            )?,
+            http_body_bytes_max,
+        })
+    }
+
+    fn log(&self, raw: &RawConfig) -> Result<LogSection, ConfigError> {
+        let format = match &raw.log.format {
+            None => LogFormat::default(),
+            Some(v) => match v.value.as_str() {
+                "text" => LogFormat::Text,
+                "json" => LogFormat::Json,
+                other => {
+                    return Err(self.invalid(
+                        "log.format",
+                        &v.at,
+                        format!("unknown format {other:?}: use text or json"),
+                    ));
+                }
+            },
+        };
+        let level = match &raw.log.level {
+            None => LogLevel::default(),
+            Some(v) => LogLevel::ALL.into_iter().find(|level| level.name() == v.value).ok_or_else(|| {
+                self.invalid(
+                    "log.level",
+                    &v.at,
+                    format!("unknown level {:?}: use error, warn, info, debug or trace", v.value),
+                )
+            })?,
+        };
+        Ok(LogSection { format, level })
+    }
+
+    fn policies(&self, raw: &[Spanned<RawPolicy>]) -> Result<Vec<PolicyConfig>, ConfigError> {
+        if raw.len() > POLICIES_MAX {
+            let at = At::File(raw[POLICIES_MAX].span());
+            return Err(self.invalid("policies", &at, format!("more than {POLICIES_MAX} policies")));
+        }
+        let mut policies: Vec<PolicyConfig> = Vec::with_capacity(raw.len());
+        for (i, spanned) in raw.iter().enumerate() {
+            let policy = self.policy(i, spanned)?;
+            if let Some(first) = policies.iter().find(|p| p.name == policy.name) {
+                let at = spanned.get_ref().name.as_ref().map_or(At::File(spanned.span()), |v| v.at.clone());
+                return Err(self.invalid(
+                    format!("policies[{i}].name"),
+                    &at,
+                    format!("duplicate policy name {:?} (names must be unique)", first.name),
+                ));
+            }
+            if let Some(envoy) = &policy.envoy
+                && let Some(first) = policies.iter().find(|p| p.envoy.as_ref() == Some(envoy))
+            {
+                let descriptors = spanned.get_ref().descriptors.as_ref();
+                let at = descriptors.map_or(At::File(spanned.span()), |v| v.at.clone());
+                return Err(self.invalid(
+                    format!("policies[{i}].descriptors"),
+                    &at,
+                    format!(
+                        "policy {:?} has the same domain {:?} and descriptors (each path must be unique)",
+                        first.name, envoy.domain
+                    ),
+                ));
+            }
+            policies.push(policy);
+        }
+        Ok(policies)
+    }
+
+    fn policy(&self, i: usize, spanned: &Spanned<RawPolicy>) -> Result<PolicyConfig, ConfigError> {
+        let p = spanned.get_ref();
+        let table = At::File(spanned.span());
+        let field = |name: &str| format!("policies[{i}].{name}");
+        let name = match &p.name {
+            None => return Err(self.invalid(field("name"), &table, "missing")),
+            Some(v) if !is_plain_name(&v.value) => {
+                return Err(self.invalid(
+                    field("name"),
+                    &v.at,
+                    format!("{:?}: use 1 to {NAME_BYTES_MAX} letters, digits, '_', '-' or '.'", v.value),
+                ));
+            }
+            Some(v) => v.value.clone(),
+        };
+        let envoy = self.envoy_pattern(i, p)?;
+        let unlimited = p.unlimited.as_ref().is_some_and(|v| v.value);
+        let rule = if unlimited {
+            if envoy.is_none() {
+                let at = p.unlimited.as_ref().map_or(&table, |v| &v.at);
+                return Err(self.invalid(
+                    field("unlimited"),
+                    at,
+                    "applies to Envoy descriptors only: set domain and descriptors",
+                ));
+            }
+            let limit_fields = [
+                ("algorithm", p.algorithm.as_ref().map(|v| &v.at)),
+                ("limit", p.limit.as_ref().map(|v| &v.at)),
+                ("period_ms", p.period_ms.as_ref().map(|v| &v.at)),
+                ("burst", p.burst.as_ref().map(|v| &v.at)),
+                ("delay", p.delay.as_ref().map(|v| &v.at)),
+                ("mode", p.mode.as_ref().map(|v| &v.at)),
+                ("fallback", p.fallback.as_ref().map(|v| &v.at)),
+            ];
+            if let Some((name, Some(at))) = limit_fields.into_iter().find(|(_, at)| at.is_some()) {
+                return Err(self.invalid(field(name), at, "does not apply to an unlimited policy"));
+            }
+            Rule::Unlimited
+        } else {
+            Rule::Limited(Arc::new(self.limited(i, p, &table)?))
+        };
+        let shadow_mode = p.shadow_mode.as_ref().is_some_and(|v| v.value);
+        Ok(PolicyConfig { name, envoy, rule, shadow_mode })
+    }
+
+    fn limited(&self, i: usize, p: &RawPolicy, table: &At) -> Result<Policy, ConfigError> {
+        let field = |name: &str| format!("policies[{i}].{name}");
+        let missing =
+            |name: &str| self.invalid(field(name), table, "missing (required unless unlimited = true)");
+        let algorithm_v = p.algorithm.as_ref().ok_or_else(|| missing("algorithm"))?;
+        let algorithm = Algorithm::from_name(&algorithm_v.value).ok_or_else(|| {
+            self.invalid(
+                field("algorithm"),
+                &algorithm_v.at,
+                format!("unknown algorithm {:?}: use one of {}", algorithm_v.value, algorithm_names()),
+            )
+        })?;
+        let limit = p.limit.as_ref().ok_or_else(|| missing("limit"))?;
+        let period_ms = p.period_ms.as_ref().ok_or_else(|| missing("period_ms"))?;
+        let spec = LimitSpec {
+            algorithm,
+            limit: limit.value,
+            period: Duration::from_millis(period_ms.value),
+            burst: p.burst.as_ref().map(|v| v.value),
+            delay: p.delay.as_ref().map(|v| v.value),
+        };
+        let limit = Limit::new(spec).map_err(|error| {
+            let name = limit_error_field(&error);
+            let v = match name {
+                "period_ms" => Some(period_ms),
+                "burst" => p.burst.as_ref(),
+                "delay" => p.delay.as_ref(),
+                _ => Some(limit),
+            };
+            self.invalid(field(name), v.map_or(table, |v| &v.at), error)
+        })?;
+        let mode = match &p.mode {
+            None => Mode::Approximate,
+            Some(v) => mode_from_name(&v.value).ok_or_else(|| {
+                self.invalid(
+                    field("mode"),
+                    &v.at,
+                    format!("unknown mode {:?}: use exact or approximate", v.value),
+                )
+            })?,
+        };
+        let fallback = match &p.fallback {
+            None => Fallback::LocalShare,
+            Some(v) => fallback_from_name(&v.value).ok_or_else(|| {
+                self.invalid(
+                    field("fallback"),
+                    &v.at,
+                    format!("unknown fallback {:?}: use local_share, fail_open or fail_closed", v.value),
+                )
+            })?,
+        };
+        Ok(Policy { limit, mode, fallback })
+    }
+
+    fn envoy_pattern(&self, i: usize, p: &RawPolicy) -> Result<Option<EnvoyPattern>, ConfigError> {
+        let field = |name: &str| format!("policies[{i}].{name}");
+        let (domain, descriptors) = match (&p.domain, &p.descriptors) {
+            (None, None) => return Ok(None),
+            (None, Some(v)) => {
+                return Err(self.invalid(field("domain"), &v.at, "missing: descriptors need a domain"));
+            }
+            (Some(v), None) => {
+                return Err(self.invalid(field("descriptors"), &v.at, "missing: a domain needs descriptors"));
+            }
+            (Some(domain), Some(descriptors)) => (domain, descriptors),
+        };
+        if domain.value.is_empty() || domain.value.len() > NAME_BYTES_MAX {
+            return Err(self.invalid(
+                field("domain"),
+                &domain.at,
+                format!("must be 1 to {NAME_BYTES_MAX} bytes"),
+            ));
+        }
+        let entries = &descriptors.value;
+        if entries.is_empty() || entries.len() > DESCRIPTOR_DEPTH_MAX {
+            return Err(self.invalid(
+                field("descriptors"),
+                &descriptors.at,
+                format!("must hold 1 to {DESCRIPTOR_DEPTH_MAX} entries"),
+            ));
+        }
+        let descriptors = entries
+            .iter()
+            .enumerate()
+            .map(|(j, entry)| self.descriptor(&field(&format!("descriptors[{j}]")), entry))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Some(EnvoyPattern { domain: domain.value.clone(), descriptors }))
+    }
+
+    fn descriptor(
+        &self,
+        field: &str,
+        entry: &Spanned<RawDescriptor>,
+    ) -> Result<DescriptorPattern, ConfigError> {
+        let e = entry.get_ref();
+        let key = match &e.key {
+            None => return Err(self.invalid(format!("{field}.key"), &At::File(entry.span()), "missing")),
+            Some(v) if v.value.is_empty() || v.value.len() > NAME_BYTES_MAX => {
+                return Err(self.invalid(
+                    format!("{field}.key"),
+                    &v.at,
+                    format!("must be 1 to {NAME_BYTES_MAX} bytes"),
+                ));
+            }
+            Some(v) => v.value.clone(),
+        };
+        let value = match &e.value {
+            None => ValuePattern::Any,
+            // An empty value would match nothing in Envoy's format (it means "no value"): say so
+            // rather than silently treat it as a wildcard.
+            Some(v) if v.value.is_empty() || v.value.len() > NAME_BYTES_MAX => {
+                return Err(self.invalid(
+                    format!("{field}.value"),
+                    &v.at,
+                    format!("must be 1 to {NAME_BYTES_MAX} bytes; leave value out to match any value"),
+                ));
+            }
+            Some(v) => match v.value.strip_suffix('*') {
+                Some(prefix) => ValuePattern::Prefix(prefix.to_owned()),
+                None => ValuePattern::Exact(v.value.clone()),
+            },
+        };
+        Ok(DescriptorPattern { key, value })
+    }
+}

@@ -1,0 +1,493 @@
+use super::*;
+
+const ORIGIN: &str = "test.toml";
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, ORIGIN)
+}
+
+fn parse_env(text: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    Config::parse_with_env(text, ORIGIN, vars.iter().copied())
+}
+
+/// Asserts that `text` is refused with an error naming `field` at `line`, and returns the message.
+#[track_caller]
+fn refused(text: &str, field: &str, line: usize) -> String {
+    let error = parse(text).expect_err("must be refused");
+    let rendered = error.to_string();
+    assert_eq!(error.field(), Some(field), "{rendered}");
+    assert_eq!(error.line(), Some(line), "{rendered}");
+    assert!(rendered.starts_with(&format!("{ORIGIN}:{line}:")), "{rendered}");
+    assert!(rendered.contains(field), "{rendered}");
+    rendered
+}
+
+/// A valid policy table, to which a test appends one bad line.
+const POLICY: &str =
+    "[[policies]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod_ms = 1000\n";
+
+#[test]
+fn empty_file_is_the_default_single_node_config() {
+    let config = parse("").expect("empty file is valid");
+    assert_eq!(config, Config::default());
+    assert_eq!(config.node.id, NodeId(1));
+    assert_eq!(config.node.incarnation, None);
+    assert_eq!(config.listen.http, "127.0.0.1:8080".parse().expect("address"));
+    assert_eq!(config.listen.grpc, "127.0.0.1:8081".parse().expect("address"));
+    assert_eq!(config.listen.gossip, "127.0.0.1:7946".parse().expect("address"));
+    assert_eq!(config.listen.quic, "127.0.0.1:7947".parse().expect("address"));
+    assert_eq!(config.listen.gossip_advertised(), config.listen.gossip);
+    assert!(config.cluster.seeds.is_empty());
+    assert!(config.cluster.auth.is_dev_secret());
+    assert!(DEV_CLUSTER_SECRET.len() >= CLUSTER_SECRET_LEN_MIN);
+    assert_eq!(config.log.format, LogFormat::Text);
+    assert_eq!(config.log.level, LogLevel::Info);
+    assert_eq!(config.limits.http_body_bytes_max, 64 * 1024);
+    assert_eq!(config.limits.key_bytes_max, 4096);
+    assert!(config.policies.is_empty());
+    // Empty sections are the same as absent ones.
+    assert_eq!(parse("[node]\n[cluster]\n[listen]\n[limits]\n[log]\n").expect("valid"), config);
+}
+
+#[test]
+fn the_secret_never_shows_in_debug_output() {
+    let config = parse("[cluster]\nsecret = \"0123456789abcdef-very-secret\"").expect("valid");
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("very-secret"), "{debug}");
+    assert!(!format!("{:?}", Config::default()).contains(DEV_CLUSTER_SECRET));
+}
+
+#[test]
+fn a_full_file_is_read_into_typed_values() {
+    let text = r#"
+[node]
+id = 7
+incarnation = 3
+
+[cluster]
+cluster_id = "prod-eu"
+seeds = ["10.0.0.1:7946", "[::1]:7000"]
+secret = "0123456789abcdef"
+gossip_interval_ms = 100
+sync_interval_ms = 20
+dead_member_forget_ms = 5000
+
+[listen]
+http = "0.0.0.0:9000"
+grpc = "0.0.0.0:9001"
+gossip = "0.0.0.0:9002"
+quic = "0.0.0.0:9003"
+advertise_gossip = "10.0.0.7:9002"
+advertise_quic = "10.0.0.7:9003"
+
+[limits]
+keys_max = 5000
+http_body_bytes_max = 1024
+http_in_flight_max = 10
+batch_len_max = 20
+key_bytes_max = 100
+
+[log]
+format = "json"
+level = "debug"
+
+[[policies]]
+name = "login"
+algorithm = "leaky_bucket"
+limit = 10
+period_ms = 1000
+burst = 20
+delay = 5
+mode = "exact"
+fallback = "fail_closed"
+shadow_mode = true
+
+[[policies]]
+name = "edge"
+domain = "edge"
+descriptors = [{ key = "remote_address" }, { key = "path", value = "/api/*" }, { key = "m", value = "GET" }]
+unlimited = true
+"#;
+    let config = parse(text).expect("valid");
+    assert_eq!(config.node, NodeSection { id: NodeId(7), incarnation: Some(3) });
+    assert_eq!(config.cluster.cluster_id, "prod-eu");
+    assert_eq!(config.cluster.seeds.len(), 2);
+    assert_eq!(config.cluster.auth, ClusterAuth::Secret(SecretString::new("0123456789abcdef")));
+    assert!(!config.cluster.auth.is_dev_secret());
+    assert!(matches!(config.cluster.auth.security(), Ok(ClusterSecurity::Secret(_))));
+    assert_eq!(config.cluster.gossip_interval, Duration::from_millis(100));
+    assert_eq!(config.cluster.sync_interval, Duration::from_millis(20));
+    assert_eq!(config.cluster.dead_member_forget, Duration::from_secs(5));
+    assert_eq!(config.listen.gossip_advertised(), "10.0.0.7:9002".parse().expect("address"));
+    assert_eq!(config.listen.quic_advertised(), "10.0.0.7:9003".parse().expect("address"));
+    assert_eq!(
+        config.limits,
+        Bounds {
+            keys_max: 5000,
+            http_body_bytes_max: 1024,
+            http_in_flight_max: 10,
+            batch_len_max: 20,
+            key_bytes_max: 100
+        }
+    );
+    assert_eq!(config.log, LogSection { format: LogFormat::Json, level: LogLevel::Debug });
+    let node_config = config.node_config();
+    assert_eq!(node_config.sync_interval, Duration::from_millis(20));
+    assert_eq!(node_config.store.keys_max, 5000);
+
+    let login = &config.policies[0];
+    assert_eq!(login.name, "login");
+    assert!(login.shadow_mode);
+    assert_eq!(login.envoy, None);
+    let policy = login.rule.policy().expect("limited");
+    let spec =
+        LimitSpec::new(Algorithm::LeakyBucketShaper, 10, Duration::from_secs(1)).with_burst(20).with_delay(5);
+    assert_eq!(policy.limit, Limit::new(spec).expect("valid"));
+    assert_eq!(policy.mode, Mode::Exact);
+    assert_eq!(policy.fallback, Fallback::FailClosed);
+
+    let edge = &config.policies[1];
+    assert_eq!(edge.rule, Rule::Unlimited);
+    let envoy = edge.envoy.as_ref().expect("envoy");
+    assert_eq!(envoy.domain, "edge");
+    assert_eq!(
+        envoy.descriptors,
+        vec![
+            DescriptorPattern { key: "remote_address".into(), value: ValuePattern::Any },
+            DescriptorPattern { key: "path".into(), value: ValuePattern::Prefix("/api/".into()) },
+            DescriptorPattern { key: "m".into(), value: ValuePattern::Exact("GET".into()) },
+        ]
+    );
+}
+
+#[test]
+fn policy_defaults_are_approximate_local_share_enforced() {
+    let config = parse(POLICY).expect("valid");
+    let policy = &config.policies[0];
+    assert!(!policy.shadow_mode);
+    let core = policy.rule.policy().expect("limited");
+    assert_eq!(core.mode, Mode::Approximate);
+    assert_eq!(core.fallback, Fallback::LocalShare);
+    assert_eq!(core.limit.capacity(), 100);
+}
+
+#[test]
+fn certificate_paths_replace_the_secret() {
+    let text = "[cluster]\nca_cert_path = \"/c/ca.pem\"\ncert_path = \"/c/n.pem\"\nkey_path = \"/c/n.key\"\n\
+                [listen]\ngossip = \"10.1.1.1:7946\"\nquic = \"10.1.1.1:7947\"\n";
+    let config = parse(text).expect("valid");
+    assert_eq!(
+        config.cluster.auth,
+        ClusterAuth::Certs {
+            ca_cert_path: "/c/ca.pem".into(),
+            cert_path: "/c/n.pem".into(),
+            key_path: "/c/n.key".into(),
+        }
+    );
+    assert!(matches!(config.cluster.auth.security(), Ok(ClusterSecurity::Provided(_))));
+}
+
+#[test]
+fn unknown_algorithm_names_field_and_line() {
+    let text = POLICY.replace("token_bucket", "leaky_token");
+    let message = refused(&text, "policies[0].algorithm", 3);
+    assert!(message.contains("token_bucket, gcra"), "{message}");
+}
+
+#[test]
+fn limit_errors_from_the_core_name_the_field_and_its_line() {
+    refused(&POLICY.replace("limit = 100", "limit = 0"), "policies[0].limit", 4);
+    refused(&POLICY.replace("period_ms = 1000", "period_ms = 0"), "policies[0].period_ms", 5);
+    let huge_period = POLICY.replace("period_ms = 1000", "period_ms = 18446744073709551615");
+    refused(&huge_period, "policies[0].period_ms", 5);
+    let concurrency = POLICY.replace("token_bucket", "concurrency") + "burst = 5\n";
+    let message = refused(&concurrency, "policies[0].burst", 6);
+    assert!(message.contains("burst does not apply to concurrency"), "{message}");
+    let delay = POLICY.to_owned() + "delay = 5\n";
+    refused(&delay, "policies[0].delay", 6);
+    let shaper = POLICY.replace("token_bucket", "leaky_bucket") + "burst = 2\ndelay = 5\n";
+    refused(&shaper, "policies[0].delay", 7);
+    refused(&POLICY.replace("limit = 100", "limit = 10000000000000"), "policies[0].limit", 4);
+}
+
+#[test]
+fn missing_and_malformed_policy_fields_are_named() {
+    refused(&POLICY.replace("name = \"api\"\n", ""), "policies[0].name", 1);
+    refused(&POLICY.replace("limit = 100\n", ""), "policies[0].limit", 1);
+    refused(&POLICY.replace("algorithm = \"token_bucket\"\n", ""), "policies[0].algorithm", 1);
+    refused(&POLICY.replace("\"api\"", "\"has space\""), "policies[0].name", 2);
+    refused(&POLICY.replace("\"api\"", "\"inline:x\""), "policies[0].name", 2);
+    refused(&(POLICY.to_owned() + "mode = \"strict\"\n"), "policies[0].mode", 6);
+    refused(&(POLICY.to_owned() + "fallback = \"maybe\"\n"), "policies[0].fallback", 6);
+}
+
+#[test]
+fn duplicate_policy_names_are_refused_at_the_second() {
+    let text = format!("{POLICY}\n{POLICY}");
+    let message = refused(&text, "policies[1].name", 8);
+    assert!(message.contains("duplicate"), "{message}");
+}
+
+#[test]
+fn envoy_paths_must_be_unique_per_domain_and_complete() {
+    let envoy = |name: &str, domain: &str, descriptors: &str| {
+        POLICY.replace("\"api\"", &format!("\"{name}\""))
+            + &format!("domain = \"{domain}\"\ndescriptors = {descriptors}\n")
+    };
+    let path = r#"[{ key = "a" }, { key = "b", value = "x*" }]"#;
+    let same = format!("{}{}", envoy("one", "d", path), envoy("two", "d", path));
+    let message = refused(&same, "policies[1].descriptors", 14);
+    assert!(message.contains("\"one\""), "{message}");
+    // The same path in another domain, or another value, is another policy.
+    let other_domain = format!("{}{}", envoy("one", "d", path), envoy("two", "e", path));
+    assert_eq!(parse(&other_domain).expect("valid").policies.len(), 2);
+    let other_value = format!(
+        "{}{}",
+        envoy("one", "d", path),
+        envoy("two", "d", r#"[{ key = "a" }, { key = "b", value = "x" }]"#)
+    );
+    assert_eq!(parse(&other_value).expect("valid").policies.len(), 2);
+
+    refused(&(POLICY.to_owned() + "descriptors = [{ key = \"a\" }]\n"), "policies[0].domain", 6);
+    refused(&(POLICY.to_owned() + "domain = \"d\"\n"), "policies[0].descriptors", 6);
+    refused(&envoy("x", "d", "[]"), "policies[0].descriptors", 7);
+    refused(&envoy("x", "", "[{ key = \"a\" }]"), "policies[0].domain", 6);
+    refused(&envoy("x", "d", "[{ key = \"\" }]"), "policies[0].descriptors[0].key", 7);
+    refused(&envoy("x", "d", "[{ value = \"v\" }]"), "policies[0].descriptors[0].key", 7);
+    refused(
+        &envoy("x", "d", "[{ key = \"a\" }, { key = \"b\", value = \"\" }]"),
+        "policies[0].descriptors[1].value",
+        7,
+    );
+    let deep = format!("[{}]", vec!["{ key = \"k\" }"; DESCRIPTOR_DEPTH_MAX + 1].join(", "));
+    refused(&envoy("x", "d", &deep), "policies[0].descriptors", 7);
+}
+
+#[test]
+fn unlimited_is_for_envoy_descriptors_without_a_limit() {
+    refused(&(POLICY.to_owned() + "unlimited = true\n"), "policies[0].unlimited", 6);
+    let text =
+        "[[policies]]\nname = \"u\"\ndomain = \"d\"\ndescriptors = [{ key = \"a\" }]\nunlimited = true\n";
+    assert_eq!(parse(text).expect("valid").policies[0].rule, Rule::Unlimited);
+    refused(&format!("{text}limit = 5\n"), "policies[0].limit", 6);
+    refused(&format!("{text}mode = \"exact\"\n"), "policies[0].mode", 6);
+}
+
+#[test]
+fn toml_type_errors_name_the_field_and_line() {
+    refused("[node]\nid = \"one\"\n", "node.id", 2);
+    refused("[node]\nid = -1\n", "node.id", 2);
+    refused("\n[limits]\nkeys_max = 1.5\n", "limits.keys_max", 3);
+    refused(&POLICY.replace("limit = 100", "limit = \"100\""), "policies[0].limit", 4);
+    let second = format!("{POLICY}\n{}", POLICY.replace("\"api\"", "\"b\"")) + "shadow_mode = \"yes\"\n";
+    refused(&second, "policies[1].shadow_mode", 12);
+    let inline = "policies = [{ name = \"a\" }, { name = \"b\", limit = -1 }]\n";
+    refused(inline, "policies[1].limit", 1);
+    refused("[cluster]\nseeds = \"10.0.0.1:7946\"\n", "cluster.seeds", 2);
+}
+
+#[test]
+fn unknown_fields_and_sections_are_refused() {
+    refused("[node]\nid = 1\nname = \"x\"\n", "node.name", 3);
+    refused("[nodes]\nid = 1\n", "nodes", 1);
+    refused(&(POLICY.to_owned() + "requests_per_unit = 5\n"), "policies[0].requests_per_unit", 6);
+    let descriptors = "domain = \"d\"\ndescriptors = [{ key = \"a\" }, { key = \"a\", val = \"b\" }]\n";
+    refused(&(POLICY.to_owned() + descriptors), "policies[0].descriptors[1].val", 7);
+    let second = format!("{POLICY}\n{}", POLICY.replace("\"api\"", "\"b\"")) + descriptors;
+    refused(&second, "policies[1].descriptors[1].val", 13);
+}
+
+#[test]
+fn syntax_errors_have_a_line() {
+    let error = parse("[node]\nid = = 1\n").expect_err("invalid TOML");
+    assert!(matches!(error, ConfigError::Syntax { .. }), "{error}");
+    assert_eq!(error.line(), Some(2), "{error}");
+}
+
+#[test]
+fn cluster_values_are_checked() {
+    let secret = refused("[cluster]\nsecret = \"short\"\n", "cluster.secret", 2);
+    assert!(secret.contains("at least 16"), "{secret}");
+    let both = "[cluster]\nsecret = \"0123456789abcdef\"\nca_cert_path = \"/ca.pem\"\n";
+    refused(both, "cluster.secret", 2);
+    refused("[cluster]\nca_cert_path = \"/ca.pem\"\ncert_path = \"/n.pem\"\n", "cluster.key_path", 2);
+    refused(
+        "[cluster]\nca_cert_path = \"\"\ncert_path = \"/n.pem\"\nkey_path = \"/n.key\"\n",
+        "cluster.ca_cert_path",
+        2,
+    );
+    refused("[cluster]\nseeds = [\"10.0.0.1:7946\", \"nowhere\"]\n", "cluster.seeds[1]", 2);
+    refused("[cluster]\nseeds = [\"10.0.0.1:0\"]\n", "cluster.seeds[0]", 2);
+    refused("[cluster]\nseeds = [\"0.0.0.0:7946\"]\n", "cluster.seeds[0]", 2);
+    refused("[cluster]\ncluster_id = \"\"\n", "cluster.cluster_id", 2);
+    refused("[cluster]\ngossip_interval_ms = 0\n", "cluster.gossip_interval_ms", 2);
+    refused("[cluster]\nsync_interval_ms = 600000\n", "cluster.sync_interval_ms", 2);
+    refused(
+        "[cluster]\ngossip_interval_ms = 500\ndead_member_forget_ms = 100\n",
+        "cluster.dead_member_forget_ms",
+        3,
+    );
+}
+
+#[test]
+fn the_dev_secret_is_refused_off_loopback() {
+    let exposed = "[listen]\ngossip = \"0.0.0.0:7946\"\nadvertise_gossip = \"10.0.0.1:7946\"\n";
+    let message = refused(exposed, "cluster.secret", 2);
+    assert!(message.contains("development secret"), "{message}");
+    let explicit = format!("[cluster]\nsecret = \"{DEV_CLUSTER_SECRET}\"\n{exposed}");
+    refused(&explicit, "cluster.secret", 2);
+    let with_secret = format!("[cluster]\nsecret = \"0123456789abcdef\"\n{exposed}");
+    assert!(parse(&with_secret).is_ok());
+    // HTTP and gRPC may listen anywhere with it: they are not how peers join.
+    assert!(parse("[listen]\nhttp = \"0.0.0.0:8080\"\ngrpc = \"0.0.0.0:8081\"\n").is_ok());
+}
+
+#[test]
+fn listen_addresses_are_checked() {
+    let message = refused("[listen]\n\nhttp = \"localhost:80\"\n", "listen.http", 3);
+    assert!(message.contains("ip:port"), "{message}");
+    refused("[listen]\ngrpc = \"127.0.0.1\"\n", "listen.grpc", 2);
+    refused("[listen]\ngrpc = \"127.0.0.1:8080\"\n", "listen.grpc", 2);
+    refused("[listen]\nhttp = \"127.0.0.1:8081\"\n", "listen.http", 2);
+    refused("[listen]\nquic = \"127.0.0.1:7946\"\n", "listen.quic", 2);
+    let unreachable = "[cluster]\nsecret = \"0123456789abcdef\"\n[listen]\ngossip = \"0.0.0.0:7946\"\n";
+    refused(unreachable, "listen.gossip", 4);
+    refused("[listen]\nadvertise_quic = \"0.0.0.0:1\"\n", "listen.advertise_quic", 2);
+    // Port 0 (the OS chooses) never clashes.
+    let any_port = "[listen]\nhttp = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\ngossip = \"127.0.0.1:0\"\nquic = \"127.0.0.1:0\"\n";
+    assert!(parse(any_port).is_ok());
+}
+
+#[test]
+fn bounds_and_log_values_are_checked() {
+    refused("[limits]\nkeys_max = 0\n", "limits.keys_max", 2);
+    refused("[limits]\nhttp_body_bytes_max = 1000000000\n", "limits.http_body_bytes_max", 2);
+    refused("[limits]\nhttp_in_flight_max = 0\n", "limits.http_in_flight_max", 2);
+    refused("[limits]\nbatch_len_max = 1000000\n", "limits.batch_len_max", 2);
+    refused("[limits]\nhttp_body_bytes_max = 1000\nkey_bytes_max = 2000\n", "limits.key_bytes_max", 3);
+    // A smaller body bound lowers the default key bound with it.
+    assert_eq!(parse("[limits]\nhttp_body_bytes_max = 1000\n").expect("valid").limits.key_bytes_max, 1000);
+    refused("[log]\nformat = \"xml\"\n", "log.format", 2);
+    refused("[log]\nlevel = \"verbose\"\n", "log.level", 2);
+}
+
+#[test]
+fn columns_count_characters() {
+    let error = parse("# é\n[log]\n   format = \"é\"\n").expect_err("unknown format");
+    assert_eq!(
+        error.location(),
+        Some(&Location::File { origin: ORIGIN.to_owned(), line: 3, column: 13 }),
+        "{error}"
+    );
+}
+
+#[test]
+fn environment_overrides_replace_file_values() {
+    let text = "[node]\nid = 1\n[log]\nformat = \"text\"\n";
+    let vars = [
+        ("PATH", "/usr/bin"),
+        ("RATEMESH_NODE_ID", "42"),
+        ("RATEMESH_CLUSTER_SEEDS", " 10.0.0.1:7946, 10.0.0.2:7946 ,"),
+        ("RATEMESH_CLUSTER_SECRET", "from the environment"),
+        ("RATEMESH_LISTEN_HTTP", "127.0.0.1:9999"),
+        ("RATEMESH_LOG_FORMAT", "json"),
+        ("RATEMESH_LIMITS_KEY_BYTES_MAX", "64"),
+    ];
+    let config = parse_env(text, &vars).expect("valid");
+    assert_eq!(config.node.id, NodeId(42));
+    assert_eq!(
+        config.cluster.seeds,
+        vec!["10.0.0.1:7946".parse().expect("a"), "10.0.0.2:7946".parse().expect("a")]
+    );
+    assert_eq!(config.cluster.auth, ClusterAuth::Secret(SecretString::new("from the environment")));
+    assert_eq!(config.listen.http, "127.0.0.1:9999".parse().expect("address"));
+    assert_eq!(config.log.format, LogFormat::Json);
+    assert_eq!(config.limits.key_bytes_max, 64);
+    assert!(parse_env("", &[("RATEMESH_CLUSTER_SEEDS", "")]).expect("valid").cluster.seeds.is_empty());
+}
+
+#[test]
+fn environment_errors_name_the_variable() {
+    let cases = [
+        ("RATEMESH_NODE_ID", "seven", "node.id"),
+        ("RATEMESH_LISTEN_HTTP", "nowhere:80", "listen.http"),
+        ("RATEMESH_CLUSTER_SECRET", "short", "cluster.secret"),
+        ("RATEMESH_CLUSTER_SEEDS", "10.0.0.1:7946,bad", "cluster.seeds[1]"),
+        ("RATEMESH_LOG_LEVEL", "loud", "log.level"),
+        ("RATEMESH_LIMITS_KEYS_MAX", "-1", "limits.keys_max"),
+    ];
+    for (variable, value, field) in cases {
+        let error = parse_env("", &[(variable, value)]).expect_err("refused");
+        assert_eq!(error.field(), Some(field), "{error}");
+        assert_eq!(error.location(), Some(&Location::Env { variable: variable.to_owned() }), "{error}");
+        assert!(error.to_string().contains(variable), "{error}");
+    }
+    let error = parse_env("", &[("RATEMESH_NODE_IDD", "1")]).expect_err("unknown variable");
+    assert!(matches!(&error, ConfigError::UnknownVariable { variable } if variable == "RATEMESH_NODE_IDD"));
+    assert!(error.to_string().contains("RATEMESH_NODE_ID,"), "{error}");
+}
+
+#[cfg(unix)]
+#[test]
+fn environment_values_must_be_utf8() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt as _;
+    let vars = [(OsStr::new("RATEMESH_CLUSTER_SECRET"), OsStr::from_bytes(b"\xff0123456789abcdef"))];
+    let error = Config::parse_with_env("", ORIGIN, vars).expect_err("refused");
+    assert_eq!(error.field(), Some("cluster.secret"), "{error}");
+}
+
+#[test]
+fn every_variable_overrides_its_field() {
+    let names: Vec<String> = env_variable_names().collect();
+    assert_eq!(names.len(), 24);
+    assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
+    assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
+    // A value each field refuses: every variable must reach its own field's check.
+    for name in &names {
+        let error = parse_env("", &[(name.as_str(), "!")]).expect_err("refused");
+        let field = error.field().expect("names a field").to_owned();
+        let expected = name.trim_start_matches(ENV_PREFIX).to_ascii_lowercase();
+        let path = field.split('[').next().unwrap_or_default().replacen('.', "_", 1);
+        if name.ends_with("_PATH") {
+            // One certificate path alone is refused for lack of the others.
+            assert!(path.starts_with("cluster_") && path.ends_with("_path"), "{name}: {error}");
+        } else {
+            assert_eq!(path, expected, "{name}: {error}");
+        }
+    }
+}
+
+#[test]
+fn size_bound_and_files() {
+    let big = "#".repeat(CONFIG_FILE_BYTES_MAX + 1);
+    assert!(matches!(parse(&big), Err(ConfigError::TooLarge { .. })));
+
+    let dir = std::env::temp_dir().join(format!("ratemeshd-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("ratemesh.toml");
+    std::fs::write(&path, "[node]\nid = 3\n").expect("write");
+    assert_eq!(Config::load(&path).expect("valid").node.id, NodeId(3));
+    let config = Config::load_with_env(&path, [("RATEMESH_NODE_ID", "4")]).expect("valid");
+    assert_eq!(config.node.id, NodeId(4));
+    std::fs::write(&path, "[node]\nid = \"x\"\n").expect("write");
+    let error = Config::load(&path).expect_err("invalid");
+    assert!(error.to_string().starts_with(&format!("{}:2:", path.display())), "{error}");
+    std::fs::write(&path, &big).expect("write");
+    assert!(matches!(Config::load(&path), Err(ConfigError::TooLarge { .. })));
+    std::fs::write(&path, b"\xff\xfe").expect("write");
+    assert!(matches!(Config::load(&path), Err(ConfigError::Read { .. })));
+    assert!(matches!(Config::load(&dir.join("missing.toml")), Err(ConfigError::Read { .. })));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn the_example_file_is_valid() {
+    let config = parse(include_str!("../../ratemesh.example.toml")).expect("example validates");
+    let names: Vec<&str> = config.policies.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["api", "login", "upload", "exports", "edge-login-per-ip", "edge-api-per-ip", "edge-health"]
+    );
+    assert!(!config.cluster.auth.is_dev_secret());
+}

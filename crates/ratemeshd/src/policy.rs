@@ -1,0 +1,714 @@
+//! Policies at run time, and the JSON bodies of the HTTP API.
+//!
+//! - [`PolicyTable`]: the policies of a validated [`Config`], by name and by Envoy descriptor
+//!   ([`PolicyTable::match_descriptor`]). Immutable: a reload builds a new table and swaps it in.
+//! - [`CheckBody`], [`ReleaseBody`]: what `POST /v1/check`, `/v1/check/batch` and `/v1/release`
+//!   accept; [`parse_check`], [`parse_check_batch`] and [`parse_release`] turn bytes into
+//!   validated requests ([`ValidCheck`], [`ValidRelease`]) or a [`BodyError`] that names the
+//!   field (`limit.period_ms`) and maps to an HTTP status.
+//! - [`CheckResponse`]: the answer's JSON, built from a core [`Decision`]; [`ErrorResponse`]: the
+//!   JSON of a refusal.
+//!
+//! # Buckets
+//!
+//! Every bucket is a [`KeyHash`] of a [`Namespace`] and a key. A named policy's namespace is its
+//! name (so a reload that changes a policy's limit keeps its buckets); an inline limit's is its
+//! canonical text (`inline:token_bucket:100/1000ms:…`), so clients that send the same inline limit
+//! share buckets and different limits never do. Policy names cannot contain `:`, so the two never
+//! collide. Within a namespace, the key of an Envoy match starts with the byte `0xFF`, which no
+//! UTF-8 key can: the keys of `/v1/check` and of Envoy descriptors never collide either.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratemesh_core::{
+    Algorithm, Decision, Fallback, KeyHash, LeaseId, Limit, LimitSpec, Mode, Namespace, Policy,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{
+    Bounds, Config, EnvoyPattern, PolicyConfig, Rule, ValuePattern, algorithm_names, fallback_from_name,
+    fallback_name, limit_error_field, mode_from_name, mode_name,
+};
+
+#[cfg(test)]
+mod tests;
+
+/// The first byte of every Envoy bucket key: never the first byte of a UTF-8 string.
+const ENVOY_KEY_TAG: u8 = 0xFF;
+
+/// The metrics label and header name of inline limits.
+pub const INLINE_LABEL: &str = "inline";
+
+/// A configured policy, ready to be checked against.
+#[derive(Debug)]
+pub struct PolicyEntry {
+    /// The policy's name.
+    pub name: String,
+    /// Its limit, or unlimited.
+    pub rule: Rule,
+    /// Whether refusals are only reported, never enforced.
+    pub shadow_mode: bool,
+    /// The Envoy descriptor path it answers, if any.
+    pub envoy: Option<EnvoyPattern>,
+    /// The namespace of its buckets (from its name).
+    pub namespace: Namespace,
+}
+
+/// The policies of one configuration, by name and by Envoy descriptor path.
+#[derive(Debug, Default)]
+pub struct PolicyTable {
+    entries: Vec<Arc<PolicyEntry>>,
+    by_name: HashMap<String, usize>,
+    domains: HashMap<String, Level>,
+}
+
+/// One level of a domain's descriptor tree: the patterns a request's next entry is tried against.
+#[derive(Debug, Default)]
+struct Level {
+    /// `key` → `value` → node, for exact values.
+    exact: HashMap<String, HashMap<String, Node>>,
+    /// Prefix wildcards, longest prefix first (ties in file order).
+    prefixes: Vec<PrefixNode>,
+    /// `key` → node, for patterns without value.
+    any: HashMap<String, Node>,
+}
+
+#[derive(Debug)]
+struct PrefixNode {
+    key: String,
+    prefix: String,
+    node: Node,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    /// The policy whose path ends here (index into `entries`).
+    policy: Option<usize>,
+    next: Level,
+}
+
+impl Level {
+    fn child(&mut self, key: &str, value: &ValuePattern) -> &mut Node {
+        match value {
+            ValuePattern::Exact(value) => {
+                self.exact.entry(key.to_owned()).or_default().entry(value.clone()).or_default()
+            }
+            ValuePattern::Any => self.any.entry(key.to_owned()).or_default(),
+            ValuePattern::Prefix(prefix) => {
+                let found = self.prefixes.iter().position(|p| p.key == key && p.prefix == *prefix);
+                let index = found.unwrap_or_else(|| {
+                    // Keep longest-first order: insert after every prefix at least as long.
+                    let index = self
+                        .prefixes
+                        .iter()
+                        .position(|p| p.prefix.len() < prefix.len())
+                        .unwrap_or(self.prefixes.len());
+                    let node = Node::default();
+                    self.prefixes
+                        .insert(index, PrefixNode { key: key.to_owned(), prefix: prefix.clone(), node });
+                    index
+                });
+                &mut self.prefixes[index].node
+            }
+        }
+    }
+
+    /// The node for one request entry: an exact value first, then the longest matching prefix,
+    /// then a pattern without value. This is envoyproxy/ratelimit's order, except that among
+    /// prefixes it takes the first listed and this the longest, so that the order of the file
+    /// does not matter.
+    fn step(&self, key: &str, value: &str) -> Option<&Node> {
+        self.exact
+            .get(key)
+            .and_then(|values| values.get(value))
+            .or_else(|| {
+                self.prefixes
+                    .iter()
+                    .find(|p| p.key == key && value.starts_with(p.prefix.as_str()))
+                    .map(|p| &p.node)
+            })
+            .or_else(|| self.any.get(key))
+    }
+}
+
+/// A policy matched by an Envoy descriptor, and the bucket the descriptor counts against.
+#[derive(Clone, Debug)]
+pub struct Match {
+    /// The policy.
+    pub entry: Arc<PolicyEntry>,
+    /// The bucket's key within the policy's namespace: the domain and every entry's key and value
+    /// of the request, length-prefixed (so that each distinct value of a wildcard entry is its
+    /// own bucket, and no two descriptors share a key by concatenation).
+    pub bucket_key: Vec<u8>,
+}
+
+impl Match {
+    /// The bucket's identity.
+    pub fn key_hash(&self) -> KeyHash {
+        self.entry.namespace.key(&self.bucket_key)
+    }
+}
+
+impl PolicyTable {
+    /// The table of `config`'s policies.
+    pub fn from_config(config: &Config) -> PolicyTable {
+        PolicyTable::new(&config.policies)
+    }
+
+    /// The table of `policies`. They are expected validated (as in a [`Config`]): of two
+    /// policies with the same name or the same Envoy path, the first is the one found.
+    pub fn new(policies: &[PolicyConfig]) -> PolicyTable {
+        let mut table = PolicyTable::default();
+        for policy in policies {
+            if table.by_name.contains_key(&policy.name) {
+                continue;
+            }
+            let index = table.entries.len();
+            if let Some(envoy) = &policy.envoy {
+                let mut level = table.domains.entry(envoy.domain.clone()).or_default();
+                let mut node = None;
+                for pattern in &envoy.descriptors {
+                    let child = level.child(&pattern.key, &pattern.value);
+                    level = &mut child.next;
+                    node = Some(&mut child.policy);
+                }
+                if let Some(slot) = node {
+                    slot.get_or_insert(index);
+                }
+            }
+            table.by_name.insert(policy.name.clone(), index);
+            table.entries.push(Arc::new(PolicyEntry {
+                name: policy.name.clone(),
+                rule: policy.rule.clone(),
+                shadow_mode: policy.shadow_mode,
+                envoy: policy.envoy.clone(),
+                namespace: Namespace::new(policy.name.as_bytes()),
+            }));
+        }
+        table
+    }
+
+    /// The policy named `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<PolicyEntry>> {
+        self.by_name.get(name).map(|&index| &self.entries[index])
+    }
+
+    /// Every policy, in file order (for `GET /v1/policies` and metrics).
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<PolicyEntry>> {
+        self.entries.iter()
+    }
+
+    /// How many policies there are.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Whether any policy has this Envoy domain.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// The policy an Envoy request descriptor (`domain` and its `(key, value)` entries) falls
+    /// under, with envoyproxy/ratelimit's semantics: the entries are matched level by level, each
+    /// against an exact value first, then a prefix wildcard (`value = "v*"`, the longest prefix
+    /// first), then a pattern without value (any value); the first candidate found at a level is
+    /// taken, without backtracking; the match counts only if the policy's path has exactly as many
+    /// entries as the request. `None` when nothing matches (Envoy then expects OK).
+    pub fn match_descriptor<K: AsRef<str>, V: AsRef<str>>(
+        &self,
+        domain: &str,
+        entries: &[(K, V)],
+    ) -> Option<Match> {
+        let mut level = self.domains.get(domain)?;
+        let mut node = None;
+        for (key, value) in entries {
+            let next = level.step(key.as_ref(), value.as_ref())?;
+            level = &next.next;
+            node = Some(next);
+        }
+        let entry = Arc::clone(&self.entries[node?.policy?]);
+        let mut bucket_key = vec![ENVOY_KEY_TAG];
+        push_field(&mut bucket_key, domain);
+        for (key, value) in entries {
+            push_field(&mut bucket_key, key.as_ref());
+            push_field(&mut bucket_key, value.as_ref());
+        }
+        Some(Match { entry, bucket_key })
+    }
+}
+
+fn push_field(out: &mut Vec<u8>, field: &str) {
+    // Descriptor fields come from a bounded gRPC message; saturating keeps the encoding total
+    // (a 4 GiB field cannot exist in one).
+    let len = u32::try_from(field.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(field.as_bytes());
+}
+
+/// Why a request body was refused. The client's input is at fault; nothing was counted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    /// The body is larger than `http_body_bytes_max` (HTTP 413).
+    #[error("body is {len_bytes} bytes, at most {max_bytes} are accepted")]
+    TooLarge {
+        /// The body's length.
+        len_bytes: usize,
+        /// The bound.
+        max_bytes: usize,
+    },
+    /// The body is not JSON (HTTP 400).
+    #[error("malformed JSON at line {line}, column {column}: {message}")]
+    Syntax {
+        /// 1-based.
+        line: usize,
+        /// 1-based.
+        column: usize,
+        /// What the parser found.
+        message: String,
+    },
+    /// A field is missing, unknown, of the wrong type or out of range (HTTP 400).
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The field's path: `key`, `limit.period_ms`, `[3].cost` in a batch; `body` for the body
+        /// as a whole.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The named policy is not configured (HTTP 404).
+    #[error("{field}: no policy named {name:?}")]
+    UnknownPolicy {
+        /// The field's path (`policy`, `[3].policy`).
+        field: String,
+        /// The name given.
+        name: String,
+    },
+}
+
+impl BodyError {
+    /// The field at fault, if one is.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            BodyError::Invalid { field, .. } | BodyError::UnknownPolicy { field, .. } => Some(field),
+            BodyError::TooLarge { .. } | BodyError::Syntax { .. } => None,
+        }
+    }
+
+    /// The HTTP status to answer with: 413, 404 or 400.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            BodyError::TooLarge { .. } => 413,
+            BodyError::UnknownPolicy { .. } => 404,
+            BodyError::Syntax { .. } | BodyError::Invalid { .. } => 400,
+        }
+    }
+
+    /// The same error, about an item of a batch: its field path gains the prefix `[index].`.
+    fn in_batch(self, index: usize) -> BodyError {
+        match self {
+            BodyError::Invalid { field, message } => {
+                BodyError::Invalid { field: format!("[{index}].{field}"), message }
+            }
+            BodyError::UnknownPolicy { field, name } => {
+                BodyError::UnknownPolicy { field: format!("[{index}].{field}"), name }
+            }
+            other => other,
+        }
+    }
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> BodyError {
+    BodyError::Invalid { field: field.into(), message: message.into() }
+}
+
+/// The JSON body of an error answer: `{"error": "...", "field": "limit.period_ms"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ErrorResponse {
+    /// The whole message.
+    pub error: String,
+    /// The field at fault, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl From<&BodyError> for ErrorResponse {
+    fn from(error: &BodyError) -> Self {
+        ErrorResponse { error: error.to_string(), field: error.field().map(str::to_owned) }
+    }
+}
+
+/// The body of `POST /v1/check`:
+/// `{"key": "user:42", "cost": 1, "limit": {...}}` or `{"key": "user:42", "policy": "api"}`.
+///
+/// Every field is optional in the type so that [`CheckBody::validate`] can name a missing one
+/// like any other bad field.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckBody {
+    /// The client's key (required; 1 to `key_bytes_max` bytes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Hits (default 1; 0 asks whether a hit would pass without taking one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<u64>,
+    /// An inline limit (exactly one of `limit` and `policy`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<LimitBody>,
+    /// A configured policy's name (exactly one of `limit` and `policy`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+}
+
+/// An inline limit: `{"algorithm": "token_bucket", "limit": 100, "period_ms": 1000, "burst": 100,
+/// "mode": "exact"}`. `algorithm`, `limit` and `period_ms` are required; `burst` and `delay`
+/// default per algorithm; `mode` defaults to `approximate`, `fallback` to `local_share`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitBody {
+    /// One of `token_bucket`, `gcra`, `leaky_bucket`, `fixed_window`, `sliding_window_counter`,
+    /// `sliding_window_log`, `concurrency`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
+    /// Hits per period (concurrency: leases at once).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// The period (concurrency: lease lifetime), in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub period_ms: Option<u64>,
+    /// Bucket capacity / burst / shaper queue length.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    /// Shaper only: queued hits that pass without delay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay: Option<u64>,
+    /// `exact` or `approximate`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// `local_share`, `fail_open` or `fail_closed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
+}
+
+/// The body of `POST /v1/release`: `{"key": "...", "policy": "..." | "limit": {...}, "lease": n}`,
+/// with `key` and `policy`/`limit` as in the check that took the lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// The client's key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The inline limit of the check (exactly one of `limit` and `policy`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<LimitBody>,
+    /// The policy of the check (exactly one of `limit` and `policy`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// The lease the check answered with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<u64>,
+}
+
+/// What a check counts against: a configured policy or an inline limit.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// A configured policy.
+    Named(Arc<PolicyEntry>),
+    /// A limit given in the request.
+    Inline(InlineLimit),
+}
+
+/// A validated inline limit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InlineLimit {
+    /// The limit with its mode and fallback.
+    pub policy: Arc<Policy>,
+    /// The namespace of its buckets (from its canonical text).
+    pub namespace: Namespace,
+}
+
+impl InlineLimit {
+    /// Wraps `policy`, with its namespace.
+    pub fn new(policy: Policy) -> InlineLimit {
+        let namespace = Namespace::new(inline_name(&policy).as_bytes());
+        InlineLimit { policy: Arc::new(policy), namespace }
+    }
+}
+
+/// The canonical text of an inline limit: every parameter that changes what the bucket admits.
+fn inline_name(policy: &Policy) -> String {
+    let spec = policy.limit.spec();
+    let optional = |value: Option<u64>| value.map_or_else(|| "-".to_owned(), |v| v.to_string());
+    format!(
+        "inline:{}:{}/{}ns:burst={}:delay={}:{}:{}",
+        spec.algorithm.name(),
+        spec.limit,
+        spec.period.as_nanos(),
+        optional(spec.burst),
+        optional(spec.delay),
+        mode_name(policy.mode),
+        fallback_name(policy.fallback),
+    )
+}
+
+impl Target {
+    /// The limit, unless the policy is unlimited.
+    pub fn policy(&self) -> Option<&Arc<Policy>> {
+        match self {
+            Target::Named(entry) => entry.rule.policy(),
+            Target::Inline(inline) => Some(&inline.policy),
+        }
+    }
+
+    /// Whether refusals are only reported (a policy's `shadow_mode`).
+    pub fn shadow_mode(&self) -> bool {
+        match self {
+            Target::Named(entry) => entry.shadow_mode,
+            Target::Inline(_) => false,
+        }
+    }
+
+    /// The `policy` label of metrics and the name in `RateLimit-Policy`: the policy's name, or
+    /// [`INLINE_LABEL`].
+    pub fn label(&self) -> &str {
+        match self {
+            Target::Named(entry) => &entry.name,
+            Target::Inline(_) => INLINE_LABEL,
+        }
+    }
+
+    /// The namespace of the target's buckets.
+    pub fn namespace(&self) -> Namespace {
+        match self {
+            Target::Named(entry) => entry.namespace,
+            Target::Inline(inline) => inline.namespace,
+        }
+    }
+}
+
+/// A validated check: hand `key`, `cost` and the target's policy to the node.
+#[derive(Clone, Debug)]
+pub struct ValidCheck {
+    /// What it counts against. An unlimited policy ([`Target::policy`] is `None`) is allowed
+    /// without asking the node.
+    pub target: Target,
+    /// The bucket.
+    pub key: KeyHash,
+    /// Hits (0 = query).
+    pub cost: u64,
+}
+
+/// A validated release of a concurrency lease.
+#[derive(Clone, Debug)]
+pub struct ValidRelease {
+    /// The limit the lease was taken under (always a concurrency limit).
+    pub policy: Arc<Policy>,
+    /// The target, for metrics labels.
+    pub target: Target,
+    /// The bucket.
+    pub key: KeyHash,
+    /// The lease.
+    pub lease: LeaseId,
+}
+
+impl LimitBody {
+    /// Validates the inline limit; errors name fields under `field` (`limit`).
+    pub fn validate(&self, field: &str) -> Result<InlineLimit, BodyError> {
+        let sub = |name: &str| format!("{field}.{name}");
+        let algorithm_name = self.algorithm.as_deref().ok_or_else(|| invalid(sub("algorithm"), "missing"))?;
+        let algorithm = Algorithm::from_name(algorithm_name).ok_or_else(|| {
+            invalid(
+                sub("algorithm"),
+                format!("unknown algorithm {algorithm_name:?}: use one of {}", algorithm_names()),
+            )
+        })?;
+        let limit = self.limit.ok_or_else(|| invalid(sub("limit"), "missing"))?;
+        let period_ms = self.period_ms.ok_or_else(|| invalid(sub("period_ms"), "missing"))?;
+        let spec = LimitSpec {
+            algorithm,
+            limit,
+            period: Duration::from_millis(period_ms),
+            burst: self.burst,
+            delay: self.delay,
+        };
+        let limit =
+            Limit::new(spec).map_err(|error| invalid(sub(limit_error_field(&error)), error.to_string()))?;
+        let mode = match self.mode.as_deref() {
+            None => Mode::Approximate,
+            Some(name) => mode_from_name(name).ok_or_else(|| {
+                invalid(sub("mode"), format!("unknown mode {name:?}: use exact or approximate"))
+            })?,
+        };
+        let fallback = match self.fallback.as_deref() {
+            None => Fallback::LocalShare,
+            Some(name) => fallback_from_name(name).ok_or_else(|| {
+                invalid(
+                    sub("fallback"),
+                    format!("unknown fallback {name:?}: use local_share, fail_open or fail_closed"),
+                )
+            })?,
+        };
+        Ok(InlineLimit::new(Policy { limit, mode, fallback }))
+    }
+}
+
+/// The target named by exactly one of `limit` and `policy`.
+fn target(limit: Option<&LimitBody>, policy: Option<&str>, table: &PolicyTable) -> Result<Target, BodyError> {
+    match (limit, policy) {
+        (Some(_), Some(_)) => Err(invalid("policy", "give either limit or policy, not both")),
+        (None, None) => Err(invalid("limit", "missing: give limit or policy")),
+        (Some(limit), None) => limit.validate("limit").map(Target::Inline),
+        (None, Some(name)) => match table.get(name) {
+            Some(entry) => Ok(Target::Named(Arc::clone(entry))),
+            None => Err(BodyError::UnknownPolicy { field: "policy".to_owned(), name: name.to_owned() }),
+        },
+    }
+}
+
+/// The client's key, checked against the bounds.
+fn key<'a>(key: Option<&'a str>, bounds: &Bounds) -> Result<&'a str, BodyError> {
+    match key {
+        None => Err(invalid("key", "missing")),
+        Some("") => Err(invalid("key", "must not be empty")),
+        Some(key) if key.len() > bounds.key_bytes_max => {
+            Err(invalid("key", format!("{} bytes, at most {} are accepted", key.len(), bounds.key_bytes_max)))
+        }
+        Some(key) => Ok(key),
+    }
+}
+
+impl CheckBody {
+    /// Validates the check against the configured policies and bounds.
+    pub fn validate(&self, table: &PolicyTable, bounds: &Bounds) -> Result<ValidCheck, BodyError> {
+        let key = key(self.key.as_deref(), bounds)?;
+        let target = target(self.limit.as_ref(), self.policy.as_deref(), table)?;
+        let key = target.namespace().key(key.as_bytes());
+        Ok(ValidCheck { target, key, cost: self.cost.unwrap_or(1) })
+    }
+}
+
+impl ReleaseBody {
+    /// Validates the release: the target must be a concurrency limit.
+    pub fn validate(&self, table: &PolicyTable, bounds: &Bounds) -> Result<ValidRelease, BodyError> {
+        let key = key(self.key.as_deref(), bounds)?;
+        let target = target(self.limit.as_ref(), self.policy.as_deref(), table)?;
+        let field = if self.limit.is_some() { "limit.algorithm" } else { "policy" };
+        let policy = match target.policy() {
+            Some(policy) if policy.limit.algorithm() == Algorithm::Concurrency => Arc::clone(policy),
+            _ => return Err(invalid(field, "leases exist only under concurrency limits")),
+        };
+        let lease = LeaseId(self.lease.ok_or_else(|| invalid("lease", "missing"))?);
+        let key = target.namespace().key(key.as_bytes());
+        Ok(ValidRelease { policy, target, key, lease })
+    }
+}
+
+/// Deserializes a JSON body, naming the field of a type or value error by its path.
+fn from_json<T: DeserializeOwned>(body: &[u8], bounds: &Bounds) -> Result<T, BodyError> {
+    if body.len() > bounds.http_body_bytes_max {
+        return Err(BodyError::TooLarge { len_bytes: body.len(), max_bytes: bounds.http_body_bytes_max });
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        json_error(if path == "." { "body".to_owned() } else { path }, error.into_inner())
+    })?;
+    // Trailing bytes after the value are malformed JSON too.
+    deserializer.end().map_err(|error| json_error("body".to_owned(), error))?;
+    Ok(value)
+}
+
+fn json_error(field: String, error: serde_json::Error) -> BodyError {
+    // A number beyond f64 (`1e400`) is well-formed JSON that serde_json reports as a syntax error;
+    // it is a bad value of the field being read.
+    let out_of_range = error.to_string().starts_with("number out of range");
+    match error.classify() {
+        serde_json::error::Category::Data => invalid(field, error.to_string()),
+        _ if out_of_range && field != "body" => invalid(field, error.to_string()),
+        _ => BodyError::Syntax { line: error.line(), column: error.column(), message: error.to_string() },
+    }
+}
+
+/// Parses and validates the body of `POST /v1/check`.
+pub fn parse_check(body: &[u8], table: &PolicyTable, bounds: &Bounds) -> Result<ValidCheck, BodyError> {
+    from_json::<CheckBody>(body, bounds)?.validate(table, bounds)
+}
+
+/// Parses and validates the body of `POST /v1/check/batch`: a JSON array of check bodies, at most
+/// `batch_len_max`. One bad item refuses the whole batch (its error names the item: `[3].key`).
+pub fn parse_check_batch(
+    body: &[u8],
+    table: &PolicyTable,
+    bounds: &Bounds,
+) -> Result<Vec<ValidCheck>, BodyError> {
+    let checks = from_json::<Vec<CheckBody>>(body, bounds)?;
+    if checks.len() > bounds.batch_len_max {
+        return Err(invalid(
+            format!("[{}]", bounds.batch_len_max),
+            format!("batch of {} checks, at most {} are accepted", checks.len(), bounds.batch_len_max),
+        ));
+    }
+    checks
+        .iter()
+        .enumerate()
+        .map(|(index, check)| check.validate(table, bounds).map_err(|error| error.in_batch(index)))
+        .collect()
+}
+
+/// Parses and validates the body of `POST /v1/release`.
+pub fn parse_release(body: &[u8], table: &PolicyTable, bounds: &Bounds) -> Result<ValidRelease, BodyError> {
+    from_json::<ReleaseBody>(body, bounds)?.validate(table, bounds)
+}
+
+/// The answer to a check:
+/// `{"allowed": true, "limit": 100, "remaining": 99, "reset_after_ms": 10, "retry_after_ms": null}`,
+/// plus `delay_ms` for the shaper and `lease` for an admitted concurrency check.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub struct CheckResponse {
+    /// Whether the request passes.
+    pub allowed: bool,
+    /// The limit in force.
+    pub limit: u64,
+    /// Hits that would still pass now.
+    pub remaining: u64,
+    /// Time until the key is back to fresh, rounded up to whole milliseconds.
+    pub reset_after_ms: u64,
+    /// When refused: the wait until the same request would pass, rounded up (never early);
+    /// `null` when allowed or when it can never pass (cost above capacity).
+    pub retry_after_ms: Option<u64>,
+    /// Shaper (`leaky_bucket`) only: how long to hold the request before serving it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    /// Concurrency only, when admitted: the lease to give back with `POST /v1/release`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<u64>,
+}
+
+impl CheckResponse {
+    /// The answer for `decision`, made under a limit of `algorithm`. In shadow mode a refusal is
+    /// answered as allowed (the decision itself still goes to metrics).
+    pub fn new(decision: &Decision, algorithm: Algorithm, shadow_mode: bool) -> CheckResponse {
+        let allowed = decision.allowed || shadow_mode;
+        CheckResponse {
+            allowed,
+            limit: decision.limit,
+            remaining: decision.remaining,
+            reset_after_ms: ceil_ms(decision.reset_after),
+            retry_after_ms: if allowed { None } else { decision.retry_after.map(ceil_ms) },
+            delay_ms: (algorithm == Algorithm::LeakyBucketShaper).then(|| ceil_ms(decision.delay)),
+            lease: decision.lease.map(|lease| lease.0),
+        }
+    }
+}
+
+/// Whole milliseconds, rounded up: a client told to wait must not come back too early.
+fn ceil_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,520 @@
+use super::*;
+use crate::config::KEY_BYTES_MAX_DEFAULT;
+
+const POLICIES: &str = r#"
+[[policies]]
+name = "api"
+algorithm = "token_bucket"
+limit = 100
+period_ms = 1000
+
+[[policies]]
+name = "leases"
+algorithm = "concurrency"
+limit = 2
+period_ms = 60000
+
+[[policies]]
+name = "shadow"
+algorithm = "fixed_window"
+limit = 1
+period_ms = 1000
+shadow_mode = true
+
+[[policies]]
+name = "per-ip"
+domain = "edge"
+descriptors = [{ key = "remote_address" }]
+algorithm = "fixed_window"
+limit = 10
+period_ms = 60000
+
+[[policies]]
+name = "login"
+domain = "edge"
+descriptors = [{ key = "remote_address" }, { key = "path", value = "/login" }]
+algorithm = "fixed_window"
+limit = 5
+period_ms = 60000
+
+[[policies]]
+name = "api-prefix"
+domain = "edge"
+descriptors = [{ key = "remote_address" }, { key = "path", value = "/api/*" }]
+algorithm = "gcra"
+limit = 50
+period_ms = 1000
+
+[[policies]]
+name = "api-v2-prefix"
+domain = "edge"
+descriptors = [{ key = "remote_address" }, { key = "path", value = "/api/v2/*" }]
+algorithm = "gcra"
+limit = 20
+period_ms = 1000
+
+[[policies]]
+name = "any-path"
+domain = "edge"
+descriptors = [{ key = "remote_address" }, { key = "path" }]
+algorithm = "gcra"
+limit = 1
+period_ms = 1000
+
+[[policies]]
+name = "health"
+domain = "edge"
+descriptors = [{ key = "path", value = "/healthz" }]
+unlimited = true
+
+[[policies]]
+name = "client-exact"
+domain = "edge"
+descriptors = [{ key = "client", value = "vip" }, { key = "tier", value = "gold" }]
+algorithm = "gcra"
+limit = 1000
+period_ms = 1000
+
+[[policies]]
+name = "client-any"
+domain = "edge"
+descriptors = [{ key = "client" }, { key = "region" }]
+algorithm = "gcra"
+limit = 10
+period_ms = 1000
+"#;
+
+fn config() -> Config {
+    Config::parse(POLICIES, "policies.toml").expect("valid")
+}
+
+fn table() -> PolicyTable {
+    PolicyTable::from_config(&config())
+}
+
+fn bounds() -> Bounds {
+    Bounds::default()
+}
+
+fn matched(table: &PolicyTable, domain: &str, entries: &[(&str, &str)]) -> Option<String> {
+    table.match_descriptor(domain, entries).map(|m| m.entry.name.clone())
+}
+
+fn check(body: &str) -> Result<ValidCheck, BodyError> {
+    parse_check(body.as_bytes(), &table(), &bounds())
+}
+
+/// Asserts that `body` is refused as a bad request naming `field`, and returns the message.
+#[track_caller]
+fn bad_check(body: &str, field: &str) -> String {
+    let error = check(body).expect_err("refused");
+    assert_eq!(error.field(), Some(field), "{error}");
+    assert_eq!(error.http_status(), 400, "{error}");
+    assert!(error.to_string().starts_with(field), "{error}");
+    error.to_string()
+}
+
+#[test]
+fn policies_are_found_by_name_in_file_order() {
+    let table = table();
+    assert_eq!(table.len(), 11);
+    assert!(!table.is_empty());
+    let api = table.get("api").expect("configured");
+    assert_eq!(api.namespace, Namespace::new(b"api"));
+    assert_eq!(api.rule.policy().expect("limited").limit.reported_limit(), 100);
+    assert!(table.get("nope").is_none());
+    let names: Vec<&str> = table.iter().map(|entry| entry.name.as_str()).collect();
+    assert_eq!(names[..3], ["api", "leases", "shadow"]);
+    assert!(table.has_domain("edge"));
+    assert!(!table.has_domain("api"));
+    assert!(PolicyTable::default().is_empty());
+}
+
+#[test]
+fn descriptors_match_paths_of_the_same_length_only() {
+    let table = table();
+    assert_eq!(matched(&table, "edge", &[("remote_address", "10.0.0.1")]).as_deref(), Some("per-ip"));
+    let login = [("remote_address", "10.0.0.1"), ("path", "/login")];
+    assert_eq!(matched(&table, "edge", &login).as_deref(), Some("login"));
+    // Longer than every path, or a prefix of a path without a policy of its own.
+    let longer = [("remote_address", "10.0.0.1"), ("path", "/login"), ("method", "GET")];
+    assert_eq!(matched(&table, "edge", &longer), None);
+    assert_eq!(matched(&table, "edge", &[("client", "vip")]), None);
+    assert_eq!(matched(&table, "edge", &[] as &[(&str, &str)]), None);
+    // Unknown domain, unknown key.
+    assert_eq!(matched(&table, "other", &[("remote_address", "10.0.0.1")]), None);
+    assert_eq!(matched(&table, "edge", &[("user", "42")]), None);
+    // Owned strings work as well.
+    let owned = vec![("remote_address".to_owned(), "10.0.0.1".to_owned())];
+    assert!(table.match_descriptor("edge", &owned).is_some());
+}
+
+#[test]
+fn exact_values_win_over_prefixes_and_longer_prefixes_over_shorter() {
+    let table = table();
+    let path = |path| [("remote_address", "10.0.0.1"), ("path", path)];
+    assert_eq!(matched(&table, "edge", &path("/login")).as_deref(), Some("login"));
+    assert_eq!(matched(&table, "edge", &path("/api/users")).as_deref(), Some("api-prefix"));
+    assert_eq!(matched(&table, "edge", &path("/api/v2/users")).as_deref(), Some("api-v2-prefix"));
+    assert_eq!(matched(&table, "edge", &path("/api/")).as_deref(), Some("api-prefix"));
+    // Neither exact nor prefix: the pattern without value.
+    assert_eq!(matched(&table, "edge", &path("/logout")).as_deref(), Some("any-path"));
+    assert_eq!(matched(&table, "edge", &path("/ap")).as_deref(), Some("any-path"));
+    // Exact values are case-sensitive, like Envoy's.
+    assert_eq!(matched(&table, "edge", &path("/LOGIN")).as_deref(), Some("any-path"));
+}
+
+#[test]
+fn matching_is_greedy_per_level_like_envoyproxy_ratelimit() {
+    let table = table();
+    let gold = [("client", "vip"), ("tier", "gold")];
+    assert_eq!(matched(&table, "edge", &gold).as_deref(), Some("client-exact"));
+    let other = [("client", "someone"), ("region", "eu")];
+    assert_eq!(matched(&table, "edge", &other).as_deref(), Some("client-any"));
+    // "vip" takes the exact branch at the first level; its second level has no `region`, and the
+    // match does not backtrack into the wildcard branch (envoyproxy/ratelimit does the same).
+    let vip_region = [("client", "vip"), ("region", "eu")];
+    assert_eq!(matched(&table, "edge", &vip_region), None);
+}
+
+#[test]
+fn every_distinct_value_is_its_own_bucket() {
+    let table = table();
+    let key = |entries: &[(&str, &str)]| table.match_descriptor("edge", entries).expect("matches").key_hash();
+    let a = key(&[("remote_address", "10.0.0.1"), ("path", "/api/a")]);
+    let b = key(&[("remote_address", "10.0.0.2"), ("path", "/api/a")]);
+    let c = key(&[("remote_address", "10.0.0.1"), ("path", "/api/b")]);
+    assert_ne!(a, b);
+    assert_ne!(a, c);
+    assert_eq!(a, key(&[("remote_address", "10.0.0.1"), ("path", "/api/a")]));
+    // Length prefixes: moving bytes from a key to a value changes the bucket.
+    let m1 = table.match_descriptor("edge", &[("client", "ab"), ("region", "c")]).expect("matches");
+    let m2 = table.match_descriptor("edge", &[("client", "a"), ("region", "bc")]).expect("matches");
+    assert_ne!(m1.bucket_key, m2.bucket_key);
+    // No UTF-8 key of /v1/check can equal an Envoy bucket key.
+    assert_eq!(m1.bucket_key[0], 0xFF);
+    assert!(std::str::from_utf8(&m1.bucket_key).is_err());
+}
+
+#[test]
+fn unlimited_and_shadow_policies_carry_their_flags() {
+    let table = table();
+    let health = table.match_descriptor("edge", &[("path", "/healthz")]).expect("matches");
+    assert_eq!(health.entry.rule, Rule::Unlimited);
+    let check = check(r#"{"key": "k", "policy": "shadow"}"#).expect("valid");
+    assert!(check.target.shadow_mode());
+    assert_eq!(check.target.label(), "shadow");
+}
+
+#[test]
+fn the_first_of_two_same_names_or_paths_is_kept() {
+    let mut policies = config().policies;
+    let mut copy = policies[0].clone();
+    copy.rule = Rule::Unlimited;
+    policies.push(copy);
+    let table = PolicyTable::new(&policies);
+    assert_eq!(table.len(), 11);
+    assert!(table.get("api").expect("configured").rule.policy().is_some());
+}
+
+#[test]
+fn an_inline_check_is_validated() {
+    let body = r#"{"key": "user:42", "cost": 3, "limit": {"algorithm": "token_bucket", "limit": 100,
+        "period_ms": 1000, "burst": 100, "mode": "exact"}}"#;
+    let check = check(body).expect("valid");
+    assert_eq!(check.cost, 3);
+    assert_eq!(check.target.label(), INLINE_LABEL);
+    assert!(!check.target.shadow_mode());
+    let policy = check.target.policy().expect("limited");
+    assert_eq!(policy.mode, Mode::Exact);
+    assert_eq!(policy.fallback, Fallback::LocalShare);
+    assert_eq!(policy.limit.capacity(), 100);
+    assert_eq!(check.key, check.target.namespace().key(b"user:42"));
+}
+
+#[test]
+fn inline_limits_share_buckets_exactly_when_they_are_the_same_limit() {
+    let namespace = |limit: &str| {
+        check(&format!(r#"{{"key": "k", "limit": {limit}}}"#)).expect("valid").target.namespace()
+    };
+    let base = r#"{"algorithm": "gcra", "limit": 10, "period_ms": 1000}"#;
+    let reordered = r#"{"period_ms": 1000, "limit": 10, "algorithm": "gcra"}"#;
+    assert_eq!(namespace(base), namespace(reordered));
+    for other in [
+        r#"{"algorithm": "gcra", "limit": 11, "period_ms": 1000}"#,
+        r#"{"algorithm": "gcra", "limit": 10, "period_ms": 1001}"#,
+        r#"{"algorithm": "token_bucket", "limit": 10, "period_ms": 1000}"#,
+        r#"{"algorithm": "gcra", "limit": 10, "period_ms": 1000, "burst": 1}"#,
+        r#"{"algorithm": "gcra", "limit": 10, "period_ms": 1000, "mode": "exact"}"#,
+        r#"{"algorithm": "gcra", "limit": 10, "period_ms": 1000, "fallback": "fail_open"}"#,
+    ] {
+        assert_ne!(namespace(base), namespace(other), "{other}");
+    }
+    assert_ne!(namespace(base), table().get("api").expect("configured").namespace);
+}
+
+#[test]
+fn a_policy_check_defaults_to_cost_one_and_allows_cost_zero() {
+    let check_ = check(r#"{"key": "k", "policy": "api"}"#).expect("valid");
+    assert_eq!(check_.cost, 1);
+    assert_eq!(check_.target.label(), "api");
+    assert_eq!(check_.key, Namespace::new(b"api").key(b"k"));
+    assert_eq!(check(r#"{"key": "k", "policy": "api", "cost": 0}"#).expect("valid").cost, 0);
+    let huge = format!(r#"{{"key": "k", "policy": "api", "cost": {}}}"#, u64::MAX);
+    assert_eq!(check(&huge).expect("valid: refused by the limit, not the parser").cost, u64::MAX);
+}
+
+#[test]
+fn malformed_json_is_a_syntax_error_with_a_position() {
+    for body in
+        ["", "{", r#"{"key": "k",}"#, "{\n\"key\" \"k\"}", r#"{"key": "k", "policy": "api"} x"#, "nul"]
+    {
+        let error = check(body).expect_err("malformed");
+        assert!(matches!(error, BodyError::Syntax { .. }), "{body}: {error}");
+        assert_eq!(error.http_status(), 400);
+        assert_eq!(error.field(), None);
+    }
+    let error = check("{\n\"key\" \"k\"}").expect_err("malformed");
+    assert!(matches!(error, BodyError::Syntax { line: 2, column: 7, .. }), "{error}");
+}
+
+#[test]
+fn wrong_types_name_the_field() {
+    bad_check(r#"{"key": 5, "policy": "api"}"#, "key");
+    bad_check(r#"{"key": "k", "policy": "api", "cost": "1"}"#, "cost");
+    bad_check(r#"{"key": "k", "policy": ["api"]}"#, "policy");
+    bad_check(r#"{"key": "k", "limit": "100/s"}"#, "limit");
+    bad_check(r#"{"key": "k", "limit": {"algorithm": 1, "limit": 1, "period_ms": 1}}"#, "limit.algorithm");
+    bad_check(
+        r#"{"key": "k", "limit": {"algorithm": "gcra", "limit": true, "period_ms": 1}}"#,
+        "limit.limit",
+    );
+    bad_check(
+        r#"{"key": "k", "limit": {"algorithm": "gcra", "limit": 1, "period_ms": 1.5}}"#,
+        "limit.period_ms",
+    );
+    bad_check("[]", "body");
+    bad_check("42", "body");
+}
+
+#[test]
+fn negative_and_huge_numbers_name_the_field() {
+    bad_check(r#"{"key": "k", "policy": "api", "cost": -1}"#, "cost");
+    bad_check(r#"{"key": "k", "policy": "api", "cost": 18446744073709551616}"#, "cost");
+    bad_check(r#"{"key": "k", "policy": "api", "cost": 1e400}"#, "cost");
+    bad_check(
+        r#"{"key": "k", "limit": {"algorithm": "gcra", "limit": -5, "period_ms": 1000}}"#,
+        "limit.limit",
+    );
+    let huge =
+        r#"{"key": "k", "limit": {"algorithm": "gcra", "limit": 5, "period_ms": 99999999999999999999}}"#;
+    bad_check(huge, "limit.period_ms");
+    // In range for the type, out of range for a limit: the core's check, named.
+    let period =
+        format!(r#"{{"key": "k", "limit": {{"algorithm": "gcra", "limit": 5, "period_ms": {}}}}}"#, u64::MAX);
+    let message = bad_check(&period, "limit.period_ms");
+    assert!(message.contains("too large"), "{message}");
+    let rate =
+        format!(r#"{{"key": "k", "limit": {{"algorithm": "gcra", "limit": {}, "period_ms": 1}}}}"#, u64::MAX);
+    bad_check(&rate, "limit.limit");
+    let burst = r#"{"key": "k", "limit": {"algorithm": "token_bucket", "limit": 1, "period_ms": 1000,
+        "burst": 18446744073709551615}}"#;
+    bad_check(burst, "limit.burst");
+}
+
+#[test]
+fn limit_values_are_checked_by_the_core_and_named() {
+    let limit = |fields: &str| format!(r#"{{"key": "k", "limit": {{{fields}}}}}"#);
+    bad_check(&limit(r#""algorithm": "gcra", "limit": 0, "period_ms": 1000"#), "limit.limit");
+    bad_check(&limit(r#""algorithm": "gcra", "limit": 1, "period_ms": 0"#), "limit.period_ms");
+    bad_check(&limit(r#""algorithm": "concurrency", "limit": 1, "period_ms": 1, "burst": 1"#), "limit.burst");
+    bad_check(&limit(r#""algorithm": "gcra", "limit": 1, "period_ms": 1, "delay": 1"#), "limit.delay");
+    bad_check(
+        &limit(r#""algorithm": "token_bucket", "limit": 1, "period_ms": 1, "burst": 0"#),
+        "limit.burst",
+    );
+    let message =
+        bad_check(&limit(r#""algorithm": "token_buckets", "limit": 1, "period_ms": 1"#), "limit.algorithm");
+    assert!(message.contains("sliding_window_log"), "{message}");
+    bad_check(&limit(r#""algorithm": "gcra", "limit": 1, "period_ms": 1, "mode": "strict""#), "limit.mode");
+    bad_check(
+        &limit(r#""algorithm": "gcra", "limit": 1, "period_ms": 1, "fallback": "retry""#),
+        "limit.fallback",
+    );
+    bad_check(&limit(r#""limit": 1, "period_ms": 1"#), "limit.algorithm");
+    bad_check(&limit(r#""algorithm": "gcra", "period_ms": 1"#), "limit.limit");
+    bad_check(&limit(r#""algorithm": "gcra", "limit": 1"#), "limit.period_ms");
+}
+
+#[test]
+fn keys_must_be_present_non_empty_and_bounded() {
+    bad_check(r#"{"policy": "api"}"#, "key");
+    bad_check(r#"{"key": null, "policy": "api"}"#, "key");
+    bad_check(r#"{"key": "", "policy": "api"}"#, "key");
+    let at_bound = format!(r#"{{"key": "{}", "policy": "api"}}"#, "k".repeat(KEY_BYTES_MAX_DEFAULT));
+    assert!(check(&at_bound).is_ok());
+    let over = format!(r#"{{"key": "{}", "policy": "api"}}"#, "k".repeat(KEY_BYTES_MAX_DEFAULT + 1));
+    let message = bad_check(&over, "key");
+    assert!(message.contains("4097 bytes"), "{message}");
+    // A 64 KiB key makes the body itself too large under the default bounds: 413.
+    let huge = format!(r#"{{"key": "{}", "policy": "api"}}"#, "k".repeat(64 * 1024));
+    let error = check(&huge).expect_err("refused");
+    assert_eq!(error.http_status(), 413, "{error}");
+    assert!(matches!(error, BodyError::TooLarge { max_bytes: 65536, .. }));
+    // With a larger body bound, it is the key's bound that refuses it.
+    let roomy = Bounds { http_body_bytes_max: 1 << 20, ..Bounds::default() };
+    let error = parse_check(huge.as_bytes(), &table(), &roomy).expect_err("refused");
+    assert_eq!(error.field(), Some("key"), "{error}");
+}
+
+#[test]
+fn unknown_fields_are_refused_by_name() {
+    let message = bad_check(r#"{"key": "k", "policy": "api", "weight": 1}"#, "weight");
+    assert!(message.contains("unknown field `weight`"), "{message}");
+    bad_check(
+        r#"{"key": "k", "limit": {"algorithm": "gcra", "limit": 1, "period_ms": 1, "unit": "s"}}"#,
+        "limit.unit",
+    );
+}
+
+#[test]
+fn exactly_one_of_limit_and_policy() {
+    bad_check(r#"{"key": "k"}"#, "limit");
+    let both = r#"{"key": "k", "policy": "api", "limit": {"algorithm": "gcra", "limit": 1, "period_ms": 1}}"#;
+    bad_check(both, "policy");
+}
+
+#[test]
+fn an_unknown_policy_is_not_found() {
+    let error = check(r#"{"key": "k", "policy": "nope"}"#).expect_err("unknown");
+    assert_eq!(error.http_status(), 404);
+    assert_eq!(error.field(), Some("policy"));
+    assert_eq!(
+        serde_json::to_value(ErrorResponse::from(&error)).expect("serializes"),
+        serde_json::json!({"error": "policy: no policy named \"nope\"", "field": "policy"})
+    );
+    let syntax = check("{").expect_err("malformed");
+    let json = serde_json::to_value(ErrorResponse::from(&syntax)).expect("serializes");
+    assert!(json.get("field").is_none(), "{json}");
+}
+
+#[test]
+fn batches_are_bounded_and_name_the_item() {
+    let table = table();
+    let bounds = Bounds { batch_len_max: 3, ..Bounds::default() };
+    let item = r#"{"key": "k", "policy": "api"}"#;
+    let batch = |items: &[&str]| format!("[{}]", items.join(","));
+    let checks = parse_check_batch(batch(&[item, item, item]).as_bytes(), &table, &bounds).expect("valid");
+    assert_eq!(checks.len(), 3);
+    assert!(parse_check_batch(b"[]", &table, &bounds).expect("valid").is_empty());
+    let error = parse_check_batch(batch(&[item; 4]).as_bytes(), &table, &bounds).expect_err("too long");
+    assert_eq!(error.field(), Some("[3]"), "{error}");
+    let bad = batch(&[item, r#"{"key": "", "policy": "api"}"#]);
+    let error = parse_check_batch(bad.as_bytes(), &table, &bounds).expect_err("bad item");
+    assert_eq!(error.field(), Some("[1].key"), "{error}");
+    let typed = batch(&[item, item, r#"{"key": "k", "policy": "api", "cost": -1}"#]);
+    let error = parse_check_batch(typed.as_bytes(), &table, &bounds).expect_err("bad item");
+    assert_eq!(error.field(), Some("[2].cost"), "{error}");
+    let unknown = batch(&[r#"{"key": "k", "policy": "nope"}"#]);
+    let error = parse_check_batch(unknown.as_bytes(), &table, &bounds).expect_err("unknown policy");
+    assert_eq!((error.field(), error.http_status()), (Some("[0].policy"), 404));
+    let error = parse_check_batch(item.as_bytes(), &table, &bounds).expect_err("not a list");
+    assert_eq!(error.field(), Some("body"), "{error}");
+}
+
+#[test]
+fn releases_need_a_lease_under_a_concurrency_limit() {
+    let table = table();
+    let release = |body: &str| parse_release(body.as_bytes(), &table, &bounds());
+    let valid = release(r#"{"key": "job", "policy": "leases", "lease": 7}"#).expect("valid");
+    assert_eq!(valid.lease, LeaseId(7));
+    assert_eq!(valid.key, Namespace::new(b"leases").key(b"job"));
+    assert_eq!(valid.policy.limit.algorithm(), Algorithm::Concurrency);
+    let inline =
+        r#"{"key": "job", "lease": 1, "limit": {"algorithm": "concurrency", "limit": 2, "period_ms": 1000}}"#;
+    let inline_release = release(inline).expect("valid");
+    let inline_check =
+        check(r#"{"key": "job", "limit": {"algorithm": "concurrency", "limit": 2, "period_ms": 1000}}"#)
+            .expect("valid");
+    assert_eq!(inline_release.key, inline_check.key, "a release finds the bucket of its check");
+
+    let missing = release(r#"{"key": "job", "policy": "leases"}"#).expect_err("no lease");
+    assert_eq!(missing.field(), Some("lease"));
+    let negative = release(r#"{"key": "job", "policy": "leases", "lease": -1}"#).expect_err("negative");
+    assert_eq!(negative.field(), Some("lease"));
+    let not_concurrency =
+        release(r#"{"key": "job", "policy": "api", "lease": 1}"#).expect_err("token bucket");
+    assert_eq!(not_concurrency.field(), Some("policy"));
+    let inline_gcra =
+        r#"{"key": "job", "lease": 1, "limit": {"algorithm": "gcra", "limit": 2, "period_ms": 1000}}"#;
+    assert_eq!(release(inline_gcra).expect_err("gcra").field(), Some("limit.algorithm"));
+    assert_eq!(
+        release(r#"{"key": "job", "policy": "nope", "lease": 1}"#).expect_err("unknown").http_status(),
+        404
+    );
+    assert_eq!(
+        release(r#"{"key": "job", "policy": "leases", "lease": 1, "x": 1}"#).expect_err("unknown").field(),
+        Some("x")
+    );
+}
+
+fn decision(allowed: bool) -> Decision {
+    Decision {
+        allowed,
+        limit: 100,
+        remaining: if allowed { 41 } else { 0 },
+        reset_after: Duration::from_micros(1_500),
+        retry_after: (!allowed).then(|| Duration::from_nanos(2_000_001)),
+        delay: Duration::ZERO,
+        lease: None,
+    }
+}
+
+#[test]
+fn responses_round_up_and_show_retry_after_as_null_when_allowed() {
+    let allowed = CheckResponse::new(&decision(true), Algorithm::TokenBucket, false);
+    assert_eq!(
+        serde_json::to_value(&allowed).expect("serializes"),
+        serde_json::json!({"allowed": true, "limit": 100, "remaining": 41, "reset_after_ms": 2, "retry_after_ms": null})
+    );
+    let refused = CheckResponse::new(&decision(false), Algorithm::TokenBucket, false);
+    assert!(!refused.allowed);
+    assert_eq!(refused.retry_after_ms, Some(3), "2.000001 ms rounds up: never early");
+    let never = Decision { retry_after: None, ..decision(false) };
+    assert_eq!(CheckResponse::new(&never, Algorithm::TokenBucket, false).retry_after_ms, None);
+}
+
+#[test]
+fn responses_carry_delay_for_the_shaper_and_leases_for_concurrency() {
+    let delayed = Decision { delay: Duration::from_millis(250), ..decision(true) };
+    let shaper = CheckResponse::new(&delayed, Algorithm::LeakyBucketShaper, false);
+    assert_eq!(shaper.delay_ms, Some(250));
+    let json = serde_json::to_value(CheckResponse::new(&decision(true), Algorithm::LeakyBucketShaper, false))
+        .expect("serializes");
+    assert_eq!(json["delay_ms"], 0);
+    let leased = Decision { lease: Some(LeaseId(9)), ..decision(true) };
+    let concurrency = CheckResponse::new(&leased, Algorithm::Concurrency, false);
+    assert_eq!((concurrency.lease, concurrency.delay_ms), (Some(9), None));
+    let json = serde_json::to_value(&concurrency).expect("serializes");
+    assert_eq!(json["lease"], 9);
+    assert!(json.get("delay_ms").is_none(), "{json}");
+}
+
+#[test]
+fn shadow_mode_answers_allowed_with_the_real_counts() {
+    let response = CheckResponse::new(&decision(false), Algorithm::FixedWindow, true);
+    assert!(response.allowed);
+    assert_eq!((response.remaining, response.retry_after_ms), (0, None));
+}
+
+#[test]
+fn bodies_serialize_for_clients() {
+    let body = CheckBody { key: Some("k".into()), policy: Some("api".into()), ..CheckBody::default() };
+    let json = serde_json::to_string(&body).expect("serializes");
+    assert_eq!(json, r#"{"key":"k","policy":"api"}"#);
+    assert!(parse_check(json.as_bytes(), &table(), &bounds()).is_ok());
+    let release =
+        ReleaseBody { key: Some("k".into()), policy: Some("leases".into()), lease: Some(3), limit: None };
+    let json = serde_json::to_string(&release).expect("serializes");
+    assert!(parse_release(json.as_bytes(), &table(), &bounds()).is_ok());
+}
