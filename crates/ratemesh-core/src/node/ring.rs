@@ -105,6 +105,10 @@ impl Ring {
     /// The member that would own `key` if its owner left: where the owner replicates it. Walks
     /// the ring clockwise from the owner's virtual node to the next one of another member.
     pub fn successor(&self, key: KeyHash) -> Option<NodeId> {
+        // Alone on the ring there is no successor: don't walk all of its virtual nodes to learn it.
+        if self.members.len() < 2 {
+            return None;
+        }
         let owner = self.ring.get(&key)?;
         let mut point = position(owner);
         // Each step passes one virtual node; the walk visits each at most once.
