@@ -308,6 +308,7 @@ impl NodeBuilder {
                 next_request: 0,
                 addrs: HashMap::new(),
                 timer_at: None,
+                timer_lag: Duration::ZERO,
                 leaving: false,
                 view: MemberView { live: vec![self.id], dead: Vec::new() },
             }),
@@ -463,6 +464,11 @@ pub struct NodeMetrics {
     pub members_unverified: usize,
     /// Checks waiting for their owner's answer.
     pub checks_waiting: usize,
+    /// How late the node ran its last due timers (sync rounds, retransmissions, forward
+    /// flushes) after their deadline: the sync lag of an overloaded node.
+    pub sync_lag: Duration,
+    /// The smoothed round-trip time to each peer measured so far, sorted by peer.
+    pub peer_round_trips: Vec<(NodeId, Duration)>,
 }
 
 struct Shared {
@@ -494,6 +500,8 @@ struct State {
     addrs: HashMap<NodeId, SocketAddr>,
     /// The deadline the timer task sleeps until.
     timer_at: Option<ratemesh_core::Instant>,
+    /// How late the timer task ran the core's last due timers (sync rounds among them).
+    timer_lag: Duration,
     leaving: bool,
     view: MemberView,
 }
@@ -619,6 +627,14 @@ impl Node {
         self.shared.lock_state().core.owner_of(key)
     }
 
+    /// The owners of many buckets at once, in the order of `keys`, all from one view of the ring:
+    /// the node's lock is taken once (probing the ring's balance with thousands of keys would
+    /// otherwise contend with checks once per key).
+    pub fn owners_of_hashed(&self, keys: &[KeyHash]) -> Vec<Option<NodeId>> {
+        let state = self.shared.lock_state();
+        keys.iter().map(|&key| state.core.owner_of(key)).collect()
+    }
+
     /// Counters and gauges, for metrics.
     pub fn metrics(&self) -> NodeMetrics {
         let state = self.shared.lock_state();
@@ -633,6 +649,8 @@ impl Node {
             members_dead: count(MemberStatus::Dead),
             members_unverified: count(MemberStatus::Unverified),
             checks_waiting: state.waiters.len(),
+            sync_lag: state.timer_lag,
+            peer_round_trips: state.core.round_trips(),
         }
     }
 
@@ -739,8 +757,9 @@ impl Shared {
             }
             let mut state = self.lock_state();
             let now = self.now();
-            if state.core.poll_timeout().is_some_and(|at| at <= now) {
+            if let Some(due) = state.core.poll_timeout().filter(|&at| at <= now) {
                 let _span = trace_span!("timers", node = ?self.id).entered();
+                state.timer_lag = Duration::from_nanos(now.nanos_since(due));
                 state.core.handle_timeout(now);
                 self.after_input(&mut state);
             }

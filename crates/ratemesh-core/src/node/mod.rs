@@ -213,6 +213,12 @@ impl Node {
         self.peers.unacked_frames()
     }
 
+    /// The smoothed round-trip time to each member this node has measured one for (acknowledged
+    /// frames), sorted by member.
+    pub fn round_trips(&self) -> Vec<(NodeId, core::time::Duration)> {
+        self.peers.round_trips().map(|(id, nanos)| (id, core::time::Duration::from_nanos(nanos))).collect()
+    }
+
     /// The key table's counters.
     pub fn store_stats(&self) -> crate::store::StoreStats {
         self.keys.stats()

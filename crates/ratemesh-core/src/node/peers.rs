@@ -118,6 +118,11 @@ impl Peers {
         self.stats
     }
 
+    /// The smoothed round-trip time to each member peer that has acknowledged a frame.
+    pub fn round_trips(&self) -> impl Iterator<Item = (NodeId, u64)> + '_ {
+        self.peers.iter().filter(|(_, p)| p.member).filter_map(|(&id, p)| Some((id, p.srtt_nanos?)))
+    }
+
     /// Frames waiting for an acknowledgement, over all peers.
     pub fn unacked_frames(&self) -> usize {
         self.peers.values().map(|peer| peer.unacked.len()).sum()
