@@ -73,6 +73,13 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 ///   seconds rounded up, at least 1 (`w=0` is meaningless);
 /// - `RateLimit: "<name>";r=<remaining>;t=<reset>`, `t` as in `X-RateLimit-Reset`.
 pub fn insert_headers(headers: &mut HeaderMap, policy: &NamedPolicy, decision: &Decision) {
+    insert_headers_for(headers, policy.name(), policy.policy().limit.spec().period, decision);
+}
+
+/// [`insert_headers`] for a caller that has a policy's name and window but no [`NamedPolicy`]
+/// (the daemon, whose policies live in its own table): `name` is the policy's name in
+/// `RateLimit-Policy` and `RateLimit`, `window` its period.
+pub fn insert_headers_for(headers: &mut HeaderMap, name: &str, window: Duration, decision: &Decision) {
     let reset = ceil_secs(decision.reset_after);
     headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
     headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
@@ -82,8 +89,8 @@ pub fn insert_headers(headers: &mut HeaderMap, policy: &NamedPolicy, decision: &
         // A stale `Retry-After` from an inner service would contradict an admission.
         None => headers.remove(RETRY_AFTER),
     };
-    let name = sf_string(policy.name());
-    let window = ceil_secs(policy.policy().limit.spec().period).max(1);
+    let name = sf_string(name);
+    let window = ceil_secs(window).max(1);
     insert_ascii(headers, RATELIMIT_POLICY, format!("{name};q={};w={window}", decision.limit));
     insert_ascii(headers, RATELIMIT, format!("{name};r={};t={reset}", decision.remaining));
 }
@@ -252,6 +259,15 @@ mod tests {
         assert_eq!(get(&headers, "X-RateLimit-Remaining"), Some("4"));
         assert_eq!(get(&headers, "Retry-After"), None);
         assert_eq!(get(&headers, "content-type"), Some("text/plain"), "other headers are kept");
+    }
+
+    #[test]
+    fn headers_for_a_name_and_window_equal_those_of_the_named_policy() {
+        let policy = policy("api", 10, Duration::from_millis(1_500));
+        let decision = decision(false, 0, Duration::from_secs(3), Some(Duration::from_millis(10)));
+        let mut by_name = HeaderMap::new();
+        insert_headers_for(&mut by_name, "api", Duration::from_millis(1_500), &decision);
+        assert_eq!(by_name, written(&policy, &decision));
     }
 
     #[test]

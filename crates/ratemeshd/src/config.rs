@@ -48,6 +48,8 @@ use zeroize::Zeroizing;
 pub use env::{ENV_PREFIX, variable_name as env_variable_name, variable_names as env_variable_names};
 use raw::{At, PolicyStarts, RawConfig, RawDescriptor, RawPolicy, Val};
 
+use crate::policy::INLINE_LABEL;
+
 /// The largest configuration file accepted, in bytes. A policy file is small; a larger one is a
 /// wrong path (a log, a binary), refused before it is parsed.
 pub const CONFIG_FILE_BYTES_MAX: usize = 1 << 20;
@@ -85,6 +87,10 @@ pub const DEAD_MEMBER_FORGET_MS_DEFAULT: u64 = 60_000;
 pub const HTTP_BODY_BYTES_MAX_DEFAULT: usize = 64 * 1024;
 /// Default `[limits] http_in_flight_max`.
 pub const HTTP_IN_FLIGHT_MAX_DEFAULT: usize = 1024;
+/// Default `[limits] connections_max`, as a multiple of `http_in_flight_max`: keep-alive clients
+/// hold connections between requests, so a listener needs more connections than requests in
+/// flight, but not unboundedly more.
+pub const CONNECTIONS_PER_IN_FLIGHT_DEFAULT: usize = 4;
 /// Default `[limits] batch_len_max`.
 pub const BATCH_LEN_MAX_DEFAULT: usize = 1000;
 /// Default `[limits] key_bytes_max`.
@@ -108,6 +114,7 @@ const DEAD_MEMBER_FORGET_MS_MAX: u64 = 7 * 24 * 3600 * 1000;
 const KEYS_MAX_MAX: u64 = 1 << 32;
 const HTTP_BODY_BYTES_MAX_MAX: u64 = 16 << 20;
 const HTTP_IN_FLIGHT_MAX_MAX: u64 = 1 << 20;
+const CONNECTIONS_MAX_MAX: u64 = 4 << 20;
 const BATCH_LEN_MAX_MAX: u64 = 100_000;
 
 const fn loopback(port: u16) -> SocketAddr {
@@ -234,6 +241,8 @@ pub struct Config {
     pub limits: Bounds,
     /// `[log]`.
     pub log: LogSection,
+    /// `[auth]`: where `GET /v1/auth` finds the policy and key when the query has none.
+    pub auth: AuthSection,
     /// `[[policies]]`, in file order; names unique, Envoy descriptor paths unique per domain.
     pub policies: Vec<PolicyConfig>,
 }
@@ -260,7 +269,9 @@ pub struct ClusterSection {
     /// `cluster_id`: nodes only gossip with nodes of the same id.
     pub cluster_id: String,
     /// `seeds`: gossip addresses (`ip:port`) contacted at start. Empty: a cluster of one, until
-    /// others seed from it.
+    /// others seed from it. With seeds, the daemon is ready (`GET /readyz`) only while another
+    /// member is live: a seeded node that cannot reach anyone is not ready (see
+    /// `crate::daemon`).
     pub seeds: Vec<SocketAddr>,
     /// `secret`, or `ca_cert_path` + `cert_path` + `key_path` (mutually exclusive).
     pub auth: ClusterAuth,
@@ -398,8 +409,12 @@ pub struct Bounds {
     /// `http_body_bytes_max`: larger request bodies get 413.
     pub http_body_bytes_max: usize,
     /// `http_in_flight_max`: requests served at once; more get 503 at once (load shedding, no
-    /// queue).
+    /// queue). The Envoy RLS server has a bound of its own of the same size.
     pub http_in_flight_max: usize,
+    /// `connections_max`: open TCP connections per listener (the HTTP API and the Envoy RLS
+    /// server each have this many); a connection beyond it is closed as soon as it is accepted.
+    /// Default [`CONNECTIONS_PER_IN_FLIGHT_DEFAULT`] × `http_in_flight_max`. Restart only.
+    pub connections_max: usize,
     /// `batch_len_max`: checks in one `POST /v1/check/batch`.
     pub batch_len_max: usize,
     /// `key_bytes_max`: the longest client key.
@@ -412,6 +427,7 @@ impl Default for Bounds {
             keys_max: StoreConfig::default().keys_max,
             http_body_bytes_max: HTTP_BODY_BYTES_MAX_DEFAULT,
             http_in_flight_max: HTTP_IN_FLIGHT_MAX_DEFAULT,
+            connections_max: CONNECTIONS_PER_IN_FLIGHT_DEFAULT * HTTP_IN_FLIGHT_MAX_DEFAULT,
             batch_len_max: BATCH_LEN_MAX_DEFAULT,
             key_bytes_max: KEY_BYTES_MAX_DEFAULT,
         }
@@ -445,6 +461,49 @@ impl LogFormat {
             LogFormat::Json => "json",
         }
     }
+}
+
+/// Default `[auth] policy_header`.
+pub const AUTH_POLICY_HEADER_DEFAULT: &str = "x-ratelimit-policy";
+/// Default `[auth] key_header`.
+pub const AUTH_KEY_HEADER_DEFAULT: &str = "x-ratelimit-key";
+
+/// `[auth]`: the request headers `GET /v1/auth` (nginx `auth_request`, Traefik forwardAuth)
+/// reads when the query string has no `policy` or `key`. Without the key header, the key is
+/// the client address from `X-Real-IP`, else the **last** entry of `X-Forwarded-For` (the one the
+/// nearest proxy appended; earlier entries are whatever the client sent).
+///
+/// These headers are trusted as they arrive, so the proxy in front must **set** them, replacing
+/// any value the client sent: nginx passes the client's own request headers to the
+/// `auth_request` subrequest, and a client that chose its own `X-RateLimit-Key` (or policy, or
+/// `X-Real-IP`) would pick its own bucket. With nginx: `proxy_set_header X-RateLimit-Key
+/// $remote_addr;` (or `X-Real-IP`), or pass the key in the query string, which the client cannot
+/// reach.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthSection {
+    /// `policy_header`: the header naming the policy (default `X-RateLimit-Policy`), stored
+    /// lowercase.
+    pub policy_header: String,
+    /// `key_header`: the header carrying the key (default `X-RateLimit-Key`), stored lowercase.
+    pub key_header: String,
+}
+
+impl Default for AuthSection {
+    fn default() -> Self {
+        AuthSection {
+            policy_header: AUTH_POLICY_HEADER_DEFAULT.to_owned(),
+            key_header: AUTH_KEY_HEADER_DEFAULT.to_owned(),
+        }
+    }
+}
+
+/// Whether `name` is a plausible HTTP header name: 1 to [`NAME_BYTES_MAX`] ASCII letters,
+/// digits, `-` and `_` (a subset of RFC 9110 tokens: every header a proxy sets in practice, and
+/// no punctuation that would more likely be a typo).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= NAME_BYTES_MAX
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// The most verbose level logged.
@@ -484,7 +543,8 @@ impl LogLevel {
 pub struct PolicyConfig {
     /// `name`: what `"policy"` in API requests and metrics labels refer to. Letters, digits,
     /// `_`, `-` and `.` only: names appear in metric labels and in `RateLimit-Policy` headers, and
-    /// cannot collide with inline limits' namespaces (`inline:…`).
+    /// cannot collide with inline limits' namespaces (`inline:…`). [`INLINE_LABEL`] itself is
+    /// refused: it is how metrics and headers name inline limits.
     pub name: String,
     /// `domain` + `descriptors`: the Envoy descriptor path this policy answers, if any.
     pub envoy: Option<EnvoyPattern>,
@@ -591,10 +651,14 @@ impl Config {
         Config::parse_with_env(&text, &path.display().to_string(), vars)
     }
 
-    /// The core node's configuration: the defaults, with this file's sync interval and key bound.
+    /// The core node's configuration: the defaults, with this file's sync interval and key bound,
+    /// and `forward_wait` zero as in `ratemesh::NodeBuilder`'s default (the tokio driver batches
+    /// forwarded checks by scheduling; the core's timer-based wait would add latency to every
+    /// exact-mode check of a key owned elsewhere).
     pub fn node_config(&self) -> NodeConfig {
         let defaults = NodeConfig::default();
         NodeConfig {
+            forward_wait: Duration::ZERO,
             sync_interval: self.cluster.sync_interval,
             store: StoreConfig { keys_max: self.limits.keys_max, ..defaults.store },
             ..defaults
@@ -770,8 +834,9 @@ impl Ctx<'_> {
         let cluster = self.cluster(raw, &listen)?;
         let limits = self.bounds(raw)?;
         let log = self.log(raw)?;
+        let auth = self.auth_section(raw)?;
         let policies = self.policies(&raw.policies)?;
-        Ok(Config { node, cluster, listen, limits, log, policies })
+        Ok(Config { node, cluster, listen, limits, log, auth, policies })
     }
 
     fn cluster(&self, raw: &RawConfig, listen: &ListenSection) -> Result<ClusterSection, ConfigError> {
@@ -1006,13 +1071,21 @@ impl Ctx<'_> {
             defaults.http_body_bytes_max,
             HTTP_BODY_BYTES_MAX_MAX,
         )?;
+        let http_in_flight_max = self.size(
+            "limits.http_in_flight_max",
+            &l.http_in_flight_max,
+            defaults.http_in_flight_max,
+            HTTP_IN_FLIGHT_MAX_MAX,
+        )?;
         Ok(Bounds {
             keys_max: self.size("limits.keys_max", &l.keys_max, defaults.keys_max, KEYS_MAX_MAX)?,
-            http_in_flight_max: self.size(
-                "limits.http_in_flight_max",
-                &l.http_in_flight_max,
-                defaults.http_in_flight_max,
-                HTTP_IN_FLIGHT_MAX_MAX,
+            http_in_flight_max,
+            // The default follows the in-flight bound; the product is at most 4 << 20.
+            connections_max: self.size(
+                "limits.connections_max",
+                &l.connections_max,
+                CONNECTIONS_PER_IN_FLIGHT_DEFAULT * http_in_flight_max,
+                CONNECTIONS_MAX_MAX,
             )?,
             batch_len_max: self.size(
                 "limits.batch_len_max",
@@ -1057,6 +1130,25 @@ impl Ctx<'_> {
             })?,
         };
         Ok(LogSection { format, level })
+    }
+
+    fn auth_section(&self, raw: &RawConfig) -> Result<AuthSection, ConfigError> {
+        let header = |field: &str, value: &Option<Val<String>>, default: &str| match value {
+            None => Ok(default.to_owned()),
+            Some(v) if is_header_name(&v.value) => Ok(v.value.to_ascii_lowercase()),
+            Some(v) => Err(self.invalid(
+                field,
+                &v.at,
+                format!(
+                    "{:?} is not a header name: use 1 to {NAME_BYTES_MAX} letters, digits, '-' or '_'",
+                    v.value
+                ),
+            )),
+        };
+        Ok(AuthSection {
+            policy_header: header("auth.policy_header", &raw.auth.policy_header, AUTH_POLICY_HEADER_DEFAULT)?,
+            key_header: header("auth.key_header", &raw.auth.key_header, AUTH_KEY_HEADER_DEFAULT)?,
+        })
     }
 
     fn policies(&self, raw: &[Spanned<RawPolicy>]) -> Result<Vec<PolicyConfig>, ConfigError> {
@@ -1105,6 +1197,15 @@ impl Ctx<'_> {
                     field("name"),
                     &v.at,
                     format!("{:?}: use 1 to {NAME_BYTES_MAX} letters, digits, '_', '-' or '.'", v.value),
+                ));
+            }
+            // Metrics and rate-limit headers label inline limits with this name: a policy of the
+            // same name could not be told apart from them.
+            Some(v) if v.value == INLINE_LABEL => {
+                return Err(self.invalid(
+                    field("name"),
+                    &v.at,
+                    format!("{INLINE_LABEL:?} is reserved for the limits given inline in requests"),
                 ));
             }
             Some(v) => v.value.clone(),

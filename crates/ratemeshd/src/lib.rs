@@ -1,15 +1,29 @@
 //! ratemeshd: the ratemesh daemon, for services in any language and for API gateways.
 //!
-//! This library holds the daemon's pure parts, which the network servers plug into:
-//!
 //! - [`config`]: the TOML configuration file with environment overrides, validated into a
 //!   [`Config`] whose every refusal names the field and the line.
 //! - [`policy`]: the [`PolicyTable`] built from a configuration (lookup by name, Envoy descriptor
 //!   matching with envoyproxy/ratelimit semantics), and the JSON bodies of the HTTP API
 //!   (`POST /v1/check`, `/v1/check/batch`, `/v1/release`) with their validation and responses.
+//! - [`daemon`]: the running [`Daemon`]: the node, the current policies (hot reload), checks
+//!   with metrics and shadow mode, readiness, shutdown.
+//! - [`metrics`]: the Prometheus metrics.
+//! - [`http`]: the HTTP API (axum); [`rls`]: the Envoy Rate Limit Service (gRPC); [`serve`]:
+//!   listeners, reload triggers, signals, graceful shutdown; [`listener`]: the listeners'
+//!   connection bound; [`logging`]: text or JSON logs with a reloadable level.
+//! - [`client`]: a minimal HTTP/1.1 client for the CLI's `check` and `cluster`.
 
+pub mod client;
 pub mod config;
+pub mod daemon;
+pub mod http;
+pub mod listener;
+pub mod logging;
+pub mod metrics;
 pub mod policy;
+pub mod rls;
+pub mod serve;
 
 pub use config::{Config, ConfigError};
+pub use daemon::{Daemon, DaemonError};
 pub use policy::{BodyError, PolicyTable};

@@ -2,26 +2,31 @@
 //!
 //! ```text
 //! ratemeshd [serve] [--config FILE]      run a node (the default command)
-//! ratemeshd check                        ask a running node from the shell
+//! ratemeshd check --policy NAME --key K  ask a running node from the shell (exit 0 allowed, 1 refused, 2 error)
 //! ratemeshd cluster                      print members, owners, ring balance
 //! ratemeshd certs --out DIR --nodes 1,2,3
 //! ratemeshd validate --config FILE
 //! ```
-//!
-//! `serve`, `check` and `cluster` need the network servers, which are not wired yet: they exit
-//! with status 2 after saying so (`serve` validates its configuration first).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use ratemesh::NodeId;
 use ratemesh::security::{CERT_FILES_NODES_MAX, ClusterCa, write_cert_files};
 use ratemeshd::Config;
+use ratemeshd::client;
+use ratemeshd::daemon::ConfigSource;
+use ratemeshd::policy::{CheckBody, LimitBody};
 
-/// Exit status of a command that is not wired to the network yet.
-const EXIT_NOT_WIRED: u8 = 2;
+/// Exit status of `check` when the request is allowed.
+const EXIT_ALLOWED: u8 = 0;
+/// Exit status of `check` when the request is refused.
+const EXIT_REFUSED: u8 = 1;
+/// Exit status of `check` and `cluster` when the node could not answer.
+const EXIT_ERROR: u8 = 2;
 
 /// The ratemesh daemon: one global rate limit per key across a cluster, over HTTP and the Envoy
 /// Rate Limit Service.
@@ -39,14 +44,70 @@ struct Cli {
 enum Command {
     /// Run a node (the default).
     Serve(ServeArgs),
-    /// Ask a running node for a decision (not wired yet).
-    Check,
-    /// Print the cluster's members, key owners and ring balance (not wired yet).
-    Cluster,
+    /// Ask a running node for a decision; prints the JSON answer. Exit 0 allowed, 1 refused,
+    /// 2 error.
+    Check(CheckArgs),
+    /// Print the cluster's members, their ring shares and the ring balance, as a running node
+    /// sees them.
+    Cluster(ClusterArgs),
     /// Create a cluster CA and a certificate per node, for `ca_cert_path`/`cert_path`/`key_path`.
     Certs(CertsArgs),
     /// Check a configuration file (and the RATEMESH_ environment overrides) and exit.
     Validate(ValidateArgs),
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// The node's HTTP API address (host:port).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: String,
+    /// A configured policy's name (or give an inline limit with --algorithm).
+    #[arg(long, required_unless_present = "algorithm")]
+    policy: Option<String>,
+    /// The key to check.
+    #[arg(long)]
+    key: String,
+    /// Hits to take (default 1; 0 only asks).
+    #[arg(long)]
+    cost: Option<u64>,
+    /// Inline limit: token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_counter,
+    /// sliding_window_log or concurrency.
+    #[arg(long, conflicts_with = "policy", requires_all = ["limit", "period_ms"])]
+    algorithm: Option<String>,
+    /// Inline limit: hits per period (concurrency: leases at once).
+    #[arg(long, requires = "algorithm")]
+    limit: Option<u64>,
+    /// Inline limit: the period in milliseconds.
+    #[arg(long, requires = "algorithm")]
+    period_ms: Option<u64>,
+    /// Inline limit: bucket capacity / burst.
+    #[arg(long, requires = "algorithm")]
+    burst: Option<u64>,
+    /// Inline limit (leaky_bucket): hits that pass without delay.
+    #[arg(long, requires = "algorithm")]
+    delay: Option<u64>,
+    /// Inline limit: exact or approximate.
+    #[arg(long, requires = "algorithm")]
+    mode: Option<String>,
+    /// Inline limit: local_share, fail_open or fail_closed.
+    #[arg(long, requires = "algorithm")]
+    fallback: Option<String>,
+    /// How long to wait for the answer, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    timeout_ms: u64,
+}
+
+#[derive(Debug, Args)]
+struct ClusterArgs {
+    /// The node's HTTP API address (host:port).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: String,
+    /// Print the node's JSON answer as it is.
+    #[arg(long)]
+    json: bool,
+    /// How long to wait for the answer, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    timeout_ms: u64,
 }
 
 #[derive(Debug, Default, Args)]
@@ -78,8 +139,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => serve(&cli.serve),
         Some(Command::Serve(args)) => serve(&args),
-        Some(Command::Check) => Ok(not_wired("check")),
-        Some(Command::Cluster) => Ok(not_wired("cluster")),
+        Some(Command::Check(args)) => Ok(check(&args)),
+        Some(Command::Cluster(args)) => Ok(cluster(&args)),
         Some(Command::Certs(args)) => certs(&args),
         Some(Command::Validate(args)) => Ok(validate(&args.config)),
     };
@@ -98,23 +159,141 @@ fn load_config(path: Option<&Path>) -> Result<Config, ratemeshd::ConfigError> {
     }
 }
 
-/// PLACEHOLDER until the servers are wired: validates the configuration, then exits with
-/// [`EXIT_NOT_WIRED`].
+/// `serve`: runs a node until SIGINT or SIGTERM.
 fn serve(args: &ServeArgs) -> Result<ExitCode> {
-    let config = load_config(args.config.as_deref())?;
-    eprintln!(
-        "ratemeshd: configuration ok (node {}, {} policies, HTTP {}), but serving is not wired yet",
-        config.node.id.0,
-        config.policies.len(),
-        config.listen.http,
-    );
-    Ok(ExitCode::from(EXIT_NOT_WIRED))
+    // Read through the source, so that the file watcher starts from the file this read.
+    let mut source = args.config.clone().map(|path| ConfigSource::new(path, std::env::vars_os()));
+    let config = match source.as_mut() {
+        Some(source) => source.load()?,
+        None => load_config(None)?,
+    };
+    let log = ratemeshd::logging::init(&config.log)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ratemeshd")
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(ratemeshd::serve::run(config, source, Some(log)))?;
+    Ok(ExitCode::SUCCESS)
 }
 
-/// PLACEHOLDER for the commands that talk to a running node.
-fn not_wired(command: &str) -> ExitCode {
-    eprintln!("ratemeshd {command}: not wired yet (needs the HTTP API of a running node)");
-    ExitCode::from(EXIT_NOT_WIRED)
+/// A current-thread runtime for the client commands.
+fn client_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the tokio runtime")
+}
+
+/// `check`: `POST /v1/check` to a running node.
+fn check(args: &CheckArgs) -> ExitCode {
+    let limit = args.algorithm.as_ref().map(|algorithm| LimitBody {
+        algorithm: Some(algorithm.clone()),
+        limit: args.limit,
+        period_ms: args.period_ms,
+        burst: args.burst,
+        delay: args.delay,
+        mode: args.mode.clone(),
+        fallback: args.fallback.clone(),
+    });
+    let body = CheckBody { key: Some(args.key.clone()), cost: args.cost, limit, policy: args.policy.clone() };
+    let answer = serde_json::to_vec(&body).context("encoding the request").and_then(|body| {
+        let timeout = Duration::from_millis(args.timeout_ms);
+        client_runtime()?
+            .block_on(client::request(
+                &args.addr,
+                "POST",
+                "/v1/check",
+                &[("Content-Type", "application/json")],
+                &body,
+                timeout,
+            ))
+            .with_context(|| format!("asking {}", args.addr))
+    });
+    let response = match answer {
+        Ok(response) => response,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let json = response.json().ok();
+    let pretty = json.as_ref().and_then(|json| serde_json::to_string_pretty(json).ok());
+    let allowed = json.as_ref().and_then(|json| json.get("allowed")?.as_bool());
+    match (response.status, allowed) {
+        (200, Some(allowed)) => {
+            println!("{}", pretty.unwrap_or_else(|| response.text()));
+            ExitCode::from(if allowed { EXIT_ALLOWED } else { EXIT_REFUSED })
+        }
+        (status, _) => {
+            eprintln!("error: HTTP {status}: {}", pretty.unwrap_or_else(|| response.text()));
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+/// `cluster`: `GET /v1/cluster` from a running node, as a table.
+fn cluster(args: &ClusterArgs) -> ExitCode {
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let answer = client_runtime().and_then(|runtime| {
+        runtime
+            .block_on(client::request(&args.addr, "GET", "/v1/cluster", &[], &[], timeout))
+            .with_context(|| format!("asking {}", args.addr))
+    });
+    let json = match answer {
+        Ok(response) if response.status == 200 => match response.json() {
+            Ok(json) => json,
+            Err(error) => {
+                eprintln!("error: the answer is not JSON: {error}");
+                return ExitCode::from(EXIT_ERROR);
+            }
+        },
+        Ok(response) => {
+            eprintln!("error: HTTP {}: {}", response.status, response.text());
+            return ExitCode::from(EXIT_ERROR);
+        }
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json).unwrap_or_else(|_| json.to_string()));
+    } else {
+        print!("{}", cluster_table(&json));
+    }
+    ExitCode::SUCCESS
+}
+
+/// The `GET /v1/cluster` answer as text for a person.
+fn cluster_table(json: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let text = |value: &serde_json::Value| match value {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    let mut out = String::new();
+    let ready = if json["ready"].as_bool() == Some(true) { "ready" } else { "NOT ready" };
+    // Writing to a String cannot fail.
+    let _ = writeln!(out, "node {} of cluster {}: {ready}", text(&json["node"]), text(&json["cluster_id"]));
+    let _ = writeln!(out, "{:>6}  {:<11} {:<24} {:>10}", "member", "status", "quic address", "ring share");
+    for member in json["members"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        let share = member["ring_share"].as_f64().unwrap_or(0.0) * 100.0;
+        let _ = writeln!(
+            out,
+            "{:>6}  {:<11} {:<24} {:>9.1}%",
+            text(&member["id"]),
+            text(&member["status"]),
+            text(&member["quic_addr"]),
+            share
+        );
+    }
+    let ring = &json["ring"];
+    let _ = writeln!(
+        out,
+        "ring: {} owners, this node owns {:.1}%, balance {:.2} (largest share over the fair one; 1.00 is even)",
+        ring["owners"],
+        ring["this_node_share"].as_f64().unwrap_or(0.0) * 100.0,
+        ring["balance"].as_f64().unwrap_or(0.0),
+    );
+    out
 }
 
 fn validate(path: &Path) -> ExitCode {
@@ -177,6 +356,59 @@ mod tests {
         assert!(
             Cli::try_parse_from(["ratemeshd", "--config", "a.toml", "validate", "--config", "b"]).is_err()
         );
+    }
+
+    #[test]
+    fn check_takes_a_policy_or_an_inline_limit() {
+        let cli =
+            Cli::try_parse_from(["ratemeshd", "check", "--policy", "api", "--key", "k"]).expect("parses");
+        assert!(matches!(cli.command, Some(Command::Check(_))));
+        let inline = [
+            "ratemeshd",
+            "check",
+            "--key",
+            "k",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "5",
+            "--period-ms",
+            "1000",
+        ];
+        assert!(Cli::try_parse_from(inline).is_ok());
+        assert!(Cli::try_parse_from(["ratemeshd", "check", "--key", "k"]).is_err(), "needs policy or limit");
+        assert!(
+            Cli::try_parse_from(["ratemeshd", "check", "--key", "k", "--algorithm", "gcra"]).is_err(),
+            "an inline limit needs --limit and --period-ms"
+        );
+        let both = [
+            "ratemeshd",
+            "check",
+            "--key",
+            "k",
+            "--policy",
+            "p",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "1",
+            "--period-ms",
+            "1",
+        ];
+        assert!(Cli::try_parse_from(both).is_err());
+    }
+
+    #[test]
+    fn cluster_table_lists_members_and_balance() {
+        let json = serde_json::json!({
+            "node": 1, "cluster_id": "c", "ready": true,
+            "members": [{"id": 1, "status": "live", "quic_addr": "127.0.0.1:1", "ring_share": 0.5}],
+            "ring": {"owners": 2, "this_node_share": 0.5, "balance": 1.0},
+        });
+        let table = cluster_table(&json);
+        assert!(table.contains("node 1 of cluster c: ready"), "{table}");
+        assert!(table.contains("127.0.0.1:1") && table.contains("50.0%"), "{table}");
+        assert!(table.contains("balance 1.00"), "{table}");
     }
 
     #[test]

@@ -47,12 +47,145 @@ fn validate_names_line_and_field_and_exits_1() {
 }
 
 #[test]
-fn unwired_commands_exit_2() {
-    for args in [&[][..], &["serve"], &["check"], &["cluster"]] {
+fn check_and_cluster_exit_2_when_no_node_answers() {
+    // A port nothing listens on: bound, then closed.
+    let addr =
+        std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").to_string();
+    for args in [
+        &["check", "--addr", &addr, "--policy", "p", "--key", "k", "--timeout-ms", "2000"][..],
+        &["cluster", "--addr", &addr, "--timeout-ms", "2000"],
+    ] {
         let out = ratemeshd(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("not wired yet"), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(&addr), "{args:?} names the address");
     }
+}
+
+/// The next line from `lines`, or `None` once `deadline` passed (or the sender is gone). One
+/// deadline bounds a whole loop of calls: a log that keeps producing lines cannot extend it.
+fn next_line(lines: &std::sync::mpsc::Receiver<String>, deadline: std::time::Instant) -> Option<String> {
+    let left = deadline.checked_duration_since(std::time::Instant::now())?;
+    lines.recv_timeout(left).ok()
+}
+
+/// Kills the child on drop, so that a failing test leaves nothing running.
+struct Serving(std::process::Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn serve_answers_check_and_cluster_then_stops_gracefully_on_sigterm() {
+    use std::io::BufRead as _;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    let dir = scratch("serve");
+    let path = dir.join("ratemesh.toml");
+    std::fs::write(
+        &path,
+        "[listen]\nhttp = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\ngossip = \"127.0.0.1:0\"\nquic = \"127.0.0.1:0\"\n\n\
+         [[policies]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod_ms = 3600000\n",
+    )
+    .expect("write");
+    let child = Command::new(env!("CARGO_BIN_EXE_ratemeshd"))
+        .args(["serve", "--config", &path.display().to_string()])
+        .env_clear()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ratemeshd starts");
+    let mut serving = Serving(child);
+    // The bound HTTP address is in the "serving" log line; the log is read on a thread so that
+    // waiting for it is bounded.
+    let stderr = serving.0.stderr.take().expect("stderr");
+    let (lines_tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wait = Duration::from_secs(60);
+    let mut log = Vec::new();
+    let deadline = Instant::now() + wait;
+    // Bounded by the deadline.
+    let addr = loop {
+        let line = next_line(&lines, deadline).unwrap_or_else(|| panic!("no serving line: {log:#?}"));
+        if let Some(rest) = line.split(" serving http=").nth(1) {
+            break rest.split_whitespace().next().expect("an address").to_owned();
+        }
+        log.push(line);
+    };
+    let check = ["check", "--addr", &addr, "--policy", "api", "--key", "k"];
+    let first = ratemeshd(&check);
+    assert_eq!(first.status.code(), Some(0), "allowed: {}", String::from_utf8_lossy(&first.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&first.stdout).expect("JSON on stdout");
+    assert_eq!(answer["allowed"], serde_json::json!(true));
+    assert_eq!(ratemeshd(&check).status.code(), Some(1), "refused");
+    let unknown = ratemeshd(&["check", "--addr", &addr, "--policy", "nope", "--key", "k"]);
+    assert_eq!(unknown.status.code(), Some(2), "an unknown policy is an error");
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("404"));
+    let inline = ratemeshd(&[
+        "check",
+        "--addr",
+        &addr,
+        "--key",
+        "k",
+        "--algorithm",
+        "gcra",
+        "--limit",
+        "5",
+        "--period-ms",
+        "1000",
+    ]);
+    assert_eq!(inline.status.code(), Some(0), "{}", String::from_utf8_lossy(&inline.stderr));
+    let cluster = ratemeshd(&["cluster", "--addr", &addr]);
+    assert!(cluster.status.success(), "{}", String::from_utf8_lossy(&cluster.stderr));
+    let table = String::from_utf8_lossy(&cluster.stdout);
+    assert!(table.contains("node 1 of cluster ratemesh: ready") && table.contains("100.0%"), "{table}");
+
+    // SIGHUP (through the shell's kill builtin) reloads the file: a new policy is served. The
+    // file watcher may see the change first; either way a "configuration reloaded" line says so.
+    let pid = serving.0.id().to_string();
+    let text = std::fs::read_to_string(&path).expect("read");
+    std::fs::write(&path, text.replace("name = \"api\"", "name = \"later\"")).expect("write");
+    let hup = Command::new("sh").args(["-c", &format!("kill -HUP {pid}")]).status().expect("sh runs");
+    assert!(hup.success());
+    let deadline = Instant::now() + wait;
+    // Bounded by the deadline.
+    loop {
+        let line = next_line(&lines, deadline).unwrap_or_else(|| panic!("no reload line: {log:#?}"));
+        let reloaded = line.contains("configuration reloaded");
+        log.push(line);
+        if reloaded {
+            break;
+        }
+    }
+    let later = ratemeshd(&["check", "--addr", &addr, "--policy", "later", "--key", "k"]);
+    assert_eq!(later.status.code(), Some(0), "{}", String::from_utf8_lossy(&later.stderr));
+
+    // SIGTERM: a graceful stop, exit status 0.
+    let kill = Command::new("sh").args(["-c", &format!("kill -TERM {pid}")]).status().expect("sh runs");
+    assert!(kill.success());
+    // The process exits once the node left the cluster; its stderr then closes, which ends the
+    // reader thread and disconnects the channel.
+    let mut tail = Vec::new();
+    let deadline = Instant::now() + wait;
+    // Ends when the process closes its stderr, or at the deadline.
+    while let Some(line) = next_line(&lines, deadline) {
+        tail.push(line);
+    }
+    let tail = tail.join("\n");
+    assert!(tail.contains("signal=\"SIGTERM\"") && tail.contains("node left the cluster"), "{tail}");
+    let exit = serving.0.wait().expect("exited");
+    assert!(exit.success(), "{exit:?}");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
 }
 
 #[test]

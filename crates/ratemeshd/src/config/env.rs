@@ -58,7 +58,7 @@ type Locate = fn(&mut RawConfig) -> Slot<'_>;
 
 /// Every overridable field, as `section.field`, with where it lives. The variable's name is
 /// derived from the field's ([`variable_name`]), so the two cannot drift apart.
-const OVERRIDES: [(&str, Locate); 24] = [
+const OVERRIDES: [(&str, Locate); 27] = [
     ("node.id", |raw| Slot::Number(&mut raw.node.id)),
     ("node.incarnation", |raw| Slot::Number(&mut raw.node.incarnation)),
     ("cluster.cluster_id", |raw| Slot::Text(&mut raw.cluster.cluster_id)),
@@ -79,10 +79,13 @@ const OVERRIDES: [(&str, Locate); 24] = [
     ("limits.keys_max", |raw| Slot::Number(&mut raw.limits.keys_max)),
     ("limits.http_body_bytes_max", |raw| Slot::Number(&mut raw.limits.http_body_bytes_max)),
     ("limits.http_in_flight_max", |raw| Slot::Number(&mut raw.limits.http_in_flight_max)),
+    ("limits.connections_max", |raw| Slot::Number(&mut raw.limits.connections_max)),
     ("limits.batch_len_max", |raw| Slot::Number(&mut raw.limits.batch_len_max)),
     ("limits.key_bytes_max", |raw| Slot::Number(&mut raw.limits.key_bytes_max)),
     ("log.format", |raw| Slot::Text(&mut raw.log.format)),
     ("log.level", |raw| Slot::Text(&mut raw.log.level)),
+    ("auth.policy_header", |raw| Slot::Text(&mut raw.auth.policy_header)),
+    ("auth.key_header", |raw| Slot::Text(&mut raw.auth.key_header)),
 ];
 
 /// The variable that overrides `field` (`cluster.seeds` → `RATEMESH_CLUSTER_SEEDS`).

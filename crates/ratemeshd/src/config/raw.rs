@@ -40,6 +40,7 @@ pub(super) struct RawConfig {
     pub(super) listen: RawListen,
     pub(super) limits: RawLimits,
     pub(super) log: RawLog,
+    pub(super) auth: RawAuth,
     pub(super) policies: Vec<Spanned<RawPolicy>>,
 }
 
@@ -85,6 +86,7 @@ pub(super) struct RawLimits {
     pub(super) keys_max: Option<Val<u64>>,
     pub(super) http_body_bytes_max: Option<Val<u64>>,
     pub(super) http_in_flight_max: Option<Val<u64>>,
+    pub(super) connections_max: Option<Val<u64>>,
     pub(super) batch_len_max: Option<Val<u64>>,
     pub(super) key_bytes_max: Option<Val<u64>>,
 }
@@ -95,6 +97,14 @@ pub(super) struct RawLimits {
 pub(super) struct RawLog {
     pub(super) format: Option<Val<String>>,
     pub(super) level: Option<Val<String>>,
+}
+
+/// `[auth]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawAuth {
+    pub(super) policy_header: Option<Val<String>>,
+    pub(super) key_header: Option<Val<String>>,
 }
 
 /// One `[[policies]]` entry.

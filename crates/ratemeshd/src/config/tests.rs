@@ -84,6 +84,7 @@ advertise_quic = "10.0.0.7:9003"
 keys_max = 5000
 http_body_bytes_max = 1024
 http_in_flight_max = 10
+connections_max = 30
 batch_len_max = 20
 key_bytes_max = 100
 
@@ -126,6 +127,7 @@ unlimited = true
             keys_max: 5000,
             http_body_bytes_max: 1024,
             http_in_flight_max: 10,
+            connections_max: 30,
             batch_len_max: 20,
             key_bytes_max: 100
         }
@@ -219,6 +221,15 @@ fn missing_and_malformed_policy_fields_are_named() {
     refused(&POLICY.replace("\"api\"", "\"inline:x\""), "policies[0].name", 2);
     refused(&(POLICY.to_owned() + "mode = \"strict\"\n"), "policies[0].mode", 6);
     refused(&(POLICY.to_owned() + "fallback = \"maybe\"\n"), "policies[0].fallback", 6);
+}
+
+#[test]
+fn the_inline_label_is_not_a_policy_name() {
+    let text = POLICY.replace("name = \"api\"", "name = \"inline\"");
+    let message = refused(&text, "policies[0].name", 2);
+    assert!(message.contains("reserved"), "{message}");
+    // Only the exact label: names that merely contain it are fine.
+    assert!(parse(&POLICY.replace("name = \"api\"", "name = \"inline-api\"")).is_ok());
 }
 
 #[test]
@@ -363,6 +374,11 @@ fn bounds_and_log_values_are_checked() {
     refused("[limits]\nkeys_max = 0\n", "limits.keys_max", 2);
     refused("[limits]\nhttp_body_bytes_max = 1000000000\n", "limits.http_body_bytes_max", 2);
     refused("[limits]\nhttp_in_flight_max = 0\n", "limits.http_in_flight_max", 2);
+    refused("[limits]\nconnections_max = 0\n", "limits.connections_max", 2);
+    refused("[limits]\nconnections_max = 100000000\n", "limits.connections_max", 2);
+    // The connection bound follows the in-flight bound unless it is given.
+    assert_eq!(parse("").expect("valid").limits.connections_max, 4 * HTTP_IN_FLIGHT_MAX_DEFAULT);
+    assert_eq!(parse("[limits]\nhttp_in_flight_max = 7\n").expect("valid").limits.connections_max, 28);
     refused("[limits]\nbatch_len_max = 1000000\n", "limits.batch_len_max", 2);
     refused("[limits]\nhttp_body_bytes_max = 1000\nkey_bytes_max = 2000\n", "limits.key_bytes_max", 3);
     // A smaller body bound lowers the default key bound with it.
@@ -440,7 +456,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 24);
+    assert_eq!(names.len(), 27);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.
@@ -490,4 +506,22 @@ fn the_example_file_is_valid() {
         ["api", "login", "upload", "exports", "edge-login-per-ip", "edge-api-per-ip", "edge-health"]
     );
     assert!(!config.cluster.auth.is_dev_secret());
+}
+
+#[test]
+fn auth_headers_default_and_are_checked() {
+    let config = Config::parse("", ORIGIN).expect("valid");
+    assert_eq!(config.auth.policy_header, "x-ratelimit-policy");
+    assert_eq!(config.auth.key_header, "x-ratelimit-key");
+    let config = Config::parse("[auth]\npolicy_header = \"X-Limit\"\nkey_header = \"X-User_Id\"\n", ORIGIN)
+        .expect("valid");
+    assert_eq!(
+        (config.auth.policy_header.as_str(), config.auth.key_header.as_str()),
+        ("x-limit", "x-user_id")
+    );
+    let error = Config::parse("[auth]\nkey_header = \"X User\"\n", ORIGIN).expect_err("refused");
+    assert_eq!(error.field(), Some("auth.key_header"), "{error}");
+    assert_eq!(error.line(), Some(2), "{error}");
+    let error = parse_env("", &[("RATEMESH_AUTH_POLICY_HEADER", "")]).expect_err("refused");
+    assert_eq!(error.field(), Some("auth.policy_header"), "{error}");
 }

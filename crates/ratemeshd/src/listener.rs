@@ -1,0 +1,331 @@
+//! The daemon's TCP listeners: a bound on open connections, and a deadline for a connection's
+//! first bytes.
+//!
+//! [`LimitedIncoming`] accepts connections from a stream of accepted sockets and lets each one
+//! through only with a permit of a semaphore (`limits.connections_max` of them per listener),
+//! held by the [`LimitedStream`] for the connection's whole life. A connection accepted when no
+//! permit is free is closed at once: the client sees its connection closed right away instead
+//! of waiting in the kernel's backlog for a slot, and every connection that is served costs a
+//! bounded amount of memory and file descriptors. Requests in flight have their own, smaller
+//! bounds (`limits.http_in_flight_max`); this one covers idle and slow connections, which hold
+//! no request permit.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+use tokio_stream::Stream;
+use tracing::{debug, warn};
+
+/// How long the listener pauses after a failed `accept` (file descriptors exhausted): accepting
+/// again at once would spin a core while nothing can be accepted.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// The most connections refused in one poll before the listener yields to other tasks: a flood
+/// of connections while the bound is reached must not keep one worker thread busy forever.
+const REFUSALS_PER_POLL_MAX: usize = 64;
+
+/// A deadline for a connection's first bytes: the connection must send `bytes` bytes within
+/// `timeout` of being accepted, or reading from it fails (and the server closes it).
+///
+/// The gRPC server uses it for the HTTP/2 connection preface, which hyper waits for without a
+/// timeout of its own: a client that opens connections and sends nothing would otherwise hold
+/// every connection slot forever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FirstBytes {
+    /// How many bytes.
+    pub bytes: usize,
+    /// Within how long.
+    pub timeout: Duration,
+}
+
+/// Connections from `incoming` (accepted sockets), each with one of `permits`; see the module
+/// documentation. A stream of `io::Result<LimitedStream>` that never ends by itself.
+pub struct LimitedIncoming<S> {
+    incoming: S,
+    permits: Arc<Semaphore>,
+    server: &'static str,
+    refused: Counter,
+    first_bytes: Option<FirstBytes>,
+    /// Set after an accept error: nothing is accepted until it fires.
+    pause: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> std::fmt::Debug for LimitedIncoming<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimitedIncoming")
+            .field("server", &self.server)
+            .field("permits_free", &self.permits.available_permits())
+            .field("first_bytes", &self.first_bytes)
+            .finish()
+    }
+}
+
+impl<S> LimitedIncoming<S>
+where
+    S: Stream<Item = io::Result<TcpStream>> + Unpin,
+{
+    /// Connections accepted by `incoming`, at most as many open at once as `permits` has;
+    /// `server` (`http` or `grpc`) names the listener in logs, and `refused` counts the
+    /// connections closed for lack of a permit.
+    pub fn new(incoming: S, permits: Arc<Semaphore>, server: &'static str, refused: Counter) -> Self {
+        LimitedIncoming { incoming, permits, server, refused, first_bytes: None, pause: None }
+    }
+
+    /// Every connection must send its first bytes within a deadline ([`FirstBytes`]).
+    pub fn first_bytes(self, first_bytes: FirstBytes) -> Self {
+        LimitedIncoming { first_bytes: Some(first_bytes), ..self }
+    }
+}
+
+impl<S> Stream for LimitedIncoming<S>
+where
+    S: Stream<Item = io::Result<TcpStream>> + Unpin,
+{
+    type Item = io::Result<LimitedStream>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if let Some(pause) = &mut this.pause {
+            if pause.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            this.pause = None;
+        }
+        for _ in 0..REFUSALS_PER_POLL_MAX {
+            let stream = match Pin::new(&mut this.incoming).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(Err(error))) => {
+                    warn!(server = this.server, %error, "accept failed");
+                    this.pause = Some(Box::pin(tokio::time::sleep(ACCEPT_ERROR_PAUSE)));
+                    return Poll::Ready(Some(Err(error)));
+                }
+                Poll::Ready(Some(Ok(stream))) => stream,
+            };
+            match Arc::clone(&this.permits).try_acquire_owned() {
+                Ok(permit) => {
+                    let first_bytes = this.first_bytes.map(|first| FirstBytesDeadline {
+                        remaining: first.bytes,
+                        timeout: first.timeout,
+                        deadline: Box::pin(tokio::time::sleep(first.timeout)),
+                    });
+                    return Poll::Ready(Some(Ok(LimitedStream { stream, _permit: permit, first_bytes })));
+                }
+                Err(_) => {
+                    // Dropping the socket closes it: the client sees its connection end at once.
+                    this.refused.inc();
+                    debug!(server = this.server, peer = ?stream.peer_addr().ok(), "connection refused: limits.connections_max reached");
+                }
+            }
+        }
+        // Refused a burst of connections: let other tasks run, and come back.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// The first-bytes deadline of one connection, until its bytes arrived.
+struct FirstBytesDeadline {
+    remaining: usize,
+    timeout: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+/// An accepted connection holding its connection permit until it is dropped.
+pub struct LimitedStream {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+    first_bytes: Option<FirstBytesDeadline>,
+}
+
+impl std::fmt::Debug for LimitedStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimitedStream").field("stream", &self.stream).finish_non_exhaustive()
+    }
+}
+
+impl LimitedStream {
+    /// The socket.
+    pub fn get_ref(&self) -> &TcpStream {
+        &self.stream
+    }
+}
+
+impl AsyncRead for LimitedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let Some(first) = &mut this.first_bytes else {
+            return polled;
+        };
+        match polled {
+            Poll::Ready(Ok(())) => {
+                let read = buf.filled().len() - before;
+                // 0 is the end of the stream: nothing more to wait for.
+                if read == 0 || read >= first.remaining {
+                    this.first_bytes = None;
+                } else {
+                    first.remaining -= read;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => {
+                if first.deadline.as_mut().poll(cx).is_ready() {
+                    let message =
+                        format!("the connection's first bytes did not arrive within {:?}", first.timeout);
+                    this.first_bytes = None;
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, message)));
+                }
+                Poll::Pending
+            }
+            error => error,
+        }
+    }
+}
+
+impl AsyncWrite for LimitedStream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for LimitedStream {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+    use tokio_stream::StreamExt as _;
+    use tokio_stream::wrappers::TcpListenerStream;
+
+    use super::*;
+
+    const BOUND: Duration = Duration::from_secs(20);
+
+    /// A listener whose accepted connections arrive on a channel, with `permits` permits.
+    async fn serve(
+        permits: usize,
+        first_bytes: Option<FirstBytes>,
+    ) -> (std::net::SocketAddr, mpsc::UnboundedReceiver<LimitedStream>, Counter) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let addr = listener.local_addr().expect("bound");
+        let refused = Counter::default();
+        let mut incoming = LimitedIncoming::new(
+            TcpListenerStream::new(listener),
+            Arc::new(Semaphore::new(permits)),
+            "test",
+            refused.clone(),
+        );
+        if let Some(first_bytes) = first_bytes {
+            incoming = incoming.first_bytes(first_bytes);
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            // Ends when the test drops the receiver.
+            while let Some(Ok(stream)) = incoming.next().await {
+                if tx.send(stream).is_err() {
+                    break;
+                }
+            }
+        });
+        (addr, rx, refused)
+    }
+
+    #[tokio::test]
+    async fn a_connection_beyond_the_bound_is_closed_at_once() {
+        let (addr, mut accepted, refused) = serve(1, None).await;
+        let _first = TcpStream::connect(addr).await.expect("connects");
+        let held = tokio::time::timeout(BOUND, accepted.recv()).await.expect("accepted").expect("open");
+        let mut second = TcpStream::connect(addr).await.expect("connects");
+        let mut buffer = Vec::new();
+        let read = tokio::time::timeout(BOUND, second.read_to_end(&mut buffer)).await.expect("closed");
+        // Closed or reset, with nothing sent.
+        if let Err(error) = read {
+            assert_eq!(error.kind(), io::ErrorKind::ConnectionReset, "{error}");
+        }
+        assert!(buffer.is_empty(), "{buffer:?}");
+        assert_eq!(refused.get(), 1);
+        // The permit comes back with the connection.
+        drop(held);
+        let _third = TcpStream::connect(addr).await.expect("connects");
+        tokio::time::timeout(BOUND, accepted.recv()).await.expect("accepted").expect("open");
+        assert_eq!(refused.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_first_bytes_must_arrive_in_time() {
+        let timeout = Duration::from_millis(50);
+        let (addr, mut accepted, _) = serve(2, Some(FirstBytes { bytes: 4, timeout })).await;
+
+        // Two bytes of four, then silence: reading fails once the deadline passed.
+        let started = Instant::now();
+        let mut slow = TcpStream::connect(addr).await.expect("connects");
+        slow.write_all(b"ab").await.expect("sends");
+        let mut server = tokio::time::timeout(BOUND, accepted.recv()).await.expect("accepted").expect("open");
+        let mut buffer = [0_u8; 8];
+        let mut read = 0;
+        // Bounded: every round reads a byte or more of the two sent, or ends.
+        let error = loop {
+            match tokio::time::timeout(BOUND, server.read(&mut buffer[read..])).await.expect("bounded") {
+                Ok(n) => {
+                    assert!(n > 0 && read + n <= 2, "{n}");
+                    read += n;
+                }
+                Err(error) => break error,
+            }
+        };
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut, "{error}");
+        assert!(started.elapsed() >= timeout);
+
+        // Four bytes in time: the deadline is gone, a silent connection is just idle.
+        let mut prompt = TcpStream::connect(addr).await.expect("connects");
+        prompt.write_all(b"abcd").await.expect("sends");
+        let mut server = tokio::time::timeout(BOUND, accepted.recv()).await.expect("accepted").expect("open");
+        let mut buffer = [0_u8; 4];
+        tokio::time::timeout(BOUND, server.read_exact(&mut buffer)).await.expect("bounded").expect("reads");
+        let idle = tokio::time::timeout(timeout * 4, server.read(&mut buffer)).await;
+        assert!(idle.is_err(), "still open, no error: {idle:?}");
+    }
+}

@@ -1,0 +1,413 @@
+//! `ratemeshd serve`: the listeners, reload triggers, signals and graceful shutdown.
+//!
+//! [`run`] is the whole command: start the [`Daemon`], bind the HTTP API and the Envoy RLS
+//! gRPC listener ([`start`]), reload on SIGHUP and when the configuration file changes
+//! ([`spawn_file_watcher`]), and on SIGINT or SIGTERM shut down gracefully: readiness turns
+//! false, the servers stop accepting and finish the requests in progress (at most
+//! [`DRAIN_TIMEOUT`]), then the node leaves the cluster and hands its keys to their new owners.
+//!
+//! # Connections
+//!
+//! Each listener keeps at most `limits.connections_max` connections open (`crate::listener`:
+//! one more is closed as soon as it is accepted). The HTTP API is served by hyper's HTTP/1
+//! server with a timer, so that a request's head must arrive within
+//! [`crate::http::HEADER_READ_TIMEOUT`] of the connection waiting for it: a connection that
+//! sends nothing, sends its head a byte at a time, or sits idle after a keep-alive answer is
+//! closed then. (`axum::serve` installs no timer and could not bound this.)
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::TcpListenerStream;
+use tracing::{debug, error, info, warn};
+
+use crate::config::Config;
+use crate::daemon::{ConfigSource, Daemon, DaemonError, FileStamp, ReloadError, Reloaded};
+use crate::listener::{LimitedIncoming, LimitedStream};
+use crate::logging::LogControl;
+
+/// How long the servers may take to finish the requests in progress at shutdown.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the configuration file's modification time and length are polled.
+pub const FILE_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Why serving failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The daemon (its node) could not start.
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+    /// A listener could not be bound.
+    #[error("binding the {what} listener on {addr}: {source}")]
+    Bind {
+        /// `HTTP` or `gRPC`.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A server stopped with an error.
+    #[error("{what} server: {message}")]
+    Server {
+        /// `HTTP` or `gRPC`.
+        what: &'static str,
+        /// What happened.
+        message: String,
+    },
+    /// Signal handlers could not be installed.
+    #[error("installing signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// The time bounds of both servers. The defaults are those of [`crate::http`] and
+/// [`crate::rls`]; tests shorten them to see them work without waiting seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// The HTTP API's.
+    pub http: crate::http::Timeouts,
+    /// The Envoy RLS server's.
+    pub grpc: crate::rls::Timeouts,
+}
+
+/// The running servers of a daemon, with the addresses they are bound to (port 0 in the
+/// configuration is replaced by the port the system chose).
+#[derive(Debug)]
+pub struct Servers {
+    daemon: Arc<Daemon>,
+    http_addr: SocketAddr,
+    grpc_addr: Option<SocketAddr>,
+    http_connections: Arc<Semaphore>,
+    grpc_connections: Arc<Semaphore>,
+    tasks: JoinSet<(&'static str, Result<(), String>)>,
+}
+
+impl Servers {
+    /// The HTTP API's address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// The Envoy RLS gRPC address (`None` if the gRPC server is not built in).
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc_addr
+    }
+
+    /// The daemon served.
+    pub fn daemon(&self) -> &Arc<Daemon> {
+        &self.daemon
+    }
+
+    /// The HTTP listener's connection bound (`limits.connections_max` permits, one held by each
+    /// open connection). Waiting for a permit tells when a connection has been let go.
+    pub fn http_connections(&self) -> &Arc<Semaphore> {
+        &self.http_connections
+    }
+
+    /// The gRPC listener's connection bound, as [`Servers::http_connections`].
+    pub fn grpc_connections(&self) -> &Arc<Semaphore> {
+        &self.grpc_connections
+    }
+
+    /// Waits until a server stops by itself (an error, or the shutdown began).
+    pub async fn stopped(&mut self) -> Result<(), ServeError> {
+        match self.tasks.join_next().await {
+            None => Ok(()),
+            Some(Ok((_, Ok(())))) => Ok(()),
+            Some(Ok((what, Err(message)))) => Err(ServeError::Server { what, message }),
+            Some(Err(join)) => Err(ServeError::Server { what: "a", message: join.to_string() }),
+        }
+    }
+
+    /// Graceful shutdown: the daemon stops being ready and refuses new checks, the servers stop
+    /// accepting and finish what is in progress (at most [`DRAIN_TIMEOUT`], then the rest is
+    /// dropped), and the node leaves the cluster, handing its keys over.
+    pub async fn shutdown(mut self) {
+        self.daemon.begin_shutdown();
+        let drain = async {
+            // Bounded by the number of servers.
+            while let Some(joined) = self.tasks.join_next().await {
+                match joined {
+                    Ok((what, Err(message))) => {
+                        warn!(server = what, %message, "server stopped with an error")
+                    }
+                    Ok((what, Ok(()))) => info!(server = what, "server stopped"),
+                    Err(join) => warn!(%join, "server task failed"),
+                }
+            }
+        };
+        if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
+            warn!(timeout = ?DRAIN_TIMEOUT, "requests still in progress after the drain timeout: dropped");
+            self.tasks.abort_all();
+        }
+        self.daemon.node().shutdown().await;
+        info!("node left the cluster");
+    }
+}
+
+/// Binds the HTTP API on `listen.http` and the gRPC server on `listen.grpc`, and serves them
+/// until the daemon's shutdown begins ([`Servers::shutdown`]).
+pub async fn start(daemon: Arc<Daemon>) -> Result<Servers, ServeError> {
+    start_with(daemon, Options::default()).await
+}
+
+/// [`start`] with other time bounds.
+pub async fn start_with(daemon: Arc<Daemon>, options: Options) -> Result<Servers, ServeError> {
+    let (config, _) = daemon.current();
+    let mut tasks = JoinSet::new();
+    // One bound per listener: a flood of connections to one server does not lock the other out.
+    let http_connections = Arc::new(Semaphore::new(config.limits.connections_max));
+    let grpc_connections = Arc::new(Semaphore::new(config.limits.connections_max));
+    let http_addr =
+        start_http(&daemon, config.listen.http, Arc::clone(&http_connections), options.http, &mut tasks)
+            .await?;
+    let grpc_addr =
+        start_grpc(&daemon, config.listen.grpc, Arc::clone(&grpc_connections), options.grpc, &mut tasks)
+            .await?;
+    Ok(Servers { daemon, http_addr, grpc_addr, http_connections, grpc_connections, tasks })
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServeError> {
+    let bind_error = |source| ServeError::Bind { what, addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, local))
+}
+
+/// The HTTP API server.
+async fn start_http(
+    daemon: &Arc<Daemon>,
+    addr: SocketAddr,
+    connections: Arc<Semaphore>,
+    timeouts: crate::http::Timeouts,
+    tasks: &mut JoinSet<(&'static str, Result<(), String>)>,
+) -> Result<SocketAddr, ServeError> {
+    let (listener, local) = bind("HTTP", addr).await?;
+    let refused = daemon.metrics().connections_refused("http");
+    let incoming = LimitedIncoming::new(TcpListenerStream::new(listener), connections, "http", refused);
+    let app = crate::http::router_with(Arc::clone(daemon), timeouts);
+    let shutdown = daemon.shutdown_signal();
+    tasks.spawn(async move {
+        serve_http(incoming, app, timeouts.header_read, shutdown).await;
+        ("HTTP", Ok(()))
+    });
+    Ok(local)
+}
+
+/// Serves `app` on every connection of `incoming` until `shutdown` completes, then stops
+/// accepting, asks every connection to close after its request in progress, and returns once
+/// they all did. The connections are tasks of this future: dropping it (the drain timeout)
+/// drops them.
+async fn serve_http(
+    mut incoming: LimitedIncoming<TcpListenerStream>,
+    app: Router,
+    header_read_timeout: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout).keep_alive(true);
+    // Tells every connection to finish its request in progress and close.
+    let (closing_tx, closing) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    // Runs until shutdown; the listener's stream never ends by itself.
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            // Reaps finished connections, so that the set holds only open ones.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = incoming.next() => accepted,
+        };
+        let stream = match accepted {
+            Some(Ok(stream)) => stream,
+            // Logged, and paused after, by the listener.
+            Some(Err(_)) => continue,
+            None => break,
+        };
+        // Checks are small request/response pairs: Nagle's algorithm would hold each answer
+        // back waiting for the client's delayed ACK.
+        if let Err(error) = stream.get_ref().set_nodelay(true) {
+            debug!(%error, "HTTP connection: cannot set TCP_NODELAY");
+        }
+        connections.spawn(serve_http_connection(builder.clone(), stream, app.clone(), closing.clone()));
+    }
+    drop(incoming);
+    closing_tx.send_replace(true);
+    // Bounded by the connections open at shutdown (no more are accepted), each of which closes
+    // after its request in progress; the drain timeout bounds the whole.
+    while connections.join_next().await.is_some() {}
+}
+
+/// Serves one HTTP connection until it closes, or until `closing` turns true, then lets its
+/// request in progress finish and closes it.
+async fn serve_http_connection(
+    builder: auto::Builder<TokioExecutor>,
+    stream: LimitedStream,
+    app: Router,
+    mut closing: watch::Receiver<bool>,
+) {
+    let connection = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+    tokio::pin!(connection);
+    let closing = async move {
+        // An error means the server is gone: closing too. The guard is dropped at once (it is
+        // not `Send`).
+        let _ = closing.wait_for(|closing| *closing).await;
+    };
+    let served = tokio::select! {
+        served = connection.as_mut() => served,
+        () = closing => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    // A client that closed early, a header timeout, a malformed request: the connection's own
+    // business, not the server's.
+    if let Err(error) = served {
+        debug!(%error, "HTTP connection ended with an error");
+    }
+}
+
+/// The Envoy Rate Limit Service (gRPC) server: binds `listen.grpc` and runs
+/// [`crate::rls::serve`] until shutdown.
+async fn start_grpc(
+    daemon: &Arc<Daemon>,
+    addr: SocketAddr,
+    connections: Arc<Semaphore>,
+    timeouts: crate::rls::Timeouts,
+    tasks: &mut JoinSet<(&'static str, Result<(), String>)>,
+) -> Result<Option<SocketAddr>, ServeError> {
+    let (listener, local) = bind("gRPC", addr).await?;
+    let shutdown = daemon.shutdown_signal();
+    let server = crate::rls::serve(Arc::clone(daemon), listener, connections, timeouts, shutdown);
+    tasks.spawn(async move { ("gRPC", server.await.map_err(|e| e.to_string())) });
+    Ok(Some(local))
+}
+
+/// Reloads the configuration and logs the outcome; `why` says what triggered it.
+pub fn reload_and_log(daemon: &Daemon, why: &str) -> Result<Reloaded, ReloadError> {
+    let result = daemon.reload();
+    match &result {
+        Ok(Reloaded::Applied) => {
+            let (config, _) = daemon.current();
+            info!(
+                trigger = why,
+                policies = config.policies.len(),
+                level = config.log.level.name(),
+                "configuration reloaded"
+            );
+        }
+        Ok(Reloaded::Unchanged) => info!(trigger = why, "configuration unchanged"),
+        Err(e) => {
+            error!(trigger = why, error = %e, "configuration reload refused; the running configuration stays")
+        }
+    }
+    result
+}
+
+/// Polls the daemon's configuration file every `period` (its modification time and length;
+/// no file-system notification dependency) and reloads when it differs from the file as it was
+/// last read (at start, or by any reload: [`Daemon::read_stamp`]) and then stayed the same for
+/// one more poll: an editor that truncates and then writes is never read half-way. A change made
+/// between the start's read and the watcher's first poll is therefore seen too. Stops when the
+/// daemon shuts down. `None` when the daemon has no file.
+pub fn spawn_file_watcher(daemon: Arc<Daemon>, period: Duration) -> Option<JoinHandle<()>> {
+    let path = daemon.source_path()?.to_owned();
+    let shutdown = daemon.shutdown_signal();
+    Some(tokio::spawn(async move {
+        tokio::pin!(shutdown);
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut pending = daemon.read_stamp();
+        // Runs until the daemon shuts down.
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return,
+                _ = tick.tick() => {}
+            }
+            let now = FileStamp::of(&path);
+            if now != daemon.read_stamp() && now == pending {
+                let _ = reload_and_log(&daemon, "file changed");
+            }
+            pending = now;
+        }
+    }))
+}
+
+/// Applies the daemon's log level to the installed subscriber whenever a reload changes it.
+fn spawn_log_level_follower(daemon: &Daemon, log: LogControl) -> JoinHandle<()> {
+    let mut levels = daemon.subscribe_log_level();
+    tokio::spawn(async move {
+        // Ends when the daemon is dropped (the sender closes).
+        while levels.changed().await.is_ok() {
+            let level = *levels.borrow_and_update();
+            match log.set_level(level) {
+                Ok(()) => info!(level = level.name(), "log level changed"),
+                Err(e) => warn!(%e, "log level not changed"),
+            }
+        }
+    })
+}
+
+/// `ratemeshd serve`: runs a node on `config` until SIGINT or SIGTERM. `source` is the file the
+/// configuration came from (reloaded on SIGHUP and when it changes); `log` applies reloaded
+/// log levels.
+pub async fn run(
+    config: Config,
+    source: Option<ConfigSource>,
+    log: Option<LogControl>,
+) -> Result<(), ServeError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
+    let daemon = Daemon::start_with_source(config, source).await?;
+    let mut servers = match start(Arc::clone(&daemon)).await {
+        Ok(servers) => servers,
+        Err(e) => {
+            daemon.shutdown().await;
+            return Err(e);
+        }
+    };
+    info!(
+        http = %servers.http_addr(),
+        grpc = %servers.grpc_addr().map_or_else(|| "-".to_owned(), |addr| addr.to_string()),
+        node = daemon.id().0,
+        "serving"
+    );
+    let _log_follower = log.map(|log| spawn_log_level_follower(&daemon, log));
+    let _watcher = spawn_file_watcher(Arc::clone(&daemon), FILE_POLL_INTERVAL);
+    // Runs until a stop signal or a server failure.
+    let outcome = loop {
+        tokio::select! {
+            _ = hangup.recv() => {
+                let _ = reload_and_log(&daemon, "SIGHUP");
+            }
+            _ = interrupt.recv() => {
+                info!(signal = "SIGINT", "stopping");
+                break Ok(());
+            }
+            _ = terminate.recv() => {
+                info!(signal = "SIGTERM", "stopping");
+                break Ok(());
+            }
+            stopped = servers.stopped() => {
+                break Err(stopped.err().unwrap_or(ServeError::Server {
+                    what: "a",
+                    message: "stopped unexpectedly".to_owned(),
+                }));
+            }
+        }
+    };
+    servers.shutdown().await;
+    outcome
+}

@@ -1,0 +1,954 @@
+//! The HTTP API of an in-process daemon on ephemeral ports, spoken over raw HTTP/1.1: every
+//! endpoint's happy path, bad input of every kind (each a clear 4xx JSON naming the field, and
+//! the node keeps serving), hot reload, load shedding, connection bounds and time bounds,
+//! readiness, and shutdown.
+//!
+//! Every wait is on a signal (a watch channel) or a bounded poll, never a sleep.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ratemesh::{CheckError, MemberStatus};
+use ratemesh_core::Namespace;
+use ratemeshd::ConfigError;
+use ratemeshd::client::{self, Response};
+use ratemeshd::config::LogLevel;
+use ratemeshd::daemon::{ConfigSource, Daemon, OBSERVE_IN_FLIGHT_MAX, RING_PROBES, ReloadError, Reloaded};
+use ratemeshd::serve::{self, Options, Servers};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+/// The bound of one request, and of every wait.
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Every listener on an ephemeral loopback port; bodies up to 128 KiB so that a 64 KiB key
+/// reaches the key check (and is refused there, naming `key`).
+const BASE: &str = r#"
+[listen]
+http = "127.0.0.1:0"
+grpc = "127.0.0.1:0"
+gossip = "127.0.0.1:0"
+quic = "127.0.0.1:0"
+
+[limits]
+http_body_bytes_max = 131072
+http_in_flight_max = 4
+batch_len_max = 10
+
+[log]
+level = "info"
+"#;
+
+/// The algorithms, each as a policy of that name: 3 per hour, exact mode.
+const ALGORITHMS: [&str; 7] = [
+    "token_bucket",
+    "gcra",
+    "leaky_bucket",
+    "fixed_window",
+    "sliding_window_counter",
+    "sliding_window_log",
+    "concurrency",
+];
+
+/// Whether `algorithm` has a burst parameter (its default is 1 for GCRA and the shaper: set it
+/// to the limit so that every algorithm admits 3 in a row).
+fn takes_burst(algorithm: &str) -> bool {
+    matches!(algorithm, "token_bucket" | "gcra" | "leaky_bucket")
+}
+
+fn policies() -> String {
+    let mut text = String::new();
+    for algorithm in ALGORITHMS {
+        let burst = if takes_burst(algorithm) { "burst = 3\n" } else { "" };
+        text.push_str(&format!(
+            "[[policies]]\nname = \"{algorithm}\"\nalgorithm = \"{algorithm}\"\nlimit = 3\nperiod_ms = 3600000\n{burst}mode = \"exact\"\n\n"
+        ));
+    }
+    text.push_str(
+        r#"
+[[policies]]
+name = "login"
+algorithm = "fixed_window"
+limit = 2
+period_ms = 3600000
+mode = "exact"
+
+[[policies]]
+name = "shadow"
+algorithm = "fixed_window"
+limit = 1
+period_ms = 3600000
+mode = "exact"
+shadow_mode = true
+
+[[policies]]
+name = "free"
+domain = "edge"
+descriptors = [{ key = "internal" }]
+unlimited = true
+
+[[policies]]
+name = "envoy"
+domain = "edge"
+descriptors = [{ key = "remote_address" }]
+algorithm = "gcra"
+limit = 10
+period_ms = 1000
+"#,
+    );
+    text
+}
+
+/// A daemon serving on ephemeral ports, its configuration in a scratch file.
+struct Harness {
+    servers: Option<Servers>,
+    daemon: Arc<Daemon>,
+    addr: String,
+    path: PathBuf,
+    dir: PathBuf,
+}
+
+impl Harness {
+    async fn start(name: &str, config: &str) -> Harness {
+        Harness::start_with(name, config, Options::default()).await
+    }
+
+    async fn start_with(name: &str, config: &str, options: Options) -> Harness {
+        let dir = std::env::temp_dir().join(format!("ratemeshd-http-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        let path = dir.join("ratemesh.toml");
+        std::fs::write(&path, config).expect("write config");
+        let mut source = ConfigSource::new(path.clone(), std::iter::empty());
+        let config = source.load().expect("valid config");
+        let daemon = Daemon::start_with_source(config, Some(source)).await.expect("daemon starts");
+        let servers = serve::start_with(Arc::clone(&daemon), options).await.expect("servers start");
+        let addr = servers.http_addr().to_string();
+        assert!(servers.grpc_addr().is_some_and(|addr| addr.port() != 0), "gRPC bound");
+        Harness { servers: Some(servers), daemon, addr, path, dir }
+    }
+
+    async fn standard(name: &str) -> Harness {
+        Harness::start(name, &format!("{BASE}\n{}", policies())).await
+    }
+
+    async fn request(&self, method: &str, target: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+        client::request(&self.addr, method, target, headers, body, TIMEOUT).await.expect("an answer")
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> Response {
+        self.post_raw(path, body.to_string().as_bytes()).await
+    }
+
+    async fn post_raw(&self, path: &str, body: &[u8]) -> Response {
+        self.request("POST", path, &[("Content-Type", "application/json")], body).await
+    }
+
+    async fn get(&self, target: &str) -> Response {
+        self.request("GET", target, &[], &[]).await
+    }
+
+    fn servers(&self) -> &Servers {
+        self.servers.as_ref().expect("serving")
+    }
+
+    async fn stop(mut self) {
+        if let Some(servers) = self.servers.take() {
+            servers.shutdown().await;
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn json_of(response: &Response) -> Value {
+    response.json().unwrap_or_else(|e| panic!("JSON body ({e}): {}", response.text()))
+}
+
+/// Asserts a JSON error answer with `status`, naming `field` when given.
+#[track_caller]
+fn assert_error(response: &Response, status: u16, field: Option<&str>, what: &str) {
+    assert_eq!(response.status, status, "{what}: {}", response.text());
+    assert_eq!(response.header("content-type"), Some("application/json"), "{what}");
+    let body = json_of(response);
+    assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()), "{what}: {body}");
+    if let Some(field) = field {
+        assert_eq!(body["field"], json!(field), "{what}: {body}");
+    }
+}
+
+/// Asserts the good request the node must answer after any bad one.
+async fn assert_still_serving(h: &Harness) {
+    let r = h.post("/v1/check", &json!({"key": "alive", "policy": "free"})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(json_of(&r)["allowed"], json!(true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_algorithm_admits_then_refuses_with_headers() {
+    let h = Harness::standard("algorithms").await;
+    for algorithm in ALGORITHMS {
+        for (how, body) in [
+            ("named", json!({"key": "k", "policy": algorithm})),
+            (
+                "inline",
+                json!({"key": "k", "limit": {
+                    "algorithm": algorithm, "limit": 3, "period_ms": 3600000, "mode": "exact",
+                    "burst": takes_burst(algorithm).then_some(3),
+                }}),
+            ),
+        ] {
+            let label = if how == "named" { algorithm } else { "inline" };
+            let mut admitted = 0;
+            let mut refused = None;
+            // Bounded: every algorithm refuses within a few checks of a limit of 3 per hour.
+            for _ in 0..10 {
+                let r = h.post("/v1/check", &body).await;
+                assert_eq!(r.status, 200, "{algorithm} {how}: {}", r.text());
+                let answer = json_of(&r);
+                assert_eq!(answer["limit"], json!(3), "{algorithm} {how}: {answer}");
+                assert_eq!(r.header("x-ratelimit-limit"), Some("3"), "{algorithm} {how}");
+                assert!(r.header("x-ratelimit-remaining").is_some(), "{algorithm} {how}");
+                assert!(r.header("x-ratelimit-reset").is_some(), "{algorithm} {how}");
+                let policy_header = format!("\"{label}\";q=3;w=3600");
+                assert_eq!(r.header("ratelimit-policy"), Some(policy_header.as_str()), "{algorithm} {how}");
+                assert_eq!(answer.get("delay_ms").is_some(), algorithm == "leaky_bucket", "{answer}");
+                assert_eq!(
+                    answer.get("lease").is_some(),
+                    algorithm == "concurrency" && answer["allowed"] == true
+                );
+                if answer["allowed"] == json!(true) {
+                    admitted += 1;
+                    assert_eq!(answer["retry_after_ms"], Value::Null);
+                } else {
+                    assert!(
+                        r.header("retry-after").is_some(),
+                        "{algorithm} {how}: refused without Retry-After"
+                    );
+                    assert!(answer["retry_after_ms"].as_u64().is_some_and(|ms| ms > 0), "{answer}");
+                    refused = Some(answer);
+                    break;
+                }
+            }
+            assert!(refused.is_some(), "{algorithm} {how}: never refused");
+            // The shaper, like nginx's limit_req with burst=3, passes one hit plus 3 queued.
+            let expected = if algorithm == "leaky_bucket" { 4 } else { 3 };
+            assert_eq!(admitted, expected, "{algorithm} {how}: a limit (and burst) of 3");
+        }
+    }
+    // The two families of buckets are apart: a named policy and an inline limit with the same
+    // parameters and key do not share a bucket (each admitted 3 above).
+    let metrics = h.get("/metrics").await.text();
+    assert!(metrics.contains(r#"ratemesh_requests_total{policy="gcra",decision="allowed"} 3"#), "{metrics}");
+    assert!(metrics.contains(r#"ratemesh_over_limit_total{policy="inline"} 7"#), "{metrics}");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_checks_take_nothing_and_batches_answer_in_order() {
+    let h = Harness::standard("batch").await;
+    let query = h.post("/v1/check", &json!({"key": "q", "policy": "login", "cost": 0})).await;
+    assert_eq!(json_of(&query)["remaining"], json!(2), "cost 0 takes nothing");
+    let batch = json!([
+        {"key": "b", "policy": "login"},
+        {"key": "b", "policy": "login"},
+        {"key": "b", "policy": "login"},
+        {"key": "b", "policy": "free"},
+        {"key": "b", "limit": {"algorithm": "token_bucket", "limit": 1, "period_ms": 1000}},
+    ]);
+    let r = h.post("/v1/check/batch", &batch).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answers = json_of(&r);
+    let allowed: Vec<_> = answers.as_array().expect("array").iter().map(|a| a["allowed"].clone()).collect();
+    assert_eq!(allowed, [json!(true), json!(true), json!(false), json!(true), json!(true)]);
+    let r = h.post("/v1/check/batch", &json!([{"key": "b", "policy": "login"}, {"policy": "login"}])).await;
+    assert_error(&r, 400, Some("[1].key"), "batch item without key");
+    let r = h.post("/v1/check/batch", &json!([{"key": "b", "policy": "nope"}])).await;
+    assert_error(&r, 404, Some("[0].policy"), "batch item with an unknown policy");
+    let long: Vec<Value> = (0..11).map(|_| json!({"key": "b", "policy": "free"})).collect();
+    let r = h.post("/v1/check/batch", &Value::Array(long)).await;
+    assert_error(&r, 400, Some("[10]"), "batch over batch_len_max");
+    let r = h.post("/v1/check/batch", &json!({"key": "b"})).await;
+    assert_error(&r, 400, None, "batch that is not an array");
+    let r = h.post("/v1/check/batch", &json!([])).await;
+    assert_eq!((r.status, json_of(&r)), (200, json!([])), "an empty batch is an empty answer");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_concurrency_lease_admits_the_next_request() {
+    let config = format!(
+        "{BASE}\n[[policies]]\nname = \"jobs\"\nalgorithm = \"concurrency\"\nlimit = 1\nperiod_ms = 60000\nmode = \"exact\"\n\n\
+         [[policies]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 5\nperiod_ms = 1000\n"
+    );
+    let h = Harness::start("release", &config).await;
+    let first = json_of(&h.post("/v1/check", &json!({"key": "w", "policy": "jobs"})).await);
+    assert_eq!(first["allowed"], json!(true), "{first}");
+    let lease = first["lease"].as_u64().expect("a lease");
+    let second = json_of(&h.post("/v1/check", &json!({"key": "w", "policy": "jobs"})).await);
+    assert_eq!(second["allowed"], json!(false), "one lease at a time: {second}");
+    let r = h.post("/v1/release", &json!({"key": "w", "policy": "jobs"})).await;
+    assert_error(&r, 400, Some("lease"), "release without lease");
+    let r = h.post("/v1/release", &json!({"key": "w", "policy": "api", "lease": lease})).await;
+    assert_error(&r, 400, Some("policy"), "release under a non-concurrency policy");
+    let r = h.post("/v1/release", &json!({"key": "w", "policy": "nope", "lease": lease})).await;
+    assert_error(&r, 404, Some("policy"), "release under an unknown policy");
+    let r = h.post("/v1/release", &json!({"key": "w", "policy": "jobs", "lease": lease})).await;
+    assert_eq!((r.status, json_of(&r)), (200, json!({"released": true})));
+    let third = json_of(&h.post("/v1/check", &json!({"key": "w", "policy": "jobs"})).await);
+    assert_eq!(third["allowed"], json!(true), "the lease was given back: {third}");
+    // Inline concurrency limits release the same way.
+    let inline = json!({"algorithm": "concurrency", "limit": 1, "period_ms": 60000, "mode": "exact"});
+    let taken = json_of(&h.post("/v1/check", &json!({"key": "i", "limit": inline})).await);
+    let lease = taken["lease"].as_u64().expect("a lease");
+    let r = h.post("/v1/release", &json!({"key": "i", "limit": inline, "lease": lease})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let again = json_of(&h.post("/v1/check", &json!({"key": "i", "limit": inline})).await);
+    assert_eq!(again["allowed"], json!(true), "{again}");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_answers_200_then_429_with_headers() {
+    let h = Harness::standard("auth").await;
+    for _ in 0..2 {
+        let r = h.get("/v1/auth?policy=login&key=10.0.0.1").await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-ratelimit-limit"), Some("2"));
+    }
+    let r = h.get("/v1/auth?policy=login&key=10.0.0.1").await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert!(r.header("retry-after").and_then(|s| s.parse::<u64>().ok()).is_some_and(|s| s >= 1));
+    assert_eq!(r.header("ratelimit-policy"), Some(r#""login";q=2;w=3600"#));
+    assert!(r.header("ratelimit").is_some_and(|v| v.starts_with(r#""login";r=0;t="#)));
+    assert!(r.header("x-ratelimit-reset").is_some());
+    assert_eq!(json_of(&r)["allowed"], json!(false));
+
+    // The same bucket from the headers a proxy sets: the policy header, and the client address
+    // as the proxy saw it: the last X-Forwarded-For entry (the one the proxy appended). What the
+    // client put before it is not trusted: a made-up first entry gets no fresh bucket.
+    let headers = [("X-RateLimit-Policy", "login"), ("X-Forwarded-For", "203.0.113.9, 10.0.0.1")];
+    let r = h.request("GET", "/v1/auth", &headers, &[]).await;
+    assert_eq!(r.status, 429, "X-Forwarded-For's last entry is the key: {}", r.text());
+    let headers = [
+        ("X-RateLimit-Policy", "login"),
+        ("X-Forwarded-For", "203.0.113.10"),
+        ("X-Forwarded-For", "192.0.2.1, 10.0.0.1"),
+    ];
+    let r = h.request("GET", "/v1/auth", &headers, &[]).await;
+    assert_eq!(r.status, 429, "of several X-Forwarded-For lines, the last one's last entry: {}", r.text());
+    // X-Real-IP comes first: here a fresh bucket, although X-Forwarded-For names the spent one.
+    let headers =
+        [("X-RateLimit-Policy", "login"), ("X-Real-IP", "10.0.0.2"), ("X-Forwarded-For", "10.0.0.1")];
+    assert_eq!(h.request("GET", "/v1/auth", &headers, &[]).await.status, 200, "X-Real-IP first");
+    let headers = [("X-RateLimit-Policy", "login"), ("X-Real-IP", "10.0.0.2")];
+    assert_eq!(h.request("GET", "/v1/auth", &headers, &[]).await.status, 200);
+    assert_eq!(h.request("GET", "/v1/auth", &headers, &[]).await.status, 429, "X-Real-IP's bucket is spent");
+    let headers = [("X-RateLimit-Policy", "login"), ("X-RateLimit-Key", "user-9")];
+    assert_eq!(h.request("GET", "/v1/auth?cost=2", &headers, &[]).await.status, 200);
+    assert_eq!(h.request("GET", "/v1/auth", &headers, &[]).await.status, 429, "cost 2 took both");
+
+    // Shadow mode: refusals are answered 200 and counted as shadow_refused.
+    for _ in 0..3 {
+        let r = h.get("/v1/auth?policy=shadow&key=s").await;
+        assert_eq!(r.status, 200, "shadow mode never refuses");
+        assert!(r.header("retry-after").is_none());
+    }
+    // Unlimited: 200 without rate-limit headers.
+    let r = h.get("/v1/auth?policy=free&key=f").await;
+    assert_eq!(r.status, 200);
+    assert!(r.header("x-ratelimit-limit").is_none());
+
+    assert_error(&h.get("/v1/auth?key=k").await, 400, Some("policy"), "no policy");
+    assert_error(&h.get("/v1/auth?policy=nope&key=k").await, 404, Some("policy"), "unknown policy");
+    assert_error(&h.get("/v1/auth?policy=login").await, 400, Some("key"), "no key");
+    assert_error(&h.get("/v1/auth?policy=login&key=").await, 400, Some("key"), "empty key");
+    assert_error(&h.get("/v1/auth?policy=login&key=k&cost=-1").await, 400, Some("cost"), "negative cost");
+    assert_error(
+        &h.get("/v1/auth?policy=login&key=k&cost=1e3").await,
+        400,
+        Some("cost"),
+        "cost not an integer",
+    );
+    let r = h.get("/v1/auth?policy=login&key=k&cost=99999999999999999999").await;
+    assert_error(&r, 400, Some("cost"), "cost beyond u64");
+    assert_error(&h.request("POST", "/v1/auth", &[], b"").await, 405, None, "POST /v1/auth");
+
+    let metrics = h.get("/metrics").await.text();
+    assert!(
+        metrics.contains(r#"ratemesh_requests_total{policy="shadow",decision="shadow_refused"} 2"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"ratemesh_requests_total{policy="login",decision="refused"} 5"#), "{metrics}");
+    assert!(metrics.contains(r#"ratemesh_requests_total{policy="free",decision="allowed"} 1"#), "{metrics}");
+    h.stop().await;
+}
+
+/// One sample of an exposition: name, labels, value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+/// Checks that `text` is well-formed Prometheus/OpenMetrics text: comment lines of known kinds,
+/// samples `name{label="value",...} number`. Returns the samples.
+fn parse_exposition(text: &str) -> Vec<Sample> {
+    let is_name = |s: &str| {
+        !s.is_empty()
+            && s.chars().enumerate().all(|(i, c)| {
+                c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit())
+            })
+    };
+    let mut samples = Vec::new();
+    assert_eq!(text.lines().last(), Some("# EOF"), "ends with # EOF");
+    for line in text.lines() {
+        if let Some(comment) = line.strip_prefix("# ") {
+            let mut words = comment.splitn(3, ' ');
+            let kind = words.next().unwrap_or_default();
+            assert!(matches!(kind, "HELP" | "TYPE" | "UNIT" | "EOF"), "{line}");
+            if kind != "EOF" {
+                assert!(is_name(words.next().unwrap_or_default()), "{line}");
+            }
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("sample without value: {line}"));
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("value of {line}")),
+        };
+        let (name, labels) = match series.split_once('{') {
+            None => (series, Vec::new()),
+            Some((name, rest)) => {
+                let inner = rest.strip_suffix('}').unwrap_or_else(|| panic!("labels of {line}"));
+                let labels = inner
+                    .split(',')
+                    .map(|pair| {
+                        let (k, v) = pair.split_once('=').unwrap_or_else(|| panic!("label in {line}"));
+                        assert!(is_name(k), "{line}");
+                        let v = v.strip_prefix('"').and_then(|v| v.strip_suffix('"')).expect("quoted");
+                        (k.to_owned(), v.to_owned())
+                    })
+                    .collect();
+                (name, labels)
+            }
+        };
+        assert!(is_name(name), "{line}");
+        samples.push((name.to_owned(), labels, value));
+    }
+    samples
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_health_readiness_cluster_and_policies() {
+    let h = Harness::standard("observe").await;
+    assert_eq!(h.post("/v1/check", &json!({"key": "m", "policy": "login"})).await.status, 200);
+
+    let r = h.get("/metrics").await;
+    assert_eq!(r.status, 200);
+    assert!(r.header("content-type").is_some_and(|t| t.starts_with("application/openmetrics-text")));
+    let samples = parse_exposition(&r.text());
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        samples
+            .iter()
+            .find(|(n, l, _)| {
+                n == name && labels.iter().all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|(_, _, v)| *v)
+    };
+    assert_eq!(value("ratemesh_requests_total", &[("policy", "login"), ("decision", "allowed")]), Some(1.0));
+    assert_eq!(value("ratemesh_members", &[("status", "live")]), Some(1.0));
+    assert_eq!(value("ratemesh_bucket_fill_ratio_count", &[("policy", "login")]), Some(1.0));
+    assert!(value("ratemesh_keys", &[]).is_some_and(|keys| keys >= 1.0));
+    assert!(
+        value("ratemesh_http_request_duration_seconds_count", &[("route", "check"), ("status", "200")])
+            .is_some()
+    );
+    for name in [
+        "ratemesh_http_in_flight_requests",
+        "ratemesh_forwarded_total",
+        "ratemesh_forward_batches_total",
+        "ratemesh_fallback_decisions_total",
+        "ratemesh_evictions_total",
+        "ratemesh_retransmits_total",
+        "ratemesh_handoffs_sent_total",
+    ] {
+        assert!(value(name, &[]).is_some(), "{name} exported");
+    }
+
+    let r = h.get("/healthz").await;
+    assert_eq!((r.status, json_of(&r)), (200, json!({"status": "ok"})));
+    let r = h.get("/readyz").await;
+    assert_eq!((r.status, json_of(&r)), (200, json!({"ready": true})));
+
+    // The ring probe looks its keys up under one lock; the answers are those of one at a time.
+    let namespace = Namespace::new(b"probe");
+    let keys: Vec<_> = (0..RING_PROBES).map(|i| namespace.key(&i.to_le_bytes())).collect();
+    let one_by_one: Vec<_> = keys.iter().map(|key| h.daemon.node().owner_of_hashed(*key)).collect();
+    assert_eq!(h.daemon.node().owners_of_hashed(&keys), one_by_one);
+    assert!(one_by_one.iter().all(|owner| *owner == Some(h.daemon.id())));
+
+    let r = h.get("/v1/cluster").await;
+    assert_eq!(r.status, 200);
+    let cluster = json_of(&r);
+    assert_eq!(cluster["node"], json!(1));
+    assert_eq!(cluster["members"][0]["status"], json!("live"));
+    assert_eq!(cluster["members"][0]["ring_share"], json!(1.0));
+    assert_eq!(cluster["ring"]["owners"], json!(1));
+    assert_eq!(cluster["ring"]["balance"], json!(1.0));
+    assert_eq!(cluster["ready"], json!(true));
+
+    let r = h.get("/v1/policies").await;
+    assert_eq!(r.status, 200);
+    let policies = json_of(&r);
+    let list = policies["policies"].as_array().expect("a list");
+    assert_eq!(list.len(), ALGORITHMS.len() + 4);
+    let login = list.iter().find(|p| p["name"] == "login").expect("login listed");
+    assert_eq!(login["algorithm"], json!("fixed_window"));
+    assert_eq!(login["limit"], json!(2));
+    assert_eq!(login["period_ms"], json!(3_600_000));
+    assert_eq!(login["mode"], json!("exact"));
+    let free = list.iter().find(|p| p["name"] == "free").expect("free listed");
+    assert_eq!(free["unlimited"], json!(true));
+    let envoy = list.iter().find(|p| p["name"] == "envoy").expect("envoy listed");
+    assert_eq!(envoy["domain"], json!("edge"));
+    assert_eq!(envoy["descriptors"], json!([{"key": "remote_address", "value": null}]));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_4xx_naming_the_field_and_the_node_keeps_serving() {
+    let h = Harness::standard("bad-input").await;
+    let limit = |extra: Value| {
+        let mut limit = json!({"algorithm": "token_bucket", "limit": 10, "period_ms": 1000});
+        if let (Some(limit), Some(extra)) = (limit.as_object_mut(), extra.as_object()) {
+            limit.extend(extra.clone());
+        }
+        limit
+    };
+    let long_key = "k".repeat(64 * 1024);
+    let cases: Vec<(&str, Vec<u8>, u16, Option<&str>)> = vec![
+        ("malformed JSON", br#"{"key": "a", "policy": "#.to_vec(), 400, None),
+        ("trailing garbage", br#"{"key": "a", "policy": "free"} x"#.to_vec(), 400, None),
+        ("empty body", Vec::new(), 400, None),
+        ("not an object", b"[1, 2]".to_vec(), 400, None),
+        ("XML", b"<check><key>a</key></check>".to_vec(), 400, None),
+        ("form data", b"key=a&policy=free".to_vec(), 400, None),
+        ("binary, not UTF-8", vec![0xff, 0xfe, 0x00, 0x01], 400, None),
+        ("key of the wrong type", br#"{"key": 5, "policy": "free"}"#.to_vec(), 400, Some("key")),
+        ("cost of the wrong type", br#"{"key": "a", "policy": "free", "cost": "1"}"#.to_vec(), 400, Some("cost")),
+        ("negative cost", br#"{"key": "a", "policy": "free", "cost": -1}"#.to_vec(), 400, Some("cost")),
+        ("fractional cost", br#"{"key": "a", "policy": "free", "cost": 1.5}"#.to_vec(), 400, Some("cost")),
+        ("cost beyond u64", br#"{"key": "a", "policy": "free", "cost": 18446744073709551616}"#.to_vec(), 400, Some("cost")),
+        ("cost beyond f64", br#"{"key": "a", "policy": "free", "cost": 1e400}"#.to_vec(), 400, Some("cost")),
+        ("missing key", br#"{"policy": "free"}"#.to_vec(), 400, Some("key")),
+        ("empty key", br#"{"key": "", "policy": "free"}"#.to_vec(), 400, Some("key")),
+        ("64 KiB key", json!({"key": long_key, "policy": "free"}).to_string().into_bytes(), 400, Some("key")),
+        ("unknown field", br#"{"key": "a", "policy": "free", "colour": 1}"#.to_vec(), 400, None),
+        ("neither limit nor policy", br#"{"key": "a"}"#.to_vec(), 400, Some("limit")),
+        (
+            "both limit and policy",
+            json!({"key": "a", "policy": "free", "limit": limit(json!({}))}).to_string().into_bytes(),
+            400,
+            Some("policy"),
+        ),
+        ("unknown policy", br#"{"key": "a", "policy": "nope"}"#.to_vec(), 404, Some("policy")),
+        ("policy of the wrong type", br#"{"key": "a", "policy": 7}"#.to_vec(), 400, Some("policy")),
+        (
+            "unknown algorithm",
+            json!({"key": "a", "limit": limit(json!({"algorithm": "magic"}))}).to_string().into_bytes(),
+            400,
+            Some("limit.algorithm"),
+        ),
+        (
+            "zero limit",
+            json!({"key": "a", "limit": limit(json!({"limit": 0}))}).to_string().into_bytes(),
+            400,
+            Some("limit.limit"),
+        ),
+        (
+            "negative limit",
+            br#"{"key": "a", "limit": {"algorithm": "gcra", "limit": -5, "period_ms": 1000}}"#.to_vec(),
+            400,
+            Some("limit.limit"),
+        ),
+        (
+            "zero period",
+            json!({"key": "a", "limit": limit(json!({"period_ms": 0}))}).to_string().into_bytes(),
+            400,
+            Some("limit.period_ms"),
+        ),
+        (
+            "huge limit",
+            json!({"key": "a", "limit": limit(json!({"limit": u64::MAX, "period_ms": 1}))}).to_string().into_bytes(),
+            400,
+            Some("limit.limit"),
+        ),
+        (
+            "huge period",
+            br#"{"key": "a", "limit": {"algorithm": "gcra", "limit": 1, "period_ms": 99999999999999999999999}}"#
+                .to_vec(),
+            400,
+            Some("limit.period_ms"),
+        ),
+        (
+            "unknown mode",
+            json!({"key": "a", "limit": limit(json!({"mode": "eventual"}))}).to_string().into_bytes(),
+            400,
+            Some("limit.mode"),
+        ),
+        ("limit of the wrong type", br#"{"key": "a", "limit": "100/s"}"#.to_vec(), 400, Some("limit")),
+    ];
+    for (what, body, status, field) in &cases {
+        let r = h.post_raw("/v1/check", body).await;
+        assert_error(&r, *status, *field, what);
+        assert!(r.header("x-ratelimit-limit").is_none(), "{what}: no decision, no headers");
+    }
+    assert_still_serving(&h).await;
+
+    // Oversize bodies: announced (refused before reading) and chunked (refused once past the bound).
+    let big = vec![b' '; 200 * 1024];
+    assert_error(&h.post_raw("/v1/check", &big).await, 413, Some("body"), "oversize body");
+    assert_error(&h.post_raw("/v1/check/batch", &big).await, 413, Some("body"), "oversize batch");
+    assert_error(&h.post_raw("/v1/release", &big).await, 413, Some("body"), "oversize release");
+    let mut chunked =
+        b"POST /v1/check HTTP/1.1\r\nHost: t\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+            .to_vec();
+    for _ in 0..4 {
+        chunked.extend_from_slice(format!("{:x}\r\n", 64 * 1024).as_bytes());
+        chunked.extend(std::iter::repeat_n(b' ', 64 * 1024));
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let r = client::raw(&h.addr, &chunked, TIMEOUT).await.expect("an answer");
+    assert_error(&r, 413, Some("body"), "oversize chunked body");
+
+    // Wrong paths and methods.
+    assert_error(&h.get("/v1/nothing").await, 404, None, "unknown path");
+    assert_error(&h.get("/").await, 404, None, "root");
+    assert_error(&h.get("/v1/check").await, 405, None, "GET /v1/check");
+    assert_error(&h.request("DELETE", "/v1/policies", &[], b"").await, 405, None, "DELETE /v1/policies");
+    assert_error(&h.post("/metrics", &json!({})).await, 405, None, "POST /metrics");
+
+    // Garbage that is not HTTP at all (a TLS ClientHello's first bytes): answered 400, or the
+    // connection closed without an answer; either way closed, within the bound.
+    let garbage = exchange(&h.addr, b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n").await;
+    match &garbage {
+        Closed::Answered(r) => assert_eq!(r.status, 400, "{}", r.text()),
+        Closed::Silently => {}
+    }
+    assert_still_serving(&h).await;
+    h.stop().await;
+}
+
+/// How a connection ended: with an answer, or closed (or reset) without one.
+#[derive(Debug)]
+enum Closed {
+    Answered(Response),
+    Silently,
+}
+
+/// Sends `bytes` on a new connection and reads until the server closes it (at most
+/// [`TIMEOUT`], or the test fails): the HTTP answer, if any, and how long the connection lasted.
+async fn exchange_timed(addr: &str, bytes: &[u8]) -> (Closed, Duration) {
+    let (received, elapsed) = until_closed(addr, bytes).await;
+    let closed = if received.is_empty() {
+        Closed::Silently
+    } else {
+        Closed::Answered(client::parse(&received).expect("an HTTP answer"))
+    };
+    (closed, elapsed)
+}
+
+/// Sends `bytes` on a new connection and reads until the server closes it (at most
+/// [`TIMEOUT`], or the test fails): what was received, and how long the connection lasted.
+async fn until_closed(addr: &str, bytes: &[u8]) -> (Vec<u8>, Duration) {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(addr).await.expect("connects");
+    stream.write_all(bytes).await.expect("sends");
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(TIMEOUT, stream.read_to_end(&mut received))
+        .await
+        .unwrap_or_else(|_| panic!("the connection is still open after {TIMEOUT:?}"));
+    let elapsed = started.elapsed();
+    // A reset is a close too, only a ruder one; whatever arrived before it is read.
+    if let Err(error) = read {
+        assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    }
+    (received, elapsed)
+}
+
+async fn exchange(addr: &str, bytes: &[u8]) -> Closed {
+    exchange_timed(addr, bytes).await.0
+}
+
+/// Waits (bounded) until the daemon counted another reload attempt.
+async fn next_reload(reloads: &mut tokio::sync::watch::Receiver<u64>) {
+    tokio::time::timeout(TIMEOUT, reloads.changed())
+        .await
+        .expect("a reload within the timeout")
+        .expect("the daemon is alive");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_serves_new_policies_and_keeps_the_running_config_on_a_bad_file() {
+    let first =
+        format!("{BASE}\n[[policies]]\nname = \"a\"\nalgorithm = \"gcra\"\nlimit = 5\nperiod_ms = 1000\n");
+    let h = Harness::start("reload", &first).await;
+    let check = |policy: &'static str| json!({"key": "r", "policy": policy});
+    assert_eq!(h.post("/v1/check", &check("a")).await.status, 200);
+    assert_eq!(h.post("/v1/check", &check("b")).await.status, 404);
+
+    // SIGHUP's path: reload the file by hand.
+    let second = format!(
+        "{}\n[[policies]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 1\nperiod_ms = 60000\n",
+        first.replace("level = \"info\"", "level = \"debug\"")
+    );
+    std::fs::write(&h.path, &second).expect("write");
+    let mut levels = h.daemon.subscribe_log_level();
+    assert_eq!(h.daemon.reload().expect("applied"), Reloaded::Applied);
+    assert_eq!(h.post("/v1/check", &check("b")).await.status, 200, "the new policy is served");
+    assert_eq!(*levels.borrow_and_update(), LogLevel::Debug, "the log level follows the file");
+    assert_eq!(h.daemon.reload().expect("same file"), Reloaded::Unchanged);
+
+    // An invalid file: refused with line and field, the running policies stay.
+    let bad = second.replace("limit = 1\n", "limit = 0\n");
+    std::fs::write(&h.path, &bad).expect("write");
+    let error = h.daemon.reload().expect_err("refused");
+    let ReloadError::Invalid(ConfigError::Invalid { field, .. }) = &error else { panic!("{error}") };
+    assert_eq!(field, "policies[1].limit");
+    let line = bad.lines().position(|l| l == "limit = 0").expect("the bad line") + 1;
+    assert!(error.to_string().contains(&format!("ratemesh.toml:{line}:")), "{error}");
+    let r = h.post("/v1/check", &check("b")).await;
+    assert_eq!(json_of(&r)["allowed"], json!(false), "policy b still served, its bucket kept: {}", r.text());
+    std::fs::write(&h.path, "this is not [toml").expect("write");
+    assert!(matches!(h.daemon.reload(), Err(ReloadError::Invalid(_))));
+    assert_eq!(h.post("/v1/check", &check("a")).await.status, 200);
+
+    // A change that needs a restart is refused, naming the field.
+    std::fs::write(&h.path, second.replace("http = \"127.0.0.1:0\"", "http = \"127.0.0.1:1\""))
+        .expect("write");
+    let error = h.daemon.reload().expect_err("refused");
+    assert!(
+        matches!(&error, ReloadError::RestartRequired { fields } if fields == &["listen.http"]),
+        "{error}"
+    );
+    assert!(error.to_string().contains("listen.http"), "{error}");
+    assert_eq!(h.post("/v1/check", &check("b")).await.status, 200);
+
+    // The file watcher: a changed file is picked up without a signal, even when it changed
+    // before the watcher started (its starting point is the file as last read, not as it is
+    // when the watcher starts).
+    let mut reloads = h.daemon.subscribe_reloads();
+    reloads.borrow_and_update();
+    let third = format!(
+        "{second}\n[[policies]]\nname = \"c\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod_ms = 1000\n"
+    );
+    std::fs::write(&h.path, &third).expect("write");
+    let watcher =
+        serve::spawn_file_watcher(Arc::clone(&h.daemon), Duration::from_millis(20)).expect("a file");
+    // Bounded: each wait is bounded and the watcher reloads once per change.
+    for _ in 0..5 {
+        next_reload(&mut reloads).await;
+        if h.daemon.current().1.get("c").is_some() {
+            break;
+        }
+    }
+    assert_eq!(h.post("/v1/check", &check("c")).await.status, 200, "picked up from the file");
+    let metrics = h.get("/metrics").await.text();
+    assert!(metrics.contains(r#"ratemesh_config_reloads_total{result="refused"} 3"#), "{metrics}");
+
+    // A policy removed by a reload takes its series with it.
+    assert!(metrics.contains(r#"ratemesh_requests_total{policy="a",decision="allowed"}"#), "{metrics}");
+    let without_a = third.replace("name = \"a\"", "name = \"a2\"");
+    std::fs::write(&h.path, &without_a).expect("write");
+    // The watcher may apply it first; either way it is in force after this.
+    assert!(h.daemon.reload().is_ok());
+    assert!(h.daemon.current().1.get("a").is_none());
+    let metrics = h.get("/metrics").await.text();
+    assert!(!metrics.contains(r#"policy="a""#), "{metrics}");
+    assert!(metrics.contains(r#"ratemesh_requests_total{policy="b","#), "kept: {metrics}");
+    h.stop().await;
+    tokio::time::timeout(TIMEOUT, watcher).await.expect("the watcher stops at shutdown").expect("no panic");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_shed_with_503_at_once_and_shutdown_refuses_checks() {
+    let h = Harness::standard("overload").await;
+    // Hold every in-flight permit: the next request finds none and is shed, not queued.
+    let held = Arc::clone(h.daemon.http_permits()).try_acquire_many_owned(4).expect("all 4 permits");
+    let r = h.post("/v1/check", &json!({"key": "o", "policy": "free"})).await;
+    assert_error(&r, 503, None, "overloaded");
+    assert_error(&h.get("/v1/auth?policy=free&key=o").await, 503, None, "auth is shed too");
+    // The observation routes have a pool of their own: an overloaded API stays observable.
+    assert_eq!(h.get("/readyz").await.status, 200, "readyz");
+    assert_eq!(h.get("/v1/cluster").await.status, 200, "cluster");
+    let metrics = h.get("/metrics").await;
+    assert_eq!(metrics.status, 200, "metrics stay observable under overload");
+    let shed = r#"ratemesh_shed_requests_total{server="http",route="check"} 1"#;
+    assert!(metrics.text().contains(shed), "{}", metrics.text());
+    assert_eq!(h.get("/healthz").await.status, 200, "liveness too");
+    drop(held);
+    assert_still_serving(&h).await;
+
+    // That pool is small, and bounded too; /healthz needs no permit at all.
+    let observe = u32::try_from(OBSERVE_IN_FLIGHT_MAX).expect("small");
+    let held = Arc::clone(h.daemon.observe_permits()).try_acquire_many_owned(observe).expect("all of them");
+    for route in ["/metrics", "/readyz", "/v1/cluster", "/v1/policies"] {
+        assert_error(&h.get(route).await, 503, None, route);
+    }
+    assert_eq!(h.get("/healthz").await.status, 200, "liveness needs no permit");
+    assert_still_serving(&h).await;
+    drop(held);
+    let metrics = h.get("/metrics").await.text();
+    assert!(
+        metrics.contains(r#"ratemesh_shed_requests_total{server="http",route="metrics"} 1"#),
+        "{metrics}"
+    );
+
+    // Shutdown: not ready, checks refused with ShutDown (the HTTP answer is 503).
+    let target =
+        h.daemon.current().1.get("login").map(|entry| ratemeshd::policy::Target::Named(Arc::clone(entry)));
+    let target = target.expect("login");
+    h.daemon.begin_shutdown();
+    assert!(!h.daemon.is_ready());
+    let key = target.namespace().key(b"s");
+    assert_eq!(h.daemon.check(&target, key, 1).await.expect_err("refused"), CheckError::ShutDown);
+    h.stop().await;
+}
+
+/// The connection bound: with `connections_max` idle connections open (no request, but well
+/// within the head timeout), one more is closed at once; once one of them went away, a new one
+/// is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_bound_are_closed_at_once() {
+    let config = format!(
+        "{}\n{}",
+        BASE.replace("batch_len_max = 10", "batch_len_max = 10\nconnections_max = 2"),
+        policies()
+    );
+    // Idle connections are closed only after a minute: any close seen here is the bound's.
+    let long = Duration::from_secs(60);
+    let mut options = Options::default();
+    options.http.header_read = long;
+    let h = Harness::start_with("connections", &config, options).await;
+    assert_eq!(h.daemon.current().0.limits.connections_max, 2);
+    let first = TcpStream::connect(&h.addr).await.expect("connects");
+    let second = TcpStream::connect(&h.addr).await.expect("connects");
+    // Accepted in order: the third finds both permits taken, and is closed with no answer.
+    let (closed, elapsed) = exchange_timed(&h.addr, b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n").await;
+    assert!(matches!(closed, Closed::Silently), "{closed:?}");
+    assert!(elapsed < long, "closed by the bound, not a timeout: {elapsed:?}");
+
+    // One idle connection goes away: its permit comes back (waited for, not polled), and a new
+    // connection is served.
+    drop(first);
+    let permits = Arc::clone(h.servers().http_connections());
+    let freed = tokio::time::timeout(TIMEOUT, permits.acquire()).await.expect("a permit comes back");
+    drop(freed.expect("the semaphore stays open"));
+    assert_eq!(h.get("/healthz").await.status, 200);
+    let metrics = h.get("/metrics").await.text();
+    assert!(metrics.contains(r#"ratemesh_connections_refused_total{server="http"} 1"#), "{metrics}");
+    drop(second);
+    h.stop().await;
+}
+
+/// The time bounds of a connection: a request head must arrive within the head timeout (also
+/// after a keep-alive answer: an idle connection is closed), a body within the body timeout, and
+/// a gRPC connection must send its HTTP/2 preface within the handshake timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_connections_are_closed_after_their_timeouts() {
+    let short = Duration::from_millis(200);
+    let mut options = Options::default();
+    options.http.header_read = short;
+    options.http.body_read = short;
+    options.grpc.handshake = short;
+    let h = Harness::start_with("timeouts", &format!("{BASE}\n{}", policies()), options).await;
+
+    // Half a request line, then nothing: disconnected after the head timeout (hyper may answer
+    // 408 first).
+    let (closed, elapsed) = exchange_timed(&h.addr, b"GET /heal").await;
+    assert!(elapsed >= short, "not before the timeout: {elapsed:?}");
+    if let Closed::Answered(r) = &closed {
+        assert_eq!(r.status, 408, "{}", r.text());
+    }
+
+    // A whole request on a keep-alive connection is answered; the idle connection is then closed.
+    let (closed, elapsed) = exchange_timed(&h.addr, b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n").await;
+    let Closed::Answered(r) = closed else { panic!("no answer") };
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(elapsed >= short, "kept alive until the timeout: {elapsed:?}");
+
+    // A body that does not arrive: 408 naming the body, and the request's permit is let go.
+    let head = b"POST /v1/check HTTP/1.1\r\nHost: t\r\nContent-Length: 64\r\n\r\n{\"key\": ";
+    let mut stream = TcpStream::connect(&h.addr).await.expect("connects");
+    stream.write_all(head).await.expect("sends");
+    let r = read_response(&mut stream).await;
+    assert_error(&r, 408, Some("body"), "a body that never arrives");
+    drop(stream);
+    assert_still_serving(&h).await;
+
+    // A gRPC connection that never sends its preface is closed after the handshake timeout (the
+    // server may have sent its own HTTP/2 settings meanwhile).
+    let grpc = h.servers().grpc_addr().expect("gRPC").to_string();
+    let (_, elapsed) = until_closed(&grpc, b"").await;
+    assert!(elapsed >= short, "not before the timeout: {elapsed:?}");
+    h.stop().await;
+}
+
+/// Reads one response from `stream` (which stays open), at most [`TIMEOUT`].
+async fn read_response(stream: &mut TcpStream) -> Response {
+    let read = async {
+        let mut received = Vec::new();
+        let mut buffer = [0_u8; 4096];
+        // Bounded by the timeout around it; every round reads at least one byte or ends.
+        loop {
+            if let Ok(response) = client::parse(&received) {
+                return response;
+            }
+            let n = stream.read(&mut buffer).await.expect("reads");
+            assert!(n > 0, "closed before a whole answer: {}", String::from_utf8_lossy(&received));
+            received.extend_from_slice(&buffer[..n]);
+        }
+    };
+    tokio::time::timeout(TIMEOUT, read).await.expect("an answer within the timeout")
+}
+
+/// A node with seeds is ready only once another member is live; alone without seeds it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seeded_node_is_ready_only_with_a_live_peer() {
+    // Port 9 (discard): nothing answers gossip there.
+    let unreachable = BASE.replace("[limits]", "[cluster]\nseeds = [\"127.0.0.1:9\"]\n\n[limits]");
+    let lonely = Harness::start("seeded-alone", &unreachable).await;
+    assert!(!lonely.daemon.is_ready());
+    let r = lonely.get("/readyz").await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        json_of(&r)["reason"].as_str().is_some_and(|reason| reason.contains("cluster.seeds")),
+        "{}",
+        r.text()
+    );
+    lonely.stop().await;
+
+    // A node without seeds is a cluster of one: ready alone.
+    let first = Harness::start("seeded-first", BASE).await;
+    assert!(first.daemon.is_ready());
+    // A node seeded with it becomes ready once it sees it live (waited for on the member view).
+    let seed = first.daemon.node().gossip_addr();
+    let seeded =
+        BASE.replace("[limits]", &format!("[node]\nid = 2\n\n[cluster]\nseeds = [\"{seed}\"]\n\n[limits]"));
+    let second = Harness::start("seeded-second", &seeded).await;
+    let first_id = first.daemon.id();
+    assert_ne!(first_id, second.daemon.id());
+    let mut members = second.daemon.node().subscribe_members();
+    tokio::time::timeout(
+        TIMEOUT,
+        members.wait_for(|m| m.iter().any(|m| m.id == first_id && m.status == MemberStatus::Live)),
+    )
+    .await
+    .expect("the seed is seen live within the timeout")
+    .expect("the node is running");
+    assert!(second.daemon.is_ready(), "{:?}", second.daemon.not_ready_reason());
+    assert_eq!(second.get("/readyz").await.status, 200);
+    second.stop().await;
+    first.stop().await;
+}

@@ -1,0 +1,459 @@
+//! Three `ratemeshd serve` processes on loopback form one cluster with one shared secret (nodes 2
+//! and 3 seeded by node 1), and hold the protocol's bounds while requests are spread over their
+//! three HTTP endpoints:
+//!
+//! - exact mode: 300 checks of one key admit exactly the limit (100);
+//! - approximate mode: within the limit plus the followers' local shares (see [`approx_bound`]);
+//! - node 3 killed (SIGKILL): nodes 1 and 2 see it dead, and a fresh key admits at most the
+//!   reachable fraction of the limit, 2/3 (ARCHITECTURE.md, "The cluster protocol": an owner
+//!   enforces `limit × reachable / (live + dead)`): never a reset to a full bucket;
+//! - node 3 restarted with the same id and addresses: it rejoins, three live members, and the
+//!   cluster admits exactly the limit again.
+//!
+//! Real processes, real sockets, the daemon's own HTTP API spoken by a tiny HTTP/1.1 client over
+//! `std::net::TcpStream`. Every wait polls a condition (`/readyz`, the member view of
+//! `/v1/cluster`), bounded by [`WAIT`]. The [`Cluster`] guard kills every child process when
+//! dropped, so a failing test leaves nothing running; it prints the nodes' logs when the test
+//! failed.
+
+use std::collections::BTreeSet;
+use std::fs::OpenOptions;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The cluster's shared secret.
+const SECRET: &str = "ratemeshd processes test: a cluster secret";
+/// The limit of both test policies: 100 per day, so that nothing refills during a test and
+/// counts are exact.
+const LIMIT: u64 = 100;
+/// The bound of every wait (cluster formation, failure detection, a rejoin). Debug builds on a
+/// loaded two-core machine are slow to start; detection itself takes about a second.
+const WAIT: Duration = Duration::from_secs(60);
+/// Connect, read and write timeout of one HTTP request.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest HTTP response accepted (the API's answers are small).
+const RESPONSE_BYTES_MAX: usize = 1 << 20;
+
+/// The approximate-mode bound for a cold key with every owner reachable: admissions from
+/// allowances never exceed the limit (they are held against the owner's bucket), but a follower's
+/// first checks, before its first grant arrives, are decided by the fallback from its local share
+/// of the limit (`limit / 3`), which the owner debits only afterwards. Two followers: the limit
+/// plus two local shares at worst.
+fn approx_bound() -> u64 {
+    LIMIT + 2 * (LIMIT / 3)
+}
+
+/// The addresses one node listens on.
+#[derive(Clone, Copy, Debug)]
+struct Addrs {
+    http: SocketAddr,
+    grpc: SocketAddr,
+    gossip: SocketAddr,
+    quic: SocketAddr,
+}
+
+/// Picks free loopback ports for `count` nodes: every port number distinct (the configuration
+/// refuses two listeners on one address, whatever the protocol), all sockets held until every
+/// port is chosen, then released for the daemons to bind.
+fn free_addrs(count: usize) -> Vec<Addrs> {
+    let mut ports = BTreeSet::new();
+    let mut held_tcp = Vec::new();
+    let mut held_udp = Vec::new();
+    let mut pick = |udp: bool| -> SocketAddr {
+        loop {
+            let addr = if udp {
+                let socket = UdpSocket::bind("127.0.0.1:0").expect("bind a UDP port");
+                let addr = socket.local_addr().expect("local address");
+                held_udp.push(socket);
+                addr
+            } else {
+                let listener = TcpListener::bind("127.0.0.1:0").expect("bind a TCP port");
+                let addr = listener.local_addr().expect("local address");
+                held_tcp.push(listener);
+                addr
+            };
+            if ports.insert(addr.port()) {
+                return addr;
+            }
+        }
+    };
+    (0..count)
+        .map(|_| Addrs { http: pick(false), grpc: pick(false), gossip: pick(true), quic: pick(true) })
+        .collect()
+}
+
+/// One `ratemeshd serve` process (node `id`), which can be killed and started again.
+struct Daemon {
+    id: u64,
+    addrs: Addrs,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    /// Starts (or restarts) the process, its output appended to its log file.
+    fn start(&mut self) {
+        assert!(self.child.is_none(), "node {} is running", self.id);
+        let log = OpenOptions::new().create(true).append(true).open(&self.log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_ratemeshd"))
+            .args(["serve", "--config"])
+            .arg(&self.config)
+            // RATEMESH_ overrides of the machine running the tests must not leak in.
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("ratemeshd starts");
+        self.child = Some(child);
+    }
+
+    /// Kills the process with SIGKILL (no graceful leave, no handoff) and reaps it.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Fails only if it already exited, which is what we want.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Fails the test if the process exited on its own.
+    fn assert_running(&mut self) {
+        if let Some(child) = &mut self.child
+            && let Some(status) = child.try_wait().expect("try_wait")
+        {
+            panic!("node {} exited with {status}", self.id);
+        }
+    }
+}
+
+/// The three processes and their files; kills them all when dropped.
+struct Cluster {
+    dir: PathBuf,
+    nodes: Vec<Daemon>,
+}
+
+impl Cluster {
+    /// Writes a configuration per node (node 1 the seed of the others) and starts the processes.
+    fn start(len: u64) -> Cluster {
+        let dir =
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("processes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        let addrs = free_addrs(len as usize);
+        let seed = addrs[0].gossip;
+        let mut cluster = Cluster { dir: dir.clone(), nodes: Vec::new() };
+        for (i, addrs) in addrs.into_iter().enumerate() {
+            let id = i as u64 + 1;
+            let seeds = if id == 1 { String::new() } else { format!("\"{seed}\"") };
+            let config = dir.join(format!("node-{id}.toml"));
+            std::fs::write(&config, node_config(id, &addrs, &seeds)).expect("write the configuration");
+            let log = dir.join(format!("node-{id}.log"));
+            cluster.nodes.push(Daemon { id, addrs, config, log, child: None });
+        }
+        for node in &mut cluster.nodes {
+            node.start();
+        }
+        cluster
+    }
+
+    fn node(&mut self, id: u64) -> &mut Daemon {
+        &mut self.nodes[(id - 1) as usize]
+    }
+
+    fn http(&self, id: u64) -> SocketAddr {
+        self.nodes[(id - 1) as usize].addrs.http
+    }
+
+    /// Waits until every node of `ids` answers `/readyz` with 200.
+    fn wait_ready(&mut self, ids: &[u64]) {
+        for &id in ids {
+            let addr = self.http(id);
+            self.wait_for(&format!("node {id} ready"), || {
+                request(addr, "GET", "/readyz", None).is_ok_and(|r| r.status == 200)
+            });
+        }
+    }
+
+    /// Waits until every node of `observers` sees exactly `live` as live members, and every id of
+    /// `dead` as dead.
+    fn wait_view(&mut self, observers: &[u64], live: &[u64], dead: &[u64]) {
+        for &id in observers {
+            let addr = self.http(id);
+            let what = format!("node {id} sees live {live:?}, dead ⊇ {dead:?}");
+            self.wait_for(&what, || {
+                view(addr).is_some_and(|v| v.live == live && dead.iter().all(|d| v.dead.contains(d)))
+            });
+        }
+    }
+
+    /// Polls `condition` until it holds, at most [`WAIT`]; fails early if a process died.
+    fn wait_for(&mut self, what: &str, mut condition: impl FnMut() -> bool) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if condition() {
+                eprintln!("ok: {what}");
+                return;
+            }
+            for node in &mut self.nodes {
+                node.assert_running();
+            }
+            let views: Vec<String> =
+                self.nodes.iter().map(|n| format!("node {}: {:?}", n.id, view(n.addrs.http))).collect();
+            assert!(Instant::now() < deadline, "not within {WAIT:?}: {what}; views: {views:?}");
+            // The interval of a bounded poll, not a synchronization.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends `per_node` checks of cost 1 for `key` under `policy` to each node of `ids`, all
+    /// nodes at once (a thread per node, its checks in sequence); returns how many were allowed.
+    /// Every check must be answered 200.
+    fn admitted(&self, policy: &str, key: &str, per_node: usize, ids: &[u64]) -> u64 {
+        let body = serde_json::json!({ "key": key, "policy": policy }).to_string();
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = ids
+                .iter()
+                .map(|&id| {
+                    let (addr, body) = (self.http(id), body.as_str());
+                    scope.spawn(move || {
+                        let mut allowed = 0;
+                        for i in 0..per_node {
+                            let response = request(addr, "POST", "/v1/check", Some(body))
+                                .unwrap_or_else(|e| panic!("node {id}, check {i} of {key}: {e}"));
+                            assert_eq!(response.status, 200, "node {id}: {}", response.text());
+                            let answer: Value = serde_json::from_slice(&response.body).expect("JSON answer");
+                            let verdict = answer["allowed"].as_bool();
+                            allowed += u64::from(verdict.expect("an \"allowed\" boolean"));
+                        }
+                        allowed
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().expect("worker")).sum()
+        })
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+        if std::thread::panicking() {
+            for node in &self.nodes {
+                let log = std::fs::read_to_string(&node.log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                eprintln!("--- node {} log (last {} lines) ---", node.id, tail.len());
+                for line in tail.iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+            eprintln!("(files kept in {})", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Node `id`'s configuration file.
+fn node_config(id: u64, addrs: &Addrs, seeds: &str) -> String {
+    format!(
+        r#"[node]
+id = {id}
+
+[cluster]
+cluster_id = "processes"
+seeds = [{seeds}]
+secret = "{SECRET}"
+gossip_interval_ms = 100
+
+[listen]
+http = "{http}"
+grpc = "{grpc}"
+gossip = "{gossip}"
+quic = "{quic}"
+
+[log]
+level = "info"
+
+[[policies]]
+name = "exact"
+algorithm = "token_bucket"
+limit = {LIMIT}
+period_ms = 86400000
+mode = "exact"
+
+[[policies]]
+name = "approx"
+algorithm = "token_bucket"
+limit = {LIMIT}
+period_ms = 86400000
+mode = "approximate"
+"#,
+        http = addrs.http,
+        grpc = addrs.grpc,
+        gossip = addrs.gossip,
+        quic = addrs.quic,
+    )
+}
+
+/// A member view from `GET /v1/cluster`: member ids by status, sorted.
+#[derive(Debug)]
+struct View {
+    live: Vec<u64>,
+    dead: Vec<u64>,
+}
+
+/// Node at `addr`'s member view, if it answers one.
+fn view(addr: SocketAddr) -> Option<View> {
+    let response = request(addr, "GET", "/v1/cluster", None).ok()?;
+    if response.status != 200 {
+        return None;
+    }
+    let answer: Value = serde_json::from_slice(&response.body).ok()?;
+    let (mut live, mut dead) = (Vec::new(), Vec::new());
+    for member in answer.get("members")?.as_array()? {
+        let id = member.get("id")?.as_u64()?;
+        match member.get("status")?.as_str()? {
+            "live" => live.push(id),
+            "dead" => dead.push(id),
+            _ => {}
+        }
+    }
+    live.sort_unstable();
+    dead.sort_unstable();
+    Some(View { live, dead })
+}
+
+/// An HTTP response.
+struct Response {
+    status: u16,
+    body: Vec<u8>,
+}
+
+impl Response {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// One HTTP/1.1 request on a new connection. The response body is read by its `Content-Length`
+/// (or chunked encoding), then the client closes first, so that no server port is left in
+/// TIME_WAIT (a restarted node binds the same ports).
+fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> std::io::Result<Response> {
+    let mut stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    stream.set_nodelay(true)?;
+    let body = body.unwrap_or("");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
+    let mut reader = BufReader::new(stream);
+    let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or_else(|| bad(format!("status line {line:?}")))?;
+    let (mut length, mut chunked) = (None, false);
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(bad("end of stream in the headers".to_owned()));
+        }
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let Some((name, value)) = header.split_once(':') else { continue };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            length = Some(value.parse::<usize>().map_err(|_| bad(format!("content-length {value:?}")))?);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value.eq_ignore_ascii_case("chunked");
+        }
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            reader.read_line(&mut line)?;
+            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                .map_err(|_| bad(format!("chunk size {line:?}")))?;
+            if size == 0 || body.len() + size > RESPONSE_BYTES_MAX {
+                break;
+            }
+            let start = body.len();
+            body.resize(start + size, 0);
+            reader.read_exact(&mut body[start..])?;
+            line.clear();
+            reader.read_line(&mut line)?; // the chunk's CRLF
+        }
+    } else if let Some(length) = length {
+        if length > RESPONSE_BYTES_MAX {
+            return Err(bad(format!("response of {length} bytes")));
+        }
+        body.resize(length, 0);
+        reader.read_exact(&mut body)?;
+    } else {
+        reader.take(RESPONSE_BYTES_MAX as u64).read_to_end(&mut body)?;
+    }
+    Ok(Response { status, body })
+}
+
+#[test]
+fn three_processes_hold_the_limit_survive_a_kill_and_rejoin() {
+    let mut cluster = Cluster::start(3);
+    let all = [1, 2, 3];
+    cluster.wait_ready(&all);
+    cluster.wait_view(&all, &all, &[]);
+
+    // Exact mode: every check decided by the key's owner.
+    let exact = cluster.admitted("exact", "tenant-exact", 100, &all);
+    eprintln!("exact mode, 300 checks over 3 nodes: {exact} admitted");
+    assert_eq!(exact, LIMIT);
+
+    // Approximate mode: local decisions from allowances.
+    let approx = cluster.admitted("approx", "tenant-approx", 100, &all);
+    eprintln!("approximate mode, 300 checks over 3 nodes: {approx} admitted (bound {})", approx_bound());
+    assert!(approx <= approx_bound(), "{approx}");
+    assert!(approx >= LIMIT / 2, "approximate mode must not starve the key: {approx}");
+
+    // The checks above went between the nodes: node 1 measured round trips to its peers.
+    let metrics = request(cluster.http(1), "GET", "/metrics", None).expect("metrics").text();
+    assert!(metrics.contains("ratemesh_sync_lag_seconds "), "{metrics}");
+    assert!(metrics.contains("ratemesh_peer_rtt_seconds{peer=\"2\"}"), "{metrics}");
+
+    // Node 3 crashes. The dead member still counts in the cluster's size: owners enforce 2/3.
+    cluster.node(3).kill();
+    cluster.wait_view(&[1, 2], &[1, 2], &[3]);
+    let after_kill = cluster.admitted("exact", "tenant-after-kill", 150, &[1, 2]);
+    eprintln!("node 3 dead, 300 checks over nodes 1 and 2: {after_kill} admitted");
+    assert!(after_kill <= LIMIT * 2 / 3, "{after_kill}");
+    assert!(after_kill >= 1, "the survivors keep serving");
+
+    // Node 3 comes back with the same id and addresses and rejoins.
+    cluster.node(3).start();
+    cluster.wait_ready(&[3]);
+    cluster.wait_view(&all, &all, &[]);
+    let rejoined = cluster.admitted("exact", "tenant-rejoined", 100, &all);
+    eprintln!("node 3 rejoined, 300 checks over 3 nodes: {rejoined} admitted");
+    assert_eq!(rejoined, LIMIT);
+
+    for node in &mut cluster.nodes {
+        node.assert_running();
+    }
+}
