@@ -19,6 +19,7 @@
 # Environment: BENCH_ROUNDS (3), BENCH_SECONDS (10, at most 10), BENCH_CONNECTIONS (64),
 # BENCH_KEYS (10000), BENCH_REDIS_REQUESTS (200000).
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 root=$PWD
 
@@ -29,9 +30,8 @@ keys=${BENCH_KEYS:-10000}
 redis_requests=${BENCH_REDIS_REQUESTS:-200000}
 out_dir=$root/target/bench
 ((seconds >= 1 && seconds <= 10)) || { echo "bench.sh: BENCH_SECONDS must be 1..10" >&2; exit 1; }
-
-fail() { echo "bench.sh: FAIL: $*" >&2; exit 1; }
-say() { printf 'bench.sh: %s\n' "$*" >&2; }
+wait_s=30          # the bound of every wait
+say_fd=2           # stdout is the results table
 
 # --- tools --------------------------------------------------------------------------------------
 missing=()
@@ -40,12 +40,9 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-benchmark >/dev/null || missing+=(redis-tools)
 if ((${#missing[@]})); then
     say "installing ${missing[*]} from Debian"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+    apt_install "${missing[@]}" || fail "installing ${missing[*]} from Debian failed"
 fi
-for tool in wrk redis-server redis-cli redis-benchmark curl python3 cargo timeout; do
-    command -v "$tool" >/dev/null || fail "$tool is required and missing"
-done
+require_tools wrk redis-server redis-cli redis-benchmark curl python3 cargo timeout
 
 say "building ratemeshd (release)"
 cargo build --release --locked -p ratemeshd >&2
@@ -61,55 +58,16 @@ else
 fi
 
 # --- processes and cleanup ----------------------------------------------------------------------
-work=$(mktemp -d)
 ratemeshd_pid=
 redis_pid=
-cleanup() {
-    local status=$?
-    for pid in $ratemeshd_pid $redis_pid; do
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    if [[ $status -ne 0 ]]; then
-        echo "--- ratemeshd log ---" >&2; tail -n 20 "$work/ratemeshd.log" >&2 2>/dev/null || true
-    fi
-    rm -rf "$work"
-    exit "$status"
-}
-trap cleanup EXIT
+make_work
+stop_at_exit ratemeshd_pid redis_pid
+show_at_failure "ratemeshd log" 20 "$work/ratemeshd.log"
 
-read -r p_http p_grpc p_gossip p_quic p_redis < <(python3 - <<'EOF'
-import socket
-ports, held = [], []
-while len(ports) < 5:
-    kind = socket.SOCK_DGRAM if len(ports) in (2, 3) else socket.SOCK_STREAM
-    s = socket.socket(socket.AF_INET, kind)
-    s.bind(("127.0.0.1", 0))
-    held.append(s)
-    if s.getsockname()[1] not in ports:
-        ports.append(s.getsockname()[1])
-print(*ports)
-EOF
-)
-
-# poll WHAT COMMAND...: until COMMAND succeeds, at most 30 s.
-poll() {
-    local what=$1 deadline=$((SECONDS + 30))
-    shift
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || fail "not within 30s: $what"
-        sleep 0.1 # the poll interval of a bounded poll, not a synchronization
-    done
-}
+ratemeshd_ports p_redis/tcp
 
 # The same token bucket on both sides: capacity 100, 10 tokens per second.
-cat >"$work/ratemesh.toml" <<EOF
-[listen]
-http = "127.0.0.1:$p_http"
-grpc = "127.0.0.1:$p_grpc"
-gossip = "127.0.0.1:$p_gossip"
-quic = "127.0.0.1:$p_quic"
-
+write_config "$work/ratemesh.toml" <<EOF
 [log]
 level = "warn"
 
@@ -132,14 +90,13 @@ limit = 10
 period_ms = 1000
 burst = 100
 EOF
-env -i PATH="$PATH" "$binary" serve --config "$work/ratemesh.toml" >"$work/ratemeshd.log" 2>&1 &
-ratemeshd_pid=$!
-poll "ratemeshd ready" sh -c "curl -sf -o /dev/null http://127.0.0.1:$p_http/readyz"
+start_ratemeshd "$work/ratemesh.toml"
+wait_for "ratemeshd ready" answers "http://127.0.0.1:$p_http/readyz" 200
 
 redis-server --bind 127.0.0.1 --port "$p_redis" --save '' --appendonly no --daemonize no \
     --logfile "$work/redis.log" &
 redis_pid=$!
-poll "redis-server up" redis-cli -p "$p_redis" ping
+wait_for "redis-server up" redis-cli -p "$p_redis" ping
 sha=$(redis-cli -p "$p_redis" SCRIPT LOAD "$(cat tests/bench/rate_limit.lua)")
 [[ $sha =~ ^[0-9a-f]{40}$ ]] || fail "SCRIPT LOAD answered '$sha'"
 # One call by hand: the script runs and allows.
@@ -205,12 +162,15 @@ runs=$work/runs.tsv
 : >"$runs"
 for ((round = 1; round <= rounds; round++)); do
     say "round $round/$rounds: ratemeshd HTTP (wrk, ${seconds}s)"
-    printf 'ratemeshd HTTP\t%s\t%s\n' "$round" "$(run_http)" >>"$runs"
+    row=$(run_http) || fail "ratemeshd HTTP: the measurement failed"
+    printf 'ratemeshd HTTP\t%s\t%s\n' "$round" "$row" >>"$runs"
     say "round $round/$rounds: Redis + Lua (redis-benchmark, $redis_requests EVALSHA)"
-    printf 'Redis + Lua\t%s\t%s\n' "$round" "$(run_redis)" >>"$runs"
+    row=$(run_redis) || fail "Redis + Lua: the measurement failed"
+    printf 'Redis + Lua\t%s\t%s\n' "$round" "$row" >>"$runs"
     if [[ -n $rls_load ]]; then
         say "round $round/$rounds: ratemeshd gRPC RLS (rls_load, ${seconds}s)"
-        printf 'ratemeshd gRPC RLS\t%s\t%s\n' "$round" "$(run_rls)" >>"$runs"
+        row=$(run_rls) || fail "ratemeshd gRPC RLS: the measurement failed"
+        printf 'ratemeshd gRPC RLS\t%s\t%s\n' "$round" "$row" >>"$runs"
     fi
 done
 kill -0 "$ratemeshd_pid" || fail "ratemeshd died during the benchmark"

@@ -17,6 +17,7 @@
 # (/readyz, the member view of /v1/cluster). Everything is torn down on exit (`down -v`, the
 # network), and any failure exits non-zero. Needs root (nsenter reaches the partitioned node).
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 root=$PWD
 
@@ -24,26 +25,22 @@ project=ratemeshci
 network=${project}_mesh
 limit=100           # the compose-exact and compose-approx policies: 100 per day
 wait_s=90           # the bound of every wait
+poll_s=0.2          # and its poll interval
 declare -A ip=([1]=172.28.0.11 [2]=172.28.0.12 [3]=172.28.0.13)
 declare -A isolated=([1]=0 [2]=0 [3]=0)
 declare -A cid=()
 
-fail() { echo "compose.sh: FAIL: $*" >&2; exit 1; }
-say() { printf 'compose.sh: %s\n' "$*"; }
-
 # --- tools: fail, never skip --------------------------------------------------------------------
-command -v docker >/dev/null || fail "docker is required and missing"
+require_tools docker
 docker info >/dev/null 2>&1 || fail "the docker daemon does not answer"
-for tool in curl python3 nsenter; do
-    command -v "$tool" >/dev/null || fail "$tool is required and missing"
-done
+require_tools curl python3 nsenter
 if docker compose version >/dev/null 2>&1; then
     compose_cmd=(docker compose)
 elif command -v docker-compose >/dev/null; then
     compose_cmd=(docker-compose)
 else
     say "installing docker-compose (Debian)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose
+    apt_install docker-compose || fail "docker-compose could not be installed from Debian"
     command -v docker-compose >/dev/null || fail "neither 'docker compose' nor docker-compose available"
     compose_cmd=(docker-compose)
 fi
@@ -85,19 +82,6 @@ view() {
     node_curl "$1" /v1/cluster -sf --max-time 2 | python3 tests/docker/cluster_view.py
 }
 
-# wait_for WHAT COMMAND...: polls COMMAND until it succeeds, at most $wait_s seconds.
-wait_for() {
-    local what=$1 deadline=$((SECONDS + wait_s))
-    shift
-    until "$@" >/dev/null 2>&1; do
-        if ((SECONDS >= deadline)); then
-            fail "not within ${wait_s}s: $what"
-        fi
-        sleep 0.2 # the poll interval of a bounded poll, not a synchronization
-    done
-    say "ok: $what"
-}
-
 is_ready() { [[ $(node_curl "$1" /readyz -s -o /dev/null -w '%{http_code}' --max-time 2) == 200 ]]; }
 # view_is N REGEX: node N's member view matches REGEX.
 view_is() { [[ $(view "$1") =~ $2 ]]; }
@@ -111,7 +95,7 @@ wait_view() {
         until view_is "$n" "$regex" 2>/dev/null; do
             ((SECONDS < deadline)) ||
                 fail "not within ${wait_s}s: node $n sees /$regex/ (it sees: $(view "$n" 2>&1 || true))"
-            sleep 0.2 # the poll interval of a bounded poll, not a synchronization
+            sleep "$poll_s" # the poll interval of a bounded poll, not a synchronization
         done
         say "ok: node $n sees $(view "$n")"
     done
@@ -174,7 +158,10 @@ for n in 1 2 3; do
     [[ -n ${cid[$n]} ]] || fail "no container for node$n"
     [[ $(docker inspect -f '{{.Config.User}}' "${cid[$n]}") == 65532:65532 ]] || fail "node$n does not run as 65532"
 done
-for n in 1 2 3; do wait_for "node $n ready" is_ready "$n"; done
+for n in 1 2 3; do
+    wait_for "node $n ready" is_ready "$n"
+    say "ok: node $n ready"
+done
 wait_view '^live=1,2,3 ' 1 2 3
 # The published ports (what a user of docker-compose.yml reaches).
 for n in 1 2 3; do
@@ -205,6 +192,7 @@ expect_between "node 3 dead, 300 checks over nodes 1 and 2" "$n" 1 $((limit * 2 
 docker start "${cid[3]}" >/dev/null
 say "restarted node 3"
 wait_for "node 3 ready again" is_ready 3
+say "ok: node 3 ready again"
 wait_view '^live=1,2,3 ' 1 2 3
 n=$(admitted compose-exact rejoined-1 100 1 2 3)
 expect_between "node 3 rejoined, 300 checks over 3 nodes" "$n" "$limit" "$limit"

@@ -10,6 +10,7 @@
 #
 # Installs prometheus-client into a virtualenv under target/ when missing; fails, never skips.
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 root=$PWD
 
@@ -18,74 +19,33 @@ checks=8
 wait_s=60
 venv=${METRICS_VENV:-$root/target/venv-tests}
 
-fail() { echo "metrics.sh: FAIL: $*" >&2; exit 1; }
-say() { printf 'metrics.sh: %s\n' "$*"; }
-
-for tool in curl python3; do
-    command -v "$tool" >/dev/null || fail "$tool is required and missing"
-done
+require_tools curl python3
 if ! "$venv/bin/python" -c 'import prometheus_client' 2>/dev/null; then
     say "installing prometheus-client into $venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q 'prometheus-client==0.26.0'
+    make_venv "$venv"
+    pip_install "$venv" prometheus-client 'prometheus-client==0.26.0'
 fi
 "$venv/bin/python" -c 'import prometheus_client' || fail "prometheus-client is required and could not be installed"
 
-binary=$(bash tests/docker/static-binary.sh | tail -n 1)
+ratemeshd_binary
 
-work=$(mktemp -d)
 ratemeshd_pid=
-cleanup() {
-    local status=$?
-    if [[ -n $ratemeshd_pid ]]; then
-        kill "$ratemeshd_pid" 2>/dev/null || true
-        wait "$ratemeshd_pid" 2>/dev/null || true
-    fi
-    if [[ $status -ne 0 ]]; then
-        echo "--- ratemeshd log ---" >&2; tail -n 30 "$work/ratemeshd.log" >&2 2>/dev/null || true
-    fi
-    rm -rf "$work"
-    exit "$status"
-}
-trap cleanup EXIT
+make_work
+stop_at_exit ratemeshd_pid
+show_at_failure "ratemeshd log" 30 "$work/ratemeshd.log"
 
-read -r p_http p_grpc p_gossip p_quic < <(python3 - <<'EOF'
-import socket
-ports, held = [], []
-while len(ports) < 4:
-    kind = socket.SOCK_DGRAM if len(ports) >= 2 else socket.SOCK_STREAM
-    s = socket.socket(socket.AF_INET, kind)
-    s.bind(("127.0.0.1", 0))
-    held.append(s)
-    if s.getsockname()[1] not in ports:
-        ports.append(s.getsockname()[1])
-print(*ports)
-EOF
-)
+ratemeshd_ports
 base=http://127.0.0.1:$p_http
 
-cat >"$work/ratemesh.toml" <<EOF
-[listen]
-http = "127.0.0.1:$p_http"
-grpc = "127.0.0.1:$p_grpc"
-gossip = "127.0.0.1:$p_gossip"
-quic = "127.0.0.1:$p_quic"
-
+write_config "$work/ratemesh.toml" <<EOF
 [[policies]]
 name = "scraped"
 algorithm = "token_bucket"
 limit = $limit
 period_ms = 86400000
 EOF
-env -i PATH="$PATH" "$binary" serve --config "$work/ratemesh.toml" >"$work/ratemeshd.log" 2>&1 &
-ratemeshd_pid=$!
-
-deadline=$((SECONDS + wait_s))
-until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$base/readyz") == 200 ]]; do
-    ((SECONDS < deadline)) || fail "ratemeshd not ready within ${wait_s}s"
-    kill -0 "$ratemeshd_pid" 2>/dev/null || fail "ratemeshd exited"
-    sleep 0.1 # the poll interval of a bounded poll, not a synchronization
-done
+start_ratemeshd "$work/ratemesh.toml"
+wait_until "ratemeshd not ready within ${wait_s}s" answers "$base/readyz" 200
 
 for ((i = 0; i < checks; i++)); do
     curl -sf -o /dev/null --max-time 5 -X POST -H 'content-type: application/json' \
@@ -93,7 +53,7 @@ for ((i = 0; i < checks; i++)); do
 done
 
 curl -sf --max-time 5 -D "$work/headers" -o "$work/metrics.txt" "$base/metrics" || fail "GET /metrics failed"
-content_type=$(tr -d '\r' <"$work/headers" | awk -F': *' 'tolower($1) == "content-type" { print $2 }')
+content_type=$(header "$work/headers" content-type)
 say "GET /metrics: $(wc -l <"$work/metrics.txt") lines, Content-Type: $content_type"
 
 "$venv/bin/python" - "$work/metrics.txt" "$content_type" "$checks" <<'EOF'

@@ -13,94 +13,47 @@
 #
 # Installs nginx-light (or nginx) from Debian when missing; fails, never skips, when it cannot.
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 
 limit=20           # the policy's limit: 20 per day, nothing refills while the test runs
 extra=10           # requests beyond the limit
 wait_s=60          # the bound of every wait
 
-fail() { echo "nginx.sh: FAIL: $*" >&2; exit 1; }
-say() { printf 'nginx.sh: %s\n' "$*"; }
-
 # --- tools --------------------------------------------------------------------------------------
 if ! command -v nginx >/dev/null; then
     say "installing nginx from Debian"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light ||
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx
+    apt_install nginx-light || apt_install nginx || fail "nginx is required and could not be installed"
 fi
 command -v nginx >/dev/null || fail "nginx is required and could not be installed"
 nginx -V 2>&1 | grep -q -- '--with-http_auth_request_module' || fail "this nginx lacks the auth_request module"
-for tool in curl python3; do
-    command -v "$tool" >/dev/null || fail "$tool is required and missing"
-done
+require_tools curl python3
 say "$(nginx -v 2>&1)"
 
-binary=$(bash tests/docker/static-binary.sh | tail -n 1)
+ratemeshd_binary
 
 # --- scratch directory, processes, cleanup ------------------------------------------------------
-work=$(mktemp -d)
-# nginx's workers run as an unprivileged user: they must be able to read the site.
-chmod 755 "$work"
 ratemeshd_pid=
 nginx_pid=
-cleanup() {
-    local status=$?
-    if [[ -n $nginx_pid ]]; then kill "$nginx_pid" 2>/dev/null || true; wait "$nginx_pid" 2>/dev/null || true; fi
-    if [[ -n $ratemeshd_pid ]]; then kill "$ratemeshd_pid" 2>/dev/null || true; wait "$ratemeshd_pid" 2>/dev/null || true; fi
-    if [[ $status -ne 0 ]]; then
-        echo "--- ratemeshd log ---" >&2; tail -n 30 "$work/ratemeshd.log" >&2 2>/dev/null || true
-        echo "--- nginx error log ---" >&2; tail -n 30 "$work/nginx-error.log" >&2 2>/dev/null || true
-    fi
-    rm -rf "$work"
-    exit "$status"
-}
-trap cleanup EXIT
+make_work
+# nginx's workers run as an unprivileged user: they must be able to read the site.
+chmod 755 "$work"
+stop_at_exit nginx_pid ratemeshd_pid
+show_at_failure "ratemeshd log" 30 "$work/ratemeshd.log"
+show_at_failure "nginx error log" 30 "$work/nginx-error.log"
 
 # Five distinct free loopback ports (ratemeshd's four listeners, nginx).
-read -r p_http p_grpc p_gossip p_quic p_nginx < <(python3 - <<'EOF'
-import socket
-ports, held = [], []
-while len(ports) < 5:
-    kind = socket.SOCK_DGRAM if len(ports) in (2, 3) else socket.SOCK_STREAM
-    s = socket.socket(socket.AF_INET, kind)
-    s.bind(("127.0.0.1", 0))
-    held.append(s)
-    if s.getsockname()[1] not in ports:
-        ports.append(s.getsockname()[1])
-print(*ports)
-EOF
-)
-
-# wait_for WHAT COMMAND...: polls COMMAND until it succeeds, at most $wait_s seconds.
-wait_for() {
-    local what=$1 deadline=$((SECONDS + wait_s))
-    shift
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || fail "not within ${wait_s}s: $what"
-        [[ -z $ratemeshd_pid ]] || kill -0 "$ratemeshd_pid" 2>/dev/null || fail "ratemeshd exited"
-        sleep 0.1 # the poll interval of a bounded poll, not a synchronization
-    done
-}
-answers() { [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1") == "$2" ]]; }
+ratemeshd_ports p_nginx/tcp
 
 # --- ratemeshd ----------------------------------------------------------------------------------
-cat >"$work/ratemesh.toml" <<EOF
-[listen]
-http = "127.0.0.1:$p_http"
-grpc = "127.0.0.1:$p_grpc"
-gossip = "127.0.0.1:$p_gossip"
-quic = "127.0.0.1:$p_quic"
-
+write_config "$work/ratemesh.toml" <<EOF
 [[policies]]
 name = "nginx-site"
 algorithm = "token_bucket"
 limit = $limit
 period_ms = 86400000
 EOF
-# No RATEMESH_ variable of the caller's environment may leak in.
-env -i PATH="$PATH" "$binary" serve --config "$work/ratemesh.toml" >"$work/ratemeshd.log" 2>&1 &
-ratemeshd_pid=$!
+start_ratemeshd "$work/ratemesh.toml"
 wait_for "ratemeshd ready on 127.0.0.1:$p_http" answers "http://127.0.0.1:$p_http/readyz" 200
 say "ratemeshd ready on 127.0.0.1:$p_http"
 
@@ -181,8 +134,6 @@ say "$remaining of $limit remain for 127.0.0.1"
 # --- the real client's view ---------------------------------------------------------------------
 total=$((remaining + extra))
 ok=0 limited=0
-# header FILE NAME: a response header's value (case-insensitive name).
-header() { tr -d '\r' <"$1" | awk -F': *' -v name="$2" 'tolower($1) == name { print $2 }'; }
 for ((i = 1; i <= total; i++)); do
     headers=$work/headers.$i
     status=$(curl -s -D "$headers" -o "$work/body.$i" -w '%{http_code}' --max-time 5 "http://127.0.0.1:$p_nginx/")
