@@ -103,8 +103,9 @@ impl Bucket {
     /// The decision a request of `cost` would get at `now`, changing nothing.
     pub fn peek(&self, limit: &Limit, cost: u64, now: Instant) -> Decision {
         let mut copy = self.clone();
-        // Only a concurrency limit draws a lease id, and a peek takes no lease: any seed will do.
-        let mut decision = copy.check(limit, cost, now, &mut CoreRng::seed_from_u64(0));
+        // Only a concurrency limit draws a lease id, and a peek takes no lease: any state will do,
+        // and a fixed one costs a copy (`seed_from_u64` runs SplitMix on every peek).
+        let mut decision = copy.check(limit, cost, now, &mut CoreRng::from_seed([1; 32]));
         decision.lease = None;
         decision
     }
