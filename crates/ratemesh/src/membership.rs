@@ -41,9 +41,12 @@ const VERIFY_RETRY_INITIAL: Duration = Duration::from_millis(250);
 const VERIFY_RETRY_MAX: Duration = Duration::from_secs(30);
 /// Verifications in flight at once (each is a handshake with a timeout).
 const VERIFY_IN_FLIGHT_MAX: usize = 64;
-/// Gossip entries considered (bounds the work of one membership round against a flood of fake
-/// gossip entries).
+/// Unverified members proposed at once (bounds the verification work and the member list against
+/// a flood of fake gossip entries; verified members are always proposed on top).
 const CANDIDATES_MAX: usize = 4096;
+/// Distinct addresses reported per proposed member (its verified address is always reported on
+/// top).
+const ADDRS_PER_ID_MAX: usize = 8;
 
 /// How a member looks from this node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -68,10 +71,38 @@ pub struct Member {
     pub status: MemberStatus,
 }
 
-/// A member proposed by gossip: alive and speaking our protocol.
+/// One live gossip entry with a parsable id and QUIC address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    id: NodeId,
+    /// Chitchat's generation of the entry (a restart gossips under a new one).
+    generation: u64,
+    quic_addr: SocketAddr,
+    protocol: u8,
+    leaving: bool,
+}
+
+/// A member proposed by gossip: at least one live entry speaking our protocol, not leaving.
+/// Several entries may share one id (a restart's old and new generation, or a forged entry);
+/// gossip is unauthenticated, so none of them can evict a verified address.
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Candidate {
     id: NodeId,
+    /// Where the member is: its verified address while any live entry advertises it, else the
+    /// newest generation's address.
+    quic_addr: SocketAddr,
+    /// The newest live generation and its address: what verification tries.
+    newest: Check,
+    /// The distinct addresses its live entries advertise, newest generation first (at most
+    /// [`ADDRS_PER_ID_MAX`], plus the verified one).
+    addrs: Vec<SocketAddr>,
+}
+
+/// A verification target: a member's id at the address of one of its generations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Check {
+    id: NodeId,
+    generation: u64,
     quic_addr: SocketAddr,
 }
 
@@ -79,13 +110,15 @@ struct Candidate {
 #[derive(Debug, Default)]
 struct Proposal {
     live: Vec<Candidate>,
+    /// Verified members with an entry the failure detector declared dead (not leaving).
     dead: HashSet<NodeId>,
 }
 
 /// A verification that failed, and when to try again.
 #[derive(Clone, Copy, Debug)]
 struct Failure {
-    addr: SocketAddr,
+    /// The generation that failed: a new generation at the same address starts a fresh backoff.
+    generation: u64,
     failures: u32,
     retry_at: Instant,
 }
@@ -97,9 +130,13 @@ pub(crate) struct Membership {
     chitchat: Arc<AsyncMutex<Chitchat>>,
     /// Members confirmed by mutual TLS, at the address that was verified.
     verified: HashMap<NodeId, SocketAddr>,
-    failed: HashMap<NodeId, Failure>,
-    verifying: HashSet<NodeId>,
-    checks: JoinSet<(Candidate, bool)>,
+    /// Failed verifications by (member, address); pruned to the addresses still proposed.
+    failed: HashMap<(NodeId, SocketAddr), Failure>,
+    /// Verifications in flight, by (member, address).
+    verifying: HashSet<(NodeId, SocketAddr)>,
+    /// What each verification task checks (a task that panics reports only its id).
+    tasks: HashMap<tokio::task::Id, Check>,
+    checks: JoinSet<(Check, bool)>,
     view: MemberView,
 }
 
@@ -118,6 +155,7 @@ impl Membership {
             verified: HashMap::new(),
             failed: HashMap::new(),
             verifying: HashSet::new(),
+            tasks: HashMap::new(),
             checks: JoinSet::new(),
             view: MemberView { live: vec![me.id], dead: Vec::new() },
         }
@@ -142,9 +180,18 @@ impl Membership {
             self.publish(&proposal, sink.as_ref(), &members);
             tokio::select! {
                 changed = live_watch.changed() => if changed.is_err() { return },
-                Some(done) = self.checks.join_next() => {
-                    if let Ok((candidate, ok)) = done {
-                        self.record_check(candidate, ok);
+                Some(done) = self.checks.join_next_with_id() => {
+                    let (task, outcome) = match done {
+                        Ok((task, (check, ok))) => (task, Some((check, ok))),
+                        Err(error) => (error.id(), None),
+                    };
+                    let check = self.tasks.remove(&task);
+                    match (outcome, check) {
+                        (Some((check, ok)), _) => self.record_check(check, ok),
+                        // The task panicked (or was cancelled): count it as a failed check, so
+                        // that it is retried with backoff instead of staying in flight forever.
+                        (None, Some(check)) => self.record_check(check, false),
+                        (None, None) => {}
                     }
                 }
                 _ = ticks.tick() => {}
@@ -155,54 +202,58 @@ impl Membership {
 
     async fn read_proposal(&self) -> Proposal {
         let chitchat = self.chitchat.lock().await;
-        propose(&chitchat, self.me.id)
+        propose(&chitchat, self.me.id, &self.verified)
     }
 
-    /// Starts a verification for every proposed member not verified at its address and not in
-    /// its retry backoff.
+    /// Starts a verification of the newest generation's address of every proposed member not
+    /// verified there and not in its retry backoff (a new generation resets the backoff).
     fn start_checks(&mut self, proposal: &Proposal) {
         let now = Instant::now();
-        for &candidate in &proposal.live {
-            let verified = self.verified.get(&candidate.id) == Some(&candidate.quic_addr);
+        for candidate in &proposal.live {
+            let check = candidate.newest;
+            let key = (check.id, check.quic_addr);
+            let verified = self.verified.get(&check.id) == Some(&check.quic_addr);
             let backing_off = self
                 .failed
-                .get(&candidate.id)
-                .is_some_and(|failure| failure.addr == candidate.quic_addr && failure.retry_at > now);
+                .get(&key)
+                .is_some_and(|failure| failure.generation == check.generation && failure.retry_at > now);
             if verified
                 || backing_off
-                || self.verifying.contains(&candidate.id)
+                || self.verifying.contains(&key)
                 || self.verifying.len() >= VERIFY_IN_FLIGHT_MAX
             {
                 continue;
             }
-            self.verifying.insert(candidate.id);
+            self.verifying.insert(key);
             let transport = self.transport.clone();
-            self.checks.spawn(async move {
-                let ok = transport.verify(candidate.quic_addr, candidate.id).await.is_ok();
-                (candidate, ok)
+            let task = self.checks.spawn(async move {
+                let ok = transport.verify(check.quic_addr, check.id).await.is_ok();
+                (check, ok)
             });
+            self.tasks.insert(task.id(), check);
         }
     }
 
-    fn record_check(&mut self, candidate: Candidate, ok: bool) {
-        self.verifying.remove(&candidate.id);
+    fn record_check(&mut self, check: Check, ok: bool) {
+        let key = (check.id, check.quic_addr);
+        self.verifying.remove(&key);
         if ok {
-            self.failed.remove(&candidate.id);
-            self.verified.insert(candidate.id, candidate.quic_addr);
+            self.failed.remove(&key);
+            self.verified.insert(check.id, check.quic_addr);
             return;
         }
-        if self.verified.get(&candidate.id) == Some(&candidate.quic_addr) {
-            self.verified.remove(&candidate.id);
+        if self.verified.get(&check.id) == Some(&check.quic_addr) {
+            self.verified.remove(&check.id);
         }
         let failures = self
             .failed
-            .get(&candidate.id)
-            .filter(|failure| failure.addr == candidate.quic_addr)
+            .get(&key)
+            .filter(|failure| failure.generation == check.generation)
             .map_or(1, |failure| failure.failures.saturating_add(1));
         let backoff = VERIFY_RETRY_INITIAL.saturating_mul(1 << (failures - 1).min(16)).min(VERIFY_RETRY_MAX);
-        warn!(peer = ?candidate.id, addr = %candidate.quic_addr, failures, "gossip member failed mutual TLS: not admitted");
+        warn!(peer = ?check.id, addr = %check.quic_addr, failures, "gossip member failed mutual TLS: not admitted");
         let retry_at = Instant::now() + backoff;
-        self.failed.insert(candidate.id, Failure { addr: candidate.quic_addr, failures, retry_at });
+        self.failed.insert(key, Failure { generation: check.generation, failures, retry_at });
     }
 
     /// Computes the view and the member list; applies the view when it changed.
@@ -219,11 +270,22 @@ impl Membership {
         }
         let mut dead = Vec::new();
         for (&id, &quic_addr) in &self.verified {
-            if proposal.dead.contains(&id) && !live.contains(&id) {
+            // A member with a live entry (say a new generation not verified yet) is listed once,
+            // by that entry, not also as its dead generation.
+            let candidate = proposal.live.binary_search_by_key(&id, |candidate| candidate.id).is_ok();
+            if proposal.dead.contains(&id) && !candidate {
                 dead.push(id);
                 list.push(Member { id, quic_addr, status: MemberStatus::Dead });
             }
         }
+        // Forget failures at addresses no longer proposed (rotating fake entries must not grow
+        // the table).
+        self.failed.retain(|(id, addr), _| {
+            proposal
+                .live
+                .binary_search_by_key(id, |candidate| candidate.id)
+                .is_ok_and(|at| proposal.live[at].addrs.contains(addr))
+        });
         // Forget confirmations of members that are gone from gossip altogether (left, or
         // garbage-collected after death): they must be verified again if they come back.
         self.verified.retain(|id, _| live.contains(id) || dead.contains(id));
@@ -250,36 +312,80 @@ impl Membership {
     }
 }
 
-/// The members chitchat's state proposes: live entries with a parsable id, a QUIC address and
-/// our protocol version, not leaving; and the ids the failure detector declared dead.
-fn propose(chitchat: &Chitchat, me: NodeId) -> Proposal {
-    let mut by_id: BTreeMap<NodeId, Candidate> = BTreeMap::new();
-    for chitchat_id in chitchat.live_nodes().take(CANDIDATES_MAX) {
-        let Some(state) = chitchat.node_state(chitchat_id) else { continue };
-        let Some(candidate) = candidate(chitchat_id, state) else { continue };
-        if candidate.id != me {
-            // Several generations of one member may be live for a moment after a restart: the
-            // newest entry wins because chitchat orders ids by generation after the node id.
-            by_id.insert(candidate.id, candidate);
-        }
-    }
+/// The members chitchat's state proposes: see [`select`]; and the verified ids with an entry the
+/// failure detector declared dead that was not leaving.
+fn propose(chitchat: &Chitchat, me: NodeId, verified: &HashMap<NodeId, SocketAddr>) -> Proposal {
+    let entries =
+        chitchat.live_nodes().filter_map(|chitchat_id| entry(chitchat_id, chitchat.node_state(chitchat_id)?));
+    let live = select(entries, me, verified);
     let dead = chitchat
         .dead_nodes()
-        .take(CANDIDATES_MAX)
         .filter(|id| chitchat.node_state(id).is_none_or(|state| state.get(KEY_LEAVING).is_none()))
         .filter_map(|id| parse_node_id(&id.node_id))
+        .filter(|id| verified.contains_key(id))
         .collect();
-    Proposal { live: by_id.into_values().collect(), dead }
+    Proposal { live, dead }
 }
 
-fn candidate(chitchat_id: &ChitchatId, state: &NodeState) -> Option<Candidate> {
-    let id = parse_node_id(&chitchat_id.node_id)?;
-    let protocol: u8 = state.get(KEY_PROTOCOL)?.parse().ok()?;
-    if protocol != WIRE_VERSION || state.get(KEY_LEAVING).is_some() {
-        return None;
+/// Groups live entries speaking our protocol and not leaving by member (other than `me`), sorted
+/// by id. Each member keeps its verified address while any of its entries advertises it, so an
+/// unauthenticated entry cannot evict it; verification targets the newest generation (ties broken
+/// by address, so the choice does not depend on iteration order). Members already verified are
+/// always proposed; at most [`CANDIDATES_MAX`] others are, the lowest ids first.
+fn select(
+    entries: impl IntoIterator<Item = Entry>,
+    me: NodeId,
+    verified: &HashMap<NodeId, SocketAddr>,
+) -> Vec<Candidate> {
+    let mut by_id: BTreeMap<NodeId, Vec<(u64, SocketAddr)>> = BTreeMap::new();
+    for entry in entries {
+        if entry.id != me && entry.protocol == WIRE_VERSION && !entry.leaving {
+            by_id.entry(entry.id).or_default().push((entry.generation, entry.quic_addr));
+        }
     }
-    let quic_addr = state.get(KEY_QUIC_ADDR)?.parse().ok()?;
-    Some(Candidate { id, quic_addr })
+    let mut unverified = 0;
+    let mut candidates = Vec::with_capacity(by_id.len().min(CANDIDATES_MAX));
+    for (id, mut generations) in by_id {
+        if !verified.contains_key(&id) {
+            if unverified == CANDIDATES_MAX {
+                continue;
+            }
+            unverified += 1;
+        }
+        generations.sort_unstable_by(|a, b| b.cmp(a));
+        let (generation, newest_addr) = generations[0];
+        let at_verified =
+            verified.get(&id).copied().filter(|addr| generations.iter().any(|(_, at)| at == addr));
+        let mut addrs: Vec<SocketAddr> = Vec::new();
+        for (_, addr) in generations {
+            if addrs.len() == ADDRS_PER_ID_MAX {
+                break;
+            }
+            if !addrs.contains(&addr) {
+                addrs.push(addr);
+            }
+        }
+        if let Some(addr) = at_verified.filter(|addr| !addrs.contains(addr)) {
+            addrs.push(addr);
+        }
+        candidates.push(Candidate {
+            id,
+            quic_addr: at_verified.unwrap_or(newest_addr),
+            newest: Check { id, generation, quic_addr: newest_addr },
+            addrs,
+        });
+    }
+    candidates
+}
+
+fn entry(chitchat_id: &ChitchatId, state: &NodeState) -> Option<Entry> {
+    Some(Entry {
+        id: parse_node_id(&chitchat_id.node_id)?,
+        generation: chitchat_id.generation_id,
+        quic_addr: state.get(KEY_QUIC_ADDR)?.parse().ok()?,
+        protocol: state.get(KEY_PROTOCOL)?.parse().ok()?,
+        leaving: state.get(KEY_LEAVING).is_some(),
+    })
 }
 
 /// Chitchat node ids are the decimal [`NodeId`].
@@ -303,5 +409,81 @@ mod tests {
         for bad in ["", "+1", "01", "n1", "1 ", "18446744073709551616", "-1"] {
             assert_eq!(parse_node_id(bad), None, "{bad:?}");
         }
+    }
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([10, 0, 0, 1], port))
+    }
+
+    fn live(id: u64, generation: u64, port: u16) -> Entry {
+        Entry { id: NodeId(id), generation, quic_addr: addr(port), protocol: WIRE_VERSION, leaving: false }
+    }
+
+    #[test]
+    fn a_forged_entry_with_a_verified_id_does_not_evict_the_member() {
+        let verified = HashMap::from([(NodeId(2), addr(2))]);
+        // Whatever the order of chitchat's set, and whether the forged generation is newer or older.
+        for forged_generation in [0, 5, u64::MAX] {
+            let mut entries = vec![live(2, 3, 2), live(2, forged_generation, 666)];
+            for _ in 0..2 {
+                let candidates = select(entries.clone(), NodeId(1), &verified);
+                assert_eq!(candidates.len(), 1);
+                assert_eq!(candidates[0].quic_addr, addr(2), "forged generation {forged_generation}");
+                assert!(candidates[0].addrs.contains(&addr(2)) && candidates[0].addrs.contains(&addr(666)));
+                entries.reverse();
+            }
+        }
+    }
+
+    #[test]
+    fn the_newest_generation_is_verified_and_replaces_the_old_address_once_it_dies() {
+        let verified = HashMap::from([(NodeId(2), addr(2))]);
+        let mut entries = vec![live(2, 7, 20), live(2, 3, 2), live(2, 5, 21)];
+        for _ in 0..2 {
+            let candidates = select(entries.clone(), NodeId(1), &verified);
+            assert_eq!(candidates[0].quic_addr, addr(2), "keeps its verified place meanwhile");
+            assert_eq!(candidates[0].newest, Check { id: NodeId(2), generation: 7, quic_addr: addr(20) });
+            assert_eq!(candidates[0].addrs, vec![addr(20), addr(21), addr(2)]);
+            entries.reverse();
+        }
+        // The old generation is gone: the member is proposed at the new address (unverified).
+        let candidates = select([live(2, 7, 20)], NodeId(1), &verified);
+        assert_eq!(candidates[0].quic_addr, addr(20));
+    }
+
+    #[test]
+    fn entries_of_another_protocol_leaving_or_of_this_node_are_not_proposed() {
+        let mut old_protocol = live(3, 1, 3);
+        old_protocol.protocol = WIRE_VERSION.wrapping_add(1);
+        let mut leaving = live(4, 1, 4);
+        leaving.leaving = true;
+        let candidates =
+            select([live(1, 1, 1), old_protocol, leaving, live(5, 1, 5)], NodeId(1), &HashMap::new());
+        assert_eq!(candidates.iter().map(|candidate| candidate.id).collect::<Vec<_>>(), vec![NodeId(5)]);
+    }
+
+    #[test]
+    fn the_candidate_cap_keeps_verified_members() {
+        let max = CANDIDATES_MAX as u64;
+        // A flood of fake ids, all lower than the verified member's, and more than the cap.
+        let verified = HashMap::from([(NodeId(max * 3), addr(9))]);
+        let mut entries: Vec<Entry> = (0..max * 2).map(|id| live(id, 1, 1000)).collect();
+        entries.push(live(max * 3, 1, 9));
+        let candidates = select(entries, NodeId(u64::MAX), &verified);
+        assert_eq!(candidates.len(), CANDIDATES_MAX + 1);
+        let member = candidates.last().expect("verified member proposed");
+        assert_eq!((member.id, member.quic_addr), (NodeId(max * 3), addr(9)));
+    }
+
+    #[test]
+    fn addresses_per_member_are_bounded_but_keep_the_verified_one() {
+        let verified = HashMap::from([(NodeId(2), addr(2))]);
+        let mut entries: Vec<Entry> =
+            (0..100).map(|generation| live(2, 10 + generation, 1000 + generation as u16)).collect();
+        entries.push(live(2, 1, 2));
+        let candidates = select(entries, NodeId(1), &verified);
+        assert_eq!(candidates[0].addrs.len(), ADDRS_PER_ID_MAX + 1);
+        assert_eq!(candidates[0].addrs[0], addr(1099));
+        assert_eq!(candidates[0].quic_addr, addr(2));
     }
 }
