@@ -90,9 +90,20 @@ pub fn insert_headers_for(headers: &mut HeaderMap, name: &str, window: Duration,
         None => headers.remove(RETRY_AFTER),
     };
     let name = sf_string(name);
-    let window = ceil_secs(window).max(1);
-    insert_ascii(headers, RATELIMIT_POLICY, format!("{name};q={};w={window}", decision.limit));
-    insert_ascii(headers, RATELIMIT, format!("{name};r={};t={reset}", decision.remaining));
+    let window = sf_integer(ceil_secs(window).max(1));
+    let (quota, remaining, reset) =
+        (sf_integer(decision.limit), sf_integer(decision.remaining), sf_integer(reset));
+    insert_ascii(headers, RATELIMIT_POLICY, format!("{name};q={quota};w={window}"));
+    insert_ascii(headers, RATELIMIT, format!("{name};r={remaining};t={reset}"));
+}
+
+/// The largest structured-field integer (RFC 8941: at most 15 digits).
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+/// `value` as a valid structured-field integer: clamped to 15 digits (an unlimited policy reports
+/// `u64::MAX`, which has 20).
+fn sf_integer(value: u64) -> u64 {
+    value.min(SF_INTEGER_MAX)
 }
 
 /// The `Retry-After` of `decision` in seconds: `Some` only when it refuses and names a time to
@@ -154,6 +165,23 @@ fn insert_ascii(headers: &mut HeaderMap, name: HeaderName, value: String) {
 mod tests {
     use super::*;
     use ratemesh_core::{Algorithm, Fallback, LeaseId, Limit, LimitSpec, Mode, Policy};
+
+    #[test]
+    fn structured_field_integers_never_exceed_fifteen_digits() {
+        let decision = Decision {
+            allowed: true,
+            limit: u64::MAX,
+            remaining: u64::MAX,
+            reset_after: Duration::from_secs(u64::MAX),
+            retry_after: None,
+            delay: Duration::ZERO,
+            lease: None,
+        };
+        let mut headers = HeaderMap::new();
+        insert_headers_for(&mut headers, "p", Duration::from_secs(u64::MAX), &decision);
+        assert_eq!(headers[RATELIMIT_POLICY], "\"p\";q=999999999999999;w=999999999999999");
+        assert_eq!(headers[RATELIMIT], "\"p\";r=999999999999999;t=999999999999999");
+    }
 
     fn policy(name: &str, limit: u64, period: Duration) -> NamedPolicy {
         let limit = Limit::new(LimitSpec::new(Algorithm::TokenBucket, limit, period)).expect("valid limit");

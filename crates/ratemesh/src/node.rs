@@ -42,6 +42,9 @@ use crate::transport::{Received, Transport, TransportConfig, TransportError, Tra
 /// Frames handed to the core per lock taken by the receive task (the rest wait for the next turn,
 /// so that client checks are not starved by a burst of frames).
 const FRAMES_PER_TURN_MAX: usize = 64;
+/// Gossip rounds a leaving node waits, beyond log2 of the cluster's size, for its peers to learn
+/// of the leave before it hands its keys over.
+const LEAVE_GOSSIP_ROUNDS_MIN: u32 = 3;
 /// Attempts at binding the gossip socket when its port is chosen by the node (port 0).
 const GOSSIP_BIND_ATTEMPTS_MAX: usize = 16;
 
@@ -285,15 +288,19 @@ impl NodeBuilder {
     /// confirmed; see [`Node::subscribe_members`]).
     pub async fn start(self) -> Result<Node, StartError> {
         let security = self.security.clone().ok_or(StartError::NoSecurity)?;
-        if self.gossip_interval.is_zero() || self.core.sync_interval.is_zero() {
-            return Err(StartError::Config { field: "gossip_interval/sync_interval", reason: "must be > 0" });
-        }
+        self.validate()?;
         let incarnation = self.incarnation.unwrap_or_else(unix_micros);
         let seed = self.seed.unwrap_or(incarnation ^ self.id.0.rotate_left(32));
         let (transport, received) =
             Transport::bind(self.quic_addr, &security, self.id, self.transport.clone())?;
         let quic_addr = self.quic_advertise_addr.unwrap_or_else(|| transport.local_addr());
-        let gossip = self.spawn_gossip(incarnation, quic_addr).await?;
+        let gossip = match self.spawn_gossip(incarnation, quic_addr).await {
+            Ok(gossip) => gossip,
+            Err(error) => {
+                transport.close().await;
+                return Err(error);
+            }
+        };
         let origin = std::time::Instant::now();
         let core = ratemesh_core::Node::new(self.id, incarnation, self.core.clone(), seed, clock(origin));
         let me = Member { id: self.id, quic_addr, status: MemberStatus::Live };
@@ -327,6 +334,34 @@ impl NodeBuilder {
         shared.spawn_tasks(received, me, members_tx, stop_rx);
         info!(node = ?self.id, %quic_addr, gossip = %shared.gossip_addr, incarnation, "node started");
         Ok(Node { shared })
+    }
+
+    /// Refuses settings that would make a timer spin (zero durations) or a node unreachable (a
+    /// wildcard address gossiped as is).
+    fn validate(&self) -> Result<(), StartError> {
+        let durations = [
+            ("gossip_interval", self.gossip_interval),
+            ("sync_interval", self.core.sync_interval),
+            ("forward_timeout", self.core.forward_timeout),
+            ("peer_silence", self.core.peer_silence),
+            ("retransmit_initial", self.core.retransmit_initial),
+        ];
+        if let Some((field, _)) = durations.iter().find(|(_, duration)| duration.is_zero()) {
+            return Err(StartError::Config { field, reason: "must be longer than zero" });
+        }
+        if self.gossip_addr.ip().is_unspecified() && self.gossip_advertise_addr.is_none() {
+            return Err(StartError::Config {
+                field: "gossip_advertise_addr",
+                reason: "required when gossip listens on a wildcard address",
+            });
+        }
+        if self.quic_addr.ip().is_unspecified() && self.quic_advertise_addr.is_none() {
+            return Err(StartError::Config {
+                field: "quic_advertise_addr",
+                reason: "required when QUIC listens on a wildcard address",
+            });
+        }
+        Ok(())
     }
 
     async fn spawn_gossip(
@@ -524,7 +559,7 @@ impl Node {
 
     /// Checks `cost` hits (0: a query) of `key` under `policy`. Decided locally in approximate
     /// mode (waits only when the local allowance ran dry and the owner may have more); forwarded
-    /// to the key's owner in exact mode. Never waits longer than the policy's forward timeout:
+    /// to the key's owner in exact mode. Never waits much longer than `NodeConfig::forward_timeout`:
     /// then the fallback decides.
     pub async fn check(&self, policy: &NamedPolicy, key: &[u8], cost: u64) -> Result<Decision, CheckError> {
         self.check_hashed(&policy.policy, policy.key(key), cost).await
@@ -654,34 +689,45 @@ impl Node {
         }
     }
 
-    /// Leaves the cluster gracefully: announces the leave in gossip, hands every owned key to
-    /// its new owner and waits (at most the leave linger) until peers acknowledged it, then stops
-    /// the node. Checks after this start fail with [`CheckError::ShutDown`]. Idempotent.
+    /// Leaves the cluster gracefully: refuses new checks ([`CheckError::ShutDown`]), announces
+    /// the leave in gossip and keeps owning and answering its keys for the few gossip rounds
+    /// peers need to learn of it, then hands every owned key to its new owner, waits (at most the
+    /// leave linger) until every frame is acknowledged, and stops the node. Checks still waiting
+    /// for an owner then fail with [`CheckError::ShutDown`]. Idempotent: a second call returns
+    /// when the first is done.
+    ///
+    /// A `Node` whose handles are all dropped without `shutdown` keeps running (its tasks hold
+    /// it) until the runtime stops: call `shutdown` to leave.
     pub async fn shutdown(&self) {
         let span = info_span!("shutdown", node = ?self.shared.id);
         self.leave().instrument(span).await;
     }
 
     async fn leave(&self) {
-        if !self.shared.begin_leave().await {
+        let Some(rounds) = self.shared.announce_leave().await else {
+            // Another shutdown is under way: return when it is done.
+            let _ = self.shared.stop.subscribe().wait_for(|stopped| *stopped).await;
             return;
-        }
+        };
+        // Peers learn of the leave through gossip (epidemic: a few rounds, growing with the log of
+        // the cluster's size). Until they do they still route checks here, and this node still
+        // owns its keys and answers them exactly; only then does it hand them over.
+        tokio::time::sleep(self.shared.gossip_interval * rounds).await;
+        self.shared.hand_over();
         let linger_end = tokio::time::Instant::now() + self.shared.leave_linger;
-        // Peers learn of the leave through gossip within a few rounds; until then they may still
-        // forward checks here, which this node keeps answering (by forwarding them on).
-        let gossip_end = tokio::time::Instant::now() + self.shared.gossip_interval * 3;
         loop {
             let progress = self.shared.progress.notified();
-            let unacked = self.shared.lock_state().core.unacked_frames();
-            let now = tokio::time::Instant::now();
-            if (unacked == 0 && now >= gossip_end) || now >= linger_end {
-                info!(unacked, "leaving: handoff done");
+            let (unacked, overflowed) = {
+                let state = self.shared.lock_state();
+                (state.core.unacked_frames(), state.core.stats().delivery.overflowed)
+            };
+            if unacked == 0 || tokio::time::Instant::now() >= linger_end {
+                info!(unacked, overflowed, "leaving: frames acknowledged (or linger over)");
                 break;
             }
-            let wake_at = if unacked == 0 { gossip_end } else { linger_end };
             tokio::select! {
                 () = progress => {}
-                () = tokio::time::sleep_until(wake_at) => {}
+                () = tokio::time::sleep_until(linger_end) => {}
             }
         }
         self.shared.stop().await;
@@ -792,33 +838,35 @@ impl Shared {
         }
     }
 
-    /// Announces the leave and hands owned keys over. False when a shutdown already began.
-    async fn begin_leave(&self) -> bool {
-        let view = {
+    /// Refuses new client checks and announces the leave in gossip. Returns how many gossip
+    /// rounds to wait for peers to learn of it, or `None` when a shutdown already began.
+    async fn announce_leave(&self) -> Option<u32> {
+        let members = {
             let mut state = self.lock_state();
             if state.leaving {
-                return false;
+                return None;
             }
             state.leaving = true;
-            // Checks waiting for an owner get no answer any more: their callers see `ShutDown`.
-            state.waiters.clear();
-            let mut view = state.view.clone();
-            view.live.retain(|&id| id != self.id);
-            view
+            state.view.live.len() + state.view.dead.len()
         };
         let gossip =
             self.gossip.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(ChitchatHandle::chitchat);
         if let Some(chitchat) = gossip {
             chitchat.lock().await.self_node_state().set(KEY_LEAVING, "1");
         }
+        Some(LEAVE_GOSSIP_ROUNDS_MIN + members.max(1).ilog2() + 1)
+    }
+
+    /// Applies this node's own view without itself: the ring moves every owned key to its new
+    /// owner and the core sends the state of each (never a reset to full at the new owner).
+    fn hand_over(&self) {
         let mut state = self.lock_state();
+        let mut view = state.view.clone();
+        view.live.retain(|&id| id != self.id);
         let now = self.now();
-        // This node's own view without itself: the ring moves every owned key to its successor
-        // and the core sends the state of each (never a reset to full at the new owner).
         state.core.handle_membership(now, view);
         info!(handoffs = state.core.stats().handoffs_sent, "leaving: keys handed over");
         self.after_input(&mut state);
-        true
     }
 
     /// Stops the tasks, gossip and the transport.

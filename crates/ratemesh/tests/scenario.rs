@@ -104,7 +104,10 @@ async fn the_loopback_steady_scenario_holds_its_bounds_on_real_nodes_as_in_the_s
             sim * 100.0,
             max * 100.0
         );
-        assert!(real <= max, "{strategy}: real over-admission {real} above the scenario's bound {max}");
+        // The oracle sees each check at the time its task started; the owner decides it a moment
+        // later, when a token may have refilled: allow one hit per key of that jitter.
+        let jitter = f64::from(scenario.workload.keys) / ideal as f64;
+        assert!(real <= max + jitter, "{strategy}: real over-admission {real} above the bound {max}");
         assert!(sim <= max, "{strategy}: simulated over-admission {sim} above {max}");
         // Under-admission would also be a failure to limit well: within 10 % of the ideal.
         assert!(real >= -0.10, "{strategy}: admitted far less than the ideal: {real}");
