@@ -788,6 +788,7 @@ impl Shared {
     }
 
     async fn run_timer(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let _guard = TaskGuard(self.clone());
         loop {
             let deadline = {
                 let mut state = self.lock_state();
@@ -817,6 +818,7 @@ impl Shared {
         mut received: tokio::sync::mpsc::Receiver<Received>,
         mut stop: watch::Receiver<bool>,
     ) {
+        let _guard = TaskGuard(self.clone());
         loop {
             let first = tokio::select! {
                 frame = received.recv() => match frame { Some(frame) => frame, None => return },
@@ -888,6 +890,25 @@ impl Shared {
 
     fn tokio_instant(&self, at: ratemesh_core::Instant) -> tokio::time::Instant {
         tokio::time::Instant::from_std(self.origin + Duration::from_nanos(at.as_nanos()))
+    }
+}
+
+/// Held by the timer and receive tasks. Should one end while the node runs (a panic in the core,
+/// or its runtime shutting down), nothing would flush, expire or answer forwarded checks any more:
+/// the node then refuses checks, and those waiting fail at once instead of hanging.
+struct TaskGuard(Arc<Shared>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        if *self.0.stop.borrow() {
+            return;
+        }
+        let mut state = self.0.lock_state();
+        if !state.leaving {
+            tracing::error!(node = ?self.0.id, "a node task ended while the node runs: refusing checks");
+        }
+        state.leaving = true;
+        state.waiters.clear();
     }
 }
 

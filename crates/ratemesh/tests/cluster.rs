@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use ratemesh::membership::{KEY_PROTOCOL, KEY_QUIC_ADDR};
-use ratemesh::{MemberStatus, NamedPolicy, Node, NodeId};
+use ratemesh::{CheckError, MemberStatus, NamedPolicy, Node, NodeId};
 use ratemesh_core::Mode;
 use ratemesh_core::wire::WIRE_VERSION;
 use support::*;
@@ -206,4 +206,18 @@ async fn bare_gossip(
         (KEY_PROTOCOL.to_owned(), WIRE_VERSION.to_string()),
     ];
     chitchat::spawn_chitchat(config, key_values, &chitchat::transport::UdpTransport).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_tasks_stopped_refuses_checks_instead_of_hanging() {
+    let test_node = TestNode::start(builder(1, SECRET, &[])).await;
+    let node = test_node.node.clone();
+    let policy = hourly_bucket("orphan", 10, Mode::Exact);
+    assert!(node.check(&policy, b"k", 1).await.is_ok());
+    // Its runtime stops under it (as after a panic in one of its tasks): nothing would run its
+    // timers any more, so checks must fail fast rather than wait for a decision.
+    test_node.kill();
+    eventually("checks refused", || node.check_now(&policy, b"k", 1) == Err(CheckError::ShutDown)).await;
+    let refused = tokio::time::timeout(WAIT, node.check(&policy, b"k", 1)).await;
+    assert_eq!(refused.ok(), Some(Err(CheckError::ShutDown)));
 }
