@@ -299,98 +299,80 @@ impl prometheus_client::collector::Collector for NodeCollector {
         let d = &p.delivery;
         let t = &m.transport;
         let e = &mut encoder;
-        counter(
-            e,
-            "ratemesh_owner_decisions",
-            "Checks decided by this node as the key's owner",
-            p.owner_decisions,
-        )?;
-        counter(
-            e,
-            "ratemesh_allowance_decisions",
-            "Checks decided locally from an allowance",
-            p.allowance_decisions,
-        )?;
-        counter(
-            e,
-            "ratemesh_fallback_decisions",
-            "Checks decided by the fallback policy (owner unreachable, no grant, forward timed out)",
-            p.fallback_decisions,
-        )?;
-        counter(e, "ratemesh_forwarded", "Checks forwarded to the key's owner", p.forwarded)?;
-        counter(e, "ratemesh_forward_timeouts", "Forwarded checks that timed out", p.forward_timeouts)?;
-        counter(
-            e,
-            "ratemesh_forward_batches",
-            "Forward batches sent; ratemesh_forwarded_total / ratemesh_forward_batches_total is the mean batch length",
-            p.forward_batches,
-        )?;
-        counter(e, "ratemesh_reports_sent", "Usage report items sent to owners", p.reports_sent)?;
-        counter(e, "ratemesh_grants_sent", "Allowance grant items sent", p.grants_sent)?;
-        counter(e, "ratemesh_handoffs_sent", "Keys handed over to a new owner", p.handoffs_sent)?;
-        counter(e, "ratemesh_handoffs_received", "Keys received from a previous owner", p.handoffs_received)?;
-        counter(e, "ratemesh_replicas_sent", "Key states sent to ring successors", p.replicas_sent)?;
-        counter(e, "ratemesh_replicas_received", "Key states received as replicas", p.replicas_received)?;
-        counter(e, "ratemesh_items_refused", "Items from peers refused as invalid", p.items_refused)?;
-        counter(e, "ratemesh_membership_changes", "Membership views applied", p.membership_changes)?;
-        counter(e, "ratemesh_sync_rounds", "Sync rounds run", p.sync_rounds)?;
-        counter(e, "ratemesh_frames_sent", "Protocol frames sent", d.frames_sent)?;
-        counter(e, "ratemesh_frames_received", "Protocol frames received and accepted", d.frames_received)?;
-        counter(e, "ratemesh_retransmits", "Protocol frames retransmitted", d.retransmits)?;
-        counter(e, "ratemesh_duplicate_frames", "Protocol frames received twice", d.duplicates)?;
-        counter(e, "ratemesh_malformed_frames", "Protocol frames that did not decode", d.malformed)?;
-        counter(
-            e,
-            "ratemesh_overflowed_frames",
-            "Frames dropped because a retransmission buffer was full",
-            d.overflowed,
-        )?;
-        counter(e, "ratemesh_transport_sent_bytes", "Bytes written to peers", t.sent_bytes)?;
-        counter(e, "ratemesh_transport_received_bytes", "Bytes received from peers", t.received_bytes)?;
-        counter(
-            e,
-            "ratemesh_transport_send_dropped_frames",
-            "Frames dropped on the send side",
-            t.send_dropped_frames,
-        )?;
-        counter(
-            e,
-            "ratemesh_transport_receive_dropped_frames",
-            "Incoming streams dropped",
-            t.receive_dropped_frames,
-        )?;
-        counter(
-            e,
-            "ratemesh_transport_connections_opened",
-            "Outbound peer connections established",
-            t.connections_opened,
-        )?;
-        counter(
-            e,
-            "ratemesh_transport_connect_failures",
-            "Outbound peer connects that failed",
-            t.connect_failures,
-        )?;
-        counter(
-            e,
-            "ratemesh_transport_connections_accepted",
-            "Inbound peer connections authenticated",
-            t.connections_accepted,
-        )?;
-        counter(
-            e,
-            "ratemesh_transport_handshake_rejections",
-            "Inbound peer handshakes that failed (no or foreign certificate)",
-            t.handshake_rejections,
-        )?;
-        counter(e, "ratemesh_store_inserted", "Keys inserted in the key table", m.store.inserted)?;
-        counter(
-            e,
-            "ratemesh_store_expired",
-            "Keys dropped from the key table once fresh again",
-            m.store.expired,
-        )?;
-        counter(e, "ratemesh_evictions", "Keys evicted from the full key table", m.store.evicted)?;
+        // (name, help, value): every counter of the node, in exposition order.
+        let counters: [(&str, &str, u64); 32] = [
+            ("ratemesh_owner_decisions", "Checks decided by this node as the key's owner", p.owner_decisions),
+            (
+                "ratemesh_allowance_decisions",
+                "Checks decided locally from an allowance",
+                p.allowance_decisions,
+            ),
+            (
+                "ratemesh_fallback_decisions",
+                "Checks decided by the fallback policy (owner unreachable, no grant, forward timed out)",
+                p.fallback_decisions,
+            ),
+            ("ratemesh_forwarded", "Checks forwarded to the key's owner", p.forwarded),
+            ("ratemesh_forward_timeouts", "Forwarded checks that timed out", p.forward_timeouts),
+            (
+                "ratemesh_forward_batches",
+                "Forward batches sent; ratemesh_forwarded_total / ratemesh_forward_batches_total is the mean batch length",
+                p.forward_batches,
+            ),
+            ("ratemesh_reports_sent", "Usage report items sent to owners", p.reports_sent),
+            ("ratemesh_grants_sent", "Allowance grant items sent", p.grants_sent),
+            ("ratemesh_handoffs_sent", "Keys handed over to a new owner", p.handoffs_sent),
+            ("ratemesh_handoffs_received", "Keys received from a previous owner", p.handoffs_received),
+            ("ratemesh_replicas_sent", "Key states sent to ring successors", p.replicas_sent),
+            ("ratemesh_replicas_received", "Key states received as replicas", p.replicas_received),
+            ("ratemesh_items_refused", "Items from peers refused as invalid", p.items_refused),
+            ("ratemesh_membership_changes", "Membership views applied", p.membership_changes),
+            ("ratemesh_sync_rounds", "Sync rounds run", p.sync_rounds),
+            ("ratemesh_frames_sent", "Protocol frames sent", d.frames_sent),
+            ("ratemesh_frames_received", "Protocol frames received and accepted", d.frames_received),
+            ("ratemesh_retransmits", "Protocol frames retransmitted", d.retransmits),
+            ("ratemesh_duplicate_frames", "Protocol frames received twice", d.duplicates),
+            ("ratemesh_malformed_frames", "Protocol frames that did not decode", d.malformed),
+            (
+                "ratemesh_overflowed_frames",
+                "Frames dropped because a retransmission buffer was full",
+                d.overflowed,
+            ),
+            ("ratemesh_transport_sent_bytes", "Bytes written to peers", t.sent_bytes),
+            ("ratemesh_transport_received_bytes", "Bytes received from peers", t.received_bytes),
+            (
+                "ratemesh_transport_send_dropped_frames",
+                "Frames dropped on the send side",
+                t.send_dropped_frames,
+            ),
+            (
+                "ratemesh_transport_receive_dropped_frames",
+                "Incoming streams dropped",
+                t.receive_dropped_frames,
+            ),
+            (
+                "ratemesh_transport_connections_opened",
+                "Outbound peer connections established",
+                t.connections_opened,
+            ),
+            ("ratemesh_transport_connect_failures", "Outbound peer connects that failed", t.connect_failures),
+            (
+                "ratemesh_transport_connections_accepted",
+                "Inbound peer connections authenticated",
+                t.connections_accepted,
+            ),
+            (
+                "ratemesh_transport_handshake_rejections",
+                "Inbound peer handshakes that failed (no or foreign certificate)",
+                t.handshake_rejections,
+            ),
+            ("ratemesh_store_inserted", "Keys inserted in the key table", m.store.inserted),
+            ("ratemesh_store_expired", "Keys dropped from the key table once fresh again", m.store.expired),
+            ("ratemesh_evictions", "Keys evicted from the full key table", m.store.evicted),
+        ];
+        for (name, help, value) in counters {
+            counter(e, name, help, value)?;
+        }
         gauge(e, "ratemesh_keys", "Keys tracked by this node (owned and followed)", gauge_value(m.keys))?;
         gauge(
             e,
