@@ -20,7 +20,7 @@ use crate::limit::{Algorithm, Limit, LimitError, LimitSpec};
 use crate::time::duration_nanos;
 
 /// The wire version this build speaks.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 /// The default bound on one encoded frame: 1 MiB.
 pub const FRAME_LEN_MAX_DEFAULT: usize = 1 << 20;
 
@@ -66,6 +66,9 @@ pub struct Frame {
     /// Cumulative acknowledgement: the sender has received every sequenced frame of the
     /// receiver's current incarnation below this number.
     pub ack: u64,
+    /// Selective acknowledgement: bit `i` set means the sender has received frame `ack + 1 + i`
+    /// too (frames reordered by the network are not retransmitted for want of an ack).
+    pub sack: u64,
     /// The sender's oldest frame to this receiver not yet acknowledged (or its next sequence
     /// number): lower numbers will never be sent again.
     pub una: u64,
@@ -248,6 +251,15 @@ impl From<DecisionWire> for Decision {
     }
 }
 
+/// How a forwarded check's key is enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireMode {
+    /// Exact mode: the owner decides every check.
+    Exact,
+    /// Approximate mode: the owner may answer with an allowance for the sender.
+    Approximate,
+}
+
 /// One forwarded check.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ForwardCheck {
@@ -259,6 +271,12 @@ pub struct ForwardCheck {
     pub limit: LimitWire,
     /// Hits.
     pub cost: u64,
+    /// The key's mode.
+    pub mode: WireMode,
+    /// The sender's follower epoch of the key (see [`Report::epoch`]); a grant answers it.
+    pub epoch: u64,
+    /// The sender's recent demand for the key, in hits per second.
+    pub demand_per_s: u64,
 }
 
 /// The owner's answer to one forwarded check.
@@ -304,9 +322,16 @@ pub struct Grant {
     pub state: SnapshotWire,
     /// New allowance: hits the receiver may admit without asking.
     pub grant: u64,
-    /// Whether the key's total demand exceeds its rate: then a node whose allowance runs dry
-    /// refuses locally instead of asking the owner for room it does not have.
+    /// The most the receiver should hold: it gives back any excess at its next report (the
+    /// owner's share for it shrank).
+    pub hold_max: u64,
+    /// Whether the key's demand exceeds what it can supply and the receiver's share is an
+    /// allowance: then, when it runs dry, the receiver refuses locally until its next grant
+    /// instead of asking the owner for room it does not have.
     pub contended: bool,
+    /// Window algorithms: the allowance is void after this many nanoseconds (the owner's current
+    /// window ends).
+    pub expires_in_nanos: Option<u64>,
 }
 
 /// A concurrency lease to release.

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use ratemesh_core::wire::{
     Body, Decided, DecisionWire, FRAME_LEN_MAX_DEFAULT, ForwardCheck, Frame, Grant, KeyState, LimitWire,
-    LimitWireError, Release, Report, SnapshotWire, WIRE_VERSION, WireError, decode, encode,
+    LimitWireError, Release, Report, SnapshotWire, WIRE_VERSION, WireError, WireMode, decode, encode,
 };
 use ratemesh_core::{
     Algorithm, CONCURRENCY_LIMIT_MAX, Decision, LeaseId, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX,
@@ -139,12 +139,18 @@ fn decision_wire() -> impl Strategy<Value = DecisionWire> {
 }
 
 fn body() -> impl Strategy<Value = Body> {
-    let forward = (int(), key(), limit_wire(), int()).prop_map(|(id, key, limit, cost)| ForwardCheck {
-        id,
-        key,
-        limit,
-        cost,
-    });
+    let mode = prop_oneof![Just(WireMode::Exact), Just(WireMode::Approximate)];
+    let forward = (int(), key(), limit_wire(), int(), mode, int(), int()).prop_map(
+        |(id, key, limit, cost, mode, epoch, demand_per_s)| ForwardCheck {
+            id,
+            key,
+            limit,
+            cost,
+            mode,
+            epoch,
+            demand_per_s,
+        },
+    );
     let decided = (int(), decision_wire()).prop_map(|(id, decision)| Decided { id, decision });
     let counters = (int(), int(), int(), int(), int(), int());
     let report = (key(), limit_wire(), counters, option::of(snapshot_wire())).prop_map(
@@ -160,8 +166,17 @@ fn body() -> impl Strategy<Value = Body> {
             seed,
         },
     );
-    let grant = (key(), int(), snapshot_wire(), int(), any::<bool>())
-        .prop_map(|(key, epoch, state, grant, contended)| Grant { key, epoch, state, grant, contended });
+    let grant = (key(), int(), snapshot_wire(), (int(), int()), any::<bool>(), option::of(int())).prop_map(
+        |(key, epoch, state, (grant, hold_max), contended, expires_in_nanos)| Grant {
+            key,
+            epoch,
+            state,
+            grant,
+            hold_max,
+            contended,
+            expires_in_nanos,
+        },
+    );
     let release = (key(), limit_wire(), int()).prop_map(|(key, limit, lease)| Release { key, limit, lease });
     let key_state = || {
         (key(), limit_wire(), snapshot_wire()).prop_map(|(key, limit, state)| KeyState { key, limit, state })
@@ -179,9 +194,17 @@ fn body() -> impl Strategy<Value = Body> {
 }
 
 fn frame() -> impl Strategy<Value = Frame> {
-    ((int(), int(), int(), int(), int()), body()).prop_map(|((from, incarnation, seq, ack, una), body)| {
-        Frame { from, incarnation, seq, ack, una, body }
-    })
+    ((int(), int(), int(), int(), int(), int()), body()).prop_map(
+        |((from, incarnation, seq, ack, sack, una), body)| Frame {
+            from,
+            incarnation,
+            seq,
+            ack,
+            sack,
+            una,
+            body,
+        },
+    )
 }
 
 /// A valid limit of any algorithm (parameters that do not apply are dropped, the rest filtered by
@@ -438,6 +461,7 @@ fn encode_refuses_frames_over_the_bound() {
         incarnation: 1,
         seq: 1,
         ack: 0,
+        sack: 0,
         una: 0,
         body: Body::Handoff(vec![KeyState { key: 1, limit: gcra_wire(), state }]),
     };
@@ -452,7 +476,7 @@ fn encode_refuses_frames_over_the_bound() {
 #[test]
 fn unknown_versions_are_refused() {
     let mut bytes = enc(&golden_frames()[5].0);
-    for version in [0, 2, 0x80, 0xff] {
+    for version in [0, 1, 3, 0x80, 0xff] {
         bytes[0] = version;
         assert_eq!(decode(&bytes, MAX), Err(WireError::Version(version)));
     }
@@ -475,13 +499,13 @@ fn trailing_bytes_are_counted() {
 /// hashed or deduplicated as frames.
 #[test]
 fn overlong_varints_are_refused() {
-    let frame = Frame { from: 1, incarnation: 2, seq: 3, ack: 4, una: 5, body: Body::Heartbeat };
+    let frame = Frame { from: 1, incarnation: 2, seq: 3, ack: 4, sack: 0, una: 5, body: Body::Heartbeat };
     let bytes = enc(&frame);
-    assert_eq!(hex(&bytes), "01010203040506");
+    assert_eq!(hex(&bytes), "0201020304000506");
     for overlong in [
-        vec![WIRE_VERSION, 0x81, 0x00, 2, 3, 4, 5, 6],             // from
-        vec![WIRE_VERSION, 1, 2, 3, 4, 5, 0x86, 0x80, 0x00],       // body tag
-        vec![WIRE_VERSION, 1, 2, 3, 0x84, 0x80, 0x80, 0x00, 5, 6], // ack
+        vec![WIRE_VERSION, 0x81, 0x00, 2, 3, 4, 0, 5, 6],       // from
+        vec![WIRE_VERSION, 1, 2, 3, 4, 0, 5, 0x86, 0x80, 0x00], // body tag
+        vec![WIRE_VERSION, 1, 2, 3, 0x84, 0x80, 0x80, 0x00, 0, 5, 6], // ack
     ] {
         let err = decode(&overlong, MAX);
         assert!(matches!(err, Err(WireError::Malformed(_))), "{}: {err:?}", hex(&overlong));
@@ -577,15 +601,19 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 incarnation: 2,
                 seq: 3,
                 ack: 0,
+                sack: 0,
                 una: 0,
                 body: Body::Forward(vec![ForwardCheck {
                     id: 7,
                     key: 0x0102_0304,
                     limit: gcra_wire(),
                     cost: 1,
+                    mode: WireMode::Approximate,
+                    epoch: 9,
+                    demand_per_s: 300,
                 }]),
             },
-            "0101020300000001078486880804676372610a8094ebdc0301050001",
+            "020102030000000001078486880804676372610a8094ebdc03010500010109ac02",
         ),
         (
             Frame {
@@ -593,6 +621,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 incarnation: 1,
                 seq: 4,
                 ack: 0,
+                sack: 0,
                 una: 0,
                 body: Body::Decided(vec![
                     Decided {
@@ -621,7 +650,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     },
                 ]),
             },
-            "01ac0201040000010207010a0480cab5ee0100000008000a00e80701640501effdb6f50d",
+            "02ac020104000000010207010a0480cab5ee0100000008000a00e80701640501effdb6f50d",
         ),
         (
             Frame {
@@ -629,6 +658,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 incarnation: u64::MAX,
                 seq: 0,
                 ack: 0,
+                sack: 0,
                 una: 0,
                 body: Body::Report(vec![Report {
                     key: u128::MAX,
@@ -648,7 +678,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     seed: Some(SnapshotWire::Tat { backlog_nanos: 7 }),
                 }]),
             },
-            "0102ffffffffffffffffff010000000201ffffffffffffffffffffffffffffffffffff030c6c65616b795f6275636b65740580b09dc2df0101030101cdd702ac0280804002000c010007",
+            "0202ffffffffffffffffff01000000000201ffffffffffffffffffffffffffffffffffff030c6c65616b795f6275636b65740580b09dc2df0101030101cdd702ac0280804002000c010007",
         ),
         (
             Frame {
@@ -656,6 +686,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 incarnation: 3,
                 seq: 9,
                 ack: 0,
+                sack: 0,
                 una: 0,
                 body: Body::Grant(vec![
                     Grant {
@@ -663,18 +694,22 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         epoch: 7,
                         state: SnapshotWire::Window { elapsed_nanos: 250, prev: 6, curr: 2 },
                         grant: 3,
+                        hold_max: 5,
                         contended: false,
+                        expires_in_nanos: Some(750),
                     },
                     Grant {
                         key: 43,
                         epoch: u64::MAX,
                         state: SnapshotWire::Tat { backlog_nanos: 1 << 40 },
                         grant: 0,
+                        hold_max: 0,
                         contended: true,
+                        expires_in_nanos: None,
                     },
                 ]),
             },
-            "01030309000003022a0701fa01060203002bffffffffffffffffff01008080808080200001",
+            "0203030900000003022a0701fa01060203050001ee052bffffffffffffffffff010080808080802000000100",
         ),
         (
             Frame {
@@ -682,6 +717,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 incarnation: 1,
                 seq: 1,
                 ack: 0,
+                sack: 0,
                 una: 0,
                 body: Body::Handoff(vec![
                     KeyState {
@@ -708,7 +744,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     },
                 ]),
             },
-            "01040101000004020912736c6964696e675f77696e646f775f6c6f6703e807000002020102ac02010a0b636f6e63757272656e637902882700000301effdb6f50d01d00f",
+            "0204010100000004020912736c6964696e675f77696e646f775f6c6f6703e807000002020102ac02010a0b636f6e63757272656e637902882700000301effdb6f50d01d00f",
         ),
         (
             Frame {
@@ -716,14 +752,15 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 incarnation: 2,
                 seq: 5,
                 ack: 0,
+                sack: 0,
                 una: 0,
                 body: Body::Release(vec![Release { key: 11, limit: gcra_wire(), lease: 0xdead_beef }]),
             },
-            "01060205000005010b04676372610a8094ebdc03010500effdb6f50d",
+            "0206020500000005010b04676372610a8094ebdc03010500effdb6f50d",
         ),
         (
-            Frame { from: 5, incarnation: 6, seq: 0, ack: 128, una: 7, body: Body::Heartbeat },
-            "0105060080010706",
+            Frame { from: 5, incarnation: 6, seq: 0, ack: 128, sack: 5, una: 7, body: Body::Heartbeat },
+            "020506008001050706",
         ),
         (
             Frame {
@@ -731,6 +768,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 incarnation: 1,
                 seq: 2,
                 ack: 3,
+                sack: 0,
                 una: 2,
                 body: Body::Replica(vec![KeyState {
                     key: 12,
@@ -738,14 +776,14 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     state: SnapshotWire::Tat { backlog_nanos: 1_000 },
                 }]),
             },
-            "01070102030207010c04676372610a8094ebdc0301050000e807",
+            "0207010203000207010c04676372610a8094ebdc0301050000e807",
         ),
     ]
 }
 
 #[test]
 fn golden_frames_are_pinned() {
-    assert_eq!(WIRE_VERSION, 1, "a new wire version needs golden frames of its own");
+    assert_eq!(WIRE_VERSION, 2, "a new wire version needs golden frames of its own");
     for (i, (frame, expected)) in golden_frames().into_iter().enumerate() {
         let bytes = enc(&frame);
         assert_eq!(hex(&bytes), expected, "golden frame {i}: the wire format changed");

@@ -255,7 +255,7 @@ where
     };
     let decision = match limiter.node.check(&limiter.policy, &key, 1).await {
         Ok(decision) => decision,
-        Err(CheckError::ShutDown | CheckError::WouldWait) => {
+        Err(CheckError::ShutDown | CheckError::Joining | CheckError::WouldWait) => {
             // `WouldWait` comes only from `check_now`; matched so that a new variant is a compile error.
             return Ok(text_response(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE_BODY));
         }

@@ -26,8 +26,8 @@ use chitchat::transport::UdpTransport;
 use chitchat::{ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ProtocolVersion};
 use ratemesh_core::wire::WIRE_VERSION;
 use ratemesh_core::{
-    CheckOutcome, CheckRequest, Decision, Event, KeyHash, LeaseId, MemberView, Namespace, NodeConfig, NodeId,
-    NodeStats, Policy, RequestId, StoreStats,
+    CheckOutcome, CheckRequest, Decision, Event, KeyHash, LeaseId, LeavePlan, MemberView, Namespace,
+    NodeConfig, NodeId, NodeStats, Policy, RequestId, StoreStats,
 };
 use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -43,8 +43,12 @@ use crate::transport::{Received, Transport, TransportConfig, TransportError, Tra
 /// so that client checks are not starved by a burst of frames).
 const FRAMES_PER_TURN_MAX: usize = 64;
 /// Gossip rounds a leaving node waits, beyond log2 of the cluster's size, for its peers to learn
-/// of the leave before it hands its keys over.
+/// of the leave before it hands its keys over; also how long a node that starts with seeds takes
+/// no checks while the cluster learns of it (`NodeConfig::join_grace`).
 const LEAVE_GOSSIP_ROUNDS_MIN: u32 = 3;
+/// The most addresses of members that left the view kept for answering them (a leaving member
+/// waits for acknowledgements of its handoff after the others dropped it from their views).
+const DEPARTED_ADDRS_MAX: usize = 4096;
 /// Attempts at binding the gossip socket when its port is chosen by the node (port 0).
 const GOSSIP_BIND_ATTEMPTS_MAX: usize = 16;
 
@@ -119,6 +123,10 @@ pub enum CheckError {
     /// The node is shutting down or shut down.
     #[error("the node is shutting down")]
     ShutDown,
+    /// The node has just started and takes no checks while the cluster learns of it (a few
+    /// gossip rounds; see `NodeConfig::join_grace`). Ask another node, or retry shortly.
+    #[error("the node is joining the cluster")]
+    Joining,
     /// [`Node::check_now`] only: the key is owned by another node and its policy is exact, so
     /// only a round trip can decide. Use [`Node::check`].
     #[error("an exact-mode check of a key owned elsewhere needs a round trip")]
@@ -302,7 +310,7 @@ impl NodeBuilder {
             }
         };
         let origin = std::time::Instant::now();
-        let core = ratemesh_core::Node::new(self.id, incarnation, self.core.clone(), seed, clock(origin));
+        let core = ratemesh_core::Node::new(self.id, incarnation, self.core_config(), seed, clock(origin));
         let me = Member { id: self.id, quic_addr, status: MemberStatus::Live };
         let (members_tx, members_rx) = watch::channel(vec![me]);
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -317,10 +325,11 @@ impl NodeBuilder {
                 timer_at: None,
                 timer_lag: Duration::ZERO,
                 leaving: false,
+                left: false,
                 view: MemberView { live: vec![self.id], dead: Vec::new() },
             }),
             timer_wake: Notify::new(),
-            progress: Notify::new(),
+            left: Notify::new(),
             transport,
             gossip_addr: gossip.chitchat_id().gossip_advertise_addr,
             quic_addr,
@@ -334,6 +343,16 @@ impl NodeBuilder {
         shared.spawn_tasks(received, me, members_tx, stop_rx);
         info!(node = ?self.id, %quic_addr, gossip = %shared.gossip_addr, incarnation, "node started");
         Ok(Node { shared })
+    }
+
+    /// The core's configuration: a node that joins through seeds takes no checks for a few gossip
+    /// rounds (unless set), while the members learn of it and stop routing its keys elsewhere.
+    fn core_config(&self) -> NodeConfig {
+        let mut config = self.core.clone();
+        if config.join_grace.is_zero() && !self.seeds.is_empty() {
+            config.join_grace = self.gossip_interval * (LEAVE_GOSSIP_ROUNDS_MIN + 1);
+        }
+        config
     }
 
     /// Refuses settings that would make a timer spin (zero durations) or a node unreachable (a
@@ -454,6 +473,9 @@ impl NodeBuilder {
 ///     members.iter().filter(|m| m.status == MemberStatus::Live).count() == 2
 /// }))
 /// .await??;
+/// // A node that joins through seeds takes checks after a few gossip rounds (its join grace),
+/// // once the other members route its keys to it.
+/// second.wait_serving().await;
 ///
 /// let limit = Limit::new(LimitSpec::new(Algorithm::TokenBucket, 10, Duration::from_secs(1)))?;
 /// let policy = NamedPolicy::new("api", Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare });
@@ -512,8 +534,8 @@ struct Shared {
     state: Mutex<State>,
     /// The core's next deadline moved earlier than the one the timer task sleeps until.
     timer_wake: Notify,
-    /// Frames arrived while leaving (the shutdown waits for acknowledgements).
-    progress: Notify,
+    /// The core's leave is complete (the shutdown waits for it).
+    left: Notify,
     transport: Transport,
     gossip_addr: SocketAddr,
     quic_addr: SocketAddr,
@@ -531,13 +553,17 @@ struct State {
     /// Checks waiting for a decision from their owner.
     waiters: HashMap<RequestId, oneshot::Sender<Decision>>,
     next_request: u64,
-    /// QUIC addresses of the members in the view (confirmed by mutual TLS).
+    /// QUIC addresses of the members in the view (confirmed by mutual TLS), and of members that
+    /// left it (bounded): a leaving member awaits acknowledgements of its handoff from this node.
     addrs: HashMap<NodeId, SocketAddr>,
     /// The deadline the timer task sleeps until.
     timer_at: Option<ratemesh_core::Instant>,
     /// How late the timer task ran the core's last due timers (sync rounds among them).
     timer_lag: Duration,
+    /// Shutdown began (or a node task ended): no more client checks.
     leaving: bool,
+    /// The core's leave is complete.
+    left: bool,
     view: MemberView,
 }
 
@@ -584,7 +610,8 @@ impl Node {
             let request = CheckRequest { id, key, policy: policy.clone(), cost };
             let outcome = state.core.handle_check(now, request);
             let waiter = match outcome {
-                CheckOutcome::Decided(decision) => Err(decision),
+                CheckOutcome::Decided(decision) => Err(Ok(decision)),
+                CheckOutcome::Unavailable => Err(Err(CheckError::Joining)),
                 CheckOutcome::Pending => {
                     let (tx, rx) = oneshot::channel();
                     state.waiters.insert(id, tx);
@@ -595,7 +622,7 @@ impl Node {
             waiter
         };
         match waiter {
-            Err(decision) => Ok(decision),
+            Err(answer) => answer,
             // The core decides every pending check by its deadline (by the fallback if the owner is
             // silent); the channel closes without a decision only when the node shuts down.
             Ok(rx) => rx.await.map_err(|_| CheckError::ShutDown),
@@ -603,9 +630,9 @@ impl Node {
     }
 
     /// Like [`Node::check`] but never waits: for approximate-mode policies on a synchronous hot
-    /// path. An approximate check whose allowance ran dry is refused (with a retry hint) instead
-    /// of asking the owner; an exact-mode check of a key owned elsewhere is
-    /// [`CheckError::WouldWait`].
+    /// path. A check only the owner can decide — an exact-mode key owned elsewhere, or an
+    /// approximate-mode key this node holds no allowance of (a key whose share per node is a few
+    /// hits or less is decided by its owner) — is [`CheckError::WouldWait`].
     pub fn check_now(&self, policy: &NamedPolicy, key: &[u8], cost: u64) -> Result<Decision, CheckError> {
         let mut state = self.shared.lock_state();
         if state.leaving {
@@ -618,7 +645,11 @@ impl Node {
             policy: policy.policy.clone(),
             cost,
         };
-        let decision = state.core.handle_check_now(now, &request).ok_or(CheckError::WouldWait);
+        let decision = match state.core.handle_check_now(now, &request) {
+            Some(decision) => Ok(decision),
+            None if !state.core.is_serving(now) => Err(CheckError::Joining),
+            None => Err(CheckError::WouldWait),
+        };
         self.shared.after_input(&mut state);
         decision
     }
@@ -639,6 +670,19 @@ impl Node {
         state.core.handle_release(now, key, policy, lease);
         self.shared.after_input(&mut state);
         Ok(())
+    }
+
+    /// Whether the node takes checks: not while it joins (its first few gossip rounds) or leaves.
+    pub fn is_serving(&self) -> bool {
+        let state = self.shared.lock_state();
+        !state.leaving && state.core.is_serving(self.shared.now())
+    }
+
+    /// Waits until the node's join grace has passed (at once for a node started without seeds).
+    /// A node that is leaving never serves again: this returns at once and checks fail.
+    pub async fn wait_serving(&self) {
+        let until = self.shared.lock_state().core.joining_until();
+        tokio::time::sleep_until(self.shared.tokio_instant(until)).await;
     }
 
     /// The members this node knows, itself included, sorted by id.
@@ -689,12 +733,12 @@ impl Node {
         }
     }
 
-    /// Leaves the cluster gracefully: refuses new checks ([`CheckError::ShutDown`]), announces
-    /// the leave in gossip and keeps owning and answering its keys for the few gossip rounds
-    /// peers need to learn of it, then hands every owned key to its new owner, waits (at most the
-    /// leave linger) until every frame is acknowledged, and stops the node. Checks still waiting
-    /// for an owner then fail with [`CheckError::ShutDown`]. Idempotent: a second call returns
-    /// when the first is done.
+    /// Leaves the cluster gracefully (the core's leave: `ratemesh_core::Node::handle_leave`):
+    /// refuses new checks ([`CheckError::ShutDown`]), announces the leave in gossip, keeps owning
+    /// and answering its keys for the few gossip rounds peers need to learn of it, hands every
+    /// owned key to its new owner, waits until the handoff is acknowledged (at most the leave
+    /// linger), and stops the node. Checks still waiting for an owner then fail with
+    /// [`CheckError::ShutDown`]. Idempotent: a second call returns when the first is done.
     ///
     /// A `Node` whose handles are all dropped without `shutdown` keeps running (its tasks hold
     /// it) until the runtime stops: call `shutdown` to leave.
@@ -704,31 +748,33 @@ impl Node {
     }
 
     async fn leave(&self) {
-        let Some(rounds) = self.shared.announce_leave().await else {
+        let Some(own_for) = self.shared.announce_leave().await else {
             // Another shutdown is under way: return when it is done.
             let _ = self.shared.stop.subscribe().wait_for(|stopped| *stopped).await;
             return;
         };
-        // Peers learn of the leave through gossip (epidemic: a few rounds, growing with the log of
-        // the cluster's size). Until they do they still route checks here, and this node still
-        // owns its keys and answers them exactly; only then does it hand them over.
-        tokio::time::sleep(self.shared.gossip_interval * rounds).await;
-        self.shared.hand_over();
-        let linger_end = tokio::time::Instant::now() + self.shared.leave_linger;
-        loop {
-            let progress = self.shared.progress.notified();
-            let (unacked, overflowed) = {
-                let state = self.shared.lock_state();
-                (state.core.unacked_frames(), state.core.stats().delivery.overflowed)
-            };
-            if unacked == 0 || tokio::time::Instant::now() >= linger_end {
-                info!(unacked, overflowed, "leaving: frames acknowledged (or linger over)");
-                break;
-            }
-            tokio::select! {
-                () = progress => {}
-                () = tokio::time::sleep_until(linger_end) => {}
-            }
+        let plan = LeavePlan { own_for, drain_for: self.shared.leave_linger };
+        let left = self.shared.left.notified();
+        {
+            let mut state = self.shared.lock_state();
+            let now = self.shared.now();
+            state.core.handle_leave(now, plan);
+            self.shared.after_input(&mut state);
+        }
+        // The core emits `Left` by its own deadline (owning, then the drain bound); the timeout
+        // only guards against a stopped timer task.
+        let bound = own_for + self.shared.leave_linger + self.shared.gossip_interval;
+        let already_left = self.shared.lock_state().left;
+        if !already_left {
+            let _ = tokio::time::timeout(bound, left).await;
+        }
+        {
+            let state = self.shared.lock_state();
+            info!(
+                handoffs = state.core.stats().handoffs_sent,
+                unacked = state.core.unacked_frames(),
+                "leaving: keys handed over and acknowledged (or drain bound reached)"
+            );
         }
         self.shared.stop().await;
     }
@@ -754,10 +800,18 @@ impl Shared {
                 let _ = self.transport.send(transmit.to, addr, transmit.bytes);
             }
         }
-        while let Some(Event::Decided { id, decision }) = state.core.poll_event() {
-            if let Some(waiter) = state.waiters.remove(&id) {
-                // The check's caller may have gone away (its future dropped): nothing to do.
-                let _ = waiter.send(decision);
+        while let Some(event) = state.core.poll_event() {
+            match event {
+                Event::Decided { id, decision } => {
+                    if let Some(waiter) = state.waiters.remove(&id) {
+                        // The check's caller may have gone away (its future dropped): nothing to do.
+                        let _ = waiter.send(decision);
+                    }
+                }
+                Event::Left => {
+                    state.left = true;
+                    self.left.notify_waiters();
+                }
             }
         }
         let next = state.core.poll_timeout();
@@ -832,17 +886,13 @@ impl Shared {
                 state.core.handle_frame(now, from, &bytes);
             }
             self.after_input(&mut state);
-            let leaving = state.leaving;
-            drop(state);
-            if leaving {
-                self.progress.notify_one();
-            }
         }
     }
 
-    /// Refuses new client checks and announces the leave in gossip. Returns how many gossip
-    /// rounds to wait for peers to learn of it, or `None` when a shutdown already began.
-    async fn announce_leave(&self) -> Option<u32> {
+    /// Refuses new client checks and announces the leave in gossip. Returns how long to keep
+    /// owning while peers learn of it (a few gossip rounds, growing with the log of the cluster's
+    /// size: epidemic dissemination), or `None` when a shutdown already began.
+    async fn announce_leave(&self) -> Option<Duration> {
         let members = {
             let mut state = self.lock_state();
             if state.leaving {
@@ -856,19 +906,7 @@ impl Shared {
         if let Some(chitchat) = gossip {
             chitchat.lock().await.self_node_state().set(KEY_LEAVING, "1");
         }
-        Some(LEAVE_GOSSIP_ROUNDS_MIN + members.max(1).ilog2() + 1)
-    }
-
-    /// Applies this node's own view without itself: the ring moves every owned key to its new
-    /// owner and the core sends the state of each (never a reset to full at the new owner).
-    fn hand_over(&self) {
-        let mut state = self.lock_state();
-        let mut view = state.view.clone();
-        view.live.retain(|&id| id != self.id);
-        let now = self.now();
-        state.core.handle_membership(now, view);
-        info!(handoffs = state.core.stats().handoffs_sent, "leaving: keys handed over");
-        self.after_input(&mut state);
+        Some(self.gossip_interval * (LEAVE_GOSSIP_ROUNDS_MIN + members.max(1).ilog2() + 1))
     }
 
     /// Stops the tasks, gossip and the transport.
@@ -915,11 +953,11 @@ impl Drop for TaskGuard {
 impl ViewSink for Shared {
     fn apply(&self, view: &MemberView, addrs: &HashMap<NodeId, SocketAddr>) {
         let mut state = self.lock_state();
-        if state.leaving {
-            return;
+        if state.addrs.len() > DEPARTED_ADDRS_MAX {
+            state.addrs.clear();
         }
-        state.addrs =
-            addrs.iter().filter(|(id, _)| view.live.contains(id)).map(|(&id, &addr)| (id, addr)).collect();
+        let live = addrs.iter().filter(|(id, _)| view.live.contains(id));
+        state.addrs.extend(live.map(|(&id, &addr)| (id, addr)));
         state.view = view.clone();
         let now = self.now();
         let before = state.core.stats().handoffs_sent;

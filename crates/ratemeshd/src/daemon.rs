@@ -5,8 +5,8 @@
 //! # Readiness
 //!
 //! [`Daemon::is_ready`] (`GET /readyz`) is true when the daemon is not shutting down, the node's
-//! ring contains it as a live member, and — when `cluster.seeds` is not empty — at least one
-//! other member is live. A seeded node that cannot reach anyone is therefore **not ready**: at
+//! ring contains it as a live member, — when `cluster.seeds` is not empty — at least one other
+//! member is live, and the node's join grace has passed (see `ratemesh::Node::wait_serving`). A seeded node that cannot reach anyone is therefore **not ready**: at
 //! start until it joined, and later whenever it lost every peer (a partition, or all others
 //! down). Alone in its own ring it would own every key and admit each limit in full by itself;
 //! a load balancer should send traffic to nodes that are part of the cluster. A node without
@@ -349,6 +349,9 @@ impl Daemon {
         let (config, _) = self.current();
         if !config.cluster.seeds.is_empty() && !members.iter().any(|m| m.id != me && live(m)) {
             return Some("cluster.seeds are configured but no other member is live (not joined, or cut off)");
+        }
+        if !self.node.is_serving() {
+            return Some("joining: the other members are learning of this node (a few gossip rounds)");
         }
         None
     }

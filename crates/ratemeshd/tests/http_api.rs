@@ -947,6 +947,8 @@ async fn a_seeded_node_is_ready_only_with_a_live_peer() {
     .await
     .expect("the seed is seen live within the timeout")
     .expect("the node is running");
+    // Then, once its join grace passed (the others learned of it), it is ready.
+    second.daemon.node().wait_serving().await;
     assert!(second.daemon.is_ready(), "{:?}", second.daemon.not_ready_reason());
     assert_eq!(second.get("/readyz").await.status, 200);
     second.stop().await;

@@ -168,6 +168,30 @@ impl Bucket {
         }
     }
 
+    /// How often the bucket gains back one hit, in nanoseconds: the TAT algorithms refill
+    /// steadily; the windows only at their edge, and an allowance does not outlive its window, so
+    /// for allowances they refill never (0).
+    pub fn refill_nanos_per_hit(&self, limit: &Limit) -> u64 {
+        match limit.kind() {
+            Kind::Tat(p) => p.interval_nanos,
+            _ => 0,
+        }
+    }
+
+    /// Window algorithms: nanoseconds from `now` until the current window ends (what is counted
+    /// in it stops counting for the fixed window, and weighs less for the sliding counter).
+    pub fn window_end_nanos(&self, limit: &Limit, now: Instant) -> Option<u64> {
+        match (&self.state, limit.kind()) {
+            (State::Window(w), Kind::Window(p)) => {
+                let now = now.max(self.updated_at);
+                let windows = now.nanos_since(w.start) / p.period_nanos.max(1);
+                let end = w.start.add_nanos((windows + 1).saturating_mul(p.period_nanos));
+                Some(end.nanos_since(now))
+            }
+            _ => None,
+        }
+    }
+
     /// The instant after which this bucket is indistinguishable from a fresh one (its TTL).
     pub fn fresh_at(&self, limit: &Limit) -> Instant {
         let now = self.updated_at;

@@ -81,6 +81,9 @@ pub enum CheckOutcome {
     Decided(Decision),
     /// Sent to the owner; the decision will come as [`Event::Decided`] with the request's id.
     Pending,
+    /// Not taken: the node is joining (its first `join_grace`, while the cluster learns of it)
+    /// or leaving (see [`crate::Node::handle_leave`]). Clients should use another node.
+    Unavailable,
 }
 
 /// Bytes for a peer.
@@ -102,6 +105,9 @@ pub enum Event {
         /// Its decision.
         decision: Decision,
     },
+    /// A graceful leave is complete: every owned key was handed over and acknowledged (or the
+    /// drain bound passed). The driver may stop the node.
+    Left,
 }
 
 /// Timing and bounds of a node. Every bound has a default that suits a cluster of tens of nodes.
@@ -113,13 +119,18 @@ pub struct NodeConfig {
     pub forward_batch_len_max: usize,
     /// How long a forwarded check may wait for its batch to fill.
     pub forward_wait: Duration,
-    /// How long a forwarded check waits for the owner before the fallback decides it.
+    /// The longest a forwarded check waits for the owner before the fallback decides it, and the
+    /// wait before a round trip to that owner was measured. Once one was, the wait is a round trip
+    /// plus a retransmission timeout (`srtt + rto`, as TCP estimates them): enough to survive one
+    /// lost frame, short when the network is.
     pub forward_timeout: Duration,
     /// The most forwarded checks waiting for an answer at once; more are decided by the fallback.
     pub pending_forwards_max: usize,
     /// The most keys in one report or grant frame.
     pub sync_batch_len_max: usize,
-    /// A peer not heard from for this long is treated as unreachable.
+    /// A peer this node expects to hear from (they share allowance state), silent for this long,
+    /// is treated as unreachable. Raised per peer to two sync intervals plus two retransmission
+    /// timeouts when that is longer.
     pub peer_silence: Duration,
     /// The most frames kept per peer for retransmission.
     pub unacked_frames_max: usize,
@@ -132,6 +143,15 @@ pub struct NodeConfig {
     pub replicate: bool,
     /// Virtual nodes per member on the ring.
     pub ring_vnodes: u32,
+    /// Approximate mode: the smallest allowance worth granting, in hits. A node whose share of a
+    /// key is smaller gets none: its checks are forwarded and the owner decides them.
+    pub allowance_min: u64,
+    /// How long a node takes no client checks after it starts: about the time the cluster takes
+    /// to learn of it. It owns keys from its first view on, but until the other members route to
+    /// it, the keys' previous owners decide for their clients; if it decided for its own clients
+    /// meanwhile, from buckets the previous owners have not handed over yet, both would admit.
+    /// Zero for a node that starts alone.
+    pub join_grace: Duration,
     /// Bounds of the key table.
     pub store: StoreConfig,
 }
@@ -142,7 +162,7 @@ impl Default for NodeConfig {
             sync_interval: Duration::from_millis(50),
             forward_batch_len_max: 256,
             forward_wait: Duration::from_micros(200),
-            forward_timeout: Duration::from_millis(100),
+            forward_timeout: Duration::from_secs(1),
             pending_forwards_max: 65_536,
             sync_batch_len_max: 1024,
             peer_silence: Duration::from_millis(200),
@@ -151,6 +171,8 @@ impl Default for NodeConfig {
             frame_len_max: crate::wire::FRAME_LEN_MAX_DEFAULT,
             replicate: true,
             ring_vnodes: super::ring::RING_VNODES_DEFAULT,
+            allowance_min: 2,
+            join_grace: Duration::ZERO,
             store: StoreConfig::default(),
         }
     }

@@ -1,9 +1,13 @@
-//! Exact mode: checks forwarded to the owner in batches, answered later, or decided by the
-//! fallback when the owner does not answer in time.
+//! Forwarded checks: sent to the owner in batches (every exact-mode check; approximate-mode checks
+//! that no allowance covers), answered later, or decided by the fallback when the owner does not
+//! answer in time.
 
 use std::sync::Arc;
 
+use rand::Rng;
+
 use super::*;
+use crate::wire::WireMode;
 
 /// A check forwarded to an owner, waiting for its decision.
 #[derive(Debug)]
@@ -13,24 +17,42 @@ pub(super) struct PendingForward {
     pub(super) policy: Arc<Policy>,
     pub(super) cost: u64,
     pub(super) deadline: Instant,
+    /// The owner it went to: only its answer counts.
+    pub(super) owner: NodeId,
 }
+
+/// The shortest wait for a forwarded check's answer: well above a loopback round trip and the
+/// peer's acknowledgement delay.
+const FORWARD_WAIT_MIN_NANOS: u64 = 5_000_000;
 
 impl Node {
     pub(super) fn forward(&mut self, owner: NodeId, request: CheckRequest, now: Instant) -> CheckOutcome {
-        if !self.peers.reachable(owner, now) || self.pending.len() >= self.config.pending_forwards_max {
-            let (decision, _) =
-                self.decide_as_follower(owner, &request.policy, request.key, request.cost, now);
+        if let Some(decision) = self.refused_here(&request, now) {
             return CheckOutcome::Decided(decision);
         }
+        if !self.peers.reachable(owner, now) || self.pending.len() >= self.config.pending_forwards_max {
+            let decision =
+                self.decide_by_fallback_now(owner, &request.policy, request.key, request.cost, now);
+            return CheckOutcome::Decided(decision);
+        }
+        let (epoch, demand_per_s) = self.forward_context(request.key, request.cost, now);
         let id = self.next_forward_id;
         self.next_forward_id += 1;
+        let mode = match effective_mode(&request.policy) {
+            api::Mode::Exact => WireMode::Exact,
+            api::Mode::Approximate => WireMode::Approximate,
+        };
         let check = ForwardCheck {
             id,
             key: request.key.0,
             limit: LimitWire::from_limit(&request.policy.limit),
             cost: request.cost,
+            mode,
+            epoch,
+            demand_per_s,
         };
-        let deadline = now.add_duration(self.config.forward_timeout);
+        let deadline = now.add_nanos(self.forward_wait_nanos(owner));
+        self.deadlines.insert((deadline, id));
         self.pending.insert(
             id,
             PendingForward {
@@ -39,6 +61,7 @@ impl Node {
                 policy: request.policy,
                 cost: request.cost,
                 deadline,
+                owner,
             },
         );
         self.stats.forwarded += 1;
@@ -51,6 +74,30 @@ impl Node {
             self.flush_at = Some(now.add_duration(self.config.forward_wait));
         }
         CheckOutcome::Pending
+    }
+
+    /// How long a check forwarded to `owner` waits for its answer: a round trip and two
+    /// retransmission timeouts (a lost forward or a lost answer is survived), bounded by
+    /// `forward_timeout` (also the wait before any round trip to `owner` was measured).
+    fn forward_wait_nanos(&self, owner: NodeId) -> u64 {
+        let bound = duration_nanos(self.config.forward_timeout);
+        match (self.peers.srtt_nanos(owner), self.peers.rto_nanos(owner)) {
+            (Some(srtt), Some(rto)) => {
+                let wait = srtt.saturating_add(rto.saturating_mul(2)).saturating_add(peers::ACK_DELAY_NANOS);
+                wait.max(FORWARD_WAIT_MIN_NANOS).min(bound)
+            }
+            _ => bound,
+        }
+    }
+
+    /// The follower epoch and demand of `key` to send with a forwarded check of `cost` (an
+    /// approximate-mode key's owner sizes allowances from them): the demand before this check.
+    fn forward_context(&mut self, key: KeyHash, cost: u64, now: Instant) -> (u64, u64) {
+        let half_life = self.half_life_nanos();
+        let follower = self.keys.extra(key).and_then(|meta| meta.follower.as_ref());
+        let Some(follower) = follower else { return (0, 0) };
+        let mut demand = follower.demand;
+        (follower.epoch, demand.per_second_without(now, half_life, cost.max(1)))
     }
 
     pub(super) fn flush_forwards(&mut self, now: Instant) {
@@ -66,29 +113,62 @@ impl Node {
         self.send(owner, Body::Forward(batch), now);
     }
 
-    pub(super) fn on_decided(&mut self, decided: Vec<Decided>, now: Instant) {
+    pub(super) fn on_decided(&mut self, from: NodeId, decided: Vec<Decided>, now: Instant) {
         for answer in decided {
-            // An answer after the timeout finds nothing: the fallback decided already.
+            // An answer after the timeout finds nothing: the fallback decided already. An answer
+            // from another node than the check went to is not trusted.
+            let Some(pending) = self.pending.get(&answer.id) else { continue };
+            if pending.owner != from {
+                self.stats.items_refused += 1;
+                continue;
+            }
             let Some(pending) = self.pending.remove(&answer.id) else { continue };
+            self.deadlines.remove(&(pending.deadline, answer.id));
             let decision: Decision = answer.decision.into();
             if let Some(retry) = decision.retry_after.filter(|_| !decision.allowed) {
-                // The owner has no room until then: followers refuse locally, without asking.
-                self.update_key(pending.key, |_, meta| {
-                    if let Some(follower) = meta.follower.as_mut() {
-                        follower.over_until = follower.over_until.max(now.add_duration(retry));
-                    }
-                });
+                self.refuse_until(&pending, duration_nanos(retry), now);
             }
             self.events.push_back(Event::Decided { id: pending.request, decision });
         }
     }
 
+    /// A refusal without asking, while the owner said the key has no room (see `refuse_until`).
+    fn refused_here(&self, request: &CheckRequest, now: Instant) -> Option<Decision> {
+        let follower = self.keys.extra(request.key)?.follower.as_ref()?;
+        if request.cost == 0 || follower.over_until <= now {
+            return None;
+        }
+        let retry = follower.over_until.nanos_since(now);
+        let decision = Decision::admitted_blind(request.policy.limit.reported_limit());
+        Some(Decision { remaining: 0, ..decision }.refused_for(Some(retry)))
+    }
+
+    /// The owner has no room for `retry_nanos`: refuse the key locally meanwhile, without asking
+    /// — until one round trip before then, so that the next check forwarded arrives when the room
+    /// does (and competes with the owner's own checks on equal terms).
+    fn refuse_until(&mut self, pending: &PendingForward, retry_nanos: u64, now: Instant) {
+        let rtt = self.peers.srtt_nanos(pending.owner).unwrap_or(0);
+        let Some(blind_nanos) = retry_nanos.checked_sub(rtt).filter(|&n| n > 0) else { return };
+        let until = now.add_nanos(blind_nanos);
+        let init = || KeyMeta::new(pending.policy.clone(), false);
+        let owner = pending.owner;
+        let rng = &mut self.rng;
+        self.keys.upsert_with(pending.key, &pending.policy.limit, now, init, |_, meta| {
+            let follower = meta.follower();
+            if follower.owner != Some(owner) {
+                follower.follow(owner, rng.next_u64());
+            }
+            follower.over_until = follower.over_until.max(until);
+        });
+    }
+
     pub(super) fn expire_forwards(&mut self, now: Instant) {
-        while let Some(entry) = self.pending.first_entry() {
-            if entry.get().deadline > now {
+        while let Some(&(deadline, id)) = self.deadlines.first() {
+            if deadline > now {
                 break;
             }
-            let pending = entry.remove();
+            self.deadlines.pop_first();
+            let Some(pending) = self.pending.remove(&id) else { continue };
             self.stats.forward_timeouts += 1;
             let owner = self.ring.owner(pending.key).unwrap_or(self.id);
             let decision = if owner == self.id {

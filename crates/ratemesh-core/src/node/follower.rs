@@ -1,15 +1,27 @@
-//! The follower side: deciding from allowances or by the fallback, reporting, applying grants.
+//! The follower side: deciding from allowances, forwarding what only the owner can decide, the
+//! fallback, reporting, applying grants.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rand::Rng;
 
+use super::owner::{admitted_from_allowance, need_for, refused_until_grant};
 use super::*;
 
+/// What a follower does with a check.
+pub(super) enum FollowerStep {
+    /// Decided here.
+    Decided(Decision),
+    /// Only the owner can decide it (no allowance, and the key is not known to be contended).
+    Forward,
+}
+
 impl Node {
-    /// Decides a check on a key another node owns: from the allowance while the owner is
-    /// reachable and has granted one, else by the policy's fallback.
+    /// Decides a check on a key another node owns, or says it must be forwarded: from the
+    /// allowance while it lasts; refused while the owner said the key is over its limit, or
+    /// contended with this node's share spent; by the policy's fallback when the owner is
+    /// unreachable; else forwarded.
     pub(super) fn decide_as_follower(
         &mut self,
         owner: NodeId,
@@ -17,12 +29,13 @@ impl Node {
         key: KeyHash,
         cost: u64,
         now: Instant,
-    ) -> (Decision, Path) {
+    ) -> FollowerStep {
         let reachable = self.peers.reachable(owner, now);
         let half_life = self.half_life_nanos();
+        let retry_floor = self.next_grant_nanos(owner, now);
         let limit = &policy.limit;
         let rng = &mut self.rng;
-        let decided = self.keys.upsert_with(
+        let step = self.keys.upsert_with(
             key,
             limit,
             now,
@@ -35,42 +48,47 @@ impl Node {
                 follower.demand.add(cost.max(1), now, half_life);
                 if follower.over_until > now && cost > 0 {
                     let retry = follower.over_until.nanos_since(now);
-                    return Some((bucket.peek(limit, cost, now).refused_for(Some(retry)), Path::Allowance));
+                    return Some(FollowerStep::Decided(
+                        bucket.peek(limit, cost, now).refused_for(Some(retry)),
+                    ));
                 }
-                if !(reachable && follower.granted) {
+                if follower.allowance.take(cost, now) {
+                    follower.used = follower.used.saturating_add(cost.max(1));
+                    let left = follower.allowance.live(now);
+                    return Some(FollowerStep::Decided(admitted_from_allowance(bucket, limit, left, now)));
+                }
+                if !reachable {
                     return None;
                 }
-                let decision = decide_from_allowance(bucket, limit, &mut follower.allowance, cost, now);
-                let path = match decision.retry_after {
-                    Some(_) if !decision.allowed && !follower.contended => Path::Exhausted,
-                    _ => Path::Allowance,
-                };
-                Some((decision, path))
+                if follower.contended && cost > 0 {
+                    // Asked and refused: the owner learns of this demand at the next report.
+                    follower.refused = follower.refused.saturating_add(cost);
+                    let decision = refused_until_grant(bucket, limit, cost, now, retry_floor);
+                    return Some(FollowerStep::Decided(decision));
+                }
+                Some(FollowerStep::Forward)
             },
         );
-        // The fallback is the rare path: only it needs the local share of the limit.
-        let (decision, path) = match decided {
-            Some(decided) => decided,
-            None => (self.decide_by_fallback_here(owner, policy, key, cost, now), Path::Fallback),
-        };
-        match path {
-            Path::Allowance | Path::Exhausted => self.stats.allowance_decisions += 1,
-            Path::Fallback => {
-                self.stats.fallback_decisions += 1;
-                self.fallbacks_since_sync += 1;
+        match step {
+            Some(FollowerStep::Decided(decision)) => {
+                self.stats.allowance_decisions += 1;
+                self.dirty.insert(key);
+                FollowerStep::Decided(decision)
             }
+            Some(FollowerStep::Forward) => FollowerStep::Forward,
+            None => FollowerStep::Decided(self.decide_by_fallback_now(owner, policy, key, cost, now)),
         }
-        self.dirty.insert(key);
-        // Ask for a grant now when there is none yet or the allowance ran dry; not when the key
-        // is contended or over its limit: the owner has nothing more to give before the next tick.
-        if reachable && path != Path::Allowance {
-            self.report_early(owner, key, now);
-        }
-        (decision, path)
     }
 
-    /// Decides by the policy's fallback under this node's local share of the limit, following
-    /// `owner` (the key's entry is created when absent).
+    /// How long until `owner` can have answered this node's next report: the next sync tick plus
+    /// a round trip.
+    fn next_grant_nanos(&self, owner: NodeId, now: Instant) -> u64 {
+        let rtt = self.peers.srtt_nanos(owner).unwrap_or(0);
+        self.next_sync_at.nanos_since(now).saturating_add(rtt)
+    }
+
+    /// Decides by the policy's fallback under this node's share of the limit, following `owner`
+    /// (the key's entry is created when absent).
     fn decide_by_fallback_here(
         &mut self,
         owner: NodeId,
@@ -79,39 +97,29 @@ impl Node {
         cost: u64,
         now: Instant,
     ) -> Decision {
-        let local_limit = self.scaled_limit(&policy.limit, 1, self.cluster_len);
+        // The owner leaves this node's share out of its own limit only when it expects to hear
+        // from this node (they share allowance state) and does not: otherwise, until the failure
+        // detector moves the key, the owner still enforces the whole limit and a share taken here
+        // would come on top.
+        let local_limit = match self.peers.expects(owner, now) {
+            true => self.local_limit(&policy.limit),
+            false => None,
+        };
         let rng = &mut self.rng;
         let init = || KeyMeta::new(policy.clone(), false);
-        self.keys.upsert_with(key, &policy.limit, now, init, |_, meta| {
+        self.keys.upsert_with(key, &policy.limit, now, init, |bucket, meta| {
             let follower = meta.follower();
             if follower.owner != Some(owner) {
                 follower.follow(owner, rng.next_u64());
             }
-            decide_by_fallback(policy, &local_limit, follower, cost, now, rng)
+            decide_by_fallback(policy, local_limit.as_ref(), bucket, follower, cost, now, rng)
         })
-    }
-
-    /// Sends one key's report now (no grant yet, or allowance exhausted), at most once per quarter
-    /// interval per key.
-    pub(super) fn report_early(&mut self, owner: NodeId, key: KeyHash, now: Instant) {
-        let gap = duration_nanos(self.config.sync_interval) / 4;
-        let half_life = self.half_life_nanos();
-        let report = self.update_key(key, |bucket, meta| {
-            let follower = meta.follower.as_mut()?;
-            if follower.reported_at.is_some_and(|at| at.add_nanos(gap) > now) {
-                return None;
-            }
-            Some(take_report(key, bucket, &meta.policy.limit, follower, now, half_life))
-        });
-        if let Some(report) = report.flatten() {
-            self.stats.reports_sent += 1;
-            self.send(owner, Body::Report(vec![report]), now);
-        }
     }
 
     /// Applies an owner's grants: the authoritative state, a new allowance, and whether the key is
     /// contended or over its limit.
-    pub(super) fn on_grants(&mut self, from: NodeId, grants: Vec<Grant>, now: Instant) {
+    pub(super) fn on_grants(&mut self, from: NodeId, order: u128, grants: Vec<Grant>, now: Instant) {
+        self.peers.expect(from, now, self.release_nanos());
         for grant in grants {
             let key = KeyHash(grant.key);
             let applied = self.update_key(key, |bucket, meta| {
@@ -123,14 +131,25 @@ impl Node {
                     return None;
                 }
                 let imported = Bucket::import(&limit, grant.state.into(), now).ok()?;
-                *bucket = imported;
-                follower.granted = true;
+                let expires_at = grant.expires_in_nanos.map_or(Instant::MAX, |left| now.add_nanos(left));
                 follower.granted_seen = follower.granted_seen.saturating_add(grant.grant);
-                follower.allowance = follower.allowance.saturating_add(grant.grant);
-                follower.contended = grant.contended;
+                follower.allowance.add(grant.grant, expires_at, now);
                 follower.local = None;
+                if order <= follower.grant_order {
+                    // An earlier grant overtaken by a later one: its hits count, its view does not.
+                    return Some(());
+                }
+                follower.grant_order = order;
+                *bucket = imported;
+                let held = follower.allowance.live(now);
+                if held > grant.hold_max {
+                    follower.allowance.hits = grant.hold_max;
+                    follower.returned = follower.returned.saturating_add(held - grant.hold_max);
+                }
+                follower.contended = grant.contended;
+                follower.has_state = true;
                 follower.over_until = Instant::ZERO;
-                if follower.allowance == 0 {
+                if follower.allowance.live(now) == 0 {
                     let probe = bucket.peek(&limit, 1, now);
                     if let Some(retry) = probe.retry_after.filter(|_| !probe.allowed) {
                         follower.over_until = now.add_duration(retry);
@@ -160,55 +179,80 @@ impl Node {
         decision
     }
 
-    /// One report per key with news, batched per owner.
+    /// One report per key with news for its owner, batched per owner. A key without news costs
+    /// nothing: an idle key, or one whose checks are forwarded, sends no report.
     pub(super) fn send_reports(&mut self, now: Instant) {
         let half_life = self.half_life_nanos();
+        // A holder that used nothing for a few intervals reports anyway: the owner keeps counting
+        // what it holds, and may want it back.
+        let keepalive = 4 * duration_nanos(self.config.sync_interval);
         let mut batches: BTreeMap<NodeId, Vec<Report>> = BTreeMap::new();
-        let dirty = std::mem::take(&mut self.dirty);
-        for key in dirty {
+        for key in std::mem::take(&mut self.dirty) {
             let owner = self.ring.owner(key).unwrap_or(self.id);
-            if owner == self.id || !self.peers.reachable(owner, now) {
-                // Unreachable owner: keep the news for later; owned: nothing to report.
-                if owner != self.id {
-                    self.dirty.insert(key);
-                }
+            if owner == self.id {
                 continue;
             }
-            let report = self.update_key(key, |bucket, meta| {
-                let follower = meta.follower.as_mut()?;
-                let report = take_report(key, bucket, &meta.policy.limit, follower, now, half_life);
-                let active = report.demand_per_s > 0
-                    || report.holding > 0
-                    || report.uncovered.saturating_add(report.returned) > 0;
-                active.then_some(report)
-            });
-            if let Some(report) = report.flatten() {
-                // A key still in demand (or holding an allowance) reports again next tick.
+            if !self.peers.reachable(owner, now) {
+                // Keep the news for when the owner is back.
                 self.dirty.insert(key);
+                continue;
+            }
+            let horizon = self.report_horizon_nanos(owner);
+            let outcome = self.update_key(key, |bucket, meta| {
+                let limit = meta.policy.limit.clone();
+                let follower = meta.follower.as_mut()?;
+                follower.allowance.expire(now);
+                let keepalive_due = follower.allowance.hits > 0
+                    && follower.reported_at.is_none_or(|at| at.add_nanos(keepalive) <= now);
+                let report = (follower.has_news() || keepalive_due)
+                    .then(|| take_report(key, bucket, &limit, follower, now, half_life, horizon));
+                let active = follower.allowance.hits > 0 || follower.demand.per_second(now, half_life) > 0;
+                Some((report, active))
+            });
+            let Some(Some((report, active))) = outcome else { continue };
+            if active {
+                self.dirty.insert(key);
+            }
+            if let Some(report) = report {
                 batches.entry(owner).or_default().push(report);
             }
         }
         for (owner, reports) in batches {
             self.stats.reports_sent += reports.len() as u64;
+            self.peers.expect(owner, now, self.release_nanos());
             for chunk in reports.chunks(self.config.sync_batch_len_max.max(1)) {
                 self.send(owner, Body::Report(chunk.to_vec()), now);
             }
         }
     }
+
+    /// How long an allowance must last at this node before a report's answer can renew it.
+    fn report_horizon_nanos(&self, owner: NodeId) -> u64 {
+        let rtt = self.peers.srtt_nanos(owner).unwrap_or(0);
+        duration_nanos(self.config.sync_interval).saturating_add(rtt)
+    }
+
+    /// Gives back every allowance this node holds (a leaving node): reported at once.
+    pub(super) fn return_allowances(&mut self, now: Instant) {
+        let keys: Vec<KeyHash> = self.keys.keys().collect();
+        for key in keys {
+            let returned = self.update_key(key, |_, meta| {
+                let follower = meta.follower.as_mut()?;
+                let held = follower.allowance.live(now);
+                follower.allowance = keys::Allowance::NONE;
+                follower.returned = follower.returned.saturating_add(held);
+                follower.demand = keys::DemandMeter::default();
+                follower.has_news().then_some(())
+            });
+            if returned.flatten().is_some() {
+                self.dirty.insert(key);
+            }
+        }
+        self.send_reports(now);
+    }
 }
 
-/// How a follower decided.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Path {
-    /// From its allowance (or refused while the owner says the key is over its limit).
-    Allowance,
-    /// Refused: the allowance is spent though the owner may have room.
-    Exhausted,
-    /// By the fallback policy.
-    Fallback,
-}
-
-/// Takes a follower's news for a report, returning allowance it holds beyond its need.
+/// Takes a follower's news for a report, giving back allowance it holds beyond its need.
 pub(super) fn take_report(
     key: KeyHash,
     bucket: &Bucket,
@@ -216,77 +260,66 @@ pub(super) fn take_report(
     follower: &mut Follower,
     now: Instant,
     half_life: u64,
+    horizon_nanos: u64,
 ) -> Report {
     let demand_per_s = follower.demand.per_second(now, half_life);
-    // Keep what the coming interval needs (see `need_for`); give back the rest.
-    let need = need_for(demand_per_s, half_life / 2);
-    if follower.allowance > need {
-        follower.returned = follower.returned.saturating_add(follower.allowance - need);
-        follower.allowance = need;
+    let need = need_for(demand_per_s, horizon_nanos);
+    let held = follower.allowance.live(now);
+    if held > need {
+        follower.returned = follower.returned.saturating_add(held - need);
+        follower.allowance.hits = need;
     }
     let seed = follower.seed_pending.then(|| SnapshotWire::from(bucket.export(now)));
     let report = Report {
         key: key.0,
         limit: LimitWire::from_limit(limit),
         epoch: follower.epoch,
-        holding: follower.allowance,
+        holding: follower.allowance.live(now),
         granted_seen: follower.granted_seen,
         uncovered: std::mem::take(&mut follower.uncovered),
         returned: std::mem::take(&mut follower.returned),
         demand_per_s,
         seed,
     };
+    follower.used = 0;
+    follower.refused = 0;
     follower.seed_pending = false;
     follower.reported_at = Some(now);
     report
 }
 
-/// Decides from the allowance: pass while it lasts; refuse with the authoritative state's view of
-/// when the request could pass.
-pub(super) fn decide_from_allowance(
-    bucket: &Bucket,
-    limit: &Limit,
-    allowance: &mut u64,
-    cost: u64,
-    now: Instant,
-) -> Decision {
-    if *allowance >= cost.max(1) {
-        *allowance -= cost;
-        // The owner debited the allowance already: the authoritative state as it stands says
-        // when the key is fresh again and what else is left.
-        let mut decision = bucket.peek(limit, 0, now);
-        decision.allowed = true;
-        decision.retry_after = None;
-        decision.remaining = allowance.saturating_add(decision.remaining);
-        return decision;
-    }
-    let auth = bucket.peek(limit, cost, now);
-    if cost > limit.capacity() {
-        return auth.refused_for(None);
-    }
-    // The allowance is spent; a new grant comes within an interval (or sooner: an early report).
-    let retry = auth.retry_after.map_or(1, crate::time::duration_nanos).max(1);
-    auth.refused_for(Some(retry))
-}
-
-/// Decides by the policy's fallback, counting admitted hits as uncovered (to be reported).
+/// Decides by the policy's fallback, counting admitted hits as uncovered (to be reported). The
+/// local share starts from the owner's last state when this node has one (so a partition does not
+/// begin with every node's share full), else fresh.
 pub(super) fn decide_by_fallback(
     policy: &Policy,
-    local_limit: &Limit,
+    local_limit: Option<&Limit>,
+    bucket: &Bucket,
     follower: &mut Follower,
     cost: u64,
     now: Instant,
     rng: &mut CoreRng,
 ) -> Decision {
     let limit = policy.limit.reported_limit();
-    let decision = match policy.fallback {
-        api::Fallback::LocalShare => {
-            let local = follower.local.get_or_insert_with(|| Bucket::new(local_limit, now));
+    let decision = match (policy.fallback, local_limit) {
+        (api::Fallback::LocalShare, Some(local_limit)) => {
+            let has_state = follower.has_state;
+            let local = follower.local.get_or_insert_with(|| match has_state {
+                true => Bucket::import(local_limit, bucket.export(now), now)
+                    .unwrap_or_else(|_| Bucket::new(local_limit, now)),
+                false => Bucket::new(local_limit, now),
+            });
             local.check(local_limit, cost, now, rng)
         }
-        api::Fallback::FailOpen => Decision::admitted_blind(limit),
+        // No share here: it rounds to nothing (a limit below the node count), or the owner does not
+        // leave it out yet. Refused until the owner answers again or the failure detector moves
+        // the key.
+        (api::Fallback::LocalShare, None) => {
+            Decision::admitted_blind(limit).refused_for(Some(FAIL_CLOSED_RETRY_NANOS))
+        }
+        (api::Fallback::FailOpen, _) => Decision::admitted_blind(limit),
         // Nothing is known about when the owner will be back: retry after an interval.
-        api::Fallback::FailClosed => {
+        (api::Fallback::FailClosed, _) => {
             Decision::admitted_blind(limit).refused_for(Some(FAIL_CLOSED_RETRY_NANOS))
         }
     };

@@ -17,12 +17,16 @@ pub(crate) struct KeyMeta {
     pub owned: bool,
     /// Follower bookkeeping, when this node has decided the key without owning it.
     pub follower: Option<Box<Follower>>,
-    /// Owner bookkeeping: the nodes that hold shares of this key.
+    /// Owner bookkeeping: the other nodes that hold allowances of this key or forward its checks.
     pub participants: Vec<Participant>,
     /// This node's own demand for the key (for its share when it owns the key).
     pub demand: DemandMeter,
-    /// Owner only: the allowance it granted itself for its own approximate-mode checks.
-    pub own_allowance: u64,
+    /// Owner only: the allowance it granted itself (only while the key is contended: otherwise
+    /// its own checks are decided on the bucket directly).
+    pub own: Allowance,
+    /// Owner only: at the last sizing, demand exceeded what the key can supply and the owner's
+    /// own share was worth an allowance, so its checks beyond that allowance are refused.
+    pub own_contended: bool,
 }
 
 impl KeyMeta {
@@ -33,13 +37,22 @@ impl KeyMeta {
             follower: None,
             participants: Vec::new(),
             demand: DemandMeter::default(),
-            own_allowance: 0,
+            own: Allowance::NONE,
+            own_contended: false,
         }
     }
 
-    /// Owner only: the allowance held by the owner itself and by every participant.
-    pub fn outstanding(&self) -> u64 {
-        self.participants.iter().fold(self.own_allowance, |sum, p| sum.saturating_add(p.outstanding()))
+    /// Owner only: the allowance held at `now` by the owner itself and by every participant.
+    pub fn outstanding(&self, now: Instant) -> u64 {
+        let own = self.own.live(now);
+        self.participants.iter().fold(own, |sum, p| sum.saturating_add(p.outstanding(now)))
+    }
+
+    /// Owner only: the allowance held at `now` where it is used — by the owner, and by the
+    /// participants as they last reported — leaving out grants still in flight.
+    pub fn held(&self, now: Instant) -> u64 {
+        let own = self.own.live(now);
+        self.participants.iter().fold(own, |sum, p| sum.saturating_add(p.held(now)))
     }
 
     pub fn follower(&mut self) -> &mut Follower {
@@ -47,23 +60,80 @@ impl KeyMeta {
     }
 }
 
-/// How long a follower's entry outlives its last report: long enough for the grant to arrive.
+/// How long a follower's entry outlives its last report (long enough for the grant to arrive) and
+/// its last check.
 const KEEP_AFTER_REPORT_NANOS: u64 = 1_000_000_000;
 
 impl KeyExtra for KeyMeta {
     fn keep_until(&self) -> Instant {
-        let shares_out = self.participants.iter().any(|p| p.outstanding() > 0);
-        let Some(follower) = self.follower.as_ref() else {
-            return if shares_out { Instant::MAX } else { Instant::ZERO };
-        };
-        if shares_out || follower.has_news() || follower.allowance > 0 {
+        // What participants hold is kept until it is released (or void).
+        let shares = self.participants.iter().map(|p| p.released_at).max().unwrap_or(Instant::ZERO);
+        let own = if self.own.hits > 0 { self.own.expires_at } else { Instant::ZERO };
+        let owner_side = shares.max(own);
+        let Some(follower) = self.follower.as_ref() else { return owner_side };
+        if follower.has_news() || follower.allowance.hits > 0 {
             return Instant::MAX;
         }
-        follower.reported_at.map_or(Instant::ZERO, |at| at.add_nanos(KEEP_AFTER_REPORT_NANOS))
+        // A key asked for lately keeps its demand history (what allowances are sized from).
+        let reported = follower.reported_at.map_or(Instant::ZERO, |at| at.add_nanos(KEEP_AFTER_REPORT_NANOS));
+        let asked = follower.demand.updated_at.add_nanos(KEEP_AFTER_REPORT_NANOS);
+        owner_side.max(reported).max(asked).max(follower.over_until)
     }
 }
 
-/// A non-owner's state of one key in approximate mode (and for fallback decisions in exact mode).
+/// Hits a node may admit without asking, debited from the authoritative bucket when granted,
+/// valid until `expires_at` (the end of the owner's current window for the window algorithms;
+/// never for the others).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Allowance {
+    pub hits: u64,
+    pub expires_at: Instant,
+}
+
+impl Default for Allowance {
+    fn default() -> Self {
+        Allowance::NONE
+    }
+}
+
+impl Allowance {
+    pub const NONE: Allowance = Allowance { hits: 0, expires_at: Instant::MAX };
+
+    /// The hits still usable at `now`.
+    pub fn live(&self, now: Instant) -> u64 {
+        if now < self.expires_at { self.hits } else { 0 }
+    }
+
+    /// Drops an expired allowance (its hits were counted in a window that has passed).
+    pub fn expire(&mut self, now: Instant) {
+        if now >= self.expires_at {
+            *self = Allowance::NONE;
+        }
+    }
+
+    /// Takes `cost` hits (at least one must be held, so a query needs a live allowance too).
+    pub fn take(&mut self, cost: u64, now: Instant) -> bool {
+        self.expire(now);
+        if self.hits < cost.max(1) {
+            return false;
+        }
+        self.hits -= cost;
+        true
+    }
+
+    /// Adds `hits` valid until `expires_at`; an expired remainder is dropped first.
+    pub fn add(&mut self, hits: u64, expires_at: Instant, now: Instant) {
+        self.expire(now);
+        if hits == 0 {
+            return;
+        }
+        self.hits = self.hits.saturating_add(hits);
+        self.expires_at = if self.hits == hits { expires_at } else { self.expires_at.min(expires_at) };
+    }
+}
+
+/// A non-owner's state of one key: allowances and reports in approximate mode, the fallback in
+/// either mode.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Follower {
     /// The owner this node reports to.
@@ -72,14 +142,16 @@ pub(crate) struct Follower {
     /// entry): grants of another epoch are stale, and the owner restarts its accounting for a
     /// new one.
     pub epoch: u64,
-    /// Whether `owner` has granted anything in this epoch yet.
-    pub granted: bool,
     /// The sum of the grants applied in this epoch (the owner subtracts it from the sum it sent to
     /// know what is still in flight).
     pub granted_seen: u64,
-    /// Hits this node may still admit without asking: granted by an owner, already debited from
-    /// the authoritative bucket.
-    pub allowance: u64,
+    /// Hits this node may still admit without asking.
+    pub allowance: Allowance,
+    /// Allowance hits admitted since the last report (news for the owner's demand accounting).
+    pub used: u64,
+    /// Hits refused here for want of an allowance since the last report (the owner learns of the
+    /// demand at the next report).
+    pub refused: u64,
     /// Hits admitted without an allowance (fallback) since the last report: the owner must
     /// debit them.
     pub uncovered: u64,
@@ -89,21 +161,26 @@ pub(crate) struct Follower {
     pub demand: DemandMeter,
     /// The owner said the key is over its limit until then: refuse locally, do not ask.
     pub over_until: Instant,
-    /// The owner said demand exceeds the rate: when the allowance runs dry, refuse locally.
+    /// The owner said demand exceeds what the key can supply and this node's share is an
+    /// allowance: when it runs dry, refuse locally until the next grant instead of asking.
     pub contended: bool,
     /// The owner changed: the next report carries the last authoritative state, to seed the new
     /// owner conservatively.
     pub seed_pending: bool,
-    /// The fallback bucket (this node's local share of the limit).
+    /// Whether the bucket beside this entry holds a state the owner sent (a grant's).
+    pub has_state: bool,
+    /// The fallback bucket (this node's share of the limit).
     pub local: Option<Bucket>,
     /// When the last report for this key was sent.
     pub reported_at: Option<Instant>,
+    /// The frame order of the grant whose state and flags are applied.
+    pub grant_order: u128,
 }
 
 impl Follower {
     /// Whether the owner has something to learn from this node.
     pub fn has_news(&self) -> bool {
-        self.uncovered > 0 || self.returned > 0 || self.seed_pending
+        self.uncovered > 0 || self.returned > 0 || self.seed_pending || self.used > 0 || self.refused > 0
     }
 
     /// Starts reporting to `owner` under a new `epoch`. The allowance is kept: it was debited by
@@ -111,12 +188,13 @@ impl Follower {
     pub fn follow(&mut self, owner: NodeId, epoch: u64) {
         self.owner = Some(owner);
         self.epoch = epoch;
-        self.granted = false;
         self.granted_seen = 0;
+        self.contended = false;
+        self.over_until = Instant::ZERO;
     }
 }
 
-/// A node holding a share of a key this node owns.
+/// Another node holding an allowance of, or forwarding checks for, a key this node owns.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Participant {
     pub node: NodeId,
@@ -128,15 +206,31 @@ pub(crate) struct Participant {
     pub seen: u64,
     /// The allowance the follower held at its last report.
     pub holding: u64,
-    /// The participant's reported demand, in hits per second.
+    /// The participant's demand, in hits per second (from its reports and forwarded checks).
     pub demand_per_s: u64,
+    /// The frame order of the report `holding` and `demand_per_s` come from.
+    pub report_order: u128,
     pub heard_at: Instant,
+    /// After this, what the participant holds no longer counts: it has been silent too long
+    /// (crashed, or follows another owner), or its allowances are void (the window passed).
+    pub released_at: Instant,
 }
 
 impl Participant {
-    /// Allowance the participant holds or will hold: what it reported, plus grants in flight.
-    pub fn outstanding(&self) -> u64 {
-        self.holding.saturating_add(self.sent.saturating_sub(self.seen))
+    /// Allowance the participant holds or will hold at `now`: what it reported, plus grants in
+    /// flight.
+    pub fn outstanding(&self, now: Instant) -> u64 {
+        self.held(now).saturating_add(self.in_flight(now))
+    }
+
+    /// What it held at its last report (until released).
+    pub fn held(&self, now: Instant) -> u64 {
+        if now >= self.released_at { 0 } else { self.holding }
+    }
+
+    /// Grants sent that it had not applied at its last report (until released).
+    pub fn in_flight(&self, now: Instant) -> u64 {
+        if now >= self.released_at { 0 } else { self.sent.saturating_sub(self.seen) }
     }
 }
 
@@ -146,7 +240,7 @@ impl Participant {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct DemandMeter {
     hits: f64,
-    updated_at: Instant,
+    pub updated_at: Instant,
 }
 
 impl DemandMeter {
@@ -159,8 +253,17 @@ impl DemandMeter {
     /// The recent rate at `now`, in hits per second, rounded up (a key asked for once is in
     /// demand).
     pub fn per_second(&mut self, now: Instant, half_life_nanos: u64) -> u64 {
+        self.per_second_without(now, half_life_nanos, 0)
+    }
+
+    /// The recent rate at `now` leaving out `hits` added at `now` — the estimate just after an
+    /// arrival is biased up by the arrival itself (by `ln 2 / half_life` per hit, 6.9/s at a
+    /// 100 ms half-life, whatever the true rate), which would make a key asked for once a second
+    /// look busy.
+    pub fn per_second_without(&mut self, now: Instant, half_life_nanos: u64, hits: u64) -> u64 {
         self.decay(now, half_life_nanos);
-        let per_second = self.hits * core::f64::consts::LN_2 * 1e9 / half_life_nanos.max(1) as f64;
+        let left = (self.hits - hits as f64).max(0.0);
+        let per_second = left * core::f64::consts::LN_2 * 1e9 / half_life_nanos.max(1) as f64;
         // Saturating float-to-int conversion: NaN is impossible (hits ≥ 0), huge values clamp.
         per_second.ceil() as u64
     }

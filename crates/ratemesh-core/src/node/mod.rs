@@ -21,27 +21,31 @@
 //!
 //! Keys are placed on a [`Ring`] of the live members. The owner holds the authoritative bucket.
 //! Exact-mode checks are forwarded to the owner in batches and its decision is returned.
-//! Approximate-mode checks are decided locally from an *allowance*: hits the owner granted and
-//! already debited from its bucket, so admissions within allowances can never exceed the limit.
-//! Every sync interval a follower reports, per key, the hits it admitted (from the allowance, and
-//! without one, under the fallback), the allowance it gives back, and its demand; the owner applies
-//! them and grants a new allowance, proportional to the follower's share of recent demand and
-//! capped by two intervals of that demand. A node that cannot reach the owner (or has no grant
-//! yet) decides by the policy's [`Fallback`]; hits admitted that way are reported later and
-//! debited (the bucket may go into debt, which is paid back). Every node scales limits by the
-//! fraction of the cluster it can reach, so that the sides of a partition together stay near one
+//! Approximate-mode checks are decided locally from an *allowance* where the owner granted one:
+//! hits already debited from its bucket, so admissions within allowances can never exceed the
+//! limit. The owner grants an allowance to a node only when that node's demand-proportional share
+//! is worth one (see `owner.rs`); a key whose share per node and interval is a few hits or less
+//! is not split — its checks are forwarded and decided by the owner, like exact mode. A holder
+//! reports, once per interval and only when it has news, the hits it admitted, the allowance it
+//! gives back and its demand; the owner answers with a new grant. A node that cannot reach the
+//! owner decides by the policy's [`Fallback`] under its rank's share of the limit (shares sum to
+//! the limit); hits admitted that way are reported later and debited. Every owner enforces the
+//! share of the members it can reach, so that the sides of a partition together stay within one
 //! limit. When ownership moves, the old owner hands its state over and followers send their last
 //! authoritative view; the new owner joins them conservatively, never starting from a full bucket.
+//! A graceful leave is a phase of the node itself (`leave.rs`).
 
 mod api;
 mod exact;
 mod follower;
 mod keys;
+mod leave;
 mod owner;
 mod peers;
 mod ring;
+mod share;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use indexmap::IndexSet;
 
@@ -49,6 +53,7 @@ pub use api::{
     CheckOutcome, CheckRequest, Event, Fallback, MemberView, Mode, NodeConfig, NodeId, Policy, RequestId,
     Transmit,
 };
+pub use leave::LeavePlan;
 pub use peers::DeliveryStats;
 pub use ring::{RING_VNODES_DEFAULT, Ring};
 
@@ -60,15 +65,12 @@ use crate::store::Store;
 use crate::time::{Instant, duration_nanos};
 use crate::wire::{Body, Decided, ForwardCheck, Grant, KeyState, LimitWire, Release, Report, SnapshotWire};
 use exact::PendingForward;
-use follower::{Path, decide_from_allowance};
+use follower::FollowerStep;
 use keys::{Follower, KeyMeta, Participant};
-use owner::need_for;
 use peers::{PeerConfig, Peers};
 
 /// Separates the node's random stream from its key table's, which is seeded with the same seed.
 const NODE_RNG_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
-/// Hits an allowance holds beyond the expected demand (see `need_for`).
-const NEED_SLACK: u64 = 2;
 /// The retry hint of a fail-closed refusal: 100 ms.
 const FAIL_CLOSED_RETRY_NANOS: u64 = 100_000_000;
 /// The most distinct limit specs whose scaled forms are cached.
@@ -77,11 +79,11 @@ const SCALED_LIMITS_MAX: usize = 1024;
 /// Counters of a node, for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NodeStats {
-    /// Checks decided by this node as the owner.
+    /// Checks decided by this node as the owner (its own and forwarded ones).
     pub owner_decisions: u64,
-    /// Checks decided from an allowance.
+    /// Checks decided from an allowance (or refused while the owner said there is no room).
     pub allowance_decisions: u64,
-    /// Checks decided by a fallback policy (owner unreachable, no grant yet, forward timed out).
+    /// Checks decided by a fallback policy (owner unreachable, forward timed out).
     pub fallback_decisions: u64,
     /// Checks forwarded to an owner.
     pub forwarded: u64,
@@ -101,7 +103,7 @@ pub struct NodeStats {
     pub replicas_sent: u64,
     /// Key states received as replicas.
     pub replicas_received: u64,
-    /// Items from peers that were refused (invalid limit, mismatched state).
+    /// Items from peers that were refused (invalid limit, mismatched state, wrong sender).
     pub items_refused: u64,
     /// Membership views applied.
     pub membership_changes: u64,
@@ -119,24 +121,37 @@ pub struct Node {
     keys: Store<KeyMeta>,
     rng: CoreRng,
     ring: Ring,
-    /// Members in the last view (live + dead): the cluster's size for local shares.
-    cluster_len: usize,
-    /// Live members this node could reach at the last sync tick, itself included.
-    reachable_len: usize,
-    /// Scaled limits by (spec, numerator, denominator).
-    scaled: HashMap<(LimitSpec, usize, usize), Limit, KeyHasherBuilder>,
+    /// The dead members of the last view (they own nothing but hold ranks).
+    dead: Vec<NodeId>,
+    /// Every member of the last view, live and dead, sorted: ranks apportion each limit.
+    members: Vec<NodeId>,
+    /// The ranks of the members this node could reach at the last sync tick (itself included).
+    reachable_ranks: Vec<usize>,
+    /// This node's rank in `members`, if it is one.
+    rank: Option<usize>,
+    /// Limits as the reachable members enforce them (owners), by spec.
+    owner_limits: HashMap<LimitSpec, Option<Limit>, KeyHasherBuilder>,
+    /// Limits as this node's share enforces them (the fallback), by spec.
+    local_limits: HashMap<LimitSpec, Option<Limit>, KeyHasherBuilder>,
     peers: Peers,
     pending: BTreeMap<u64, PendingForward>,
+    /// `(deadline, id)` of every pending forward.
+    deadlines: BTreeSet<(Instant, u64)>,
     next_forward_id: u64,
     outbox: BTreeMap<NodeId, Vec<ForwardCheck>>,
     flush_at: Option<Instant>,
-    /// Keys with something to report, by owner (bounded by the key table).
+    /// Followed keys with something to report or an allowance to keep (bounded by the key table).
     dirty: IndexSet<KeyHash, KeyHasherBuilder>,
     /// Owned keys changed since the last tick, to replicate to their successors.
     replicas_due: IndexSet<KeyHash, KeyHasherBuilder>,
+    /// Owned approximate-mode keys this node decided since the last tick (its own allowance).
+    own_due: IndexSet<KeyHash, KeyHasherBuilder>,
     next_sync_at: Instant,
     fallbacks_since_sync: u64,
     settled: bool,
+    leave: Option<leave::Leave>,
+    /// Until then the node takes no client checks (`NodeConfig::join_grace`).
+    joining_until: Instant,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     stats: NodeStats,
@@ -147,28 +162,41 @@ impl Node {
     pub fn new(id: NodeId, incarnation: u64, config: NodeConfig, seed: u64, now: Instant) -> Node {
         let peer_config = PeerConfig {
             silence_nanos: duration_nanos(config.peer_silence),
+            sync_nanos: duration_nanos(config.sync_interval),
             unacked_frames_max: config.unacked_frames_max,
             rto_initial_nanos: duration_nanos(config.retransmit_initial),
             frame_len_max: config.frame_len_max,
         };
+        let mut rng: CoreRng = rand::SeedableRng::seed_from_u64(seed ^ NODE_RNG_SALT);
+        // Nodes started together must not sync in lockstep: every holder's report would reach an
+        // owner at the same instant, and the first ones would take what the others need.
+        let interval = duration_nanos(config.sync_interval).max(1);
+        let first_sync_at = now.add_nanos(1 + rand::Rng::next_u64(&mut rng) % interval);
         Node {
             id,
             keys: Store::new(config.store, seed),
-            rng: rand::SeedableRng::seed_from_u64(seed ^ NODE_RNG_SALT),
+            rng,
             ring: Ring::new(&[id], config.ring_vnodes),
-            cluster_len: 1,
-            reachable_len: 1,
-            scaled: HashMap::default(),
+            dead: Vec::new(),
+            members: vec![id],
+            reachable_ranks: vec![0],
+            rank: Some(0),
+            owner_limits: HashMap::default(),
+            local_limits: HashMap::default(),
             peers: Peers::new(id, incarnation, peer_config),
             pending: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
             next_forward_id: 1,
             outbox: BTreeMap::new(),
             flush_at: None,
             dirty: IndexSet::default(),
             replicas_due: IndexSet::default(),
-            next_sync_at: now.add_duration(config.sync_interval),
+            own_due: IndexSet::default(),
+            next_sync_at: first_sync_at,
             fallbacks_since_sync: 0,
             settled: true,
+            leave: None,
+            joining_until: now.add_duration(config.join_grace),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             stats: NodeStats::default(),
@@ -207,8 +235,7 @@ impl Node {
         self.keys.len()
     }
 
-    /// Frames sent to peers and not acknowledged yet (a leaving node waits for its handoff to be
-    /// acknowledged).
+    /// Frames sent to peers and not acknowledged yet.
     pub fn unacked_frames(&self) -> usize {
         self.peers.unacked_frames()
     }
@@ -224,46 +251,52 @@ impl Node {
         self.keys.stats()
     }
 
-    /// Decides a client's check now, or forwards it and answers later (exact mode).
+    /// When the node's join grace ends (`NodeConfig::join_grace` after it started).
+    pub fn joining_until(&self) -> Instant {
+        self.joining_until
+    }
+
+    /// Whether the node takes client checks at `now`: not while it joins or leaves.
+    pub fn is_serving(&self, now: Instant) -> bool {
+        self.leave.is_none() && now >= self.joining_until
+    }
+
+    /// Decides a client's check now, or forwards it and answers later.
     pub fn handle_check(&mut self, now: Instant, request: CheckRequest) -> CheckOutcome {
+        if !self.is_serving(now) {
+            return CheckOutcome::Unavailable;
+        }
         let owner = self.ring.owner(request.key).unwrap_or(self.id);
         if owner == self.id {
-            return CheckOutcome::Decided(self.decide_as_owner(
-                &request.policy,
-                request.key,
-                request.cost,
-                now,
-            ));
+            let decision = self.decide_as_owner(&request.policy, request.key, request.cost, now);
+            return CheckOutcome::Decided(decision);
         }
-        match effective_mode(&request.policy) {
-            api::Mode::Exact => self.forward(owner, request, now),
-            api::Mode::Approximate => {
-                let (decision, path) =
-                    self.decide_as_follower(owner, &request.policy, request.key, request.cost, now);
-                // The allowance ran dry while the owner may still have room: ask it (one round
-                // trip) rather than refuse what the ideal limiter would admit.
-                if path == Path::Exhausted && self.pending.len() < self.config.pending_forwards_max {
-                    return self.forward(owner, request, now);
-                }
-                CheckOutcome::Decided(decision)
+        if effective_mode(&request.policy) == api::Mode::Approximate {
+            let step = self.decide_as_follower(owner, &request.policy, request.key, request.cost, now);
+            if let FollowerStep::Decided(decision) = step {
+                return CheckOutcome::Decided(decision);
             }
         }
+        self.forward(owner, request, now)
     }
 
     /// Decides a client's check without a round trip, or returns `None` when only the owner can
-    /// (an exact-mode key owned by another node). Unlike [`Node::handle_check`], an
-    /// approximate-mode check whose allowance ran dry is refused here instead of being forwarded:
-    /// for callers that must never wait.
+    /// (an exact-mode key owned by another node, an approximate-mode key this node holds no
+    /// allowance of, a node that does not serve now): for callers that must never wait.
     pub fn handle_check_now(&mut self, now: Instant, request: &CheckRequest) -> Option<Decision> {
+        if !self.is_serving(now) {
+            return None;
+        }
         let owner = self.ring.owner(request.key).unwrap_or(self.id);
         if owner == self.id {
             return Some(self.decide_as_owner(&request.policy, request.key, request.cost, now));
         }
-        match effective_mode(&request.policy) {
-            api::Mode::Exact => None,
-            api::Mode::Approximate => {
-                Some(self.decide_as_follower(owner, &request.policy, request.key, request.cost, now).0)
-            }
+        if effective_mode(&request.policy) == api::Mode::Exact {
+            return None;
+        }
+        match self.decide_as_follower(owner, &request.policy, request.key, request.cost, now) {
+            FollowerStep::Decided(decision) => Some(decision),
+            FollowerStep::Forward => None,
         }
     }
 
@@ -285,27 +318,48 @@ impl Node {
 
     /// Takes bytes from peer `from`. Malformed input is counted and dropped, never a panic.
     pub fn handle_frame(&mut self, now: Instant, from: NodeId, bytes: &[u8]) {
-        let Ok(Some(body)) = self.peers.receive(from, bytes, now) else { return };
+        let Ok(Some((order, body))) = self.peers.receive(from, bytes, now) else {
+            self.leave_progress(now);
+            return;
+        };
         match body {
             Body::Forward(checks) => self.on_forward(from, checks, now),
-            Body::Decided(decided) => self.on_decided(decided, now),
-            Body::Report(reports) => self.on_reports(from, reports, now),
-            Body::Grant(grants) => self.on_grants(from, grants, now),
+            Body::Decided(decided) => self.on_decided(from, decided, now),
+            Body::Report(reports) => self.on_reports(from, order, reports, now),
+            Body::Grant(grants) => self.on_grants(from, order, grants, now),
             Body::Handoff(states) => self.on_states(states, false, now),
             Body::Replica(states) => self.on_states(states, true, now),
             Body::Release(releases) => self.on_release(releases, now),
             Body::Heartbeat => {}
         }
+        // An acknowledgement may complete a leave's drain.
+        self.leave_progress(now);
     }
 
     /// Applies a new membership view: the ring is rebuilt from the live members, and state of
-    /// keys that moved is handed to their new owners.
+    /// keys that moved is handed to their new owners. A leaving node stays in its own ring until
+    /// it hands over, and out of it afterwards, whatever the view says.
     pub fn handle_membership(&mut self, now: Instant, view: MemberView) {
         self.stats.membership_changes += 1;
-        self.cluster_len = (view.live.len() + view.dead.len()).max(1);
-        self.peers.set_members(&view.live, now);
-        self.ring = Ring::new(&view.live, self.config.ring_vnodes);
-        self.reachable_len = self.reachable_members(now);
+        let mut live = view.live;
+        match self.leave {
+            None => {}
+            Some(leave::Leave::Owning { .. }) if !live.contains(&self.id) => live.push(self.id),
+            Some(_) => live.retain(|&m| m != self.id),
+        }
+        self.apply_view(now, live, view.dead);
+    }
+
+    fn apply_view(&mut self, now: Instant, live: Vec<NodeId>, dead: Vec<NodeId>) {
+        let mut members: Vec<NodeId> = live.iter().chain(&dead).copied().collect();
+        members.sort_unstable();
+        members.dedup();
+        self.peers.set_members(&live, now);
+        self.ring = Ring::new(&live, self.config.ring_vnodes);
+        self.rank = members.binary_search(&self.id).ok();
+        self.members = members;
+        self.dead = dead;
+        self.refresh_reachability(now, true);
         self.move_keys(now);
     }
 
@@ -324,6 +378,7 @@ impl Node {
             let interval = duration_nanos(self.config.sync_interval);
             self.next_sync_at = self.next_sync_at.add_nanos(interval).max(now.add_nanos(interval / 2));
         }
+        self.leave_progress(now);
     }
 
     /// The next frame to send.
@@ -342,53 +397,61 @@ impl Node {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let deadlines = [
-            Some(self.next_sync_at),
+            (!matches!(self.leave, Some(leave::Leave::Left))).then_some(self.next_sync_at),
             self.flush_at,
-            self.pending.values().next().map(|p| p.deadline),
+            self.deadlines.first().map(|&(deadline, _)| deadline),
             self.peers.next_timeout(),
+            self.leave_deadline(),
         ];
         deadlines.into_iter().flatten().min()
     }
 
-    // --- Limits scaled to the reachable part of the cluster ---------------------------------------
+    // --- Limits as the reachable part of the cluster enforces them ---------------------------------
 
-    /// `limit` scaled by `num / den` (cached; the cache is bounded and cleared when full).
-    fn scaled_limit(&mut self, limit: &Limit, num: usize, den: usize) -> Limit {
-        if num >= den {
-            return limit.clone();
+    /// The limit an owner enforces: the share of the members it can reach (`None`: nothing, a
+    /// side of a partition whose share rounds to zero).
+    fn owner_limit(&mut self, policy: &Policy) -> Option<Limit> {
+        if self.reachable_ranks.len() >= self.members.len() {
+            return Some(policy.limit.clone());
         }
-        let cache_key = (limit.spec().clone(), num, den);
-        if let Some(scaled) = self.scaled.get(&cache_key) {
-            return scaled.clone();
-        }
-        let scaled = scale(limit, num as u64, den as u64);
-        if self.scaled.len() >= SCALED_LIMITS_MAX {
-            self.scaled.clear();
-        }
-        self.scaled.insert(cache_key, scaled.clone());
-        scaled
+        let (ranks, n) = (&self.reachable_ranks, self.members.len());
+        cached(&mut self.owner_limits, &policy.limit, |limit| share::apportion(limit, ranks, n))
     }
 
-    /// The limit an owner enforces: the reachable fraction of the cluster's limit.
-    fn owner_limit(&mut self, policy: &Policy) -> Limit {
-        let (num, den) = (self.reachable_len, self.cluster_len);
-        self.scaled_limit(&policy.limit, num, den)
+    /// The limit this node's fallback enforces: its own rank's share.
+    fn local_limit(&mut self, limit: &Limit) -> Option<Limit> {
+        let rank = self.rank?;
+        let n = self.members.len();
+        cached(&mut self.local_limits, limit, |limit| share::apportion(limit, &[rank], n))
     }
 
-    fn reachable_members(&self, now: Instant) -> usize {
-        let live_peers = self.ring.members().iter().filter(|&&m| m != self.id);
-        1 + live_peers.filter(|&&m| self.peers.reachable(m, now)).count()
+    /// Recomputes which members are reachable; the scaled limits are recomputed when that (or the
+    /// membership, `changed`) changed.
+    fn refresh_reachability(&mut self, now: Instant, changed: bool) {
+        let ranks: Vec<usize> = (0..self.members.len())
+            .filter(|&r| {
+                let member = self.members[r];
+                member == self.id
+                    || (self.ring.members().contains(&member) && self.peers.reachable(member, now))
+            })
+            .collect();
+        if changed || ranks != self.reachable_ranks {
+            self.reachable_ranks = ranks;
+            self.owner_limits.clear();
+            self.local_limits.clear();
+        }
     }
 
     // --- Sync tick ---------------------------------------------------------------------------------
 
     fn sync(&mut self, now: Instant) {
         self.stats.sync_rounds += 1;
-        self.reachable_len = self.reachable_members(now);
-        let all_reachable = self.reachable_len == self.ring.members().len();
+        self.refresh_reachability(now, false);
+        let all_reachable = self.ring.members().iter().all(|&m| m == self.id || self.peers.reachable(m, now));
         self.settled = all_reachable && self.fallbacks_since_sync == 0;
         self.fallbacks_since_sync = 0;
         self.send_reports(now);
+        self.refresh_own_allowances(now);
         if self.config.replicate {
             self.send_replicas(now);
         }
@@ -419,29 +482,33 @@ impl Node {
     }
 }
 
-/// The mode a policy runs in: concurrency leases and the shaper's queue position only exist at
-/// the owner, so those algorithms are always exact.
-fn effective_mode(policy: &Policy) -> api::Mode {
-    match policy.limit.algorithm() {
-        crate::limit::Algorithm::Concurrency | crate::limit::Algorithm::LeakyBucketShaper => api::Mode::Exact,
-        _ => policy.mode,
+/// `limit` as `scale` makes it, cached by spec (the cache is bounded and cleared when full).
+fn cached(
+    cache: &mut HashMap<LimitSpec, Option<Limit>, KeyHasherBuilder>,
+    limit: &Limit,
+    scale: impl FnOnce(&Limit) -> Option<Limit>,
+) -> Option<Limit> {
+    if let Some(scaled) = cache.get(limit.spec()) {
+        return scaled.clone();
     }
+    let scaled = scale(limit);
+    if cache.len() >= SCALED_LIMITS_MAX {
+        cache.clear();
+    }
+    cache.insert(limit.spec().clone(), scaled.clone());
+    scaled
 }
 
-/// `limit` with its rate and burst multiplied by `num / den` (at least 1 each).
-fn scale(limit: &Limit, num: u64, den: u64) -> Limit {
-    let part = |value: u64| {
-        u64::try_from(u128::from(value) * u128::from(num) / u128::from(den.max(1))).unwrap_or(value).max(1)
-    };
-    let spec = limit.spec();
-    let scaled = LimitSpec {
-        algorithm: spec.algorithm,
-        limit: part(spec.limit),
-        period: spec.period,
-        burst: spec.burst.map(part),
-        delay: spec.delay.map(|d| part(d).min(spec.burst.map_or(d, part))),
-    };
-    Limit::new(scaled).unwrap_or_else(|_| limit.clone())
+/// The mode a policy runs in: concurrency leases and the shaper's queue position only exist at
+/// the owner, and a sliding window log counts every hit at the time it is admitted (an allowance
+/// debited earlier would leave the window earlier), so those algorithms are always exact.
+fn effective_mode(policy: &Policy) -> api::Mode {
+    match policy.limit.algorithm() {
+        crate::limit::Algorithm::Concurrency
+        | crate::limit::Algorithm::LeakyBucketShaper
+        | crate::limit::Algorithm::SlidingWindowLog => api::Mode::Exact,
+        _ => policy.mode,
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,31 @@
-//! The owner side: deciding on owned keys, answering reports with grants, handing keys over and
-//! replicating them.
+//! The owner side: deciding on owned keys, sizing allowances, answering reports and forwarded
+//! checks, handing keys over and replicating them.
+//!
+//! # Allowances and regimes
+//!
+//! An owner decides every check on a key it owns on the bucket (first come, first served), except
+//! those a holder decides from an *allowance*: hits the owner debited from the bucket when it
+//! granted them. The bucket must not refill under allowances that sit unused at their holders (an
+//! idle holder's allowance and a full bucket would admit more than the capacity at once):
+//! decisions first `hold` what the holders said they hold at their last reports, capped at the
+//! capacity so that an estimate gone stale never turns into debt. Grants still in flight are not
+//! held: they are the pipeline that keeps holders supplied across a round trip longer than the
+//! sync interval, which a small bucket could not hold besides. Whether a node holds an allowance
+//! is the owner's choice, per key and per node, from what the key can supply and what the node
+//! asks for ([`SizingContext`]):
+//!
+//! - A node's *target* is its demand-proportional share of the key's pool (what the bucket holds,
+//!   what is out in allowances and one interval of refill), capped by what its demand needs until
+//!   the next grant can reach it (an interval and a round trip, with headroom).
+//! - A target of at least `allowance_min` hits is worth an allowance: the node decides at memory
+//!   speed and reports once per interval. A smaller one is not: a key whose share per node and
+//!   interval is a few hits or less (a low limit, many nodes, many keys, a long period near its
+//!   end) is split no further — its checks are forwarded and the owner decides them, exactly.
+//! - The key is *contended* when the demand of one interval exceeds the pool. Then a holder whose
+//!   allowance runs dry refuses locally until its next grant (the owner has nothing more to give
+//!   it); otherwise it forwards the check. The owner's own checks follow the same rule: while the
+//!   key is contended it decides from an allowance sized like anybody's, so that it takes its fair
+//!   share, not whatever arrives first.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,20 +33,20 @@ use std::sync::Arc;
 use rand::Rng;
 
 use super::*;
+use crate::wire::WireMode;
+
+/// Hits an allowance holds beyond the expected demand.
+const NEED_SLACK: u64 = 2;
+/// How many sync intervals ahead contention is judged over.
+const CONTENTION_INTERVALS: u64 = 4;
 
 impl Node {
-    /// What sizing grants at `now` needs from the configuration.
-    pub(super) fn grant_context(&self, now: Instant) -> GrantContext {
-        GrantContext {
-            now,
-            silence_nanos: duration_nanos(self.config.peer_silence),
-            interval: self.config.sync_interval,
-        }
+    /// How long a participant may be silent before what it holds is released.
+    pub(super) fn release_nanos(&self) -> u64 {
+        8 * duration_nanos(self.config.peer_silence).max(2 * duration_nanos(self.config.sync_interval))
     }
 
-    /// Decides a check on a key this node owns. Exact mode decides on the bucket itself;
-    /// approximate mode decides from the owner's own allowance, granted from the bucket like any
-    /// follower's (so the owner takes its fair share, not whatever the followers left).
+    /// Decides a client's check on a key this node owns.
     pub(super) fn decide_as_owner(
         &mut self,
         policy: &Arc<Policy>,
@@ -31,56 +57,59 @@ impl Node {
         self.stats.owner_decisions += 1;
         let limit = self.owner_limit(policy);
         let half_life = self.half_life_nanos();
-        let mode = effective_mode(policy);
-        let grants = self.grant_context(now);
+        let approximate = effective_mode(policy) == api::Mode::Approximate;
+        let retry_floor = self.next_sync_at.nanos_since(now);
         let rng = &mut self.rng;
         let (decision, tracked) = self.keys.upsert_with(
             key,
-            &limit,
+            limit.as_ref().unwrap_or(&policy.limit),
             now,
             || KeyMeta::new(policy.clone(), true),
             |bucket, meta| {
                 meta.owned = true;
                 meta.demand.add(cost.max(1), now, half_life);
-                // Allowances out count as in use: the bucket must not refill under them.
-                bucket.hold(&limit, meta.outstanding(), now);
-                let decision = match mode {
-                    api::Mode::Exact => bucket.check(&limit, cost, now, rng),
-                    api::Mode::Approximate => {
-                        if meta.own_allowance < cost.max(1) {
-                            let self_demand = meta.demand.per_second(now, half_life);
-                            let own = (self_demand, meta.own_allowance);
-                            let grant = grants.size(bucket, &limit, &meta.participants, own, own);
-                            bucket.force(&limit, grant, now);
-                            meta.own_allowance += grant;
-                        }
-                        decide_from_allowance(bucket, &limit, &mut meta.own_allowance, cost, now)
+                let decision = match limit.as_ref() {
+                    None => zero_share(policy),
+                    Some(limit) if approximate => {
+                        decide_own(bucket, limit, meta, cost, now, retry_floor, rng)
                     }
+                    Some(limit) => first_come(bucket, limit, meta, cost, now, rng),
                 };
                 (decision, decision.allowed && cost > 0)
             },
         );
+        if approximate {
+            self.own_due.insert(key);
+        }
         if tracked && self.config.replicate {
             self.replicas_due.insert(key);
         }
         decision
     }
 
+    /// Decides checks forwarded by `from`: on the bucket for keys this node owns (and, for
+    /// approximate-mode keys, grants `from` an allowance when its share became worth one), by
+    /// the fallback for keys it no longer owns (views differ for a moment; the hits are reported
+    /// to the owner in this node's view).
     pub(super) fn on_forward(&mut self, from: NodeId, checks: Vec<ForwardCheck>, now: Instant) {
         let mut decided = Vec::with_capacity(checks.len());
+        let mut grants = Vec::new();
         for check in checks {
             let Ok(limit) = check.limit.to_limit() else {
                 self.stats.items_refused += 1;
                 continue;
             };
             let key = KeyHash(check.key);
-            let policy =
-                Arc::new(Policy { limit, mode: api::Mode::Exact, fallback: api::Fallback::LocalShare });
+            let mode = match check.mode {
+                WireMode::Exact => api::Mode::Exact,
+                WireMode::Approximate => api::Mode::Approximate,
+            };
+            let policy = Arc::new(Policy { limit, mode, fallback: api::Fallback::LocalShare });
             let owner = self.ring.owner(key).unwrap_or(self.id);
-            // A check for a key this node no longer owns (the views differ for a moment) is
-            // decided by the fallback, and its hits are reported to the owner in this node's view.
             let decision = if owner == self.id {
-                self.decide_as_owner(&policy, key, check.cost, now)
+                let (decision, grant) = self.decide_forwarded(from, &policy, key, &check, now);
+                grants.extend(grant);
+                decision
             } else {
                 self.decide_by_fallback_now(owner, &policy, key, check.cost, now)
             };
@@ -89,6 +118,49 @@ impl Node {
         if !decided.is_empty() {
             self.send(from, Body::Decided(decided), now);
         }
+        self.send_grants(from, grants, now);
+    }
+
+    /// One forwarded check on an owned key, and the allowance to grant its sender, if any (at most
+    /// one grant per key and batch).
+    fn decide_forwarded(
+        &mut self,
+        from: NodeId,
+        policy: &Arc<Policy>,
+        key: KeyHash,
+        check: &ForwardCheck,
+        now: Instant,
+    ) -> (Decision, Option<Grant>) {
+        self.stats.owner_decisions += 1;
+        let limit = self.owner_limit(policy);
+        let sizing = self.sizing_context(from, now);
+        let approximate = check.mode == WireMode::Approximate;
+        let rng = &mut self.rng;
+        let (decision, grant) = self.keys.upsert_with(
+            key,
+            limit.as_ref().unwrap_or(&policy.limit),
+            now,
+            || KeyMeta::new(policy.clone(), true),
+            |bucket, meta| {
+                meta.owned = true;
+                let Some(limit) = limit.as_ref() else { return (zero_share(policy), None) };
+                let p = participant(&mut meta.participants, from, check.epoch, now);
+                p.demand_per_s = check.demand_per_s;
+                sizing.heard(p, bucket, limit, now);
+                let decision = first_come(bucket, limit, meta, check.cost, now, rng);
+                // A holder's share is renewed by its reports; a forwarder gets one once it is worth it.
+                let has_share = meta.participants.iter().any(|p| p.node == from && p.outstanding(now) > 0);
+                let grant = (approximate && !has_share)
+                    .then(|| sizing.grant(key, bucket, limit, meta, from, true))
+                    .flatten()
+                    .filter(|g| g.grant > 0);
+                (decision, grant)
+            },
+        );
+        if decision.allowed && check.cost > 0 && self.config.replicate {
+            self.replicas_due.insert(key);
+        }
+        (decision, grant)
     }
 
     pub(super) fn on_release(&mut self, releases: Vec<Release>, now: Instant) {
@@ -102,10 +174,10 @@ impl Node {
         }
     }
 
-    pub(super) fn on_reports(&mut self, from: NodeId, reports: Vec<Report>, now: Instant) {
+    pub(super) fn on_reports(&mut self, from: NodeId, order: u128, reports: Vec<Report>, now: Instant) {
         let mut grants = Vec::with_capacity(reports.len());
         for report in reports {
-            match self.apply_report(from, report, now) {
+            match self.apply_report(from, order, report, now) {
                 Some(grant) => {
                     if self.config.replicate {
                         self.replicas_due.insert(KeyHash(grant.key));
@@ -115,58 +187,103 @@ impl Node {
                 None => self.stats.items_refused += 1,
             }
         }
-        if !grants.is_empty() {
-            self.stats.grants_sent += grants.len() as u64;
-            self.send(from, Body::Grant(grants), now);
+        self.send_grants(from, grants, now);
+    }
+
+    fn send_grants(&mut self, to: NodeId, grants: Vec<Grant>, now: Instant) {
+        if grants.is_empty() {
+            return;
+        }
+        self.stats.grants_sent += grants.len() as u64;
+        self.peers.expect(to, now, self.release_nanos());
+        for chunk in grants.chunks(self.config.sync_batch_len_max.max(1)) {
+            self.send(to, Body::Grant(chunk.to_vec()), now);
         }
     }
 
-    /// Applies one follower's report to the authoritative bucket and computes its next grant.
-    pub(super) fn apply_report(&mut self, from: NodeId, report: Report, now: Instant) -> Option<Grant> {
+    /// Applies one follower's report (from a frame at `order`) to the authoritative bucket and
+    /// computes its next grant.
+    pub(super) fn apply_report(
+        &mut self,
+        from: NodeId,
+        order: u128,
+        report: Report,
+        now: Instant,
+    ) -> Option<Grant> {
         let limit = report.limit.to_limit().ok()?;
         let key = KeyHash(report.key);
         let policy =
             Arc::new(Policy { limit, mode: api::Mode::Approximate, fallback: api::Fallback::LocalShare });
-        let limit = self.owner_limit(&policy);
-        let silence = duration_nanos(self.config.peer_silence);
-        let half_life = self.half_life_nanos();
-        let grants = self.grant_context(now);
+        // A side of a partition whose share rounds to nothing still debits and credits what it
+        // is told, under the whole limit, and grants nothing.
+        let scaled = self.owner_limit(&policy);
+        let share = scaled.is_some();
+        let limit = scaled.unwrap_or_else(|| policy.limit.clone());
+        let sizing = self.sizing_context(from, now);
+        self.peers.expect(from, now, self.release_nanos());
         self.keys.upsert_with(
             key,
             &limit,
             now,
             || KeyMeta::new(policy.clone(), true),
             |bucket, meta| {
+                meta.owned = true;
                 if let Some(seed) = report.seed {
                     // Joining is idempotent: seeds from every follower may arrive, in any order.
                     bucket.join(&limit, seed.into(), now).ok()?;
                 }
+                // Hits admitted without an allowance (by the fallback) are debited, with the debt
+                // capped at one capacity.
                 bucket.force(&limit, report.uncovered, now);
                 bucket.cap_debt(&limit, now);
-                bucket.refund(&limit, report.returned, now);
-                let participant = participant(&mut meta.participants, from, report.epoch, now);
-                // Reports may arrive out of order: the sum of grants seen only grows.
-                participant.seen = participant.seen.max(report.granted_seen);
-                participant.holding = report.holding;
-                participant.demand_per_s = report.demand_per_s;
-                participant.heard_at = now;
-                let holder = (participant.demand_per_s, participant.outstanding());
-                // A participant silent for long is gone (crashed, or follows another owner): what
-                // it held is released.
-                meta.participants.retain(|p| p.heard_at.add_nanos(8 * silence) > now);
-                // Allowances out count as in use: the bucket must not refill under them.
-                bucket.hold(&limit, meta.outstanding(), now);
-                let own = (meta.demand.per_second(now, half_life), meta.own_allowance);
-                let grant = grants.size(bucket, &limit, &meta.participants, own, holder);
-                bucket.force(&limit, grant, now);
-                if let Some(p) = meta.participants.iter_mut().find(|p| p.node == from) {
-                    p.sent = p.sent.saturating_add(grant);
+                let p = participant(&mut meta.participants, from, report.epoch, now);
+                // Only what it still holds can come back (a void allowance is gone already).
+                let returned = report.returned.min(p.outstanding(now));
+                // What it holds and asks for replaces what an earlier report said, not what a later
+                // one did (frames may arrive out of order); the sum of grants seen only grows.
+                p.seen = p.seen.max(report.granted_seen);
+                if order > p.report_order {
+                    p.report_order = order;
+                    p.holding = report.holding;
+                    p.demand_per_s = report.demand_per_s;
                 }
-                let contended = grants.contended(&limit, &meta.participants, own.0);
-                let state = bucket.export(now).into();
-                Some(Grant { key: key.0, epoch: report.epoch, state, grant, contended })
+                sizing.heard(p, bucket, &limit, now);
+                bucket.refund(&limit, returned, now);
+                sizing.grant(key, bucket, &limit, meta, from, share)
             },
         )
+    }
+
+    /// What sizing an allowance for `holder` at `now` needs beyond the key's own state.
+    pub(super) fn sizing_context(&self, holder: NodeId, now: Instant) -> SizingContext {
+        let interval_nanos = duration_nanos(self.config.sync_interval);
+        let rtt_nanos = if holder == self.id { 0 } else { self.peers.srtt_nanos(holder).unwrap_or(0) };
+        SizingContext {
+            now,
+            half_life_nanos: self.half_life_nanos(),
+            interval_nanos,
+            horizon_nanos: interval_nanos.saturating_add(rtt_nanos),
+            // The grant reaches a follower one way later: it expires that much earlier there.
+            one_way_nanos: rtt_nanos / 2,
+            release_nanos: self.release_nanos(),
+            active_nanos: 2 * interval_nanos + rtt_nanos.max(duration_nanos(self.config.peer_silence)),
+            allowance_min: self.config.allowance_min.max(1),
+        }
+    }
+
+    /// At a sync tick: renews the owner's own allowance of every owned approximate key it used
+    /// since (sized like any holder's while the key is contended, given back when not).
+    pub(super) fn refresh_own_allowances(&mut self, now: Instant) {
+        let sizing = self.sizing_context(self.id, now);
+        for key in std::mem::take(&mut self.own_due) {
+            let Some(meta) = self.keys.extra(key).filter(|m| m.owned) else { continue };
+            let policy = meta.policy.clone();
+            let Some(limit) = self.owner_limit(&policy) else { continue };
+            let keep = self.keys.update(key, &limit, |bucket, meta| sizing.refresh_own(bucket, &limit, meta));
+            if keep == Some(true) {
+                self.own_due.insert(key);
+            }
+        }
     }
 
     /// Joins state from a key's (previous) owner: a handoff when ownership moved, or a replica
@@ -234,12 +351,14 @@ impl Node {
                 let was_owned = meta.owned;
                 meta.owned = owner == me;
                 if was_owned && owner != me {
+                    // Allowances out were debited in the bucket handed over, so holders keep
+                    // them; the own allowance goes back into it: the new owner receives no hit
+                    // counted that nobody will admit.
                     meta.participants.clear();
-                    // The own allowance was debited in the bucket now handed over: keep using it.
-                    let own_allowance = std::mem::take(&mut meta.own_allowance);
-                    let follower = meta.follower();
-                    follower.follow(owner, epoch);
-                    follower.allowance = follower.allowance.saturating_add(own_allowance);
+                    let own = std::mem::take(&mut meta.own).live(now);
+                    bucket.refund(&meta.policy.limit, own, now);
+                    meta.own_contended = false;
+                    meta.follower().follow(owner, epoch);
                     return Some(KeyState {
                         key: key.0,
                         limit: LimitWire::from_limit(&meta.policy.limit),
@@ -247,11 +366,12 @@ impl Node {
                     });
                 }
                 if !was_owned && owner == me {
-                    // Becoming the owner: the last authoritative view is the starting point, and
-                    // hits admitted here without an allowance are debited at once.
+                    // Becoming the owner: the last authoritative view is the starting point, hits
+                    // admitted here without an allowance are debited at once, and an allowance
+                    // held here (debited by the previous owner) becomes the owner's own.
                     if let Some(follower) = meta.follower.take() {
                         bucket.force(&meta.policy.limit, follower.uncovered, now);
-                        meta.own_allowance = meta.own_allowance.saturating_add(follower.allowance);
+                        meta.own.add(follower.allowance.live(now), follower.allowance.expires_at, now);
                     }
                     return None;
                 }
@@ -275,71 +395,242 @@ impl Node {
     }
 }
 
-/// Hits a node with `demand_per_s` needs to hold for `window_nanos`, with headroom for bursts.
-pub(super) fn need_for(demand_per_s: u64, interval_nanos: u64) -> u64 {
-    let expected = u128::from(demand_per_s) * u128::from(interval_nanos) / 1_000_000_000;
+/// The refusal of a side of a partition whose share of the limit rounds to nothing (a limit
+/// below the node count): retry after a period.
+fn zero_share(policy: &Policy) -> Decision {
+    let period = duration_nanos(policy.limit.spec().period);
+    Decision::admitted_blind(policy.limit.reported_limit()).refused_for(Some(period.max(1)))
+}
+
+/// Decides on the bucket itself, first come first served: exact mode, forwarded checks, and the
+/// owner's own checks while its share is not an allowance.
+fn first_come(
+    bucket: &mut Bucket,
+    limit: &Limit,
+    meta: &KeyMeta,
+    cost: u64,
+    now: Instant,
+    rng: &mut CoreRng,
+) -> Decision {
+    hold_outstanding(bucket, limit, meta, now);
+    bucket.check(limit, cost, now, rng)
+}
+
+/// Keeps what holders hold counted as in use (the module documentation says what and why).
+fn hold_outstanding(bucket: &mut Bucket, limit: &Limit, meta: &KeyMeta, now: Instant) {
+    bucket.hold(limit, meta.held(now).min(limit.capacity()), now);
+}
+
+/// The owner's own approximate-mode check: from its allowance while it has one; refused when it
+/// ran dry while the key is contended (its share is spent until the next tick); else on the bucket.
+fn decide_own(
+    bucket: &mut Bucket,
+    limit: &Limit,
+    meta: &mut KeyMeta,
+    cost: u64,
+    now: Instant,
+    retry_floor_nanos: u64,
+    rng: &mut CoreRng,
+) -> Decision {
+    if meta.own.take(cost, now) {
+        return admitted_from_allowance(bucket, limit, meta.own.live(now), now);
+    }
+    if meta.own_contended && cost > 0 {
+        return refused_until_grant(bucket, limit, cost, now, retry_floor_nanos);
+    }
+    first_come(bucket, limit, meta, cost, now, rng)
+}
+
+/// An admission from an allowance with `left` hits still in it: the authoritative state (already
+/// debited) says what else is left and when the key is fresh again.
+pub(super) fn admitted_from_allowance(bucket: &Bucket, limit: &Limit, left: u64, now: Instant) -> Decision {
+    let mut decision = bucket.peek(limit, 0, now);
+    decision.allowed = true;
+    decision.retry_after = None;
+    decision.remaining = left.saturating_add(decision.remaining);
+    decision
+}
+
+/// A refusal while the key is contended and this holder's allowance is spent: the next grant
+/// comes at the next sync tick at the earliest.
+pub(super) fn refused_until_grant(
+    bucket: &Bucket,
+    limit: &Limit,
+    cost: u64,
+    now: Instant,
+    retry_floor_nanos: u64,
+) -> Decision {
+    let auth = bucket.peek(limit, cost, now);
+    if cost > limit.capacity() {
+        return auth.refused_for(None);
+    }
+    let retry = auth.retry_after.map_or(0, duration_nanos).max(retry_floor_nanos).max(1);
+    auth.refused_for(Some(retry))
+}
+
+/// Hits a node with `demand_per_s` needs to hold for `horizon_nanos` (until its next grant can
+/// arrive), with headroom for bursts; nothing without demand.
+pub(super) fn need_for(demand_per_s: u64, horizon_nanos: u64) -> u64 {
+    if demand_per_s == 0 {
+        return 0;
+    }
+    let expected = u128::from(demand_per_s) * u128::from(horizon_nanos) / 1_000_000_000;
     let expected = u64::try_from(expected).unwrap_or(u64::MAX);
-    // An interval's demand and half again, plus a little: enough to last until the next grant
+    // A quarter above the expected demand, plus a little: enough to last until the next grant
     // most of the time. Holding more would strand capacity at nodes that do not need it now; a
     // node that runs dry asks the owner, which keeps what nobody holds.
-    expected.saturating_add(NEED_SLACK)
+    expected.saturating_add(expected / 4).saturating_add(NEED_SLACK)
 }
 
-/// What sizing a grant takes besides the key's own state.
-#[derive(Clone, Copy)]
-pub(super) struct GrantContext {
+/// What sizing allowances at one instant takes besides the key's own state.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SizingContext {
     now: Instant,
-    silence_nanos: u64,
-    interval: core::time::Duration,
+    half_life_nanos: u64,
+    interval_nanos: u64,
+    /// Until the holder's next grant can reach it: an interval and a round trip.
+    horizon_nanos: u64,
+    one_way_nanos: u64,
+    release_nanos: u64,
+    /// A participant heard from within this long counts in the key's demand.
+    active_nanos: u64,
+    allowance_min: u64,
 }
 
-impl GrantContext {
-    /// Whether the recent demand of the owner and its active participants clearly exceeds the
-    /// rate (by a quarter: demand estimates over a few intervals are noisy).
-    pub(super) fn contended(&self, limit: &Limit, participants: &[Participant], own_demand: u64) -> bool {
-        let demand = self.active(participants).fold(own_demand, |sum, p| sum.saturating_add(p.demand_per_s));
-        let rate = limit.rate_per_second();
-        demand > rate.saturating_add(rate / 4)
+/// A key's pool and demand at one instant.
+#[derive(Clone, Copy, Debug)]
+struct Pool {
+    /// What the bucket can admit now.
+    available: u64,
+    /// Available plus the allowances out: everything not admitted yet.
+    unused: u64,
+    /// Nanoseconds per hit of refill (0: none before the window's end).
+    refill_nanos_per_hit: u64,
+    /// The bucket's capacity.
+    capacity: u64,
+    /// Hits per second asked for by the owner and its active participants.
+    demand_per_s: u64,
+    /// Window algorithms: allowances die with the owner's current window, this far ahead.
+    expires_in_nanos: Option<u64>,
+}
+
+impl SizingContext {
+    /// Notes that participant `p` was heard from: what it holds stays counted for another
+    /// release period (or until its window ends).
+    fn heard(&self, p: &mut Participant, bucket: &Bucket, limit: &Limit, now: Instant) {
+        p.heard_at = now;
+        let expires = bucket.window_end_nanos(limit, now).map_or(Instant::MAX, |left| now.add_nanos(left));
+        p.released_at = now.add_nanos(self.release_nanos).min(expires);
     }
 
-    /// The participants heard from within the silence bound.
-    pub(super) fn active<'p>(
-        &self,
-        participants: &'p [Participant],
-    ) -> impl Iterator<Item = &'p Participant> + 'p {
-        let (now, silence) = (self.now, self.silence_nanos);
-        participants.iter().filter(move |p| p.heard_at.add_nanos(silence) > now)
+    fn pool(&self, bucket: &mut Bucket, limit: &Limit, meta: &mut KeyMeta) -> Pool {
+        let now = self.now;
+        let active = self.now.sub_nanos(self.active_nanos);
+        meta.participants.retain(|p| p.released_at > now || p.heard_at > active);
+        hold_outstanding(bucket, limit, meta, now);
+        let outstanding = meta.outstanding(now);
+        let available = bucket.peek(limit, 0, now).remaining;
+        let own = meta.demand.per_second(now, self.half_life_nanos);
+        let others = meta.participants.iter().filter(|p| p.heard_at > active).map(|p| p.demand_per_s);
+        Pool {
+            available,
+            unused: available.saturating_add(outstanding),
+            refill_nanos_per_hit: bucket.refill_nanos_per_hit(limit),
+            capacity: limit.capacity(),
+            demand_per_s: others.fold(own, u64::saturating_add),
+            expires_in_nanos: bucket.window_end_nanos(limit, now),
+        }
     }
 
-    /// The allowance to add for a holder with `(demand per second, allowance held)`: its demand's
-    /// share of everything not yet admitted, minus what it holds, capped by its need (two intervals
-    /// of its demand) and by what the bucket can give. `own` is the owner's own demand and
-    /// allowance; `participants` are the followers (silent ones do not count).
-    ///
-    /// "Everything not yet admitted" is the allowances held and what the bucket will hold one
-    /// interval from now: granting the coming refill early keeps holders from running dry between
-    /// grants; the bucket goes into debt by at most one interval of refill, paid back by that very
-    /// refill, and never holds more than its capacity.
-    pub(super) fn size(
-        &self,
-        bucket: &Bucket,
-        limit: &Limit,
-        participants: &[Participant],
-        own: (u64, u64),
-        holder: (u64, u64),
-    ) -> u64 {
-        let (demand_sum, held_sum) = self
-            .active(participants)
-            .fold(own, |(d, h), p| (d.saturating_add(p.demand_per_s), h.saturating_add(p.outstanding())));
-        let (demand, held) = holder;
-        if demand_sum == 0 || demand == 0 {
+    /// What the key can supply over `nanos`: everything not admitted yet and the refill meanwhile.
+    fn supply(pool: &Pool, nanos: u64) -> u64 {
+        let refill = nanos.checked_div(pool.refill_nanos_per_hit).unwrap_or(0);
+        pool.unused.saturating_add(refill)
+    }
+
+    /// Whether demand will exhaust what the key can supply within a few intervals: demand above
+    /// the refill rate that drains the stock (the bucket and the allowances out) within
+    /// [`CONTENTION_INTERVALS`]. Judged over one interval, the stock of a key at twice its rate
+    /// would always look sufficient for the next one, and the owner would take its own checks
+    /// first come first served from what the holders' next grants need.
+    fn contended(&self, pool: &Pool) -> bool {
+        let span = self.interval_nanos.saturating_mul(CONTENTION_INTERVALS);
+        let demand = u128::from(pool.demand_per_s) * u128::from(span) / 1_000_000_000;
+        demand > u128::from(Self::supply(pool, span))
+    }
+
+    /// The allowance a holder with `demand_per_s` should hold: its demand's share of what the key
+    /// supplies until the holder's next grant can arrive (grants in flight count as held, so over
+    /// a long round trip the share must cover it), capped by its need for as long; zero when that
+    /// is below `allowance_min` (its checks are forwarded).
+    fn target(&self, pool: &Pool, demand_per_s: u64) -> u64 {
+        if pool.demand_per_s == 0 || demand_per_s == 0 {
             return 0;
         }
-        let available = bucket.peek(limit, 0, self.now).remaining;
-        let pool = u128::from(available.saturating_add(held_sum));
-        let fair = u64::try_from(pool * u128::from(demand) / u128::from(demand_sum)).unwrap_or(u64::MAX);
-        let need = need_for(demand, duration_nanos(self.interval));
-        fair.min(need).saturating_sub(held).min(available)
+        // A node that would not use `allowance_min` hits before its next grant forwards instead;
+        // so do all when the bucket cannot hold one interval's refill (a burst of one at a high
+        // rate): grants, each at most what the bucket holds, could not keep up with the refill.
+        let expected = u128::from(demand_per_s) * u128::from(self.horizon_nanos) / 1_000_000_000;
+        let refill = self.interval_nanos.checked_div(pool.refill_nanos_per_hit).unwrap_or(0);
+        if expected < u128::from(self.allowance_min) || pool.capacity < refill {
+            return 0;
+        }
+        let supply = Self::supply(pool, self.horizon_nanos);
+        let fair = u128::from(supply) * u128::from(demand_per_s) / u128::from(pool.demand_per_s);
+        let target = u64::try_from(fair).unwrap_or(u64::MAX).min(need_for(demand_per_s, self.horizon_nanos));
+        if target < self.allowance_min { 0 } else { target }
+    }
+
+    /// Sizes and debits `holder`'s next grant (its participant entry is current) and answers it;
+    /// without a `share` of the limit (a partition's side that has none), nothing is granted.
+    fn grant(
+        &self,
+        key: KeyHash,
+        bucket: &mut Bucket,
+        limit: &Limit,
+        meta: &mut KeyMeta,
+        holder: NodeId,
+        share: bool,
+    ) -> Option<Grant> {
+        let now = self.now;
+        let pool = self.pool(bucket, limit, meta);
+        let contended = self.contended(&pool);
+        let p = meta.participants.iter_mut().find(|p| p.node == holder)?;
+        let target = if share { self.target(&pool, p.demand_per_s) } else { 0 };
+        let grant = target.saturating_sub(p.outstanding(now)).min(pool.available);
+        p.sent = p.sent.saturating_add(grant);
+        let epoch = p.epoch;
+        bucket.force(limit, grant, now);
+        let expires_in_nanos = pool.expires_in_nanos.map(|left| left.saturating_sub(self.one_way_nanos));
+        Some(Grant {
+            key: key.0,
+            epoch,
+            state: bucket.export(now).into(),
+            grant,
+            hold_max: target,
+            contended: contended && target > 0,
+            expires_in_nanos,
+        })
+    }
+
+    /// Renews the owner's own allowance; whether the key needs another look at the next tick.
+    fn refresh_own(&self, bucket: &mut Bucket, limit: &Limit, meta: &mut KeyMeta) -> bool {
+        let now = self.now;
+        let pool = self.pool(bucket, limit, meta);
+        let own_demand = meta.demand.per_second(now, self.half_life_nanos);
+        let target = if self.contended(&pool) { self.target(&pool, own_demand) } else { 0 };
+        let held = meta.own.live(now);
+        meta.own_contended = target > 0;
+        if held > target {
+            bucket.refund(limit, held - target, now);
+            meta.own.hits = target;
+        } else {
+            let grant = (target - held).min(pool.available);
+            bucket.force(limit, grant, now);
+            let expires = pool.expires_in_nanos.map_or(Instant::MAX, |left| now.add_nanos(left));
+            meta.own.add(grant, expires, now);
+        }
+        own_demand > 0 || meta.own.hits > 0
     }
 }
 
@@ -351,7 +642,17 @@ pub(super) fn participant(
     epoch: u64,
     now: Instant,
 ) -> &mut Participant {
-    let fresh = Participant { node, epoch, sent: 0, seen: 0, holding: 0, demand_per_s: 0, heard_at: now };
+    let fresh = Participant {
+        node,
+        epoch,
+        sent: 0,
+        seen: 0,
+        holding: 0,
+        demand_per_s: 0,
+        report_order: 0,
+        heard_at: now,
+        released_at: now,
+    };
     let index = match participants.iter().position(|p| p.node == node) {
         Some(index) => index,
         None => {

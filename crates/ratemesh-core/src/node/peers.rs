@@ -9,9 +9,18 @@
 //! retransmitted nor acknowledged; they keep reachability and acknowledgements flowing when there
 //! is nothing else to say.
 //!
-//! A peer is *reachable* while it has been heard from within `peer_silence` (a member that just
-//! appeared counts as heard at that moment). Reachability is per direction and per pair, so it
-//! notices one-way partitions that gossip membership does not.
+//! Reachability is per direction and per pair, so it notices one-way partitions that gossip
+//! membership does not, without a heartbeat between every pair of members: a node *expects* to
+//! hear from a peer while they share allowance state (reports and grants flow between them, and
+//! heartbeats fill idle intervals); such a peer is reachable while it has been heard from within
+//! its silence bound. A peer it expects nothing from is reachable unless a frame sent to it has
+//! gone unacknowledged for longer than that bound. The silence bound is `peer_silence`, raised to
+//! cover two sync intervals and two retransmission timeouts of the peer (a slow link or a long
+//! interval is not a partition).
+//!
+//! Round trips are measured on acknowledged frames (Karn's rule) and smoothed as TCP does
+//! (RFC 6298: `srtt`, `rttvar`, `rto = srtt + 4 rttvar`); forwarded checks and allowances are sized
+//! from them.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -22,7 +31,7 @@ use crate::wire::{self, Body, Frame, WireError};
 /// How many sequence numbers beyond the contiguous floor the receiver remembers.
 const RECV_WINDOW_LEN_MAX: usize = 4096;
 /// How long an acknowledgement may wait for a frame to carry it: 1 ms.
-const ACK_DELAY_NANOS: u64 = 1_000_000;
+pub(crate) const ACK_DELAY_NANOS: u64 = 1_000_000;
 /// The most peers tracked (members plus senders outside the view).
 const PEERS_MAX: usize = 4096;
 /// The shortest retransmission timeout, in nanoseconds.
@@ -33,7 +42,10 @@ const RTO_MAX_NANOS: u64 = 1_000_000_000;
 /// Delivery settings.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PeerConfig {
+    /// The shortest silence bound (`NodeConfig::peer_silence`).
     pub silence_nanos: u64,
+    /// The sync interval: heartbeats fill idle intervals, so silence is measured in them.
+    pub sync_nanos: u64,
     pub unacked_frames_max: usize,
     pub rto_initial_nanos: u64,
     pub frame_len_max: usize,
@@ -44,6 +56,9 @@ pub(crate) struct PeerConfig {
 struct Unacked {
     seq: u64,
     body: Body,
+    /// When it was first sent: a peer that has not acknowledged it for longer than the silence
+    /// bound is unreachable.
+    first_sent_at: Instant,
     sent_at: Instant,
     /// How often it was sent again; each retransmission doubles its timeout (up to the maximum),
     /// so an unreachable peer is not flooded.
@@ -75,7 +90,10 @@ struct Peer {
     /// by then (a delayed acknowledgement, as in TCP, so that replies can carry it instead).
     ack_due_at: Option<Instant>,
     srtt_nanos: Option<u64>,
+    rttvar_nanos: u64,
     rto_nanos: u64,
+    /// Until then this node expects to hear from the peer (they share allowance state).
+    expect_until: Instant,
 }
 
 /// Delivery counters, for metrics.
@@ -118,6 +136,32 @@ impl Peers {
         self.stats
     }
 
+    /// The smoothed round-trip time to `peer`, once measured.
+    pub fn srtt_nanos(&self, peer: NodeId) -> Option<u64> {
+        self.peers.get(&peer)?.srtt_nanos
+    }
+
+    /// The retransmission timeout of `peer` (`srtt + 4 rttvar`, bounded), once a round trip was
+    /// measured.
+    pub fn rto_nanos(&self, peer: NodeId) -> Option<u64> {
+        let peer = self.peers.get(&peer)?;
+        peer.srtt_nanos.map(|_| peer.rto_nanos)
+    }
+
+    /// Notes that this node and `peer` share allowance state for the next `for_nanos`: heartbeats
+    /// keep the pair talking when idle, and silence from the peer makes it unreachable.
+    pub fn expect(&mut self, peer: NodeId, now: Instant, for_nanos: u64) {
+        if let Some(peer) = self.peers.get_mut(&peer) {
+            peer.expect_until = peer.expect_until.max(now.add_nanos(for_nanos));
+        }
+    }
+
+    /// Whether this node expects to hear from `peer` at `now` (and so `peer` expects to hear from
+    /// it: the state they share flows both ways).
+    pub fn expects(&self, peer: NodeId, now: Instant) -> bool {
+        self.peers.get(&peer).is_some_and(|p| p.expect_until > now)
+    }
+
     /// The smoothed round-trip time to each member peer that has acknowledged a frame.
     pub fn round_trips(&self) -> impl Iterator<Item = (NodeId, u64)> + '_ {
         self.peers.iter().filter(|(_, p)| p.member).filter_map(|(&id, p)| Some((id, p.srtt_nanos?)))
@@ -126,6 +170,13 @@ impl Peers {
     /// Frames waiting for an acknowledgement, over all peers.
     pub fn unacked_frames(&self) -> usize {
         self.peers.values().map(|peer| peer.unacked.len()).sum()
+    }
+
+    /// Frames waiting for an acknowledgement from peers that are reachable at `now` (a leaving
+    /// node waits for those; frames to an unreachable peer would make it wait for nothing).
+    pub fn unacked_frames_reachable(&self, now: Instant) -> usize {
+        let reachable = self.peers.iter().filter(|(_, p)| self.peer_reachable(p, now));
+        reachable.map(|(_, peer)| peer.unacked.len()).sum()
     }
 
     /// Makes the peer set the live members (except this node): new ones start as just heard,
@@ -150,9 +201,24 @@ impl Peers {
         }
     }
 
-    /// Whether `peer` has been heard from within the silence bound.
+    /// Whether `peer` is reachable at `now` (see the module documentation).
     pub fn reachable(&self, peer: NodeId, now: Instant) -> bool {
-        self.peers.get(&peer).is_some_and(|p| p.heard_at.add_nanos(self.config.silence_nanos) > now)
+        self.peers.get(&peer).is_some_and(|p| self.peer_reachable(p, now))
+    }
+
+    fn peer_reachable(&self, peer: &Peer, now: Instant) -> bool {
+        let silence = self.silence_nanos(peer);
+        if peer.heard_at.add_nanos(silence) > now {
+            return true;
+        }
+        let overdue = peer.unacked.front().is_some_and(|f| f.first_sent_at.add_nanos(silence) <= now);
+        !overdue && peer.expect_until <= now
+    }
+
+    /// How long `peer` may be silent before it counts as unreachable.
+    fn silence_nanos(&self, peer: &Peer) -> u64 {
+        let slack = self.config.sync_nanos.saturating_add(peer.rto_nanos).saturating_mul(2);
+        self.config.silence_nanos.max(slack)
     }
 
     /// Sends `body` to `to` reliably (retransmitted until acknowledged). `None` when `to` is not
@@ -166,15 +232,19 @@ impl Peers {
             peer.unacked.pop_front();
             self.stats.overflowed += 1;
         }
-        peer.unacked.push_back(Unacked { seq, body: body.clone(), sent_at: now, retransmits: 0 });
+        let unacked = Unacked { seq, body: body.clone(), first_sent_at: now, sent_at: now, retransmits: 0 };
+        peer.unacked.push_back(unacked);
         self.stats.frames_sent += 1;
         self.transmit(to, seq, body, now)
     }
 
-    /// A heartbeat to every member that has not been sent anything for `idle_nanos`.
+    /// A heartbeat to every member this node expects to hear from and has not sent anything for
+    /// `idle_nanos`: pairs that share no allowance state stay quiet.
     pub fn heartbeats(&mut self, now: Instant, idle_nanos: u64) -> Vec<Transmit> {
         self.heartbeat_where(now, |p| {
-            p.member && p.last_sent_at.is_none_or(|at| at.add_nanos(idle_nanos) <= now)
+            p.member
+                && p.expect_until > now
+                && p.last_sent_at.is_none_or(|at| at.add_nanos(idle_nanos) <= now)
         })
     }
 
@@ -183,10 +253,18 @@ impl Peers {
         let mut due = Vec::new();
         for (&id, peer) in &mut self.peers {
             let rto = peer.rto_nanos;
+            let mut timed_out = false;
             for frame in peer.unacked.iter_mut().filter(|f| f.due_at(rto) <= now) {
+                timed_out |= frame.retransmits == 0;
                 frame.sent_at = now;
                 frame.retransmits += 1;
                 due.push((id, frame.seq, frame.body.clone()));
+            }
+            // A timeout backs the peer's timeout off until a frame sent once is acknowledged
+            // (RFC 6298 5.5): with a timeout below the round trip every frame would be sent twice,
+            // and Karn's rule would never let a sample correct it.
+            if timed_out {
+                peer.rto_nanos = rto.saturating_mul(2).min(RTO_MAX_NANOS);
             }
         }
         self.stats.retransmits += due.len() as u64;
@@ -212,9 +290,17 @@ impl Peers {
         ids.into_iter().filter_map(|id| self.transmit(id, 0, Body::Heartbeat, now)).collect()
     }
 
-    /// Decodes a frame from `from`; `Ok(None)` for a duplicate or a stranger, `Ok(Some(body))`
-    /// for news. Acknowledgements and reachability are updated either way.
-    pub fn receive(&mut self, from: NodeId, bytes: &[u8], now: Instant) -> Result<Option<Body>, WireError> {
+    /// Decodes a frame from `from`; `Ok(None)` for a duplicate or a stranger, `Ok(Some((order,
+    /// body)))` for news. `order` (the sender's incarnation, then the frame's sequence number)
+    /// grows with every frame the sender sends: frames may arrive out of order, and state that
+    /// replaces earlier state is applied only from a later frame. Acknowledgements and
+    /// reachability are updated either way.
+    pub fn receive(
+        &mut self,
+        from: NodeId,
+        bytes: &[u8],
+        now: Instant,
+    ) -> Result<Option<(u128, Body)>, WireError> {
         let frame = match wire::decode(bytes, self.config.frame_len_max) {
             Ok(frame) => frame,
             Err(error) => {
@@ -238,7 +324,7 @@ impl Peers {
             return Ok(None);
         }
         peer.heard_at = now;
-        peer.on_ack(frame.ack, now);
+        peer.on_ack(frame.ack, frame.sack, now);
         peer.skip_to(frame.incarnation, frame.una);
         if frame.seq == 0 {
             return Ok(None);
@@ -250,7 +336,8 @@ impl Peers {
             return Ok(None);
         }
         self.stats.frames_received += 1;
-        Ok(Some(frame.body))
+        let order = u128::from(frame.incarnation) << 64 | u128::from(frame.seq);
+        Ok(Some((order, frame.body)))
     }
 
     /// The peer state of an authenticated sender; a sender outside the view (a member that just
@@ -268,8 +355,8 @@ impl Peers {
         peer.last_sent_at = Some(now);
         peer.ack_due_at = None;
         let una = peer.unacked.front().map_or(peer.next_seq, |f| f.seq);
-        let frame =
-            Frame { from: self.me.0, incarnation: self.incarnation, seq, ack: peer.recv_floor, una, body };
+        let (ack, sack) = (peer.recv_floor, peer.sack_bits());
+        let frame = Frame { from: self.me.0, incarnation: self.incarnation, seq, ack, sack, una, body };
         let bytes = wire::encode(&frame, self.config.frame_len_max).ok()?;
         self.stats.bytes_sent += bytes.len() as u64;
         Some(Transmit { to, bytes })
@@ -289,36 +376,54 @@ impl Peer {
             last_sent_at: None,
             ack_due_at: None,
             srtt_nanos: None,
+            rttvar_nanos: 0,
             rto_nanos,
+            expect_until: Instant::ZERO,
         }
     }
 
-    /// Drops frames the peer has acknowledged (`ack`: it has every sequence number below) and
-    /// samples the round trip from a frame that was sent once (Karn's rule).
-    fn on_ack(&mut self, ack: u64, now: Instant) {
+    /// Drops frames the peer has acknowledged (`ack`: it has every sequence number below; `sack`:
+    /// the ones above it whose bits are set) and samples the round trip from frames that were
+    /// sent once (Karn's rule).
+    fn on_ack(&mut self, ack: u64, sack: u64, now: Instant) {
         if ack > self.next_seq {
             // Acknowledges frames this incarnation never sent: it refers to a previous life of
             // this node, and says nothing about the current one.
             return;
         }
-        while let Some(front) = self.unacked.front() {
-            if front.seq >= ack {
-                break;
+        let acked =
+            |seq: u64| seq < ack || (seq > ack && seq - ack <= 64 && sack >> (seq - ack - 1) & 1 == 1);
+        let mut samples = Vec::new();
+        self.unacked.retain(|frame| {
+            let done = acked(frame.seq);
+            if done && frame.retransmits == 0 {
+                samples.push(now.nanos_since(frame.sent_at));
             }
-            if front.retransmits == 0 {
-                self.sample_rtt(now.nanos_since(front.sent_at));
-            }
-            self.unacked.pop_front();
+            !done
+        });
+        for rtt in samples {
+            self.sample_rtt(rtt);
         }
     }
 
+    /// The selective acknowledgement bits for the frames received above the floor.
+    fn sack_bits(&self) -> u64 {
+        let above = self.recv_above.range(self.recv_floor + 1..=self.recv_floor + 64);
+        above.fold(0, |bits, &seq| bits | 1 << (seq - self.recv_floor - 1))
+    }
+
+    /// RFC 6298: `srtt` and `rttvar` smoothed with gains 1/8 and 1/4, `rto = srtt + 4 rttvar`.
     fn sample_rtt(&mut self, rtt_nanos: u64) {
-        let srtt = match self.srtt_nanos {
-            None => rtt_nanos,
-            Some(srtt) => srtt - srtt / 8 + rtt_nanos / 8,
+        let (srtt, rttvar) = match self.srtt_nanos {
+            None => (rtt_nanos, rtt_nanos / 2),
+            Some(srtt) => {
+                let rttvar = self.rttvar_nanos - self.rttvar_nanos / 4 + srtt.abs_diff(rtt_nanos) / 4;
+                (srtt - srtt / 8 + rtt_nanos / 8, rttvar)
+            }
         };
         self.srtt_nanos = Some(srtt);
-        self.rto_nanos = srtt.saturating_mul(2).clamp(RTO_MIN_NANOS, RTO_MAX_NANOS);
+        self.rttvar_nanos = rttvar;
+        self.rto_nanos = srtt.saturating_add(rttvar.saturating_mul(4)).clamp(RTO_MIN_NANOS, RTO_MAX_NANOS);
     }
 
     /// Follows the peer's own view of what it still waits for: a new incarnation starts a new

@@ -254,18 +254,51 @@ fn a_leaving_owner_hands_its_keys_over() {
 #[test]
 fn an_unreachable_owner_leaves_the_local_share() {
     let mut cluster = Cluster::new(4);
-    let policy = policy(Mode::Approximate, 1, 40);
+    let policy = policy(Mode::Approximate, 1_000, 1_000);
     let k = key_owned_by(4, &[1, 2, 3, 4]);
-    // Cut node 4 off completely; after the silence bound nodes 1–3 fall back to 40 / 4 = 10 each.
+    // Nodes 1–3 use the key for half a second (50 hits each, well under the limit): they hold
+    // allowances, so owner and holders expect to hear from each other.
+    for step in 0..50u64 {
+        for node in 1..=3 {
+            let request =
+                CheckRequest { id: RequestId(step * 10 + node), key: k, policy: policy.clone(), cost: 1 };
+            let _ = cluster.check(node, request);
+        }
+        cluster.run_for(Duration::from_millis(10));
+    }
+    assert!(cluster.node(1).stats().grants_sent == 0 && cluster.node(4).stats().grants_sent > 0);
+    // Cut node 4 off completely; after the silence bound nodes 1–3 fall back to their shares of
+    // the limit (a quarter each), starting from the owner's last state (almost full).
     for other in 1..=3 {
         cluster.cut.push((NodeId(4), NodeId(other)));
         cluster.cut.push((NodeId(other), NodeId(4)));
     }
-    cluster.run_for(Duration::from_millis(300));
+    cluster.run_for(Duration::from_millis(500));
     for node in 1..=3 {
-        assert_eq!(cluster.admit(node, k, &policy, 20), 10, "node {node}");
+        // Its share, plus what was left of its allowance (debited by the owner already: at most
+        // its need, an interval and a half of 100 hits/s, and two).
+        let admitted = cluster.admit(node, k, &policy, 400);
+        assert!((200..=260).contains(&admitted), "node {node} admitted {admitted} of its share of 250");
     }
     assert!(!cluster.node(1).is_settled());
+}
+
+#[test]
+fn a_node_cut_off_without_shared_state_admits_nothing_until_the_detector_moves_the_key() {
+    let mut cluster = Cluster::new(4);
+    let policy = policy(Mode::Exact, 1_000, 1_000);
+    let k = key_owned_by(4, &[1, 2, 3, 4]);
+    for other in 1..=3 {
+        cluster.cut.push((NodeId(4), NodeId(other)));
+        cluster.cut.push((NodeId(other), NodeId(4)));
+    }
+    // The owner does not expect to hear from node 1, so it still enforces the whole limit: a share
+    // taken here would come on top of it.
+    assert_eq!(cluster.admit(1, k, &policy, 10), 0);
+    // Once the failure detector says node 4 is dead, the key has another owner, with the share of
+    // the members still alive.
+    cluster.view(&[1, 2, 3], &[1, 2, 3], &[4]);
+    assert_eq!(cluster.admit(1, k, &policy, 1_000), 750);
 }
 
 #[test]

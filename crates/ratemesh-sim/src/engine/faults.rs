@@ -74,8 +74,7 @@ impl World<'_> {
             FaultEvent::Stop { node, incarnation } => {
                 let slot = &self.slots[node as usize];
                 if slot.phase == Phase::Leaving && slot.incarnation == incarnation {
-                    self.kill(node);
-                    self.membership.set_up(node, false);
+                    self.stop_left(node);
                 }
                 Ok(())
             }
@@ -132,10 +131,17 @@ impl World<'_> {
         self.log.line(format_args!("{} F leave n{node}", self.now));
         self.membership.set_joined(node, false);
         self.membership.reset_observer(node, &self.network);
+        // The node keeps owning while the others' views drop it, then hands over and drains
+        // within what is left of the linger; the engine stops it when it says it is done.
+        let linger = ms(self.scenario.membership.leave_linger_ms);
+        let own_for = ms(self.scenario.membership.leave_delay_ms).min(linger);
+        let local = self.local_now(node);
+        if let Some(n) = self.node_mut(node) {
+            n.handle_leave(local, own_for, linger - own_for);
+        }
         let slot = &mut self.slots[node as usize];
         slot.phase = Phase::Leaving;
         let stop = FaultEvent::Stop { node, incarnation: slot.incarnation };
-        let linger = ms(self.scenario.membership.leave_linger_ms);
         self.queue.push(self.now.saturating_add(linger), Event::Fault(stop))?;
         if let Some(after) = rejoin_after_ms {
             self.queue.push(self.now.saturating_add(ms(after)), Event::Fault(FaultEvent::Rejoin { node }))?;

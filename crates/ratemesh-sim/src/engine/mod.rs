@@ -282,11 +282,15 @@ impl<'a> World<'a> {
         self.drain(node)
     }
 
-    /// The node that takes a request sent to `wanted`: itself if running, else the next running
+    /// The node that takes a request sent to `wanted`: itself if it serves, else the next serving
     /// node in number order (clients fail over).
     fn route(&self, wanted: u32) -> Option<u32> {
         let n = self.scenario.nodes;
-        (0..n).map(|i| (wanted + i) % n).find(|&node| self.slots[node as usize].phase == Phase::Running)
+        (0..n).map(|i| (wanted + i) % n).find(|&node| {
+            let slot = &self.slots[node as usize];
+            let serving = slot.node.as_ref().is_some_and(|n| n.is_serving(slot.clock.local(self.now)));
+            slot.phase == Phase::Running && serving
+        })
     }
 
     fn add_pending(&mut self, node: u32, id: u64, check: PendingCheck) -> Result<(), SimError> {
@@ -394,7 +398,19 @@ impl<'a> World<'a> {
             }
             self.on_decided(node, id, allowed);
         }
+        let slot = &self.slots[node as usize];
+        if slot.phase == Phase::Leaving && slot.node.as_ref().is_some_and(|n| n.has_left()) {
+            self.log.line(format_args!("{} left n{node}", self.now));
+            self.stop_left(node);
+            return Ok(());
+        }
         self.rearm_timer(node)
+    }
+
+    /// Stops a node whose leave is complete (or whose linger ran out).
+    fn stop_left(&mut self, node: u32) {
+        self.kill(node);
+        self.membership.set_up(node, false);
     }
 
     fn rearm_timer(&mut self, node: u32) -> Result<(), SimError> {
@@ -457,6 +473,7 @@ impl<'a> World<'a> {
             incarnation: slot.incarnation,
             limit: self.limit.clone(),
             sync_interval_ms: self.scenario.sync_interval_ms,
+            join_grace_ms: if slot.incarnation == 1 { 0 } else { self.scenario.membership.join_delay_ms },
             seed: substream_seed(self.seed, "node", u64::from(node) << 32 | slot.incarnation),
             now: local,
         };

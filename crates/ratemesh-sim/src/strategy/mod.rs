@@ -84,6 +84,22 @@ pub trait SimNode {
     fn poll_timeout(&self) -> Option<Instant>;
     /// The owner of `key` in this node's view.
     fn owner_of(&self, key: KeyHash) -> Option<u32>;
+    /// The node starts a graceful leave: it keeps owning its keys for `own_for_nanos` (while the
+    /// others' views drop it), then hands them over and drains. Strategies without a leave phase
+    /// ignore it (the engine stops them after the linger).
+    fn handle_leave(&mut self, now: Instant, own_for_nanos: u64, drain_for_nanos: u64) {
+        let _ = (now, own_for_nanos, drain_for_nanos);
+    }
+    /// Whether a leave started with [`SimNode::handle_leave`] is complete (the engine stops the
+    /// node at once).
+    fn has_left(&self) -> bool {
+        false
+    }
+    /// Whether the node takes client checks at `now` (clients go to another node otherwise).
+    fn is_serving(&self, now: Instant) -> bool {
+        let _ = now;
+        true
+    }
     /// Nothing in fallback and nothing handed off pending. Strategies without a fallback are
     /// always settled.
     fn is_settled(&self) -> bool {
@@ -102,6 +118,8 @@ pub struct NodeSetup {
     pub limit: Limit,
     /// The sync period.
     pub sync_interval_ms: u64,
+    /// How long a (re)started node takes no client checks (0 at the start of a run).
+    pub join_grace_ms: u64,
     /// Seeds the node's own randomness.
     pub seed: u64,
     /// The node's local clock at creation.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratemesh_core::{
-    CheckOutcome, CheckRequest, Event, Fallback, Instant, KeyHash, MemberView, Mode, Node, NodeConfig,
-    NodeId, Policy, RequestId,
+    CheckOutcome, CheckRequest, Event, Fallback, Instant, KeyHash, LeavePlan, MemberView, Mode, Node,
+    NodeConfig, NodeId, Policy, RequestId,
 };
 
 use super::{Check, NodeSetup, Outgoing, SimNode, Verdict, View};
@@ -18,6 +18,7 @@ pub struct Ratemesh {
     node: Node,
     policy: Arc<Policy>,
     decided: VecDeque<(u64, bool)>,
+    left: bool,
 }
 
 impl Ratemesh {
@@ -25,11 +26,14 @@ impl Ratemesh {
     pub fn new(setup: NodeSetup, mode: Mode) -> Ratemesh {
         let config = NodeConfig {
             sync_interval: Duration::from_millis(setup.sync_interval_ms),
+            // A restarted node serves once the others' views include it (the membership model's
+            // join delay), as the library waits for gossip to spread.
+            join_grace: Duration::from_millis(setup.join_grace_ms),
             ..NodeConfig::default()
         };
         let node = Node::new(NodeId(u64::from(setup.id)), setup.incarnation, config, setup.seed, setup.now);
         let policy = Arc::new(Policy { limit: setup.limit, mode, fallback: Fallback::LocalShare });
-        Ratemesh { node, policy, decided: VecDeque::new() }
+        Ratemesh { node, policy, decided: VecDeque::new(), left: false }
     }
 
     /// The wrapped core node (for tests that inspect its counters).
@@ -48,7 +52,7 @@ impl SimNode for Ratemesh {
         };
         match self.node.handle_check(now, request) {
             CheckOutcome::Decided(decision) if decision.allowed => Verdict::Allowed,
-            CheckOutcome::Decided(_) => Verdict::Refused,
+            CheckOutcome::Decided(_) | CheckOutcome::Unavailable => Verdict::Refused,
             CheckOutcome::Pending => Verdict::Pending,
         }
     }
@@ -75,8 +79,10 @@ impl SimNode for Ratemesh {
 
     fn poll_decided(&mut self) -> Option<(u64, bool)> {
         while let Some(event) = self.node.poll_event() {
-            let Event::Decided { id, decision } = event;
-            self.decided.push_back((id.0, decision.allowed));
+            match event {
+                Event::Decided { id, decision } => self.decided.push_back((id.0, decision.allowed)),
+                Event::Left => self.left = true,
+            }
         }
         self.decided.pop_front()
     }
@@ -91,5 +97,21 @@ impl SimNode for Ratemesh {
 
     fn is_settled(&self) -> bool {
         self.node.is_settled()
+    }
+
+    fn handle_leave(&mut self, now: Instant, own_for_nanos: u64, drain_for_nanos: u64) {
+        let plan = LeavePlan {
+            own_for: Duration::from_nanos(own_for_nanos),
+            drain_for: Duration::from_nanos(drain_for_nanos),
+        };
+        self.node.handle_leave(now, plan);
+    }
+
+    fn has_left(&self) -> bool {
+        self.left
+    }
+
+    fn is_serving(&self, now: Instant) -> bool {
+        self.node.is_serving(now)
     }
 }

@@ -111,6 +111,8 @@ pub async fn start_cluster(len: u64) -> Vec<TestNode> {
     let ids: Vec<NodeId> = (1..=len).map(NodeId).collect();
     for node in &nodes {
         wait_live(&node.node, &ids).await;
+        // A node started with seeds takes checks once its join grace (a few gossip rounds) passed.
+        node.node.wait_serving().await;
     }
     nodes
 }
