@@ -68,6 +68,9 @@ pub enum DaemonError {
     /// The node could not start (sockets, certificates).
     #[error("starting the node: {0}")]
     Start(#[from] StartError),
+    /// The node's id or advertised address, to be found in the environment, was not.
+    #[error("the node's identity: {0}")]
+    Identity(#[from] crate::identity::IdentityError),
 }
 
 /// Why a reload was not applied. The running configuration stays.
@@ -197,19 +200,22 @@ impl Daemon {
                 "cluster.secret is the PUBLIC development secret: fine on loopback, never for a real cluster"
             );
         }
-        let mut builder = NodeBuilder::new(config.node.id)
+        let identity = crate::identity::resolve(&config).await?;
+        let mut builder = NodeBuilder::new(identity.id)
             .security(config.cluster.auth.security()?)
             .gossip_addr(config.listen.gossip)
             .quic_addr(config.listen.quic)
-            .seeds(config.cluster.seeds.iter().copied())
+            .seeds(config.cluster.seeds.iter().cloned())
+            .seed_resolve_interval(config.cluster.seed_resolve_interval)
             .cluster_id(config.cluster.cluster_id.clone())
             .gossip_interval(config.cluster.gossip_interval)
             .dead_member_forget(config.cluster.dead_member_forget)
+            .leave_linger(config.cluster.leave_linger)
             .node_config(config.node_config());
-        if let Some(addr) = config.listen.advertise_gossip {
+        if let Some(addr) = identity.advertise_gossip {
             builder = builder.gossip_advertise_addr(addr);
         }
-        if let Some(addr) = config.listen.advertise_quic {
+        if let Some(addr) = identity.advertise_quic {
             builder = builder.quic_advertise_addr(addr);
         }
         if let Some(incarnation) = config.node.incarnation {
@@ -218,7 +224,7 @@ impl Daemon {
         let node = builder.start().await?;
         let policies = Arc::new(PolicyTable::from_config(&config));
         info!(
-            node = config.node.id.0,
+            node = identity.id.0,
             policies = policies.len(),
             gossip = %node.gossip_addr(),
             quic = %node.quic_addr(),
@@ -518,8 +524,9 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     };
     let Config { node, cluster, listen, limits, log, auth, policies: _ } = running;
 
-    let NodeSection { id, incarnation } = node;
+    let NodeSection { id, id_from, incarnation } = node;
     differs("node.id", *id != new.node.id);
+    differs("node.id_from", *id_from != new.node.id_from);
     differs("node.incarnation", *incarnation != new.node.incarnation);
 
     let ClusterSection {
@@ -529,6 +536,8 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
         gossip_interval,
         sync_interval,
         dead_member_forget,
+        seed_resolve_interval,
+        leave_linger,
     } = cluster;
     let b = &new.cluster;
     differs("cluster.cluster_id", *cluster_id != b.cluster_id);
@@ -537,8 +546,11 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     differs("cluster.gossip_interval_ms", *gossip_interval != b.gossip_interval);
     differs("cluster.sync_interval_ms", *sync_interval != b.sync_interval);
     differs("cluster.dead_member_forget_ms", *dead_member_forget != b.dead_member_forget);
+    differs("cluster.seed_resolve_interval_ms", *seed_resolve_interval != b.seed_resolve_interval);
+    differs("cluster.leave_linger_ms", *leave_linger != b.leave_linger);
 
-    let ListenSection { http, grpc, gossip, quic, advertise_gossip, advertise_quic } = listen;
+    let ListenSection { http, grpc, gossip, quic, advertise_gossip, advertise_quic, advertise_ip_from } =
+        listen;
     let b = &new.listen;
     differs("listen.http", *http != b.http);
     differs("listen.grpc", *grpc != b.grpc);
@@ -546,6 +558,7 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     differs("listen.quic", *quic != b.quic);
     differs("listen.advertise_gossip", *advertise_gossip != b.advertise_gossip);
     differs("listen.advertise_quic", *advertise_quic != b.advertise_quic);
+    differs("listen.advertise_ip_from", *advertise_ip_from != b.advertise_ip_from);
 
     // The per-request bounds are read by each request: reloadable.
     let Bounds {
@@ -583,7 +596,7 @@ mod tests {
         new.limits.connections_max += 1;
         new.limits.keys_max += 1;
         new.log.format = crate::config::LogFormat::Json;
-        new.cluster.seeds.push(SocketAddr::from(([10, 0, 0, 1], 7946)));
+        new.cluster.seeds.push(SocketAddr::from(([10, 0, 0, 1], 7946)).into());
         assert_eq!(
             restart_only_changes(&running, &new),
             ["cluster.seeds", "limits.keys_max", "limits.connections_max", "log.format"]
