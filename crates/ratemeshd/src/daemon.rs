@@ -99,10 +99,15 @@ pub enum Reloaded {
     Unchanged,
 }
 
-/// A file's modification time and length: what the file watcher compares to notice a change
-/// without reading the file.
+/// A file's identity (device and inode), modification time and length: what the file watcher
+/// compares to notice a change without reading the file. Symlinks are followed, and the
+/// identity is the target's: a Kubernetes ConfigMap volume is updated by swapping a symlink to a
+/// new directory (the kubelet's atomic writer), which gives the path another file, whatever
+/// that file's time and length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileStamp {
+    device: u64,
+    inode: u64,
     modified: SystemTime,
     len: u64,
 }
@@ -110,8 +115,14 @@ pub struct FileStamp {
 impl FileStamp {
     /// The stamp of the file at `path` now, `None` if its metadata cannot be read.
     pub fn of(path: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt as _;
         let metadata = std::fs::metadata(path).ok()?;
-        Some(FileStamp { modified: metadata.modified().ok()?, len: metadata.len() })
+        Some(FileStamp {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            modified: metadata.modified().ok()?,
+            len: metadata.len(),
+        })
     }
 }
 
@@ -178,6 +189,8 @@ pub struct Daemon {
     observe_permits: Arc<Semaphore>,
     shutting_down: AtomicBool,
     shutdown_tx: watch::Sender<bool>,
+    /// Turns true once the node has left: the listeners close then.
+    close_tx: watch::Sender<bool>,
     log_level: watch::Sender<LogLevel>,
     reloads: watch::Sender<u64>,
 }
@@ -233,6 +246,7 @@ impl Daemon {
         );
         let http_permits = Arc::new(Semaphore::new(config.limits.http_in_flight_max));
         let (shutdown_tx, _) = watch::channel(false);
+        let (close_tx, _) = watch::channel(false);
         let (log_level, _) = watch::channel(config.log.level);
         let (reloads, _) = watch::channel(0);
         Ok(Arc::new(Daemon {
@@ -245,6 +259,7 @@ impl Daemon {
             observe_permits: Arc::new(Semaphore::new(OBSERVE_IN_FLIGHT_MAX)),
             shutting_down: AtomicBool::new(false),
             shutdown_tx,
+            close_tx,
             log_level,
             reloads,
         }))
@@ -399,8 +414,9 @@ impl Daemon {
     }
 
     /// Begins shutdown: readiness turns false, checks fail with [`CheckError::ShutDown`], and the
-    /// futures of [`Daemon::shutdown_signal`] complete (servers stop accepting). The node keeps
-    /// running until [`Daemon::shutdown`]. Idempotent.
+    /// futures of [`Daemon::shutdown_signal`] complete (the file watcher stops). The node keeps
+    /// running until [`Daemon::shutdown`], and the listeners keep answering until it has left
+    /// ([`Daemon::close_signal`]). Idempotent.
     pub fn begin_shutdown(&self) {
         if !self.shutting_down.swap(true, Ordering::AcqRel) {
             info!("shutting down");
@@ -408,21 +424,29 @@ impl Daemon {
         self.shutdown_tx.send_replace(true);
     }
 
-    /// A future that completes when shutdown begins: give it to a server as its graceful
-    /// shutdown signal.
+    /// A future that completes when shutdown begins (for tasks that stop at once: the file
+    /// watcher).
     pub fn shutdown_signal(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut rx = self.shutdown_tx.subscribe();
-        async move {
-            // An error means the daemon is gone: shutting down too.
-            let _ = rx.wait_for(|stopping| *stopping).await;
-        }
+        signal(&self.shutdown_tx)
     }
 
-    /// Shuts down: [`Daemon::begin_shutdown`], then the node leaves the cluster gracefully,
-    /// handing its keys to their new owners (bounded by the node's leave linger).
+    /// A future that completes once the node has left the cluster at shutdown: give it to a
+    /// server as its graceful shutdown signal. Until then the servers answer every request (in
+    /// flight or new: readiness 503, checks 503 / `UNAVAILABLE` "shutting down", metrics), so
+    /// that a client or load balancer still routing here gets an answer, not a refused
+    /// connection, while the node hands its keys over.
+    pub fn close_signal(&self) -> impl Future<Output = ()> + Send + 'static {
+        signal(&self.close_tx)
+    }
+
+    /// Shuts down: [`Daemon::begin_shutdown`], then the node leaves the cluster gracefully
+    /// (announces the leave, hands its keys to their new owners, waits at most
+    /// `cluster.leave_linger_ms` for the acknowledgements), then [`Daemon::close_signal`]
+    /// completes.
     pub async fn shutdown(&self) {
         self.begin_shutdown();
         self.node.shutdown().await;
+        self.close_tx.send_replace(true);
     }
 
     /// The log level in force; changes when a reload changes `[log] level`.
@@ -494,6 +518,14 @@ impl Daemon {
         self.metrics.forget_policies(removed);
         self.log_level.send_if_modified(|current| std::mem::replace(current, level) != level);
         Ok(Reloaded::Applied)
+    }
+}
+
+/// A future that completes when `flag` turns true (or its sender is gone: the daemon too).
+fn signal(flag: &watch::Sender<bool>) -> impl Future<Output = ()> + Send + 'static {
+    let mut rx = flag.subscribe();
+    async move {
+        let _ = rx.wait_for(|set| *set).await;
     }
 }
 
