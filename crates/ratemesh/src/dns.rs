@@ -15,7 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use hickory_resolver::TokioResolver;
-use hickory_resolver::config::LookupIpStrategy;
+use hickory_resolver::config::{LookupIpStrategy, ResolveHosts};
 use hickory_resolver::proto::rr::RData;
 
 /// The longest one lookup may take (every search domain and record type included).
@@ -51,7 +51,10 @@ pub enum DnsError {
 /// documentation). Cheap to clone.
 #[derive(Clone)]
 pub struct Dns {
+    /// `/etc/hosts`, then the name servers.
     resolver: TokioResolver,
+    /// The name servers only (reverse lookups).
+    servers: TokioResolver,
 }
 
 impl std::fmt::Debug for Dns {
@@ -61,14 +64,13 @@ impl std::fmt::Debug for Dns {
 }
 
 impl Dns {
-    /// A resolver configured like the system's: `/etc/resolv.conf`, then `/etc/hosts` first for
-    /// every name. Both IPv4 and IPv6 addresses are asked for.
+    /// A resolver configured like the system's: `/etc/resolv.conf`, and `/etc/hosts` first for
+    /// every name looked up (not for reverse lookups). Both IPv4 and IPv6 addresses are asked for.
     pub fn from_system() -> Result<Dns, DnsError> {
-        let mut builder =
-            TokioResolver::builder_tokio().map_err(|error| DnsError::Config(error.to_string()))?;
-        builder.options_mut().ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
-        let resolver = builder.build().map_err(|error| DnsError::Config(error.to_string()))?;
-        Ok(Dns { resolver })
+        Ok(Dns {
+            resolver: system_resolver(ResolveHosts::Always)?,
+            servers: system_resolver(ResolveHosts::Never)?,
+        })
     }
 
     /// Every address of `host` (A and AAAA records, or `/etc/hosts`), with `port`: sorted, without
@@ -83,12 +85,13 @@ impl Dns {
         Ok(addrs)
     }
 
-    /// The names of `ip` (PTR records), without the final dot, at most [`ADDRS_MAX`]. Docker's
-    /// embedded DNS answers `<container name>.<network name>` for a container's address.
+    /// The names the name servers give `ip` (PTR records), without the final dot, at most
+    /// [`ADDRS_MAX`]. Docker's embedded DNS answers `<container name>.<network name>` for a
+    /// container's address. `/etc/hosts` is not asked: Docker writes the container's id there.
     pub async fn reverse(&self, ip: IpAddr) -> Result<Vec<String>, DnsError> {
-        self.resolver.clear_cache();
+        self.servers.clear_cache();
         let name = ip.to_string();
-        let lookup = self.bounded(&name, self.resolver.reverse_lookup(ip)).await?;
+        let lookup = self.bounded(&name, self.servers.reverse_lookup(ip)).await?;
         let names = lookup
             .answers()
             .iter()
@@ -113,4 +116,13 @@ impl Dns {
             Err(_) => Err(DnsError::Timeout { name: name.to_owned() }),
         }
     }
+}
+
+/// A resolver from `/etc/resolv.conf`, asking for A and AAAA records, with `hosts` deciding
+/// whether `/etc/hosts` is read.
+fn system_resolver(hosts: ResolveHosts) -> Result<TokioResolver, DnsError> {
+    let mut builder = TokioResolver::builder_tokio().map_err(|error| DnsError::Config(error.to_string()))?;
+    builder.options_mut().ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
+    builder.options_mut().use_hosts_file = hosts;
+    builder.build().map_err(|error| DnsError::Config(error.to_string()))
 }
