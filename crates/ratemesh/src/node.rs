@@ -956,6 +956,11 @@ impl ViewSink for Shared {
     fn apply(&self, view: &MemberView, addrs: &HashMap<NodeId, SocketAddr>) {
         let mut state = self.lock_state();
         if state.leaving {
+            // Not applied (the node keeps owning its keys until it hands them over), but kept:
+            // the handoff goes to the owners of the latest view, in which members leaving at the
+            // same time (a scale-down stops several at once) are no longer live. Handed to one of
+            // them, a key would leave with it.
+            state.view = view.clone();
             return;
         }
         state.addrs =
