@@ -35,7 +35,8 @@ if ! "$venv/bin/python" -c 'import kubernetes_validate, yaml' 2>/dev/null; then
     pip_install "$venv" kubernetes-validate "kubernetes-validate==$validate_version"
 fi
 "$venv/bin/python" -c 'import kubernetes_validate, yaml' || fail "kubernetes-validate is not importable"
-ratemeshd_binary "${RATEMESHD_BINARY:-}"
+# The static release build the other real-client steps share (RATEMESHD_BINARY: another one).
+if [[ -n ${RATEMESHD_BINARY:-} ]]; then ratemeshd_binary "$RATEMESHD_BINARY"; else ratemeshd_binary; fi
 
 renderings=(deploy/kubernetes/base deploy/kubernetes/overlays/*/)
 for dir in "${renderings[@]}"; do
