@@ -20,8 +20,10 @@
 #
 # Cluster nodes override the default configuration with RATEMESH_* variables (gossip and QUIC on
 # the container's address, a shared secret, seeds) or mount their own file over
-# /etc/ratemesh/ratemesh.toml: see docker-compose.yml. There is no DNS inside the image (static
-# glibc without NSS modules), so seeds and advertised addresses are IP addresses.
+# /etc/ratemesh/ratemesh.toml: see docker-compose.yml. The C library cannot resolve names in the
+# image (static glibc without NSS modules), but ratemesh resolves seed names (host:port) with its
+# own resolver, reading /etc/resolv.conf and /etc/hosts: see deploy/compose/scaled.yml and
+# deploy/kubernetes.
 FROM scratch
 
 COPY ratemeshd /ratemeshd

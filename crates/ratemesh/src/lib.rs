@@ -9,17 +9,21 @@
 //! - [`headers`]: the rate-limit response headers (`X-RateLimit-*`, `Retry-After`, IETF `RateLimit`).
 //! - `layer` (feature `tower`, on by default): `RateLimitLayer`, a `tower::Layer` for HTTP services.
 //! - [`membership`]: gossip proposes members, mutual TLS confirms them.
+//! - [`seeds`]: [`Seed`]s given as addresses or DNS names; names resolved by [`dns`] (no C
+//!   library: works in a `FROM scratch` image) and re-resolved periodically.
 //! - [`security`]: cluster security — a CA derived from a shared secret or user-provided
 //!   certificates, node names in certificates, the admission rule, certificate files.
 //! - [`transport`]: [`Transport`], QUIC peers (quinn) that send the core's frames to members and
 //!   deliver frames whose sender is authenticated by its certificate.
 
+pub mod dns;
 pub mod headers;
 #[cfg(feature = "tower")]
 pub mod layer;
 pub mod membership;
 pub mod node;
 pub mod security;
+pub mod seeds;
 pub mod transport;
 
 #[cfg(feature = "tower")]
@@ -28,4 +32,5 @@ pub use membership::{Member, MemberStatus};
 pub use node::{CheckError, NamedPolicy, Node, NodeBuilder, NodeMetrics, StartError};
 pub use ratemesh_core::NodeId;
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
+pub use seeds::{Seed, SeedError};
 pub use transport::{Received, Transport, TransportConfig, TransportError, TransportStats};

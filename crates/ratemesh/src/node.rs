@@ -37,6 +37,7 @@ use crate::membership::{
     KEY_LEAVING, KEY_PROTOCOL, KEY_QUIC_ADDR, Member, MemberStatus, Membership, ViewSink, chitchat_node_id,
 };
 use crate::security::{ClusterSecurity, SecurityError};
+use crate::seeds::{Seed, SeedHost, SeedResolution, SeedSink};
 use crate::transport::{Received, Transport, TransportConfig, TransportError, TransportStats};
 
 /// Frames handed to the core per lock taken by the receive task (the rest wait for the next turn,
@@ -145,6 +146,9 @@ pub struct NodeBuilder {
     quic_addr: SocketAddr,
     quic_advertise_addr: Option<SocketAddr>,
     seeds: Vec<SocketAddr>,
+    /// Seeds given by name, resolved by `crate::seeds` (not by chitchat).
+    seed_hosts: Vec<SeedHost>,
+    seed_resolve_interval: Duration,
     cluster_id: String,
     gossip_interval: Duration,
     dead_member_forget: Duration,
@@ -167,6 +171,8 @@ impl NodeBuilder {
             quic_addr: loopback,
             quic_advertise_addr: None,
             seeds: Vec::new(),
+            seed_hosts: Vec::new(),
+            seed_resolve_interval: Duration::from_secs(10),
             cluster_id: "ratemesh".to_owned(),
             gossip_interval: Duration::from_millis(200),
             dead_member_forget: Duration::from_secs(120),
@@ -214,10 +220,28 @@ impl NodeBuilder {
         self
     }
 
-    /// Gossip addresses of members to join through (any one live member suffices).
+    /// Gossip addresses of members to join through (any one live member suffices): socket
+    /// addresses, or [`Seed`]s, which may be DNS names (`"ratemesh-peers:7946".parse()?`),
+    /// resolved without the C library and re-resolved every [`NodeBuilder::seed_resolve_interval`]
+    /// (see [`crate::seeds`]).
     #[must_use]
-    pub fn seeds(mut self, seeds: impl IntoIterator<Item = SocketAddr>) -> Self {
-        self.seeds = seeds.into_iter().collect();
+    pub fn seeds<S: Into<Seed>>(mut self, seeds: impl IntoIterator<Item = S>) -> Self {
+        self.seeds.clear();
+        self.seed_hosts.clear();
+        for seed in seeds {
+            match seed.into() {
+                Seed::Addr(addr) => self.seeds.push(addr),
+                Seed::Host(host) => self.seed_hosts.push(host),
+            }
+        }
+        self
+    }
+
+    /// How often seeds given by name are resolved again once the node has a live peer (default
+    /// 10 s; while it has none, sooner).
+    #[must_use]
+    pub fn seed_resolve_interval(mut self, interval: Duration) -> Self {
+        self.seed_resolve_interval = interval;
         self
     }
 
@@ -341,6 +365,7 @@ impl NodeBuilder {
             gossip_interval: self.gossip_interval,
         });
         shared.spawn_tasks(received, me, members_tx, stop_rx);
+        self.spawn_seed_resolution(&shared);
         info!(node = ?self.id, %quic_addr, gossip = %shared.gossip_addr, incarnation, "node started");
         Ok(Node { shared })
     }
@@ -360,6 +385,7 @@ impl NodeBuilder {
     fn validate(&self) -> Result<(), StartError> {
         let durations = [
             ("gossip_interval", self.gossip_interval),
+            ("seed_resolve_interval", self.seed_resolve_interval),
             ("sync_interval", self.core.sync_interval),
             ("forward_timeout", self.core.forward_timeout),
             ("peer_silence", self.core.peer_silence),
@@ -381,6 +407,20 @@ impl NodeBuilder {
             });
         }
         Ok(())
+    }
+
+    /// Seeds given by name are resolved by a task of their own (`crate::seeds`).
+    fn spawn_seed_resolution(&self, shared: &Arc<Shared>) {
+        let resolution = SeedResolution {
+            hosts: self.seed_hosts.clone(),
+            own_addr: shared.gossip_addr,
+            resolve_interval: self.seed_resolve_interval,
+            gossip_interval: self.gossip_interval,
+        };
+        let sink: Arc<dyn SeedSink> = shared.clone();
+        if let Some(task) = crate::seeds::spawn(resolution, sink, shared.stop.subscribe()) {
+            shared.tasks.lock().unwrap_or_else(PoisonError::into_inner).push(task);
+        }
     }
 
     async fn spawn_gossip(
@@ -965,6 +1005,20 @@ impl ViewSink for Shared {
         let moved = state.core.stats().handoffs_sent - before;
         info!(node = ?self.id, live = view.live.len(), dead = view.dead.len(), keys_handed_over = moved, "ownership moved");
         self.after_input(&mut state);
+    }
+}
+
+impl SeedSink for Shared {
+    fn gossip_with(&self, addr: SocketAddr) {
+        let gossip = self.gossip.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(gossip) = gossip.as_ref() {
+            // Fails only once chitchat has stopped: nothing to gossip with any more.
+            let _ = gossip.gossip(addr);
+        }
+    }
+
+    fn has_live_peer(&self) -> bool {
+        self.members.borrow().iter().any(|m| m.id != self.id && m.status == MemberStatus::Live)
     }
 }
 

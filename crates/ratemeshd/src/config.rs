@@ -15,7 +15,7 @@
 //! id = 1
 //!
 //! [cluster]
-//! seeds = ["10.0.0.2:7946"]
+//! seeds = ["10.0.0.2:7946"]     # or a DNS name: ["ratemesh-peers:7946"]
 //! secret = "a long shared secret, 16 bytes or more"
 //!
 //! [[policies]]
@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratemesh::security::{CLUSTER_SECRET_LEN_MIN, PemSource, ProvidedCerts};
-use ratemesh::{ClusterSecret, ClusterSecurity, SecurityError};
+use ratemesh::{ClusterSecret, ClusterSecurity, SecurityError, Seed};
 use ratemesh_core::{
     Algorithm, Fallback, Limit, LimitError, LimitSpec, Mode, NodeConfig, NodeId, Policy, StoreConfig,
 };
@@ -46,7 +46,7 @@ use toml::Spanned;
 use zeroize::Zeroizing;
 
 pub use env::{ENV_PREFIX, variable_name as env_variable_name, variable_names as env_variable_names};
-use raw::{At, PolicyStarts, RawConfig, RawDescriptor, RawPolicy, Val};
+use raw::{At, PolicyStarts, RawConfig, RawDescriptor, RawListen, RawPolicy, Val};
 
 use crate::policy::INLINE_LABEL;
 
@@ -82,6 +82,13 @@ pub const SYNC_INTERVAL_MS_DEFAULT: u64 = 50;
 /// Default time after which a dead member is forgotten (and stops counting in the cluster size).
 /// chitchat's own default, 24 h, would keep a departed node's share of every limit unused for a day.
 pub const DEAD_MEMBER_FORGET_MS_DEFAULT: u64 = 60_000;
+/// Default time between resolutions of seeds given by name, once the node has a live peer (while
+/// it has none, it resolves sooner: see `ratemesh::seeds`). Kubernetes' CoreDNS caches answers
+/// for about 30 s; new members also announce themselves by gossip.
+pub const SEED_RESOLVE_INTERVAL_MS_DEFAULT: u64 = 10_000;
+/// Default longest wait, at shutdown, for the handoff of this node's keys to be acknowledged (the
+/// library's default).
+pub const LEAVE_LINGER_MS_DEFAULT: u64 = 2_000;
 
 /// Default `[limits] http_body_bytes_max`: 64 KiB.
 pub const HTTP_BODY_BYTES_MAX_DEFAULT: usize = 64 * 1024;
@@ -107,6 +114,10 @@ pub const NAME_BYTES_MAX: usize = 255;
 
 /// Longest gossip or sync interval: beyond a minute the cluster no longer reacts in useful time.
 const INTERVAL_MS_MAX: u64 = 60_000;
+/// Shortest seed resolve interval: more often would only load the name server.
+const SEED_RESOLVE_INTERVAL_MS_MIN: u64 = 100;
+/// Longest leave linger: a shutdown must fit a pod's termination grace period.
+const LEAVE_LINGER_MS_MAX: u64 = 60_000;
 /// Longest time a dead member is remembered: a week.
 const DEAD_MEMBER_FORGET_MS_MAX: u64 = 7 * 24 * 3600 * 1000;
 /// Upper bounds of `[limits]`, far above any sane setting: they catch typos (an extra digit or
@@ -251,7 +262,11 @@ pub struct Config {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeSection {
     /// `id`: the member's id, stable across restarts and unique in the cluster (default 1).
+    /// Ignored when `id_from` is set.
     pub id: NodeId,
+    /// `id_from`: derive the id at start from a name of this host instead of `id` (see
+    /// [`IdFrom`] and `crate::identity`). Conflicts with `id`.
+    pub id_from: Option<IdFrom>,
     /// `incarnation`: distinguishes restarts of the same id; unset, the daemon picks one at start
     /// (so that peers can tell a restarted node from a delayed message of its previous life).
     pub incarnation: Option<u64>,
@@ -259,7 +274,50 @@ pub struct NodeSection {
 
 impl Default for NodeSection {
     fn default() -> Self {
-        NodeSection { id: NodeId(1), incarnation: None }
+        NodeSection { id: NodeId(1), id_from: None, incarnation: None }
+    }
+}
+
+/// Where `[node] id_from` takes the node's name from; the id is the name's ordinal or hash
+/// (`crate::identity::id_from_name`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdFrom {
+    /// `"hostname"`: the kernel's host name. A Kubernetes pod's is its pod name: `ratemesh-3`
+    /// of a StatefulSet → 3.
+    Hostname,
+    /// `"reverse_dns"`: the name the advertised gossip IP resolves back to (PTR). Docker's
+    /// embedded DNS answers a container's name: `project_ratemesh_2.project_default` → 2, a
+    /// stable small id for each replica of a service run with `docker-compose --scale`, whose
+    /// host names are container ids.
+    ReverseDns,
+}
+
+impl IdFrom {
+    const ALL: [IdFrom; 2] = [IdFrom::Hostname, IdFrom::ReverseDns];
+
+    /// The configuration name.
+    pub fn name(self) -> &'static str {
+        match self {
+            IdFrom::Hostname => "hostname",
+            IdFrom::ReverseDns => "reverse_dns",
+        }
+    }
+}
+
+/// Where `[listen] advertise_ip_from` takes the advertised IP from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdvertiseIpFrom {
+    /// `"hostname"`: the address the host name resolves to, `/etc/hosts` first: Docker and
+    /// Kubernetes write the container's own name and address there.
+    Hostname,
+}
+
+impl AdvertiseIpFrom {
+    /// The configuration name.
+    pub fn name(self) -> &'static str {
+        match self {
+            AdvertiseIpFrom::Hostname => "hostname",
+        }
     }
 }
 
@@ -268,11 +326,17 @@ impl Default for NodeSection {
 pub struct ClusterSection {
     /// `cluster_id`: nodes only gossip with nodes of the same id.
     pub cluster_id: String,
-    /// `seeds`: gossip addresses (`ip:port`) contacted at start. Empty: a cluster of one, until
-    /// others seed from it. With seeds, the daemon is ready (`GET /readyz`) only while another
-    /// member is live: a seeded node that cannot reach anyone is not ready (see
-    /// `crate::daemon`).
-    pub seeds: Vec<SocketAddr>,
+    /// `seeds`: gossip addresses (`ip:port`) or DNS names (`host:port`: every address the name
+    /// resolves to, re-resolved every `seed_resolve_interval_ms`) contacted to join. Empty: a
+    /// cluster of one, until others seed from it. With seeds, the daemon is ready (`GET
+    /// /readyz`) only while another member is live: a seeded node that cannot reach anyone is not
+    /// ready (see `crate::daemon`).
+    pub seeds: Vec<Seed>,
+    /// `seed_resolve_interval_ms`: how often seeds given by name are resolved again.
+    pub seed_resolve_interval: Duration,
+    /// `leave_linger_ms`: the longest a graceful shutdown waits for the handoff of this node's
+    /// keys to be acknowledged.
+    pub leave_linger: Duration,
     /// `secret`, or `ca_cert_path` + `cert_path` + `key_path` (mutually exclusive).
     pub auth: ClusterAuth,
     /// `gossip_interval_ms`.
@@ -288,6 +352,8 @@ impl Default for ClusterSection {
         ClusterSection {
             cluster_id: CLUSTER_ID_DEFAULT.to_owned(),
             seeds: Vec::new(),
+            seed_resolve_interval: Duration::from_millis(SEED_RESOLVE_INTERVAL_MS_DEFAULT),
+            leave_linger: Duration::from_millis(LEAVE_LINGER_MS_DEFAULT),
             auth: ClusterAuth::Secret(SecretString::new(DEV_CLUSTER_SECRET)),
             gossip_interval: Duration::from_millis(GOSSIP_INTERVAL_MS_DEFAULT),
             sync_interval: Duration::from_millis(SYNC_INTERVAL_MS_DEFAULT),
@@ -372,6 +438,10 @@ pub struct ListenSection {
     pub advertise_gossip: Option<SocketAddr>,
     /// `advertise_quic`: the QUIC address peers use, when it differs from `quic`.
     pub advertise_quic: Option<SocketAddr>,
+    /// `advertise_ip_from`: advertise gossip and QUIC on an IP found at start, with the ports of
+    /// `gossip` and `quic` (see `crate::identity`). Conflicts with `advertise_gossip` and
+    /// `advertise_quic`.
+    pub advertise_ip_from: Option<AdvertiseIpFrom>,
 }
 
 impl ListenSection {
@@ -396,6 +466,7 @@ impl Default for ListenSection {
             quic: QUIC_LISTEN_DEFAULT,
             advertise_gossip: None,
             advertise_quic: None,
+            advertise_ip_from: None,
         }
     }
 }
@@ -826,10 +897,7 @@ impl Ctx<'_> {
     }
 
     fn validate(&self, raw: &RawConfig) -> Result<Config, ConfigError> {
-        let node = NodeSection {
-            id: raw.node.id.as_ref().map_or(NodeSection::default().id, |v| NodeId(v.value)),
-            incarnation: raw.node.incarnation.as_ref().map(|v| v.value),
-        };
+        let node = self.node(raw)?;
         let listen = self.listen(raw)?;
         let cluster = self.cluster(raw, &listen)?;
         let limits = self.bounds(raw)?;
@@ -837,6 +905,30 @@ impl Ctx<'_> {
         let auth = self.auth_section(raw)?;
         let policies = self.policies(&raw.policies)?;
         Ok(Config { node, cluster, listen, limits, log, auth, policies })
+    }
+
+    fn node(&self, raw: &RawConfig) -> Result<NodeSection, ConfigError> {
+        let n = &raw.node;
+        let id_from = match &n.id_from {
+            None => None,
+            Some(v) if n.id.is_some() => {
+                return Err(self.invalid("node.id_from", &v.at, "conflicts with node.id: set one of them"));
+            }
+            Some(v) => {
+                Some(IdFrom::ALL.into_iter().find(|from| from.name() == v.value).ok_or_else(|| {
+                    self.invalid(
+                        "node.id_from",
+                        &v.at,
+                        format!("unknown {:?}: use hostname or reverse_dns", v.value),
+                    )
+                })?)
+            }
+        };
+        Ok(NodeSection {
+            id: n.id.as_ref().map_or(NodeSection::default().id, |v| NodeId(v.value)),
+            id_from,
+            incarnation: n.incarnation.as_ref().map(|v| v.value),
+        })
     }
 
     fn cluster(&self, raw: &RawConfig, listen: &ListenSection) -> Result<ClusterSection, ConfigError> {
@@ -860,7 +952,11 @@ impl Ctx<'_> {
         let seeds = seeds
             .iter()
             .enumerate()
-            .map(|(i, seed)| self.peer_address(&format!("cluster.seeds[{i}]"), seed))
+            .map(|(i, seed)| {
+                seed.value
+                    .parse::<Seed>()
+                    .map_err(|error| self.invalid(format!("cluster.seeds[{i}]"), &seed.at, error))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let auth = self.auth(raw, listen)?;
         let gossip_ms = self.number(
@@ -886,9 +982,25 @@ impl Ctx<'_> {
             gossip_ms,
             DEAD_MEMBER_FORGET_MS_MAX,
         )?;
+        let resolve_ms = self.number(
+            "cluster.seed_resolve_interval_ms",
+            &c.seed_resolve_interval_ms,
+            SEED_RESOLVE_INTERVAL_MS_DEFAULT,
+            SEED_RESOLVE_INTERVAL_MS_MIN,
+            INTERVAL_MS_MAX,
+        )?;
+        let linger_ms = self.number(
+            "cluster.leave_linger_ms",
+            &c.leave_linger_ms,
+            LEAVE_LINGER_MS_DEFAULT,
+            0,
+            LEAVE_LINGER_MS_MAX,
+        )?;
         Ok(ClusterSection {
             cluster_id,
             seeds,
+            seed_resolve_interval: Duration::from_millis(resolve_ms),
+            leave_linger: Duration::from_millis(linger_ms),
             auth,
             gossip_interval: Duration::from_millis(gossip_ms),
             sync_interval: Duration::from_millis(sync_ms),
@@ -973,6 +1085,8 @@ impl Ctx<'_> {
             .transpose()?;
         let advertise_quic =
             l.advertise_quic.as_ref().map(|v| self.peer_address("listen.advertise_quic", v)).transpose()?;
+        let advertise_ip_from =
+            l.advertise_ip_from.as_ref().map(|v| self.advertise_ip_from(v, l, [gossip, quic])).transpose()?;
         // Two sockets of one protocol on one address fail at bind; say so now, with the line.
         // Port 0 asks the OS for a free port, so it never clashes.
         for ((a, addr_a, va), (b, addr_b, vb)) in [
@@ -992,7 +1106,7 @@ impl Ctx<'_> {
         for (name, addr, advertised, v) in
             [("gossip", gossip, advertise_gossip, &l.gossip), ("quic", quic, advertise_quic, &l.quic)]
         {
-            if advertised.is_none() && addr.ip().is_unspecified() {
+            if advertised.is_none() && advertise_ip_from.is_none() && addr.ip().is_unspecified() {
                 let message = format!(
                     "listens on {addr}, which peers cannot reach: set listen.advertise_{name} to the \
                      address peers should use"
@@ -1003,7 +1117,7 @@ impl Ctx<'_> {
                 });
             }
         }
-        Ok(ListenSection { http, grpc, gossip, quic, advertise_gossip, advertise_quic })
+        Ok(ListenSection { http, grpc, gossip, quic, advertise_gossip, advertise_quic, advertise_ip_from })
     }
 
     /// A listen address (`ip:port`; port 0 lets the OS choose), if given.
@@ -1014,6 +1128,35 @@ impl Ctx<'_> {
             })
         })
         .transpose()
+    }
+
+    /// `listen.advertise_ip_from`, which replaces both advertised addresses: the IP found at
+    /// start with the ports of `listen` (which must therefore be chosen, not 0).
+    fn advertise_ip_from(
+        &self,
+        v: &Val<String>,
+        l: &RawListen,
+        listen: [SocketAddr; 2],
+    ) -> Result<AdvertiseIpFrom, ConfigError> {
+        if v.value != AdvertiseIpFrom::Hostname.name() {
+            return Err(self.invalid(
+                "listen.advertise_ip_from",
+                &v.at,
+                format!("unknown {:?}: use hostname", v.value),
+            ));
+        }
+        let given =
+            [("listen.advertise_gossip", &l.advertise_gossip), ("listen.advertise_quic", &l.advertise_quic)];
+        if let Some((field, Some(other))) = given.into_iter().find(|(_, v)| v.is_some()) {
+            let message =
+                "conflicts with listen.advertise_ip_from: give the addresses or where to find them, not both";
+            return Err(self.invalid(field, &other.at, message));
+        }
+        if listen.iter().any(|addr| addr.port() == 0) {
+            let message = "needs fixed ports in listen.gossip and listen.quic (0 is chosen at start, too late to advertise)";
+            return Err(self.invalid("listen.advertise_ip_from", &v.at, message));
+        }
+        Ok(AdvertiseIpFrom::Hostname)
     }
 
     /// An address peers connect to: a concrete IP and a port.

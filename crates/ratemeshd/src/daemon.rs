@@ -68,6 +68,9 @@ pub enum DaemonError {
     /// The node could not start (sockets, certificates).
     #[error("starting the node: {0}")]
     Start(#[from] StartError),
+    /// The node's id or advertised address, to be found in the environment, was not.
+    #[error("the node's identity: {0}")]
+    Identity(#[from] crate::identity::IdentityError),
 }
 
 /// Why a reload was not applied. The running configuration stays.
@@ -96,10 +99,15 @@ pub enum Reloaded {
     Unchanged,
 }
 
-/// A file's modification time and length: what the file watcher compares to notice a change
-/// without reading the file.
+/// A file's identity (device and inode), modification time and length: what the file watcher
+/// compares to notice a change without reading the file. Symlinks are followed, and the
+/// identity is the target's: a Kubernetes ConfigMap volume is updated by swapping a symlink to a
+/// new directory (the kubelet's atomic writer), which gives the path another file, whatever
+/// that file's time and length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileStamp {
+    device: u64,
+    inode: u64,
     modified: SystemTime,
     len: u64,
 }
@@ -107,8 +115,14 @@ pub struct FileStamp {
 impl FileStamp {
     /// The stamp of the file at `path` now, `None` if its metadata cannot be read.
     pub fn of(path: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt as _;
         let metadata = std::fs::metadata(path).ok()?;
-        Some(FileStamp { modified: metadata.modified().ok()?, len: metadata.len() })
+        Some(FileStamp {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            modified: metadata.modified().ok()?,
+            len: metadata.len(),
+        })
     }
 }
 
@@ -175,6 +189,8 @@ pub struct Daemon {
     observe_permits: Arc<Semaphore>,
     shutting_down: AtomicBool,
     shutdown_tx: watch::Sender<bool>,
+    /// Turns true once the node has left: the listeners close then.
+    close_tx: watch::Sender<bool>,
     log_level: watch::Sender<LogLevel>,
     reloads: watch::Sender<u64>,
 }
@@ -197,19 +213,22 @@ impl Daemon {
                 "cluster.secret is the PUBLIC development secret: fine on loopback, never for a real cluster"
             );
         }
-        let mut builder = NodeBuilder::new(config.node.id)
+        let identity = crate::identity::resolve(&config).await?;
+        let mut builder = NodeBuilder::new(identity.id)
             .security(config.cluster.auth.security()?)
             .gossip_addr(config.listen.gossip)
             .quic_addr(config.listen.quic)
-            .seeds(config.cluster.seeds.iter().copied())
+            .seeds(config.cluster.seeds.iter().cloned())
+            .seed_resolve_interval(config.cluster.seed_resolve_interval)
             .cluster_id(config.cluster.cluster_id.clone())
             .gossip_interval(config.cluster.gossip_interval)
             .dead_member_forget(config.cluster.dead_member_forget)
+            .leave_linger(config.cluster.leave_linger)
             .node_config(config.node_config());
-        if let Some(addr) = config.listen.advertise_gossip {
+        if let Some(addr) = identity.advertise_gossip {
             builder = builder.gossip_advertise_addr(addr);
         }
-        if let Some(addr) = config.listen.advertise_quic {
+        if let Some(addr) = identity.advertise_quic {
             builder = builder.quic_advertise_addr(addr);
         }
         if let Some(incarnation) = config.node.incarnation {
@@ -218,7 +237,7 @@ impl Daemon {
         let node = builder.start().await?;
         let policies = Arc::new(PolicyTable::from_config(&config));
         info!(
-            node = config.node.id.0,
+            node = identity.id.0,
             policies = policies.len(),
             gossip = %node.gossip_addr(),
             quic = %node.quic_addr(),
@@ -227,6 +246,7 @@ impl Daemon {
         );
         let http_permits = Arc::new(Semaphore::new(config.limits.http_in_flight_max));
         let (shutdown_tx, _) = watch::channel(false);
+        let (close_tx, _) = watch::channel(false);
         let (log_level, _) = watch::channel(config.log.level);
         let (reloads, _) = watch::channel(0);
         Ok(Arc::new(Daemon {
@@ -239,6 +259,7 @@ impl Daemon {
             observe_permits: Arc::new(Semaphore::new(OBSERVE_IN_FLIGHT_MAX)),
             shutting_down: AtomicBool::new(false),
             shutdown_tx,
+            close_tx,
             log_level,
             reloads,
         }))
@@ -396,8 +417,9 @@ impl Daemon {
     }
 
     /// Begins shutdown: readiness turns false, checks fail with [`CheckError::ShutDown`], and the
-    /// futures of [`Daemon::shutdown_signal`] complete (servers stop accepting). The node keeps
-    /// running until [`Daemon::shutdown`]. Idempotent.
+    /// futures of [`Daemon::shutdown_signal`] complete (the file watcher stops). The node keeps
+    /// running until [`Daemon::shutdown`], and the listeners keep answering until it has left
+    /// ([`Daemon::close_signal`]). Idempotent.
     pub fn begin_shutdown(&self) {
         if !self.shutting_down.swap(true, Ordering::AcqRel) {
             info!("shutting down");
@@ -405,21 +427,29 @@ impl Daemon {
         self.shutdown_tx.send_replace(true);
     }
 
-    /// A future that completes when shutdown begins: give it to a server as its graceful
-    /// shutdown signal.
+    /// A future that completes when shutdown begins (for tasks that stop at once: the file
+    /// watcher).
     pub fn shutdown_signal(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut rx = self.shutdown_tx.subscribe();
-        async move {
-            // An error means the daemon is gone: shutting down too.
-            let _ = rx.wait_for(|stopping| *stopping).await;
-        }
+        signal(&self.shutdown_tx)
     }
 
-    /// Shuts down: [`Daemon::begin_shutdown`], then the node leaves the cluster gracefully,
-    /// handing its keys to their new owners (bounded by the node's leave linger).
+    /// A future that completes once the node has left the cluster at shutdown: give it to a
+    /// server as its graceful shutdown signal. Until then the servers answer every request (in
+    /// flight or new: readiness 503, checks 503 / `UNAVAILABLE` "shutting down", metrics), so
+    /// that a client or load balancer still routing here gets an answer, not a refused
+    /// connection, while the node hands its keys over.
+    pub fn close_signal(&self) -> impl Future<Output = ()> + Send + 'static {
+        signal(&self.close_tx)
+    }
+
+    /// Shuts down: [`Daemon::begin_shutdown`], then the node leaves the cluster gracefully
+    /// (announces the leave, hands its keys to their new owners, waits at most
+    /// `cluster.leave_linger_ms` for the acknowledgements), then [`Daemon::close_signal`]
+    /// completes.
     pub async fn shutdown(&self) {
         self.begin_shutdown();
         self.node.shutdown().await;
+        self.close_tx.send_replace(true);
     }
 
     /// The log level in force; changes when a reload changes `[log] level`.
@@ -494,6 +524,14 @@ impl Daemon {
     }
 }
 
+/// A future that completes when `flag` turns true (or its sender is gone: the daemon too).
+fn signal(flag: &watch::Sender<bool>) -> impl Future<Output = ()> + Send + 'static {
+    let mut rx = flag.subscribe();
+    async move {
+        let _ = rx.wait_for(|set| *set).await;
+    }
+}
+
 /// The decision of an unlimited policy: allowed, with `limit` and `remaining` at `u64::MAX`
 /// ("no limit"), nothing to wait for. Front ends write no rate-limit headers for it.
 pub fn unlimited_decision() -> Decision {
@@ -521,8 +559,9 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     };
     let Config { node, cluster, listen, limits, log, auth, policies: _ } = running;
 
-    let NodeSection { id, incarnation } = node;
+    let NodeSection { id, id_from, incarnation } = node;
     differs("node.id", *id != new.node.id);
+    differs("node.id_from", *id_from != new.node.id_from);
     differs("node.incarnation", *incarnation != new.node.incarnation);
 
     let ClusterSection {
@@ -532,6 +571,8 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
         gossip_interval,
         sync_interval,
         dead_member_forget,
+        seed_resolve_interval,
+        leave_linger,
     } = cluster;
     let b = &new.cluster;
     differs("cluster.cluster_id", *cluster_id != b.cluster_id);
@@ -540,8 +581,11 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     differs("cluster.gossip_interval_ms", *gossip_interval != b.gossip_interval);
     differs("cluster.sync_interval_ms", *sync_interval != b.sync_interval);
     differs("cluster.dead_member_forget_ms", *dead_member_forget != b.dead_member_forget);
+    differs("cluster.seed_resolve_interval_ms", *seed_resolve_interval != b.seed_resolve_interval);
+    differs("cluster.leave_linger_ms", *leave_linger != b.leave_linger);
 
-    let ListenSection { http, grpc, gossip, quic, advertise_gossip, advertise_quic } = listen;
+    let ListenSection { http, grpc, gossip, quic, advertise_gossip, advertise_quic, advertise_ip_from } =
+        listen;
     let b = &new.listen;
     differs("listen.http", *http != b.http);
     differs("listen.grpc", *grpc != b.grpc);
@@ -549,6 +593,7 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     differs("listen.quic", *quic != b.quic);
     differs("listen.advertise_gossip", *advertise_gossip != b.advertise_gossip);
     differs("listen.advertise_quic", *advertise_quic != b.advertise_quic);
+    differs("listen.advertise_ip_from", *advertise_ip_from != b.advertise_ip_from);
 
     // The per-request bounds are read by each request: reloadable.
     let Bounds {
@@ -586,7 +631,7 @@ mod tests {
         new.limits.connections_max += 1;
         new.limits.keys_max += 1;
         new.log.format = crate::config::LogFormat::Json;
-        new.cluster.seeds.push(SocketAddr::from(([10, 0, 0, 1], 7946)));
+        new.cluster.seeds.push(SocketAddr::from(([10, 0, 0, 1], 7946)).into());
         assert_eq!(
             restart_only_changes(&running, &new),
             ["cluster.seeds", "limits.keys_max", "limits.connections_max", "log.format"]

@@ -5,6 +5,8 @@
 //! - [`policy`]: the [`PolicyTable`] built from a configuration (lookup by name, Envoy descriptor
 //!   matching with envoyproxy/ratelimit semantics), and the JSON bodies of the HTTP API
 //!   (`POST /v1/check`, `/v1/check/batch`, `/v1/release`) with their validation and responses.
+//! - [`identity`]: the node id and advertised addresses from the environment (`id_from`,
+//!   `advertise_ip_from`: a StatefulSet pod's ordinal, a compose replica's container name).
 //! - [`daemon`]: the running [`Daemon`]: the node, the current policies (hot reload), checks
 //!   with metrics and shadow mode, readiness, shutdown.
 //! - [`metrics`]: the Prometheus metrics.
@@ -17,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod http;
+pub mod identity;
 pub mod listener;
 pub mod logging;
 pub mod metrics;

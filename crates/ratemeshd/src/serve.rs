@@ -2,9 +2,18 @@
 //!
 //! [`run`] is the whole command: start the [`Daemon`], bind the HTTP API and the Envoy RLS
 //! gRPC listener ([`start`]), reload on SIGHUP and when the configuration file changes
-//! ([`spawn_file_watcher`]), and on SIGINT or SIGTERM shut down gracefully: readiness turns
-//! false, the servers stop accepting and finish the requests in progress (at most
-//! [`DRAIN_TIMEOUT`]), then the node leaves the cluster and hands its keys to their new owners.
+//! ([`spawn_file_watcher`]), and on SIGINT or SIGTERM shut down gracefully ([`Servers::shutdown`]):
+//! readiness turns false at once, the node announces its leave and hands its keys to their new
+//! owners while both servers keep answering (in-flight requests complete; new ones get their
+//! answer, 503 for checks), and only then do the servers stop accepting and finish the requests
+//! in progress (at most [`DRAIN_TIMEOUT`]).
+//!
+//! # Shutdown time
+//!
+//! SIGTERM to exit is the node's leave — `3 + log2(members) + 1` gossip rounds for the peers to
+//! learn of it, the handoff, then at most `cluster.leave_linger_ms` waiting for its
+//! acknowledgements — plus the drain of requests still in progress. Kubernetes'
+//! `terminationGracePeriodSeconds` must exceed that (see `deploy/kubernetes`).
 //!
 //! # Connections
 //!
@@ -38,7 +47,7 @@ use crate::logging::LogControl;
 /// How long the servers may take to finish the requests in progress at shutdown.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often the configuration file's modification time and length are polled.
+/// How often the configuration file's stamp ([`FileStamp`]) is polled.
 pub const FILE_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why serving failed.
@@ -129,11 +138,14 @@ impl Servers {
         }
     }
 
-    /// Graceful shutdown: the daemon stops being ready and refuses new checks, the servers stop
+    /// Graceful shutdown: the daemon stops being ready and refuses new checks, the node leaves the
+    /// cluster, handing its keys over, while the servers keep answering; then the servers stop
     /// accepting and finish what is in progress (at most [`DRAIN_TIMEOUT`], then the rest is
-    /// dropped), and the node leaves the cluster, handing its keys over.
+    /// dropped).
     pub async fn shutdown(mut self) {
-        self.daemon.begin_shutdown();
+        let started = std::time::Instant::now();
+        self.daemon.shutdown().await;
+        info!(elapsed_ms = started.elapsed().as_millis(), "node left the cluster; closing the listeners");
         let drain = async {
             // Bounded by the number of servers.
             while let Some(joined) = self.tasks.join_next().await {
@@ -150,13 +162,12 @@ impl Servers {
             warn!(timeout = ?DRAIN_TIMEOUT, "requests still in progress after the drain timeout: dropped");
             self.tasks.abort_all();
         }
-        self.daemon.node().shutdown().await;
-        info!("node left the cluster");
+        info!(elapsed_ms = started.elapsed().as_millis(), "shut down");
     }
 }
 
 /// Binds the HTTP API on `listen.http` and the gRPC server on `listen.grpc`, and serves them
-/// until the daemon's shutdown begins ([`Servers::shutdown`]).
+/// until the daemon's node has left at shutdown ([`Servers::shutdown`]).
 pub async fn start(daemon: Arc<Daemon>) -> Result<Servers, ServeError> {
     start_with(daemon, Options::default()).await
 }
@@ -196,7 +207,7 @@ async fn start_http(
     let refused = daemon.metrics().connections_refused("http");
     let incoming = LimitedIncoming::new(TcpListenerStream::new(listener), connections, "http", refused);
     let app = crate::http::router_with(Arc::clone(daemon), timeouts);
-    let shutdown = daemon.shutdown_signal();
+    let shutdown = daemon.close_signal();
     tasks.spawn(async move {
         serve_http(incoming, app, timeouts.header_read, shutdown).await;
         ("HTTP", Ok(()))
@@ -287,7 +298,7 @@ async fn start_grpc(
     tasks: &mut JoinSet<(&'static str, Result<(), String>)>,
 ) -> Result<Option<SocketAddr>, ServeError> {
     let (listener, local) = bind("gRPC", addr).await?;
-    let shutdown = daemon.shutdown_signal();
+    let shutdown = daemon.close_signal();
     let server = crate::rls::serve(Arc::clone(daemon), listener, connections, timeouts, shutdown);
     tasks.spawn(async move { ("gRPC", server.await.map_err(|e| e.to_string())) });
     Ok(Some(local))
@@ -314,8 +325,9 @@ pub fn reload_and_log(daemon: &Daemon, why: &str) -> Result<Reloaded, ReloadErro
     result
 }
 
-/// Polls the daemon's configuration file every `period` (its modification time and length;
-/// no file-system notification dependency) and reloads when it differs from the file as it was
+/// Polls the daemon's configuration file every `period` (its identity, modification time and
+/// length, symlinks followed: a Kubernetes ConfigMap's symlink swap is a change; no file-system
+/// notification dependency) and reloads when it differs from the file as it was
 /// last read (at start, or by any reload: [`Daemon::read_stamp`]) and then stayed the same for
 /// one more poll: an editor that truncates and then writes is never read half-way. A change made
 /// between the start's read and the watcher's first poll is therefore seen too. Stops when the

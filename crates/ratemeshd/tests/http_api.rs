@@ -954,3 +954,66 @@ async fn a_seeded_node_is_ready_only_with_a_live_peer() {
     second.stop().await;
     first.stop().await;
 }
+
+/// Publishes `content` in `dir` the way the kubelet updates a ConfigMap volume: a new directory
+/// `..<version>` holding the file, then the `..data` symlink swapped to it atomically (a rename
+/// over it); `ratemesh.toml` is a symlink to `..data/ratemesh.toml`, made once. With `modified`,
+/// the new file gets that modification time.
+fn publish_like_a_configmap(
+    dir: &std::path::Path,
+    version: &str,
+    content: &str,
+    modified: Option<std::time::SystemTime>,
+) {
+    let versioned = dir.join(format!("..{version}"));
+    std::fs::create_dir(&versioned).expect("version directory");
+    let file = versioned.join("ratemesh.toml");
+    std::fs::write(&file, content).expect("write");
+    if let Some(modified) = modified {
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .expect("open")
+            .set_modified(modified)
+            .expect("mtime");
+    }
+    let swap = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(format!("..{version}"), &swap).expect("symlink");
+    std::fs::rename(&swap, dir.join("..data")).expect("atomic swap");
+    let link = dir.join("ratemesh.toml");
+    if std::fs::symlink_metadata(&link).is_err() {
+        std::os::unix::fs::symlink("..data/ratemesh.toml", &link).expect("symlink");
+    }
+}
+
+/// A ConfigMap mounted as a volume is updated by swapping a symlink, not by writing the file:
+/// the watcher must see the new file even when its length and modification time equal the old
+/// one's (here made equal on purpose, so that only the file's identity differs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_watcher_sees_a_configmap_symlink_swap() {
+    let dir = std::env::temp_dir().join(format!("ratemeshd-http-configmap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let policy = |name: &str| {
+        format!(
+            "{BASE}\n[[policies]]\nname = \"{name}\"\nalgorithm = \"token_bucket\"\nlimit = 1\nperiod_ms = 60000\n"
+        )
+    };
+    publish_like_a_configmap(&dir, "2026_01_01_00_00_00.1", &policy("aaaa"), None);
+    let path = dir.join("ratemesh.toml");
+    let mut source = ConfigSource::new(path.clone(), std::iter::empty());
+    let config = source.load().expect("valid config");
+    let daemon = Daemon::start_with_source(config, Some(source)).await.expect("daemon starts");
+    let mut reloads = daemon.subscribe_reloads();
+    reloads.borrow_and_update();
+    let watcher = serve::spawn_file_watcher(Arc::clone(&daemon), Duration::from_millis(20)).expect("a file");
+
+    let modified = std::fs::metadata(&path).and_then(|m| m.modified()).expect("mtime");
+    publish_like_a_configmap(&dir, "2026_01_01_00_00_01.2", &policy("bbbb"), Some(modified));
+    next_reload(&mut reloads).await;
+    assert!(daemon.current().1.get("bbbb").is_some(), "the swapped-in file is in force");
+    assert!(daemon.current().1.get("aaaa").is_none());
+    daemon.shutdown().await;
+    tokio::time::timeout(TIMEOUT, watcher).await.expect("the watcher stops at shutdown").expect("no panic");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -10,6 +10,11 @@
 //! - node 3 restarted with the same id and addresses: it rejoins, three live members, and the
 //!   cluster admits exactly the limit again.
 //!
+//! A second test, run by `.ci/run` with its output shown (it is `#[ignore]`d in the plain
+//! `cargo test`), measures and prints a graceful shutdown: node 3 of three gets SIGTERM, answers
+//! `/readyz` 503 at once and keeps answering while it leaves and hands its keys over, then exits
+//! 0; the keys it owned keep their counts on their new owners.
+//!
 //! Real processes, real sockets, the daemon's own HTTP API spoken by a tiny HTTP/1.1 client over
 //! `std::net::TcpStream`. Every wait polls a condition (`/readyz`, the member view of
 //! `/v1/cluster`), bounded by [`WAIT`]. The [`Cluster`] guard kills every child process when
@@ -123,6 +128,13 @@ impl Daemon {
         }
     }
 
+    /// Sends SIGTERM (a graceful shutdown, as Kubernetes and docker stop do).
+    fn terminate(&self) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill runs");
+        assert!(status.success(), "kill -TERM {pid}: {status}");
+    }
+
     /// Fails the test if the process exited on its own.
     fn assert_running(&mut self) {
         if let Some(child) = &mut self.child
@@ -140,10 +152,11 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// Writes a configuration per node (node 1 the seed of the others) and starts the processes.
-    fn start(len: u64) -> Cluster {
-        let dir =
-            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("processes-{}", std::process::id()));
+    /// Writes a configuration per node (node 1 the seed of the others) and starts the processes;
+    /// `name` sets the test's scratch directory apart.
+    fn start(name: &str, len: u64) -> Cluster {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("processes-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch directory");
         let addrs = free_addrs(len as usize);
@@ -416,7 +429,7 @@ fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> st
 
 #[test]
 fn three_processes_hold_the_limit_survive_a_kill_and_rejoin() {
-    let mut cluster = Cluster::start(3);
+    let mut cluster = Cluster::start("kill", 3);
     let all = [1, 2, 3];
     cluster.wait_ready(&all);
     cluster.wait_view(&all, &all, &[]);
@@ -454,6 +467,92 @@ fn three_processes_hold_the_limit_survive_a_kill_and_rejoin() {
     assert_eq!(rejoined, LIMIT);
 
     for node in &mut cluster.nodes {
+        node.assert_running();
+    }
+}
+
+/// How the node under SIGTERM answered `/readyz` until it exited.
+#[derive(Debug, Default)]
+struct Leaving {
+    /// From SIGTERM to the first 503 "shutting down".
+    not_ready_after: Option<Duration>,
+    /// Answers 503 "shutting down" (the listener kept answering while the node left).
+    not_ready_answers: u32,
+    /// From SIGTERM to the process's exit.
+    exited_after: Duration,
+}
+
+/// Polls node `id`'s `/readyz` from its SIGTERM until its process exits (bounded by [`WAIT`]).
+fn watch_leaving(cluster: &mut Cluster, id: u64, signalled: Instant) -> Leaving {
+    let addr = cluster.http(id);
+    let node = cluster.node(id);
+    let mut leaving = Leaving::default();
+    // Bounded by WAIT.
+    loop {
+        let child = node.child.as_mut().expect("running");
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            leaving.exited_after = signalled.elapsed();
+            assert!(status.success(), "node {id} exited with {status} after SIGTERM");
+            node.child = None;
+            return leaving;
+        }
+        assert!(signalled.elapsed() < WAIT, "node {id} still running {WAIT:?} after SIGTERM");
+        if let Ok(response) = request(addr, "GET", "/readyz", None)
+            && response.status == 503
+            && response.text().contains("shutting down")
+        {
+            leaving.not_ready_after.get_or_insert_with(|| signalled.elapsed());
+            leaving.not_ready_answers += 1;
+        }
+        // The interval of a bounded poll, not a synchronization.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The `remaining` of `key` under `policy` on node `id`, asked with a query (cost 0).
+fn remaining(cluster: &Cluster, id: u64, policy: &str, key: &str) -> u64 {
+    let body = serde_json::json!({ "key": key, "policy": policy, "cost": 0 }).to_string();
+    let response = request(cluster.http(id), "POST", "/v1/check", Some(&body)).expect("an answer");
+    assert_eq!(response.status, 200, "{}", response.text());
+    let answer: Value = serde_json::from_slice(&response.body).expect("JSON answer");
+    answer["remaining"].as_u64().expect("a \"remaining\" number")
+}
+
+#[test]
+#[ignore = "run by .ci/run with --nocapture, to print the measured shutdown time"]
+fn sigterm_leaves_gracefully_answering_until_the_keys_are_handed_over() {
+    const KEYS: usize = 24;
+    const HITS: u64 = 10;
+    let mut cluster = Cluster::start("sigterm", 3);
+    let all = [1, 2, 3];
+    cluster.wait_ready(&all);
+    cluster.wait_view(&all, &all, &[]);
+    // Exact mode: every key's owner holds its count; node 3 owns about a third of them.
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("handed-over-{i}")).collect();
+    for key in &keys {
+        assert_eq!(cluster.admitted("exact", key, HITS as usize, &[1]), HITS, "{key}");
+    }
+
+    let signalled = Instant::now();
+    cluster.node(3).terminate();
+    let leaving = watch_leaving(&mut cluster, 3, signalled);
+    let not_ready_ms = leaving.not_ready_after.map(|after| after.as_millis());
+    println!(
+        "graceful shutdown of node 3 of 3 (SIGTERM -> exit): {} ms; /readyz 503 after {not_ready_ms:?} ms, \
+         {} answers 503 while leaving",
+        leaving.exited_after.as_millis(),
+        leaving.not_ready_answers,
+    );
+    assert!(leaving.not_ready_after.is_some(), "never answered 503 while leaving: {leaving:?}");
+
+    // The others saw a leave, not a crash: node 3 is in neither list. Its keys kept their counts.
+    cluster.wait_view(&[1, 2], &[1, 2], &[]);
+    for key in &keys {
+        for id in [1, 2] {
+            assert_eq!(remaining(&cluster, id, "exact", key), LIMIT - HITS, "{key} on node {id}");
+        }
+    }
+    for node in &mut cluster.nodes[..2] {
         node.assert_running();
     }
 }

@@ -58,8 +58,9 @@ type Locate = fn(&mut RawConfig) -> Slot<'_>;
 
 /// Every overridable field, as `section.field`, with where it lives. The variable's name is
 /// derived from the field's ([`variable_name`]), so the two cannot drift apart.
-const OVERRIDES: [(&str, Locate); 27] = [
+const OVERRIDES: [(&str, Locate); 31] = [
     ("node.id", |raw| Slot::Number(&mut raw.node.id)),
+    ("node.id_from", |raw| Slot::Text(&mut raw.node.id_from)),
     ("node.incarnation", |raw| Slot::Number(&mut raw.node.incarnation)),
     ("cluster.cluster_id", |raw| Slot::Text(&mut raw.cluster.cluster_id)),
     ("cluster.seeds", |raw| Slot::List(&mut raw.cluster.seeds)),
@@ -70,12 +71,15 @@ const OVERRIDES: [(&str, Locate); 27] = [
     ("cluster.gossip_interval_ms", |raw| Slot::Number(&mut raw.cluster.gossip_interval_ms)),
     ("cluster.sync_interval_ms", |raw| Slot::Number(&mut raw.cluster.sync_interval_ms)),
     ("cluster.dead_member_forget_ms", |raw| Slot::Number(&mut raw.cluster.dead_member_forget_ms)),
+    ("cluster.seed_resolve_interval_ms", |raw| Slot::Number(&mut raw.cluster.seed_resolve_interval_ms)),
+    ("cluster.leave_linger_ms", |raw| Slot::Number(&mut raw.cluster.leave_linger_ms)),
     ("listen.http", |raw| Slot::Text(&mut raw.listen.http)),
     ("listen.grpc", |raw| Slot::Text(&mut raw.listen.grpc)),
     ("listen.gossip", |raw| Slot::Text(&mut raw.listen.gossip)),
     ("listen.quic", |raw| Slot::Text(&mut raw.listen.quic)),
     ("listen.advertise_gossip", |raw| Slot::Text(&mut raw.listen.advertise_gossip)),
     ("listen.advertise_quic", |raw| Slot::Text(&mut raw.listen.advertise_quic)),
+    ("listen.advertise_ip_from", |raw| Slot::Text(&mut raw.listen.advertise_ip_from)),
     ("limits.keys_max", |raw| Slot::Number(&mut raw.limits.keys_max)),
     ("limits.http_body_bytes_max", |raw| Slot::Number(&mut raw.limits.http_body_bytes_max)),
     ("limits.http_in_flight_max", |raw| Slot::Number(&mut raw.limits.http_in_flight_max)),

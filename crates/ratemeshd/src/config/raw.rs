@@ -49,6 +49,7 @@ pub(super) struct RawConfig {
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawNode {
     pub(super) id: Option<Val<u64>>,
+    pub(super) id_from: Option<Val<String>>,
     pub(super) incarnation: Option<Val<u64>>,
 }
 
@@ -65,6 +66,8 @@ pub(super) struct RawCluster {
     pub(super) gossip_interval_ms: Option<Val<u64>>,
     pub(super) sync_interval_ms: Option<Val<u64>>,
     pub(super) dead_member_forget_ms: Option<Val<u64>>,
+    pub(super) seed_resolve_interval_ms: Option<Val<u64>>,
+    pub(super) leave_linger_ms: Option<Val<u64>>,
 }
 
 /// `[listen]`.
@@ -77,6 +80,7 @@ pub(super) struct RawListen {
     pub(super) quic: Option<Val<String>>,
     pub(super) advertise_gossip: Option<Val<String>>,
     pub(super) advertise_quic: Option<Val<String>>,
+    pub(super) advertise_ip_from: Option<Val<String>>,
 }
 
 /// `[limits]`.

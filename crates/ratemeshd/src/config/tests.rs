@@ -110,7 +110,7 @@ descriptors = [{ key = "remote_address" }, { key = "path", value = "/api/*" }, {
 unlimited = true
 "#;
     let config = parse(text).expect("valid");
-    assert_eq!(config.node, NodeSection { id: NodeId(7), incarnation: Some(3) });
+    assert_eq!(config.node, NodeSection { id: NodeId(7), id_from: None, incarnation: Some(3) });
     assert_eq!(config.cluster.cluster_id, "prod-eu");
     assert_eq!(config.cluster.seeds.len(), 2);
     assert_eq!(config.cluster.auth, ClusterAuth::Secret(SecretString::new("0123456789abcdef")));
@@ -456,7 +456,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 27);
+    assert_eq!(names.len(), 31);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.
@@ -524,4 +524,54 @@ fn auth_headers_default_and_are_checked() {
     assert_eq!(error.line(), Some(2), "{error}");
     let error = parse_env("", &[("RATEMESH_AUTH_POLICY_HEADER", "")]).expect_err("refused");
     assert_eq!(error.field(), Some("auth.policy_header"), "{error}");
+}
+
+#[test]
+fn seeds_may_be_dns_names() {
+    let text = "[cluster]\nseeds = [\"10.0.0.1:7946\", \"ratemesh-peers.default.svc.cluster.local:7946\"]\n";
+    let config = parse(text).expect("valid");
+    let shown: Vec<String> = config.cluster.seeds.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["10.0.0.1:7946", "ratemesh-peers.default.svc.cluster.local:7946"]);
+    assert!(matches!(config.cluster.seeds[1], Seed::Host(_)));
+    let name = refused("[cluster]\nseeds = [\"ratemesh peers:7946\"]\n", "cluster.seeds[0]", 2);
+    assert!(name.contains("not a DNS name"), "{name}");
+    refused("[cluster]\nseeds = [\"ratemesh-peers:0\"]\n", "cluster.seeds[0]", 2);
+    refused("[cluster]\nseeds = [\"ratemesh-peers\"]\n", "cluster.seeds[0]", 2);
+    let config = parse_env("", &[("RATEMESH_CLUSTER_SEEDS", "ratemesh:7946")]).expect("valid");
+    assert_eq!(config.cluster.seeds, vec!["ratemesh:7946".parse::<Seed>().expect("a name")]);
+}
+
+#[test]
+fn seed_resolution_and_leave_linger_are_bounded_settings() {
+    let config = parse("").expect("valid");
+    assert_eq!(config.cluster.seed_resolve_interval, Duration::from_secs(10));
+    assert_eq!(config.cluster.leave_linger, Duration::from_secs(2));
+    let text = "[cluster]\nseed_resolve_interval_ms = 30000\nleave_linger_ms = 0\n";
+    let config = parse(text).expect("valid");
+    assert_eq!(config.cluster.seed_resolve_interval, Duration::from_secs(30));
+    assert_eq!(config.cluster.leave_linger, Duration::ZERO);
+    refused("[cluster]\nseed_resolve_interval_ms = 10\n", "cluster.seed_resolve_interval_ms", 2);
+    refused("[cluster]\nleave_linger_ms = 600000\n", "cluster.leave_linger_ms", 2);
+}
+
+#[test]
+fn the_id_and_advertised_ip_may_come_from_the_environment() {
+    let config = parse("[node]\nid_from = \"hostname\"\n").expect("valid");
+    assert_eq!(config.node.id_from, Some(IdFrom::Hostname));
+    let vars = [("RATEMESH_NODE_ID_FROM", "reverse_dns"), ("RATEMESH_LISTEN_ADVERTISE_IP_FROM", "hostname")];
+    let wildcard = "[listen]\ngossip = \"0.0.0.0:7946\"\nquic = \"0.0.0.0:7947\"\n[cluster]\nsecret = \"0123456789abcdef\"\n";
+    let config = parse_env(wildcard, &vars).expect("a wildcard listener with an IP found at start");
+    assert_eq!(config.node.id_from, Some(IdFrom::ReverseDns));
+    assert_eq!(config.listen.advertise_ip_from, Some(AdvertiseIpFrom::Hostname));
+    let both = refused("[node]\nid = 2\nid_from = \"hostname\"\n", "node.id_from", 3);
+    assert!(both.contains("conflicts with node.id"), "{both}");
+    refused("[node]\nid_from = \"pod\"\n", "node.id_from", 2);
+    refused("[listen]\nadvertise_ip_from = \"eth0\"\n", "listen.advertise_ip_from", 2);
+    let text = "[listen]\nadvertise_ip_from = \"hostname\"\nadvertise_quic = \"10.0.0.1:7947\"\n";
+    refused(text, "listen.advertise_quic", 3);
+    refused(
+        "[listen]\nadvertise_ip_from = \"hostname\"\nquic = \"127.0.0.1:0\"\n",
+        "listen.advertise_ip_from",
+        2,
+    );
 }
