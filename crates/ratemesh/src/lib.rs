@@ -8,12 +8,15 @@
 //!   `metrics`, `shutdown`), [`NamedPolicy`].
 //! - [`headers`]: the rate-limit response headers (`X-RateLimit-*`, `Retry-After`, IETF `RateLimit`).
 //! - `layer` (feature `tower`, on by default): `RateLimitLayer`, a `tower::Layer` for HTTP services.
+//! - [`gossip`]: chitchat over sealed (authenticated, encrypted) UDP, bounded for insiders,
+//!   restarted when it ends.
 //! - [`membership`]: gossip proposes members, mutual TLS confirms them.
 //! - [`security`]: cluster security — a CA derived from a shared secret or user-provided
 //!   certificates, node names in certificates, the admission rule, certificate files.
 //! - [`transport`]: [`Transport`], QUIC peers (quinn) that send the core's frames to members and
 //!   deliver frames whose sender is authenticated by its certificate.
 
+pub mod gossip;
 pub mod headers;
 #[cfg(feature = "tower")]
 pub mod layer;
@@ -22,6 +25,7 @@ pub mod node;
 pub mod security;
 pub mod transport;
 
+pub use gossip::{GossipHealth, GossipLimits, GossipStats};
 #[cfg(feature = "tower")]
 pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};
 pub use membership::{Member, MemberStatus};

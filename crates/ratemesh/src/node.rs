@@ -22,8 +22,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use chitchat::transport::UdpTransport;
-use chitchat::{ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ProtocolVersion};
+use chitchat::ChitchatHandle;
 use ratemesh_core::wire::WIRE_VERSION;
 use ratemesh_core::{
     CheckOutcome, CheckRequest, Decision, Event, KeyHash, LeaseId, MemberView, Namespace, NodeConfig, NodeId,
@@ -33,8 +32,12 @@ use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, trace_span};
 
+use crate::gossip::{
+    GossipCounters, GossipHealth, GossipLimits, GossipSlot, GossipStarter, GossipStats, SealConfig,
+    gossip_keys, supervise,
+};
 use crate::membership::{
-    KEY_LEAVING, KEY_PROTOCOL, KEY_QUIC_ADDR, Member, MemberStatus, Membership, ViewSink, chitchat_node_id,
+    KEY_LEAVING, KEY_PROTOCOL, KEY_QUIC_ADDR, Member, MemberStatus, Membership, ViewSink,
 };
 use crate::security::{ClusterSecurity, SecurityError};
 use crate::transport::{Received, Transport, TransportConfig, TransportError, TransportStats};
@@ -140,6 +143,7 @@ pub struct NodeBuilder {
     cluster_id: String,
     gossip_interval: Duration,
     dead_member_forget: Duration,
+    gossip_limits: GossipLimits,
     leave_linger: Duration,
     incarnation: Option<u64>,
     seed: Option<u64>,
@@ -162,6 +166,7 @@ impl NodeBuilder {
             cluster_id: "ratemesh".to_owned(),
             gossip_interval: Duration::from_millis(200),
             dead_member_forget: Duration::from_secs(120),
+            gossip_limits: GossipLimits::default(),
             leave_linger: Duration::from_secs(2),
             incarnation: None,
             seed: None,
@@ -237,6 +242,14 @@ impl NodeBuilder {
         self
     }
 
+    /// Bounds on what authenticated gossip may carry and make the gossip state grow to (see
+    /// [`GossipLimits`]; the defaults suit clusters of up to a few hundred members).
+    #[must_use]
+    pub fn gossip_limits(mut self, limits: GossipLimits) -> Self {
+        self.gossip_limits = limits;
+        self
+    }
+
     /// The longest a graceful shutdown waits for its handoff to be acknowledged (default 2 s).
     #[must_use]
     pub fn leave_linger(mut self, linger: Duration) -> Self {
@@ -294,13 +307,16 @@ impl NodeBuilder {
         let (transport, received) =
             Transport::bind(self.quic_addr, &security, self.id, self.transport.clone())?;
         let quic_addr = self.quic_advertise_addr.unwrap_or_else(|| transport.local_addr());
-        let gossip = match self.spawn_gossip(incarnation, quic_addr).await {
+        let counters = Arc::new(GossipCounters::default());
+        let (gossip, starter) = match self.spawn_gossip(&security, incarnation, quic_addr, &counters).await {
             Ok(gossip) => gossip,
             Err(error) => {
                 transport.close().await;
                 return Err(error);
             }
         };
+        let (gossip_state, gossip_state_rx) = watch::channel(gossip.chitchat());
+        let (gossip_health, gossip_health_rx) = watch::channel(GossipHealth::Running);
         let origin = std::time::Instant::now();
         let core = ratemesh_core::Node::new(self.id, incarnation, self.core.clone(), seed, clock(origin));
         let me = Member { id: self.id, quic_addr, status: MemberStatus::Live };
@@ -326,12 +342,17 @@ impl NodeBuilder {
             quic_addr,
             members: members_rx,
             stop: stop_tx,
-            gossip: Mutex::new(Some(gossip)),
+            gossip: Arc::new(Mutex::new(Some(gossip))),
+            gossip_health: gossip_health_rx,
+            gossip_counters: counters,
             tasks: Mutex::new(Vec::new()),
             leave_linger: self.leave_linger,
             gossip_interval: self.gossip_interval,
         });
-        shared.spawn_tasks(received, me, members_tx, stop_rx);
+        let slot =
+            GossipSlot { handle: Arc::clone(&shared.gossip), state: gossip_state, health: gossip_health };
+        shared.spawn_tasks(received, me, members_tx, stop_rx, gossip_state_rx);
+        shared.spawn_gossip_supervisor(starter, slot, incarnation);
         info!(node = ?self.id, %quic_addr, gossip = %shared.gossip_addr, incarnation, "node started");
         Ok(Node { shared })
     }
@@ -355,6 +376,13 @@ impl NodeBuilder {
                 reason: "required when gossip listens on a wildcard address",
             });
         }
+        let nodes_max = self.gossip_limits.nodes_max;
+        if nodes_max == 0 || nodes_max > GossipLimits::NODES_MAX_MAX {
+            return Err(StartError::Config {
+                field: "gossip_limits.nodes_max",
+                reason: "must be at least 1 and at most GossipLimits::NODES_MAX_MAX (800)",
+            });
+        }
         if self.quic_addr.ip().is_unspecified() && self.quic_advertise_addr.is_none() {
             return Err(StartError::Config {
                 field: "quic_advertise_addr",
@@ -364,11 +392,15 @@ impl NodeBuilder {
         Ok(())
     }
 
+    /// Starts gossip (sealed with the keys of `security`) from the gossip address, choosing a
+    /// free port if it is 0; returns the handle and what restarts it.
     async fn spawn_gossip(
         &self,
+        security: &ClusterSecurity,
         incarnation: u64,
         quic_addr: SocketAddr,
-    ) -> Result<ChitchatHandle, StartError> {
+        counters: &Arc<GossipCounters>,
+    ) -> Result<(ChitchatHandle, GossipStarter), StartError> {
         let attempts = if self.gossip_addr.port() == 0 { GOSSIP_BIND_ATTEMPTS_MAX } else { 1 };
         let mut last_error = String::new();
         for _ in 0..attempts {
@@ -380,52 +412,31 @@ impl NodeBuilder {
             } else {
                 self.gossip_addr
             };
-            let advertise = self.gossip_advertise_addr.unwrap_or(listen_addr);
+            let seal = SealConfig {
+                keys: gossip_keys(security, &self.cluster_id)?,
+                limits: self.gossip_limits,
+                counters: Arc::clone(counters),
+                advertise: self.gossip_advertise_addr.unwrap_or(listen_addr),
+            };
+            let starter = GossipStarter {
+                node: self.id,
+                listen_addr,
+                cluster_id: self.cluster_id.clone(),
+                seeds: self.seeds.clone(),
+                gossip_interval: self.gossip_interval,
+                dead_member_forget: self.dead_member_forget,
+                seal: Arc::new(seal),
+            };
             let key_values = vec![
                 (KEY_QUIC_ADDR.to_owned(), quic_addr.to_string()),
                 (KEY_PROTOCOL.to_owned(), WIRE_VERSION.to_string()),
             ];
-            match chitchat::spawn_chitchat(
-                self.chitchat_config(incarnation, listen_addr, advertise),
-                key_values,
-                &UdpTransport,
-            )
-            .await
-            {
-                Ok(handle) => return Ok(handle),
+            match starter.spawn(incarnation, key_values).await {
+                Ok(handle) => return Ok((handle, starter)),
                 Err(error) => last_error = format!("{error:#}"),
             }
         }
         Err(StartError::Gossip { addr: self.gossip_addr, reason: last_error })
-    }
-
-    fn chitchat_config(
-        &self,
-        incarnation: u64,
-        listen_addr: SocketAddr,
-        advertise: SocketAddr,
-    ) -> ChitchatConfig {
-        // The failure detector's prior is `initial_interval`: set to the gossip interval, a crashed
-        // member is declared dead after ~2 s at 200 ms gossip, not after ~26 s (chitchat's 5 s prior).
-        let failure_detector_config = FailureDetectorConfig {
-            phi_threshold: 8.0,
-            sampling_window_size: 1000,
-            max_interval: self.gossip_interval * 10,
-            initial_interval: self.gossip_interval,
-            dead_node_grace_period: self.dead_member_forget,
-        };
-        ChitchatConfig {
-            chitchat_id: ChitchatId::new(chitchat_node_id(self.id), incarnation, advertise),
-            cluster_id: self.cluster_id.clone(),
-            gossip_interval: self.gossip_interval,
-            listen_addr,
-            seed_nodes: self.seeds.iter().map(SocketAddr::to_string).collect(),
-            failure_detector_config,
-            marked_for_deletion_grace_period: self.dead_member_forget,
-            catchup_callback: None,
-            extra_liveness_predicate: None,
-            protocol_version: ProtocolVersion::V0,
-        }
     }
 }
 
@@ -489,6 +500,8 @@ pub struct NodeMetrics {
     pub store: StoreStats,
     /// The peer transport's counters.
     pub transport: TransportStats,
+    /// The gossip transport's counters (authentication failures, refusals, restarts).
+    pub gossip: GossipStats,
     /// Keys tracked (owned and followed).
     pub keys: usize,
     /// Members in the ring (this node included).
@@ -519,7 +532,10 @@ struct Shared {
     quic_addr: SocketAddr,
     members: watch::Receiver<Vec<Member>>,
     stop: watch::Sender<bool>,
-    gossip: Mutex<Option<ChitchatHandle>>,
+    /// The running gossip instance (replaced by the supervisor when it ends; taken at stop).
+    gossip: Arc<Mutex<Option<ChitchatHandle>>>,
+    gossip_health: watch::Receiver<GossipHealth>,
+    gossip_counters: Arc<GossipCounters>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     leave_linger: Duration,
     gossip_interval: Duration,
@@ -670,6 +686,11 @@ impl Node {
         keys.iter().map(|&key| state.core.owner_of(key)).collect()
     }
 
+    /// Whether gossip runs, or was restarted after it ended (the daemon is not ready then).
+    pub fn gossip_health(&self) -> GossipHealth {
+        self.shared.gossip_health.borrow().clone()
+    }
+
     /// Counters and gauges, for metrics.
     pub fn metrics(&self) -> NodeMetrics {
         let state = self.shared.lock_state();
@@ -679,6 +700,7 @@ impl Node {
             protocol: state.core.stats(),
             store: state.core.store_stats(),
             transport: self.shared.transport.stats(),
+            gossip: self.shared.gossip_counters.stats(),
             keys: state.core.keys_len(),
             members_live: count(MemberStatus::Live),
             members_dead: count(MemberStatus::Dead),
@@ -773,18 +795,21 @@ impl Shared {
         me: Member,
         members: watch::Sender<Vec<Member>>,
         stop: watch::Receiver<bool>,
+        gossip: watch::Receiver<Arc<tokio::sync::Mutex<chitchat::Chitchat>>>,
     ) {
         let mut tasks = Vec::with_capacity(3);
         tasks.push(tokio::spawn(self.clone().run_timer(stop.clone())));
         tasks.push(tokio::spawn(self.clone().run_receive(received, stop.clone())));
-        let gossip = self.gossip.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(gossip) = gossip.as_ref() {
-            let membership = Membership::new(me, self.transport.clone(), gossip);
-            let sink: Arc<dyn ViewSink> = self.clone();
-            tasks.push(tokio::spawn(membership.run(sink, members, self.gossip_interval * 5, stop)));
-        }
-        drop(gossip);
+        let membership = Membership::new(me, self.transport.clone(), gossip);
+        let sink: Arc<dyn ViewSink> = self.clone();
+        tasks.push(tokio::spawn(membership.run(sink, members, self.gossip_interval * 5, stop)));
         self.tasks.lock().unwrap_or_else(PoisonError::into_inner).extend(tasks);
+    }
+
+    /// Restarts gossip whenever it ends while the node runs (see [`supervise`]).
+    fn spawn_gossip_supervisor(&self, starter: GossipStarter, slot: GossipSlot, generation: u64) {
+        let task = tokio::spawn(supervise(starter, slot, generation, self.stop.subscribe()));
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner).push(task);
     }
 
     async fn run_timer(self: Arc<Self>, mut stop: watch::Receiver<bool>) {

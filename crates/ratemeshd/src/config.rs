@@ -273,7 +273,8 @@ pub struct ClusterSection {
     /// member is live: a seeded node that cannot reach anyone is not ready (see
     /// `crate::daemon`).
     pub seeds: Vec<SocketAddr>,
-    /// `secret`, or `ca_cert_path` + `cert_path` + `key_path` (mutually exclusive).
+    /// `secret` alone, or `ca_cert_path` + `cert_path` + `key_path` and `secret` (which then
+    /// seals gossip only); `secret_accepted` during a rotation.
     pub auth: ClusterAuth,
     /// `gossip_interval_ms`.
     pub gossip_interval: Duration,
@@ -288,7 +289,7 @@ impl Default for ClusterSection {
         ClusterSection {
             cluster_id: CLUSTER_ID_DEFAULT.to_owned(),
             seeds: Vec::new(),
-            auth: ClusterAuth::Secret(SecretString::new(DEV_CLUSTER_SECRET)),
+            auth: ClusterAuth::Secret { secret: SecretString::new(DEV_CLUSTER_SECRET), accepted: None },
             gossip_interval: Duration::from_millis(GOSSIP_INTERVAL_MS_DEFAULT),
             sync_interval: Duration::from_millis(SYNC_INTERVAL_MS_DEFAULT),
             dead_member_forget: Duration::from_millis(DEAD_MEMBER_FORGET_MS_DEFAULT),
@@ -296,33 +297,54 @@ impl Default for ClusterSection {
     }
 }
 
-/// How peers authenticate each other (see `ratemesh::security`).
+/// How peers authenticate each other and gossip is sealed (see `ratemesh::security` and
+/// `ratemesh::gossip`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClusterAuth {
-    /// A shared secret (at least 16 bytes) from which every node derives the cluster CA.
-    Secret(SecretString),
-    /// Certificates made beforehand (`ratemeshd certs`), PEM files read at start.
+    /// A shared secret (at least 16 bytes) from which every node derives the cluster CA and the
+    /// gossip key.
+    Secret {
+        /// `secret`.
+        secret: SecretString,
+        /// `secret_accepted`: a second secret accepted during a rotation (its CA trusted, its
+        /// gossip opened).
+        accepted: Option<SecretString>,
+    },
+    /// Certificates made beforehand (`ratemeshd certs`), PEM files read at start, and the
+    /// secret that seals gossip.
     Certs {
-        /// `ca_cert_path`: the cluster CA certificate.
+        /// `ca_cert_path`: the cluster CA certificate(s).
         ca_cert_path: PathBuf,
         /// `cert_path`: this node's certificate.
         cert_path: PathBuf,
         /// `key_path`: this node's private key.
         key_path: PathBuf,
+        /// `secret`: seals gossip (certificates give no key every member shares).
+        gossip_secret: SecretString,
+        /// `secret_accepted`: a second gossip secret accepted during a rotation.
+        accepted: Option<SecretString>,
     },
 }
 
 impl ClusterAuth {
-    /// The security setup for the peer transport. Files are not read here but when the node's
-    /// identity is built.
+    /// The security setup for the peer transport and gossip. Files are not read here but when
+    /// the node's identity is built.
     pub fn security(&self) -> Result<ClusterSecurity, SecurityError> {
+        let secret = |secret: &SecretString, accepted: &Option<SecretString>| {
+            let secret = ClusterSecret::new(secret.expose())?;
+            Ok::<_, SecurityError>(match accepted {
+                Some(accepted) => secret.also_accepting(ClusterSecret::new(accepted.expose())?),
+                None => secret,
+            })
+        };
         match self {
-            ClusterAuth::Secret(secret) => ClusterSecurity::from_secret(secret.expose()),
-            ClusterAuth::Certs { ca_cert_path, cert_path, key_path } => {
+            ClusterAuth::Secret { secret: s, accepted } => Ok(ClusterSecurity::Secret(secret(s, accepted)?)),
+            ClusterAuth::Certs { ca_cert_path, cert_path, key_path, gossip_secret, accepted } => {
                 Ok(ClusterSecurity::Provided(ProvidedCerts {
                     ca_cert: PemSource::Path(ca_cert_path.clone()),
                     node_cert: PemSource::Path(cert_path.clone()),
                     node_key: PemSource::Path(key_path.clone()),
+                    gossip_secret: secret(gossip_secret, accepted)?,
                 }))
             }
         }
@@ -330,7 +352,7 @@ impl ClusterAuth {
 
     /// Whether this is the public [`DEV_CLUSTER_SECRET`] (worth a warning at start).
     pub fn is_dev_secret(&self) -> bool {
-        matches!(self, ClusterAuth::Secret(secret) if secret.expose() == DEV_CLUSTER_SECRET)
+        matches!(self, ClusterAuth::Secret { secret, .. } if secret.expose() == DEV_CLUSTER_SECRET)
     }
 }
 
@@ -901,18 +923,15 @@ impl Ctx<'_> {
         let paths =
             [("ca_cert_path", &c.ca_cert_path), ("cert_path", &c.cert_path), ("key_path", &c.key_path)];
         let given: Vec<_> = paths.iter().filter_map(|(name, v)| v.as_ref().map(|v| (*name, v))).collect();
-        if let Some(secret) = &c.secret {
-            if let Some((name, _)) = given.first() {
-                return Err(self.invalid(
-                    "cluster.secret",
-                    &secret.at,
-                    format!("conflicts with cluster.{name}: use a shared secret or certificates, not both"),
-                ));
-            }
-            if let Err(error) = ClusterSecret::new(secret.value.as_str()) {
-                return Err(self.invalid("cluster.secret", &secret.at, error));
+        for (name, value) in [("cluster.secret", &c.secret), ("cluster.secret_accepted", &c.secret_accepted)]
+        {
+            if let Some(secret) = value
+                && let Err(error) = ClusterSecret::new(secret.value.as_str())
+            {
+                return Err(self.invalid(name, &secret.at, error));
             }
         }
+        let accepted = c.secret_accepted.as_ref().map(|v| SecretString::new(v.value.as_str()));
         if !given.is_empty() {
             for (name, value) in &paths {
                 match value {
@@ -930,11 +949,21 @@ impl Ctx<'_> {
                     Some(_) => {}
                 }
             }
+            let Some(gossip_secret) = &c.secret else {
+                let (other, v) = given[0];
+                let message = format!(
+                    "missing: cluster.{other} is set, and with certificates cluster.secret (at least \
+                     {CLUSTER_SECRET_LEN_MIN} bytes, shared by every node) seals gossip"
+                );
+                return Err(self.invalid("cluster.secret", &v.at, message));
+            };
             let path = |v: &Option<Val<String>>| PathBuf::from(v.as_ref().map_or("", |v| v.value.as_str()));
             return Ok(ClusterAuth::Certs {
                 ca_cert_path: path(&c.ca_cert_path),
                 cert_path: path(&c.cert_path),
                 key_path: path(&c.key_path),
+                gossip_secret: SecretString::new(gossip_secret.value.as_str()),
+                accepted,
             });
         }
         let secret = c.secret.as_ref().map_or(DEV_CLUSTER_SECRET, |v| v.value.as_str());
@@ -949,7 +978,7 @@ impl Ctx<'_> {
                 let message = format!(
                     "the built-in development secret is public and only allowed on loopback, but \
                      listen.{name} is {addr}: set cluster.secret (at least {CLUSTER_SECRET_LEN_MIN} \
-                     bytes) or certificate paths"
+                     bytes)"
                 );
                 return Err(match (&c.secret, at) {
                     (Some(v), _) | (None, Some(v)) => self.invalid("cluster.secret", &v.at, message),
@@ -957,7 +986,7 @@ impl Ctx<'_> {
                 });
             }
         }
-        Ok(ClusterAuth::Secret(SecretString::new(secret)))
+        Ok(ClusterAuth::Secret { secret: SecretString::new(secret), accepted })
     }
 
     fn listen(&self, raw: &RawConfig) -> Result<ListenSection, ConfigError> {

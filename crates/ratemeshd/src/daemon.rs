@@ -4,7 +4,8 @@
 //!
 //! # Readiness
 //!
-//! [`Daemon::is_ready`] (`GET /readyz`) is true when the daemon is not shutting down, the node's
+//! [`Daemon::is_ready`] (`GET /readyz`) is true when the daemon is not shutting down, its gossip
+//! runs (not while it is restarted after it ended: the membership view would be stale), the node's
 //! ring contains it as a live member, and — when `cluster.seeds` is not empty — at least one
 //! other member is live. A seeded node that cannot reach anyone is therefore **not ready**: at
 //! start until it joined, and later whenever it lost every peer (a partition, or all others
@@ -37,7 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime};
 
-use ratemesh::{CheckError, Member, MemberStatus, Node, NodeBuilder, NodeId, StartError};
+use ratemesh::{CheckError, GossipHealth, Member, MemberStatus, Node, NodeBuilder, NodeId, StartError};
 use ratemesh_core::{Decision, KeyHash, Namespace};
 use tokio::sync::{Semaphore, watch};
 use tracing::{info, warn};
@@ -331,11 +332,17 @@ impl Daemon {
     }
 
     /// Why the daemon should not receive traffic now, or `None` when it is ready: shutting down;
-    /// not (yet) a live member of its own ring; or seeded (`cluster.seeds` not empty) and no
+    /// gossip being restarted after it ended; not (yet) a live member of its own ring; or seeded (`cluster.seeds` not empty) and no
     /// other member is live.
     pub fn not_ready_reason(&self) -> Option<&'static str> {
         if self.is_shutting_down() {
             return Some("shutting down");
+        }
+        if self.node.gossip_health() != GossipHealth::Running {
+            return Some(
+                "gossip ended and is being restarted: membership is not updated meanwhile (see the log and \
+                 ratemesh_gossip_restarts_total)",
+            );
         }
         let me = self.node.id();
         let members = self.node.members();

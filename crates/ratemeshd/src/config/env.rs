@@ -58,12 +58,13 @@ type Locate = fn(&mut RawConfig) -> Slot<'_>;
 
 /// Every overridable field, as `section.field`, with where it lives. The variable's name is
 /// derived from the field's ([`variable_name`]), so the two cannot drift apart.
-const OVERRIDES: [(&str, Locate); 27] = [
+const OVERRIDES: [(&str, Locate); 28] = [
     ("node.id", |raw| Slot::Number(&mut raw.node.id)),
     ("node.incarnation", |raw| Slot::Number(&mut raw.node.incarnation)),
     ("cluster.cluster_id", |raw| Slot::Text(&mut raw.cluster.cluster_id)),
     ("cluster.seeds", |raw| Slot::List(&mut raw.cluster.seeds)),
     ("cluster.secret", |raw| Slot::Text(&mut raw.cluster.secret)),
+    ("cluster.secret_accepted", |raw| Slot::Text(&mut raw.cluster.secret_accepted)),
     ("cluster.ca_cert_path", |raw| Slot::Text(&mut raw.cluster.ca_cert_path)),
     ("cluster.cert_path", |raw| Slot::Text(&mut raw.cluster.cert_path)),
     ("cluster.key_path", |raw| Slot::Text(&mut raw.cluster.key_path)),

@@ -59,6 +59,7 @@ pub(super) struct RawCluster {
     pub(super) cluster_id: Option<Val<String>>,
     pub(super) seeds: Option<Vec<Val<String>>>,
     pub(super) secret: Option<Val<String>>,
+    pub(super) secret_accepted: Option<Val<String>>,
     pub(super) ca_cert_path: Option<Val<String>>,
     pub(super) cert_path: Option<Val<String>>,
     pub(super) key_path: Option<Val<String>>,
