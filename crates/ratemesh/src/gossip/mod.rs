@@ -274,3 +274,86 @@ fn next_generation(previous: u64) -> u64 {
     let since_epoch = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX).max(previous.saturating_add(1))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::security::ClusterSecret;
+
+    const BOUND: Duration = Duration::from_secs(20);
+
+    fn starter(listen_addr: SocketAddr, counters: &Arc<GossipCounters>) -> GossipStarter {
+        let secret = ClusterSecret::new("a test secret of 16+ bytes").expect("long enough");
+        let seal = SealConfig {
+            keys: GossipKeys::derive(&secret, "test").expect("derive"),
+            limits: GossipLimits::default(),
+            counters: Arc::clone(counters),
+            advertise: listen_addr,
+        };
+        GossipStarter {
+            node: NodeId(1),
+            listen_addr,
+            cluster_id: "test".to_owned(),
+            seeds: Vec::new(),
+            gossip_interval: Duration::from_millis(50),
+            dead_member_forget: Duration::from_secs(60),
+            seal: Arc::new(seal),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_ended_instance_is_restarted_under_a_new_generation_with_its_key_values() {
+        let listen =
+            std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("a free port");
+        let counters = Arc::new(GossipCounters::default());
+        let starter = starter(listen, &counters);
+        let handle = starter.spawn(7, vec![("a".to_owned(), "1".to_owned())]).await.expect("starts");
+        // Set while it runs (as the leave flag is): must survive the restart.
+        handle.chitchat().lock().await.self_node_state().set("b", "2");
+        let (state, mut state_rx) = watch::channel(handle.chitchat());
+        let (health, mut health_rx) = watch::channel(GossipHealth::Running);
+        let slot_handle = Arc::new(Mutex::new(Some(handle)));
+        let slot = GossipSlot { handle: Arc::clone(&slot_handle), state, health };
+        let (stop, stop_rx) = watch::channel(false);
+        let supervisor = tokio::spawn(supervise(starter, slot, 7, stop_rx));
+
+        // The instance ends (aborted, as a panic ends it) and its port is taken meanwhile: the
+        // restart fails and is retried, and the health says so all along.
+        slot_handle.lock().expect("lock").as_ref().expect("running").abort();
+        let blocker = tokio::time::timeout(BOUND, async {
+            loop {
+                match std::net::UdpSocket::bind(listen) {
+                    Ok(socket) => break socket,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
+            }
+        })
+        .await
+        .expect("the ended instance releases its port");
+        let restarting =
+            tokio::time::timeout(BOUND, health_rx.wait_for(|h| *h != GossipHealth::Running)).await;
+        assert!(matches!(*restarting.expect("bounded").expect("open"), GossipHealth::Restarting { .. }));
+        assert_eq!(counters.stats().restarts, 1);
+
+        // The port is free again: a new instance runs, with a newer generation and the same keys.
+        drop(blocker);
+        tokio::time::timeout(BOUND, state_rx.changed()).await.expect("restarted").expect("open");
+        tokio::time::timeout(BOUND, health_rx.wait_for(|h| *h == GossipHealth::Running))
+            .await
+            .expect("running again")
+            .expect("open");
+        let restarted = state_rx.borrow().clone();
+        let mut restarted = restarted.lock().await;
+        assert!(restarted.self_chitchat_id().generation_id > 7);
+        let node = restarted.self_node_state();
+        assert_eq!((node.get("a"), node.get("b")), (Some("1"), Some("2")));
+        drop(restarted);
+        assert_eq!(counters.stats().restarts, 1);
+
+        // The node's stop takes the instance: the supervisor ends.
+        stop.send_replace(true);
+        let taken = slot_handle.lock().expect("lock").take().expect("running");
+        taken.shutdown().await.expect("stops");
+        tokio::time::timeout(BOUND, supervisor).await.expect("supervisor ends").expect("no panic");
+    }
+}
