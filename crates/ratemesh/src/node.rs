@@ -115,6 +115,19 @@ pub enum StartError {
     },
 }
 
+/// What a [`Node::release`] did with the lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// This node owns the key and ended the lease.
+    Ended,
+    /// This node owns the key and the lease was not held (released already, expired, or never
+    /// taken): nothing changed.
+    NotHeld,
+    /// Another member owns the key: the release was sent to it, which ends the lease if it is
+    /// held (there is no answer to tell).
+    SentToOwner(NodeId),
+}
+
 /// Why a check has no decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -641,20 +654,30 @@ impl Node {
 
     /// Releases a concurrency lease taken by an admitted check (sent to the key's owner when it
     /// is another node; a lease that is never released expires after the policy's period).
-    pub fn release(&self, policy: &NamedPolicy, key: &[u8], lease: LeaseId) -> Result<(), CheckError> {
+    pub fn release(&self, policy: &NamedPolicy, key: &[u8], lease: LeaseId) -> Result<Released, CheckError> {
         self.release_hashed(&policy.policy, policy.key(key), lease)
     }
 
     /// [`Node::release`] of a bucket named by its hash.
-    pub fn release_hashed(&self, policy: &Policy, key: KeyHash, lease: LeaseId) -> Result<(), CheckError> {
+    pub fn release_hashed(
+        &self,
+        policy: &Policy,
+        key: KeyHash,
+        lease: LeaseId,
+    ) -> Result<Released, CheckError> {
         let mut state = self.shared.lock_state();
         if state.leaving {
             return Err(CheckError::ShutDown);
         }
         let now = self.shared.now();
-        state.core.handle_release(now, key, policy, lease);
+        let owner = state.core.owner_of(key).unwrap_or(self.shared.id);
+        let ended = state.core.handle_release(now, key, policy, lease);
         self.shared.after_input(&mut state);
-        Ok(())
+        Ok(match (owner == self.shared.id, ended) {
+            (false, _) => Released::SentToOwner(owner),
+            (true, true) => Released::Ended,
+            (true, false) => Released::NotHeld,
+        })
     }
 
     /// The members this node knows, itself included, sorted by id.

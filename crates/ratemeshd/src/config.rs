@@ -764,6 +764,25 @@ pub(crate) fn limit_error_field(error: &LimitError) -> &'static str {
     }
 }
 
+/// A [`LimitError`] in the units users write: the core counts periods in nanoseconds, the
+/// configuration and the API in milliseconds (`period_ms`).
+pub(crate) fn limit_error_message(error: &LimitError) -> String {
+    const NANOS_PER_MS: u64 = 1_000_000;
+    match error {
+        LimitError::TooLarge { parameter: "period", max } => {
+            format!("period_ms is too large (at most {} ms, 100 years)", max / NANOS_PER_MS)
+        }
+        LimitError::RateTooHigh { limit, period_nanos } => {
+            let period_ms = period_nanos / NANOS_PER_MS;
+            format!(
+                "{limit} per {period_ms} ms is above one hit per nanosecond: at most {} per {period_ms} ms",
+                period_nanos
+            )
+        }
+        other => other.to_string(),
+    }
+}
+
 /// Whether `name` is a valid policy name or cluster id: 1 to [`NAME_BYTES_MAX`] bytes of ASCII
 /// letters, digits, `_`, `-` and `.`.
 pub(crate) fn is_plain_name(name: &str) -> bool {
@@ -1299,7 +1318,7 @@ impl Ctx<'_> {
                 "delay" => p.delay.as_ref(),
                 _ => Some(limit),
             };
-            self.invalid(field(name), v.map_or(table, |v| &v.at), error)
+            self.invalid(field(name), v.map_or(table, |v| &v.at), limit_error_message(&error))
         })?;
         let mode = match &p.mode {
             None => Mode::Approximate,

@@ -38,7 +38,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime};
 
-use ratemesh::{CheckError, GossipHealth, Member, MemberStatus, Node, NodeBuilder, NodeId, StartError};
+use ratemesh::{
+    CheckError, GossipHealth, Member, MemberStatus, Node, NodeBuilder, NodeId, Released, StartError,
+};
 use ratemesh_core::{Decision, KeyHash, Namespace};
 use tokio::sync::{Semaphore, watch};
 use tracing::{info, warn};
@@ -318,7 +320,7 @@ impl Daemon {
     }
 
     /// Gives back a concurrency lease.
-    pub fn release(&self, release: &ValidRelease) -> Result<(), CheckError> {
+    pub fn release(&self, release: &ValidRelease) -> Result<Released, CheckError> {
         if self.is_shutting_down() {
             return Err(CheckError::ShutDown);
         }

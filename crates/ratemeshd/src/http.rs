@@ -4,7 +4,7 @@
 //! | --- | --- |
 //! | `POST /v1/check` | 200, [`CheckResponse`] JSON and the rate-limit headers |
 //! | `POST /v1/check/batch` | 200, a JSON array of [`CheckResponse`], in request order |
-//! | `POST /v1/release` | 200, `{"released": true}` |
+//! | `POST /v1/release` | 200, `{"released": true}` (ended here), `false` (this node owns the key and the lease was not held: released already or expired), or `null` with `"owner"` (sent to the owning member) |
 //! | `GET /v1/auth` | 200 when allowed, 429 when not, with the rate-limit headers (nginx `auth_request`, Traefik forwardAuth) |
 //! | `GET /metrics` | Prometheus (OpenMetrics) text |
 //! | `GET /healthz` | 200 while the process serves |
@@ -45,17 +45,17 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Query, Request, State};
+use axum::extract::{Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use prometheus_client::metrics::gauge::Gauge;
-use ratemesh::CheckError;
 use ratemesh::headers::insert_headers_for;
+use ratemesh::{CheckError, Released};
 use ratemesh_core::{Algorithm, Decision};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::json;
 
 use crate::config::{Bounds, fallback_name, mode_name};
@@ -365,16 +365,48 @@ async fn check_batch(State(api): ApiState, headers: HeaderMap, body: Body) -> Re
 
 async fn release(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let valid = parse_body(&api, &headers, body, parse_release).await?;
-    api.daemon.release(&valid)?;
-    Ok(json_response(StatusCode::OK, &json!({ "released": true })))
+    let answer = match api.daemon.release(&valid)? {
+        Released::Ended => json!({ "released": true }),
+        Released::NotHeld => json!({ "released": false }),
+        // The owner ends it if it holds it, and says nothing back.
+        Released::SentToOwner(owner) => json!({ "released": null, "owner": owner.0 }),
+    };
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
 /// The query of `GET /v1/auth`; unknown parameters are ignored (a proxy may pass its own).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default)]
 struct AuthQuery {
     policy: Option<String>,
     key: Option<String>,
     cost: Option<String>,
+}
+
+impl AuthQuery {
+    /// Parses `?policy=&key=&cost=` (form encoding: `+` is a space, `%XX` a byte). A value that
+    /// is not UTF-8 once decoded is refused, not decoded lossily: two different byte strings
+    /// would otherwise share one bucket. A parameter given twice is refused too.
+    fn parse(uri: &Uri) -> Result<AuthQuery, ApiError> {
+        let mut query = AuthQuery::default();
+        for pair in uri.query().unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let (field, slot) = match name {
+                "policy" => ("policy", &mut query.policy),
+                "key" => ("key", &mut query.key),
+                "cost" => ("cost", &mut query.cost),
+                _ => continue,
+            };
+            if slot.is_some() {
+                return Err(ApiError::bad_request(field, "given twice"));
+            }
+            let spaced = value.replace('+', " ");
+            let decoded = percent_encoding::percent_decode_str(&spaced)
+                .decode_utf8()
+                .map_err(|_| ApiError::bad_request(field, "not valid UTF-8 once percent-decoded"))?;
+            *slot = Some(decoded.into_owned());
+        }
+        Ok(query)
+    }
 }
 
 /// A request header's value as text, or a 400 naming it.
@@ -417,8 +449,7 @@ fn auth_key(query: &AuthQuery, headers: &HeaderMap, key_header: &str) -> Result<
 
 async fn auth(State(api): ApiState, uri: Uri, headers: HeaderMap) -> Result<Response, ApiError> {
     let (config, policies) = api.daemon.current();
-    let Query(query) =
-        Query::<AuthQuery>::try_from_uri(&uri).map_err(|e| ApiError::bad_request("query", e.body_text()))?;
+    let query = AuthQuery::parse(&uri)?;
     let policy = match &query.policy {
         Some(policy) => Some(policy.clone()),
         None => header_text(&headers, &config.auth.policy_header)?.map(str::to_owned),

@@ -285,7 +285,9 @@ async fn a_released_concurrency_lease_admits_the_next_request() {
     let h = Harness::start("release", &config).await;
     let first = json_of(&h.post("/v1/check", &json!({"key": "w", "policy": "jobs"})).await);
     assert_eq!(first["allowed"], json!(true), "{first}");
-    let lease = first["lease"].as_u64().expect("a lease");
+    // A decimal string: lease ids use all 64 bits, beyond what JavaScript numbers hold.
+    let lease = first["lease"].as_str().expect("a lease, as a string").to_owned();
+    assert!(lease.parse::<u64>().is_ok(), "{lease}");
     let second = json_of(&h.post("/v1/check", &json!({"key": "w", "policy": "jobs"})).await);
     assert_eq!(second["allowed"], json!(false), "one lease at a time: {second}");
     let r = h.post("/v1/release", &json!({"key": "w", "policy": "jobs"})).await;
@@ -296,14 +298,17 @@ async fn a_released_concurrency_lease_admits_the_next_request() {
     assert_error(&r, 404, Some("policy"), "release under an unknown policy");
     let r = h.post("/v1/release", &json!({"key": "w", "policy": "jobs", "lease": lease})).await;
     assert_eq!((r.status, json_of(&r)), (200, json!({"released": true})));
+    let r = h.post("/v1/release", &json!({"key": "w", "policy": "jobs", "lease": lease})).await;
+    assert_eq!((r.status, json_of(&r)), (200, json!({"released": false})), "released already: not held");
     let third = json_of(&h.post("/v1/check", &json!({"key": "w", "policy": "jobs"})).await);
     assert_eq!(third["allowed"], json!(true), "the lease was given back: {third}");
     // Inline concurrency limits release the same way.
     let inline = json!({"algorithm": "concurrency", "limit": 1, "period_ms": 60000, "mode": "exact"});
     let taken = json_of(&h.post("/v1/check", &json!({"key": "i", "limit": inline})).await);
-    let lease = taken["lease"].as_u64().expect("a lease");
+    // Given back as a number, as earlier versions wrote it: accepted too.
+    let lease: u64 = taken["lease"].as_str().expect("a lease").parse().expect("decimal");
     let r = h.post("/v1/release", &json!({"key": "i", "limit": inline, "lease": lease})).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!((r.status, json_of(&r)), (200, json!({"released": true})));
     let again = json_of(&h.post("/v1/check", &json!({"key": "i", "limit": inline})).await);
     assert_eq!(again["allowed"], json!(true), "{again}");
     h.stop().await;
@@ -375,6 +380,14 @@ async fn auth_answers_200_then_429_with_headers() {
     let r = h.get("/v1/auth?policy=login&key=k&cost=99999999999999999999").await;
     assert_error(&r, 400, Some("cost"), "cost beyond u64");
     assert_error(&h.request("POST", "/v1/auth", &[], b"").await, 405, None, "POST /v1/auth");
+    // Keys are text: bytes that are not UTF-8 are refused, never replaced (which would put
+    // distinct byte strings in one bucket); UTF-8 in percent-encoding, and `+` as space, decode.
+    for not_utf8 in ["%FF", "%C3", "a%ED%A0%80"] {
+        let r = h.get(&format!("/v1/auth?policy=login&key={not_utf8}")).await;
+        assert_error(&r, 400, Some("key"), not_utf8);
+    }
+    assert_eq!(h.get("/v1/auth?policy=login&key=caf%C3%A9+au+lait").await.status, 200);
+    assert_error(&h.get("/v1/auth?policy=login&key=a&key=b").await, 400, Some("key"), "two keys");
 
     let metrics = h.get("/metrics").await.text();
     assert!(
