@@ -29,7 +29,10 @@
 //! none. A permit is held for at most [`BODY_READ_TIMEOUT`] + [`REQUEST_TIMEOUT`]: a slow body
 //! gets 408, and decisions that take longer (a batch of exact-mode checks against an unreachable
 //! owner, each waiting for its forward timeout) get 503. Connections themselves are bounded by
-//! `crate::serve` (`limits.connections_max`, and [`HEADER_READ_TIMEOUT`] for a request's head).
+//! `crate::serve` (`limits.connections_max`, [`HEADER_READ_TIMEOUT`] for a request's head, which
+//! is also how long a kept-alive connection may sit idle) and `crate::listener` (a write the
+//! client does not take within [`crate::listener::WRITE_TIMEOUT`] closes the connection: slow
+//! readers cannot hold slots).
 //!
 //! # `GET /v1/auth` and proxies
 //!
@@ -87,8 +90,8 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// the hits already taken by earlier checks of a batch stay taken.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The API's time bounds. The defaults are the constants of this module; tests shorten them to
-/// see them work without waiting seconds.
+/// The API's time bounds. The defaults are the constants of this module (and the listener's
+/// write timeout); tests shorten them to see them work without waiting seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeouts {
     /// [`HEADER_READ_TIMEOUT`] (used by the connection server, `crate::serve`).
@@ -97,11 +100,19 @@ pub struct Timeouts {
     pub body_read: Duration,
     /// [`REQUEST_TIMEOUT`].
     pub request: Duration,
+    /// [`crate::listener::WRITE_TIMEOUT`]: a write the client does not take within it closes
+    /// the connection (used by the listener).
+    pub write: Duration,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts { header_read: HEADER_READ_TIMEOUT, body_read: BODY_READ_TIMEOUT, request: REQUEST_TIMEOUT }
+        Timeouts {
+            header_read: HEADER_READ_TIMEOUT,
+            body_read: BODY_READ_TIMEOUT,
+            request: REQUEST_TIMEOUT,
+            write: crate::listener::WRITE_TIMEOUT,
+        }
     }
 }
 

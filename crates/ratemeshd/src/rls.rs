@@ -62,7 +62,8 @@
 //!
 //! At most `limits.connections_max` connections are open at once (one more is closed as soon as
 //! it is accepted, see `crate::listener`); a connection must send its HTTP/2 preface within
-//! [`HANDSHAKE_TIMEOUT`]; HTTP/2 pings every [`HTTP2_KEEPALIVE_INTERVAL`] (and TCP keepalive)
+//! [`HANDSHAKE_TIMEOUT`]; a write the client does not take within
+//! [`crate::listener::WRITE_TIMEOUT`] closes the connection; HTTP/2 pings every [`HTTP2_KEEPALIVE_INTERVAL`] (and TCP keepalive)
 //! find peers that vanished without closing their connections.
 //!
 //! ## Concurrency
@@ -154,11 +155,13 @@ pub struct Timeouts {
     pub handshake: Duration,
     /// [`CALL_TIMEOUT`].
     pub call: Duration,
+    /// [`crate::listener::WRITE_TIMEOUT`].
+    pub write: Duration,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts { handshake: HANDSHAKE_TIMEOUT, call: CALL_TIMEOUT }
+        Timeouts { handshake: HANDSHAKE_TIMEOUT, call: CALL_TIMEOUT, write: crate::listener::WRITE_TIMEOUT }
     }
 }
 
@@ -323,7 +326,8 @@ pub async fn serve(
         .with_keepalive_interval(Some(TCP_KEEPALIVE_INTERVAL));
     let refused = daemon.metrics().connections_refused("grpc");
     let incoming = LimitedIncoming::new(accepted, connections, "grpc", refused)
-        .first_bytes(FirstBytes { bytes: HANDSHAKE_BYTES, timeout: timeouts.handshake });
+        .first_bytes(FirstBytes { bytes: HANDSHAKE_BYTES, timeout: timeouts.handshake })
+        .write_timeout(timeouts.write);
     let service = RlsService::new(daemon).with_call_timeout(timeouts.call);
     tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(undecodable_is_invalid_argument))

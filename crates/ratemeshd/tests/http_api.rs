@@ -908,6 +908,76 @@ async fn slow_and_idle_connections_are_closed_after_their_timeouts() {
     h.stop().await;
 }
 
+/// Slow readers: `connections_max` connections pipeline requests and never read the answers
+/// (one reads a byte now and then, which is progress but no real reading), through a tiny
+/// receive window, until the server's writes stall. Each is closed once a write waited for the
+/// write timeout, so a new client is served then (without the timeout, never).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_readers_cannot_hold_the_connection_slots() {
+    const SLOTS: usize = 4;
+    let config =
+        BASE.replace("batch_len_max = 10", &format!("batch_len_max = 10\nconnections_max = {SLOTS}"));
+    let mut options = Options::default();
+    // Long head and idle timeouts (any close here is the write timeout's), a short write timeout.
+    options.http.header_read = Duration::from_secs(60);
+    options.http.write = Duration::from_millis(500);
+    let h = Harness::start_with("slow-readers", &config, options).await;
+    let permits = Arc::clone(h.servers().http_connections());
+    let mut readers = Vec::new();
+    for index in 0..SLOTS {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("a small receive buffer");
+        let mut stream = socket.connect(h.addr.parse().expect("address")).await.expect("connects");
+        // Pipelined scrapes (kilobytes each): far more answer than the buffers hold.
+        let requests = b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n".repeat(2000);
+        readers.push(tokio::spawn(async move {
+            // The server stops reading once its writes stall: this write may never end.
+            let _ = stream.write_all(&requests).await;
+            if index == 0 {
+                // The trickler: a byte every 50 ms until the server gives up on it.
+                let mut byte = [0_u8; 1];
+                while stream.read(&mut byte).await.is_ok_and(|n| n > 0) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            } else {
+                std::future::pending::<()>().await;
+            }
+        }));
+    }
+    // Every slot taken (waited on the permits, bounded), then a new client: refused at accept
+    // while the slow readers hold the slots, served once the server cut them off.
+    tokio::time::timeout(TIMEOUT, async {
+        while permits.available_permits() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the slow readers hold every slot");
+    let started = Instant::now();
+    let served = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            if let Closed::Answered(r) =
+                exchange(&h.addr, b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").await
+            {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a new client is served while slow readers try to hold every slot");
+    assert_eq!(served.status, 200, "{}", served.text());
+    println!(
+        "new client served {:?} after the slow readers took every slot (write timeout {:?})",
+        started.elapsed(),
+        options.http.write
+    );
+    for reader in readers {
+        reader.abort();
+    }
+    h.stop().await;
+}
+
 /// Reads one response from `stream` (which stays open), at most [`TIMEOUT`].
 async fn read_response(stream: &mut TcpStream) -> Response {
     let read = async {
