@@ -112,6 +112,8 @@ const DEAD_MEMBER_FORGET_MS_MAX: u64 = 7 * 24 * 3600 * 1000;
 /// Upper bounds of `[limits]`, far above any sane setting: they catch typos (an extra digit or
 /// three), not tuning.
 const KEYS_MAX_MAX: u64 = 1 << 32;
+/// Largest accepted `limits.log_bytes_max` (64 GiB).
+const LOG_BYTES_MAX_MAX: u64 = 64 << 30;
 const HTTP_BODY_BYTES_MAX_MAX: u64 = 16 << 20;
 const HTTP_IN_FLIGHT_MAX_MAX: u64 = 1 << 20;
 const CONNECTIONS_MAX_MAX: u64 = 4 << 20;
@@ -441,6 +443,9 @@ pub struct Bounds {
     pub batch_len_max: usize,
     /// `key_bytes_max`: the longest client key.
     pub key_bytes_max: usize,
+    /// `log_bytes_max`: the bytes all sliding window logs of the node may take together;
+    /// beyond it logs are coarsened (conservatively). Restart only.
+    pub log_bytes_max: usize,
 }
 
 impl Default for Bounds {
@@ -452,6 +457,7 @@ impl Default for Bounds {
             connections_max: CONNECTIONS_PER_IN_FLIGHT_DEFAULT * HTTP_IN_FLIGHT_MAX_DEFAULT,
             batch_len_max: BATCH_LEN_MAX_DEFAULT,
             key_bytes_max: KEY_BYTES_MAX_DEFAULT,
+            log_bytes_max: StoreConfig::default().log_bytes_max,
         }
     }
 }
@@ -682,7 +688,11 @@ impl Config {
         NodeConfig {
             forward_wait: Duration::ZERO,
             sync_interval: self.cluster.sync_interval,
-            store: StoreConfig { keys_max: self.limits.keys_max, ..defaults.store },
+            store: StoreConfig {
+                keys_max: self.limits.keys_max,
+                log_bytes_max: self.limits.log_bytes_max,
+                ..defaults.store
+            },
             ..defaults
         }
     }
@@ -1127,6 +1137,12 @@ impl Ctx<'_> {
         )?;
         Ok(Bounds {
             keys_max: self.size("limits.keys_max", &l.keys_max, defaults.keys_max, KEYS_MAX_MAX)?,
+            log_bytes_max: self.size(
+                "limits.log_bytes_max",
+                &l.log_bytes_max,
+                defaults.log_bytes_max,
+                LOG_BYTES_MAX_MAX,
+            )?,
             http_in_flight_max,
             // The default follows the in-flight bound; the product is at most 4 << 20.
             connections_max: self.size(

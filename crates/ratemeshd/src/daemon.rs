@@ -21,7 +21,7 @@
 //!
 //! - applied at once: `[[policies]]`, `[log] level`, `[auth]`, and the per-request bounds
 //!   `[limits] http_body_bytes_max`, `batch_len_max`, `key_bytes_max`;
-//! - need a restart: `[node]`, `[cluster]`, `[listen]`, `[log] format`, `[limits] keys_max`,
+//! - need a restart: `[node]`, `[cluster]`, `[listen]`, `[log] format`, `[limits] keys_max`, `log_bytes_max`,
 //!   `http_in_flight_max` and `connections_max` (sockets, the node's identity, its key table and
 //!   the servers' bounds are made once).
 //!
@@ -564,9 +564,11 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
         connections_max,
         batch_len_max: _,
         key_bytes_max: _,
+        log_bytes_max,
     } = limits;
     let b = &new.limits;
     differs("limits.keys_max", *keys_max != b.keys_max);
+    differs("limits.log_bytes_max", *log_bytes_max != b.log_bytes_max);
     differs("limits.http_in_flight_max", *http_in_flight_max != b.http_in_flight_max);
     differs("limits.connections_max", *connections_max != b.connections_max);
 

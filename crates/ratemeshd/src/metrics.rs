@@ -301,7 +301,7 @@ impl prometheus_client::collector::Collector for NodeCollector {
         let g = &m.gossip;
         let e = &mut encoder;
         // (name, help, value): every counter of the node, in exposition order.
-        let counters: [(&str, &str, u64); 36] = [
+        let counters: [(&str, &str, u64); 37] = [
             ("ratemesh_owner_decisions", "Checks decided by this node as the key's owner", p.owner_decisions),
             (
                 "ratemesh_allowance_decisions",
@@ -371,6 +371,11 @@ impl prometheus_client::collector::Collector for NodeCollector {
             ("ratemesh_store_expired", "Keys dropped from the key table once fresh again", m.store.expired),
             ("ratemesh_evictions", "Keys evicted from the full key table", m.store.evicted),
             (
+                "ratemesh_logs_coarsened",
+                "Times a sliding window log was coarsened to stay within the node's log byte bound",
+                m.store.logs_coarsened,
+            ),
+            (
                 "ratemesh_gossip_datagrams_received",
                 "Datagrams received on the gossip port",
                 g.datagrams_received,
@@ -387,6 +392,12 @@ impl prometheus_client::collector::Collector for NodeCollector {
             counter(e, name, help, value)?;
         }
         gauge(e, "ratemesh_keys", "Keys tracked by this node (owned and followed)", gauge_value(m.keys))?;
+        gauge(
+            e,
+            "ratemesh_log_bytes",
+            "Bytes the sliding window logs' entries take on this node (bounded by limits.log_bytes_max)",
+            i64::try_from(m.store.log_bytes).unwrap_or(i64::MAX),
+        )?;
         gauge(
             e,
             "ratemesh_checks_waiting",

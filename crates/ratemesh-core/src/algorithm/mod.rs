@@ -16,7 +16,7 @@ use crate::time::Instant;
 pub(crate) use leases::LeaseParams;
 use leases::Leases;
 use log::Log;
-pub(crate) use log::LogParams;
+pub(crate) use log::{LOG_ENTRY_BYTES, LogParams};
 pub(crate) use tat::TatParams;
 use window::Window;
 pub(crate) use window::WindowParams;
@@ -164,6 +164,24 @@ impl Bucket {
         let now = self.advance(limit, now);
         match &mut self.state {
             State::Leases(leases) => leases.release(lease, now),
+            _ => false,
+        }
+    }
+
+    /// Sliding window log only: the entries its buffer has room for (its memory, at
+    /// [`LOG_ENTRY_BYTES`] each); 0 under other algorithms.
+    pub(crate) fn log_capacity(&self) -> usize {
+        match &self.state {
+            State::Log(l) => l.capacity(),
+            _ => 0,
+        }
+    }
+
+    /// Sliding window log only: halves the log, conservatively (see `Log::coarsen`); false when
+    /// it cannot shrink any more, or under other algorithms.
+    pub(crate) fn coarsen_log(&mut self) -> bool {
+        match &mut self.state {
+            State::Log(l) => l.coarsen(),
             _ => false,
         }
     }

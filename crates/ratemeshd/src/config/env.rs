@@ -58,7 +58,7 @@ type Locate = fn(&mut RawConfig) -> Slot<'_>;
 
 /// Every overridable field, as `section.field`, with where it lives. The variable's name is
 /// derived from the field's ([`variable_name`]), so the two cannot drift apart.
-const OVERRIDES: [(&str, Locate); 28] = [
+const OVERRIDES: [(&str, Locate); 29] = [
     ("node.id", |raw| Slot::Number(&mut raw.node.id)),
     ("node.incarnation", |raw| Slot::Number(&mut raw.node.incarnation)),
     ("cluster.cluster_id", |raw| Slot::Text(&mut raw.cluster.cluster_id)),
@@ -78,6 +78,7 @@ const OVERRIDES: [(&str, Locate); 28] = [
     ("listen.advertise_gossip", |raw| Slot::Text(&mut raw.listen.advertise_gossip)),
     ("listen.advertise_quic", |raw| Slot::Text(&mut raw.listen.advertise_quic)),
     ("limits.keys_max", |raw| Slot::Number(&mut raw.limits.keys_max)),
+    ("limits.log_bytes_max", |raw| Slot::Number(&mut raw.limits.log_bytes_max)),
     ("limits.http_body_bytes_max", |raw| Slot::Number(&mut raw.limits.http_body_bytes_max)),
     ("limits.http_in_flight_max", |raw| Slot::Number(&mut raw.limits.http_in_flight_max)),
     ("limits.connections_max", |raw| Slot::Number(&mut raw.limits.connections_max)),

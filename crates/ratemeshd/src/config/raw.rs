@@ -90,6 +90,7 @@ pub(super) struct RawLimits {
     pub(super) connections_max: Option<Val<u64>>,
     pub(super) batch_len_max: Option<Val<u64>>,
     pub(super) key_bytes_max: Option<Val<u64>>,
+    pub(super) log_bytes_max: Option<Val<u64>>,
 }
 
 /// `[log]`.

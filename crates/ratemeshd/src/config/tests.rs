@@ -87,6 +87,7 @@ http_in_flight_max = 10
 connections_max = 30
 batch_len_max = 20
 key_bytes_max = 100
+log_bytes_max = 1048576
 
 [log]
 format = "json"
@@ -132,13 +133,15 @@ unlimited = true
             http_in_flight_max: 10,
             connections_max: 30,
             batch_len_max: 20,
-            key_bytes_max: 100
+            key_bytes_max: 100,
+            log_bytes_max: 1 << 20,
         }
     );
     assert_eq!(config.log, LogSection { format: LogFormat::Json, level: LogLevel::Debug });
     let node_config = config.node_config();
     assert_eq!(node_config.sync_interval, Duration::from_millis(20));
     assert_eq!(node_config.store.keys_max, 5000);
+    assert_eq!(node_config.store.log_bytes_max, 1 << 20);
 
     let login = &config.policies[0];
     assert_eq!(login.name, "login");
@@ -476,7 +479,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 28);
+    assert_eq!(names.len(), 29);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.
