@@ -761,6 +761,34 @@ mod tests {
     }
 
     #[test]
+    fn during_a_rotation_both_secrets_cas_are_trusted_and_the_current_one_issues() {
+        let old = ClusterSecret::new("the old secret, sixteen bytes+").expect("long enough");
+        let new = ClusterSecret::new("the new secret, sixteen bytes+").expect("long enough");
+        let (old_ca, new_ca) =
+            (ClusterCa::derive(&old).expect("derive"), ClusterCa::derive(&new).expect("derive"));
+        let rotating =
+            ClusterSecurity::Secret(new.also_accepting(old)).identity(NodeId(3)).expect("identity");
+        assert_eq!(rotating.ca_certs(), [new_ca.cert_der().clone(), old_ca.cert_der().clone()]);
+        // Its own certificate is the current secret's: it chains to the new CA, not to the old.
+        let leaf = webpki::EndEntityCert::try_from(&rotating.chain[0]).expect("parses");
+        let chains_to = |ca: &ClusterCa| {
+            let anchor = webpki::anchor_from_trusted_cert(ca.cert_der()).expect("anchor");
+            leaf.verify_for_usage(
+                rustls::crypto::ring::default_provider().signature_verification_algorithms.all,
+                &[anchor],
+                &[],
+                rustls_pki_types::UnixTime::now(),
+                webpki::KeyUsage::server_auth(),
+                None,
+                None,
+            )
+            .is_ok()
+        };
+        assert!(chains_to(&new_ca));
+        assert!(!chains_to(&old_ca));
+    }
+
+    #[test]
     fn secrets_stay_out_of_debug_output() {
         let secret = ClusterSecurity::from_secret(SECRET).expect("long enough");
         assert!(!format!("{secret:?}").contains("horse"));

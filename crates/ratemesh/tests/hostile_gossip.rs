@@ -354,3 +354,34 @@ async fn relay(proxy: UdpSocket, to: SocketAddr, captured: Arc<Mutex<Vec<Vec<u8>
         }
     }
 }
+
+/// A rotation half-way (the second of its three rolling restarts): nodes on the old secret that
+/// accept the new one, and a node on the new one that accepts the old, form one cluster (gossip
+/// and mutual TLS alike), while a node on an unrelated secret stays out, counted as unknown key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_rotate_without_splitting_the_cluster() {
+    let secret = |text: &str| ClusterSecret::new(text).unwrap();
+    let rotating = |id: u64, current: &str, accepted: &str, seeds: &[SocketAddr]| {
+        let security = ratemesh::ClusterSecurity::Secret(secret(current).also_accepting(secret(accepted)));
+        builder(id, SECRET, seeds).security(security)
+    };
+    let (old, new) = ("the old cluster secret!!", "the new cluster secret!!");
+    let first = TestNode::start(rotating(1, old, new, &[])).await;
+    let seed = first.node.gossip_addr();
+    let second = TestNode::start(rotating(2, old, new, &[seed])).await;
+    let third = TestNode::start(rotating(3, new, old, &[seed])).await;
+    let stranger = TestNode::start(builder(4, FOREIGN_SECRET, &[seed])).await;
+    let all = [NodeId(1), NodeId(2), NodeId(3)];
+    for node in [&first, &second, &third] {
+        wait_live(&node.node, &all).await;
+    }
+    eventually("the stranger's gossip is refused", || first.metrics().gossip.rejected_unknown_key > 0).await;
+    for node in [&first, &second, &third] {
+        assert!(node.node.members().iter().all(|member| member.id != NodeId(4)), "{:?}", node.node.members());
+    }
+    assert_eq!(live_ids(&stranger.node.members()), [NodeId(4)]);
+    stranger.kill();
+    for node in [first, second, third] {
+        node.shutdown().await;
+    }
+}
