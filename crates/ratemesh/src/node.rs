@@ -2,14 +2,16 @@
 //!
 //! The protocol is entirely in [`ratemesh_core::Node`]; this module only feeds it time, client
 //! checks, peer frames and membership views, and carries out what it asks for (frames to send,
-//! decisions to return, the next timer). Three tasks drive one node:
+//! decisions to return, the next timer). Four tasks drive one node:
 //!
 //! - the **timer** task sleeps until the core's next deadline (or until a check moved it
 //!   earlier) and runs the core's timers: forward batches, acknowledgements, retransmissions,
 //!   sync rounds;
 //! - the **receive** task hands authenticated peer frames to the core;
 //! - the **membership** task turns gossip plus mutual-TLS confirmation into membership views
-//!   (see [`crate::membership`]).
+//!   (see [`crate::membership`]);
+//! - the **gossip supervisor** restarts gossip should it end while the node runs (see
+//!   [`crate::gossip`]).
 //!
 //! Client checks run on the caller's task: lock, decide, unlock. A check that must wait for its
 //! owner (exact mode, or an approximate allowance that ran dry) registers a one-shot channel that

@@ -42,6 +42,8 @@ const MAGIC: u16 = 45_139;
 const BLOCK_LEN_MAX: usize = u16::MAX as usize;
 /// The largest heartbeat or version accepted: at a million increments per second, 8.9 years.
 pub const COUNTER_MAX: u64 = 1 << 48;
+/// The longest cluster id a Syn may carry, in bytes.
+const CLUSTER_ID_LEN_MAX: usize = 255;
 
 /// Bounds on what one authenticated gossip message may carry and make the state grow to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,7 +131,7 @@ pub fn summarize(message: &[u8], limits: &GossipLimits) -> Result<Summary, Rejec
         // Syn: digest, cluster id.
         0 => {
             summary.digest = input.digest(version)?;
-            input.string(limits.value_len_max)?;
+            input.string(CLUSTER_ID_LEN_MAX)?;
         }
         // SynAck: digest, delta.
         1 => {

@@ -38,7 +38,7 @@ use tracing::{error, info, warn};
 pub use check::GossipLimits;
 use seal::GossipKeys;
 pub(crate) use socket::SealConfig;
-use socket::{SealedTransport, get};
+use socket::SealedTransport;
 
 use crate::membership::chitchat_node_id;
 use crate::security::{ClusterSecurity, SecurityError};
@@ -119,6 +119,11 @@ impl GossipCounters {
 /// Adds one; returns the new count.
 fn bump(counter: &AtomicU64) -> u64 {
     counter.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+/// Reads a counter.
+fn get(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
 }
 
 /// Whether gossip runs.

@@ -10,7 +10,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 use anyhow::Context as _;
 use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport};
@@ -203,9 +202,4 @@ fn is_transient(error: &std::io::Error) -> bool {
     use std::io::ErrorKind;
     // A previous send to a closed port comes back as a refused or reset receive on some systems.
     matches!(error.kind(), ErrorKind::ConnectionRefused | ErrorKind::ConnectionReset | ErrorKind::OutOfMemory)
-}
-
-/// Reads a counter.
-pub(crate) fn get(counter: &AtomicU64) -> u64 {
-    counter.load(std::sync::atomic::Ordering::Relaxed)
 }
