@@ -19,6 +19,12 @@
 //! replay window ([`Opener`]) record the nonce: per session the highest counter seen and a bitmap
 //! of the [`REPLAY_WINDOW_LEN`] below it (RFC 6479's scheme), for at most [`SESSIONS_MAX`]
 //! sessions (least recently heard evicted; only holders of a key can create sessions).
+//!
+//! A sender's counter runs across all its destinations and no clock is involved, so a datagram
+//! captured on its way to one member and replayed to another (or to a receiver that restarted,
+//! or evicted the session, since) is accepted there once. It is authentic gossip the sender did
+//! send: old versions and heartbeats that newer gossip overrides, and its answer goes to the
+//! sender, not to whoever replayed it.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
