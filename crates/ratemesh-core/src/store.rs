@@ -13,13 +13,18 @@
 //!   group and then the slot itself: two dependent memory accesses.
 //! - A check that consumes nothing (a refusal, a query) on an unknown key inserts nothing, so
 //!   refused floods of random keys cannot fill the table.
+//! - Sliding window logs grow with their limits (up to 100 000 entries of 16 bytes each per key):
+//!   `log_bytes_max` bounds all of them together. Past it, a log that is changed is coarsened
+//!   (halved, conservatively: it may refuse a little early, never admit more) until the total is
+//!   back under the bound or the log is down to one entry; counted in
+//!   [`StoreStats::logs_coarsened`]. The total is [`StoreStats::log_bytes`].
 
 use core::hash::BuildHasher;
 
 use hashbrown::HashTable;
 use rand::{RngExt, SeedableRng};
 
-use crate::algorithm::{Bucket, CoreRng, Snapshot, SnapshotMismatch};
+use crate::algorithm::{Bucket, CoreRng, LOG_ENTRY_BYTES, Snapshot, SnapshotMismatch};
 use crate::decision::{Decision, LeaseId};
 use crate::key::{KeyHash, KeyHasherBuilder};
 use crate::limit::Limit;
@@ -34,11 +39,19 @@ pub struct StoreConfig {
     pub sweep_len_max: usize,
     /// How many entries are sampled to choose one to evict from a full table.
     pub eviction_sample_len: usize,
+    /// The most bytes the entries of all sliding window logs may take together (see the module
+    /// documentation). Default 64 MiB.
+    pub log_bytes_max: usize,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { keys_max: 1_000_000, sweep_len_max: 1024, eviction_sample_len: 8 }
+        StoreConfig {
+            keys_max: 1_000_000,
+            sweep_len_max: 1024,
+            eviction_sample_len: 8,
+            log_bytes_max: 64 << 20,
+        }
     }
 }
 
@@ -51,6 +64,44 @@ pub struct StoreStats {
     pub expired: u64,
     /// Live entries dropped because the table was full (their keys restart fresh).
     pub evicted: u64,
+    /// Bytes the sliding window logs' entries take now (bounded by `log_bytes_max`).
+    pub log_bytes: u64,
+    /// Times a sliding window log was coarsened to stay within `log_bytes_max`.
+    pub logs_coarsened: u64,
+}
+
+/// What the sliding window logs of a store take, against its bound.
+#[derive(Clone, Copy, Debug, Default)]
+struct LogBudget {
+    /// Entries the logs' buffers have room for, together.
+    entries: usize,
+    entries_max: usize,
+    coarsened: u64,
+}
+
+impl LogBudget {
+    /// Accounts for `bucket`, which had room for `before` log entries, after a change, and
+    /// coarsens it while the logs are over the bound.
+    #[inline]
+    fn changed(&mut self, before: usize, bucket: &mut Bucket) {
+        let mut after = bucket.log_capacity();
+        if before == 0 && after == 0 {
+            return;
+        }
+        self.entries = (self.entries + after).saturating_sub(before);
+        while self.entries > self.entries_max && bucket.coarsen_log() {
+            let shrunk = bucket.log_capacity();
+            self.entries = self.entries.saturating_sub(after - shrunk);
+            after = shrunk;
+            self.coarsened += 1;
+        }
+    }
+
+    /// Accounts for a bucket that is dropped.
+    #[inline]
+    fn removed(&mut self, bucket: &Bucket) {
+        self.entries = self.entries.saturating_sub(bucket.log_capacity());
+    }
 }
 
 /// Data kept beside a key's bucket by a user of the store (the cluster node keeps its per-key
@@ -106,6 +157,7 @@ pub struct Store<X = ()> {
     /// The table slot (bucket index) the next sweep starts at.
     sweep_cursor: usize,
     stats: StoreStats,
+    logs: LogBudget,
 }
 
 impl<X: KeyExtra> Store<X> {
@@ -117,6 +169,7 @@ impl<X: KeyExtra> Store<X> {
             rng: CoreRng::seed_from_u64(seed),
             sweep_cursor: 0,
             stats: StoreStats::default(),
+            logs: LogBudget { entries_max: config.log_bytes_max / LOG_ENTRY_BYTES, ..LogBudget::default() },
         }
     }
 
@@ -153,8 +206,10 @@ impl<X: KeyExtra> Store<X> {
         limit: &Limit,
         change: impl FnOnce(&mut Bucket, &mut X) -> R,
     ) -> Option<R> {
-        let entry = self.entry_mut(key)?;
+        let entry = self.entries.find_mut(table_hash(key), |entry| entry.key == key)?;
+        let before = entry.bucket.log_capacity();
         let result = change(&mut entry.bucket, &mut entry.extra);
+        self.logs.changed(before, &mut entry.bucket);
         entry.refresh(limit);
         Some(result)
     }
@@ -169,8 +224,10 @@ impl<X: KeyExtra> Store<X> {
         extra: impl FnOnce() -> X,
         change: impl FnOnce(&mut Bucket, &mut X) -> R,
     ) -> R {
-        if let Some(entry) = self.entry_mut(key) {
+        if let Some(entry) = self.entries.find_mut(table_hash(key), |entry| entry.key == key) {
+            let before = entry.bucket.log_capacity();
             let result = change(&mut entry.bucket, &mut entry.extra);
+            self.logs.changed(before, &mut entry.bucket);
             entry.refresh(limit);
             return result;
         }
@@ -184,7 +241,9 @@ impl<X: KeyExtra> Store<X> {
     /// Stops tracking `key`, returning its bucket.
     pub fn remove(&mut self, key: KeyHash) -> Option<Bucket> {
         let occupied = self.entries.find_entry(table_hash(key), |entry| entry.key == key).ok()?;
-        Some(occupied.remove().0.bucket)
+        let bucket = occupied.remove().0.bucket;
+        self.logs.removed(&bucket);
+        Some(bucket)
     }
 
     /// The tracked keys, in table order (deterministic for a given sequence of operations).
@@ -209,7 +268,7 @@ impl<X: KeyExtra> Store<X> {
             if let Ok(occupied) = self.entries.get_bucket_entry(cursor) {
                 examine -= 1;
                 if occupied.get().fresh_at <= now {
-                    occupied.remove();
+                    self.logs.removed(&occupied.remove().0.bucket);
                     dropped += 1;
                 }
             }
@@ -235,7 +294,11 @@ impl<X: KeyExtra> Store<X> {
 
     /// The store's counters.
     pub fn stats(&self) -> StoreStats {
-        self.stats
+        StoreStats {
+            log_bytes: (self.logs.entries * LOG_ENTRY_BYTES) as u64,
+            logs_coarsened: self.logs.coarsened,
+            ..self.stats
+        }
     }
 
     /// The bounds in force.
@@ -248,16 +311,12 @@ impl<X: KeyExtra> Store<X> {
         self.entries.find(table_hash(key), |entry| entry.key == key)
     }
 
-    #[inline]
-    fn entry_mut(&mut self, key: KeyHash) -> Option<&mut Entry<X>> {
-        self.entries.find_mut(table_hash(key), |entry| entry.key == key)
-    }
-
     /// Inserts `key`, which is not tracked.
-    fn insert(&mut self, key: KeyHash, limit: &Limit, bucket: Bucket, extra: X, now: Instant) {
+    fn insert(&mut self, key: KeyHash, limit: &Limit, mut bucket: Bucket, extra: X, now: Instant) {
         if self.entries.len() >= self.config.keys_max {
             self.evict_one(now);
         }
+        self.logs.changed(0, &mut bucket);
         let mut entry = Entry { key, fresh_at: Instant::ZERO, bucket, extra };
         entry.refresh(limit);
         self.entries.insert_unique(table_hash(key), entry, |entry| table_hash(entry.key));
@@ -285,6 +344,7 @@ impl<X: KeyExtra> Store<X> {
             return;
         };
         let (entry, _) = occupied.remove();
+        self.logs.removed(&entry.bucket);
         if entry.fresh_at <= now {
             self.stats.expired += 1;
         } else {
@@ -328,7 +388,9 @@ impl<X: KeyExtra + Default> Store<X> {
     /// A refusal or a query on an unknown key inserts nothing.
     pub fn check(&mut self, key: KeyHash, limit: &Limit, cost: u64, now: Instant) -> Decision {
         if let Some(entry) = self.entries.find_mut(table_hash(key), |entry| entry.key == key) {
+            let before = entry.bucket.log_capacity();
             let decision = entry.bucket.check(limit, cost, now, &mut self.rng);
+            self.logs.changed(before, &mut entry.bucket);
             entry.refresh(limit);
             return decision;
         }
@@ -384,7 +446,7 @@ mod tests {
     #[test]
     fn sweep_of_a_sparse_table_is_bounded_and_still_reaches_every_entry() {
         let limit = limit();
-        let config = StoreConfig { keys_max: 100_000, sweep_len_max: 4, eviction_sample_len: 8 };
+        let config = StoreConfig { keys_max: 100_000, sweep_len_max: 4, ..StoreConfig::default() };
         let mut store: Store = Store::new(config, 1);
         for i in 0..10_000 {
             store.check(key(i), &limit, 1, T0);
@@ -413,7 +475,7 @@ mod tests {
     #[test]
     fn sweep_resumes_after_the_table_grew() {
         let limit = limit();
-        let config = StoreConfig { keys_max: 1_000, sweep_len_max: 8, eviction_sample_len: 8 };
+        let config = StoreConfig { keys_max: 1_000, sweep_len_max: 8, ..StoreConfig::default() };
         let mut store: Store = Store::new(config, 1);
         for i in 0..100 {
             store.check(key(i), &limit, 1, T0);
@@ -434,7 +496,7 @@ mod tests {
     fn eviction_works_on_the_smallest_tables() {
         let limit = limit();
         for keys_max in 1..=4 {
-            let config = StoreConfig { keys_max, sweep_len_max: 8, eviction_sample_len: 8 };
+            let config = StoreConfig { keys_max, sweep_len_max: 8, ..StoreConfig::default() };
             let mut store: Store = Store::new(config, 3);
             for i in 0..50 {
                 assert!(store.check(key(i), &limit, 1, T0).allowed);
@@ -448,7 +510,8 @@ mod tests {
     #[test]
     fn eviction_samples_only_entries_and_prefers_the_soonest_fresh() {
         let limit = limit();
-        let config = StoreConfig { keys_max: 64, sweep_len_max: 8, eviction_sample_len: 64 };
+        let config =
+            StoreConfig { keys_max: 64, sweep_len_max: 8, eviction_sample_len: 64, ..StoreConfig::default() };
         let mut store: Store = Store::new(config, 5);
         // One key that is fresh soonest (one hit), the others ten hits deep.
         store.check(key(0), &limit, 1, T0);

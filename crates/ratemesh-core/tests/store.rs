@@ -16,7 +16,7 @@ fn key(i: u64) -> KeyHash {
 }
 
 fn store(keys_max: usize) -> Store {
-    Store::new(StoreConfig { keys_max, sweep_len_max: 64, eviction_sample_len: 8 }, 7)
+    Store::new(StoreConfig { keys_max, sweep_len_max: 64, ..StoreConfig::default() }, 7)
 }
 
 const T0: Instant = Instant::from_millis(1_000);
@@ -32,7 +32,10 @@ fn table_never_exceeds_keys_max_and_counts_evictions() {
     assert_eq!(store.len(), 100);
     // Every key is still live (a token bucket takes 100 ms to refill one token): all 900 were
     // evictions of live keys, none an expiry.
-    assert_eq!(store.stats(), StoreStats { inserted: 1_000, expired: 0, evicted: 900 });
+    assert_eq!(
+        store.stats(),
+        StoreStats { inserted: 1_000, expired: 0, evicted: 900, ..StoreStats::default() }
+    );
 }
 
 #[test]
@@ -161,4 +164,39 @@ fn debt_is_capped_at_one_capacity() {
     let before = within.clone();
     within.cap_debt(&limit, T0);
     assert_eq!(within, before);
+}
+
+#[test]
+fn sliding_window_logs_stay_within_their_byte_bound_and_never_admit_more() {
+    let limit = Limit::new(LimitSpec::new(Algorithm::SlidingWindowLog, 10_000, Duration::from_secs(3600)))
+        .expect("valid limit");
+    let bound = 1 << 20;
+    let mut bounded = Store::<()>::new(StoreConfig { log_bytes_max: bound, ..StoreConfig::default() }, 7);
+    let mut unbounded = store(1_000);
+    // 100 keys, 5 000 hits each at distinct times: about 8 MB of log entries unbounded.
+    for hit in 0..5_000_u64 {
+        for k in 0..100 {
+            let now = T0.add_nanos(hit * 1_000 + k);
+            assert!(bounded.check(key(k), &limit, 1, now).allowed);
+            assert!(unbounded.check(key(k), &limit, 1, now).allowed);
+            assert!(bounded.stats().log_bytes <= bound as u64, "{:?}", bounded.stats());
+        }
+    }
+    let (tight, loose) = (bounded.stats(), unbounded.stats());
+    assert!(loose.log_bytes >= 100 * 5_000 * 16, "{loose:?}");
+    assert_eq!(loose.logs_coarsened, 0);
+    assert!(tight.logs_coarsened > 0, "{tight:?}");
+    // Coarsened logs still count every hit: exactly 5 000 more pass per key within the hour.
+    let later = T0.add_nanos(10_000_000_000);
+    for k in 0..100 {
+        for _ in 0..5_000 {
+            assert!(bounded.check(key(k), &limit, 1, later).allowed);
+        }
+        assert!(!bounded.check(key(k), &limit, 1, later).allowed, "key {k}: the limit holds");
+    }
+    // Dropped logs give their bytes back.
+    for k in 0..100 {
+        bounded.remove(key(k));
+    }
+    assert_eq!(bounded.stats().log_bytes, 0);
 }

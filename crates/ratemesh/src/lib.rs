@@ -8,6 +8,8 @@
 //!   `metrics`, `shutdown`), [`NamedPolicy`].
 //! - [`headers`]: the rate-limit response headers (`X-RateLimit-*`, `Retry-After`, IETF `RateLimit`).
 //! - `layer` (feature `tower`, on by default): `RateLimitLayer`, a `tower::Layer` for HTTP services.
+//! - [`gossip`]: chitchat over sealed (authenticated, encrypted) UDP, bounded for insiders,
+//!   restarted when it ends.
 //! - [`membership`]: gossip proposes members, mutual TLS confirms them.
 //! - [`seeds`]: [`Seed`]s given as addresses or DNS names; names resolved by [`dns`] (no C
 //!   library: works in a `FROM scratch` image) and re-resolved periodically.
@@ -17,6 +19,7 @@
 //!   deliver frames whose sender is authenticated by its certificate.
 
 pub mod dns;
+pub mod gossip;
 pub mod headers;
 #[cfg(feature = "tower")]
 pub mod layer;
@@ -26,10 +29,11 @@ pub mod security;
 pub mod seeds;
 pub mod transport;
 
+pub use gossip::{GossipHealth, GossipLimits, GossipStats};
 #[cfg(feature = "tower")]
 pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};
 pub use membership::{Member, MemberStatus};
-pub use node::{CheckError, NamedPolicy, Node, NodeBuilder, NodeMetrics, StartError};
+pub use node::{CheckError, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released, StartError};
 pub use ratemesh_core::NodeId;
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};

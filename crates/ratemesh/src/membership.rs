@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chitchat::{Chitchat, ChitchatHandle, ChitchatId, NodeState};
+use chitchat::{Chitchat, ChitchatId, NodeState};
 use ratemesh_core::wire::WIRE_VERSION;
 use ratemesh_core::{MemberView, NodeId};
 use tokio::sync::{Mutex as AsyncMutex, watch};
@@ -71,7 +71,7 @@ pub struct Member {
     pub status: MemberStatus,
 }
 
-/// One live gossip entry with a parsable id and QUIC address.
+/// One gossip entry (live or dead by the failure detector) with a parsable id and QUIC address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Entry {
     id: NodeId,
@@ -80,11 +80,14 @@ struct Entry {
     quic_addr: SocketAddr,
     protocol: u8,
     leaving: bool,
+    /// Live by the failure detector (else dead).
+    live: bool,
 }
 
-/// A member proposed by gossip: at least one live entry speaking our protocol, not leaving.
-/// Several entries may share one id (a restart's old and new generation, or a forged entry);
-/// gossip is unauthenticated, so none of them can evict a verified address.
+/// A member proposed by gossip: its newest generation is live, speaks our protocol and is not
+/// leaving. Several live entries may share one id (a restart's old and new generation while the
+/// old one is not declared dead yet); none of them evicts a verified address while it is still
+/// advertised, so a member keeps its place until the new address is confirmed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Candidate {
     id: NodeId,
@@ -107,10 +110,11 @@ struct Check {
 }
 
 /// What one read of chitchat's state proposes.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 struct Proposal {
     live: Vec<Candidate>,
-    /// Verified members with an entry the failure detector declared dead (not leaving).
+    /// Verified members whose newest generation the failure detector declared dead (and that
+    /// did not leave).
     dead: HashSet<NodeId>,
 }
 
@@ -127,7 +131,8 @@ struct Failure {
 pub(crate) struct Membership {
     me: Member,
     transport: Transport,
-    chitchat: Arc<AsyncMutex<Chitchat>>,
+    /// The running gossip instance (replaced when it is restarted).
+    chitchat: watch::Receiver<Arc<AsyncMutex<Chitchat>>>,
     /// Members confirmed by mutual TLS, at the address that was verified.
     verified: HashMap<NodeId, SocketAddr>,
     /// Failed verifications by (member, address); pruned to the addresses still proposed.
@@ -137,6 +142,9 @@ pub(crate) struct Membership {
     /// What each verification task checks (a task that panics reports only its id).
     tasks: HashMap<tokio::task::Id, Check>,
     checks: JoinSet<(Check, bool)>,
+    /// The newest generation seen of each id that has an entry in gossip: older generations of
+    /// an id never count again once a newer one was seen (see [`generations`]).
+    newest: HashMap<NodeId, u64>,
     view: MemberView,
 }
 
@@ -147,23 +155,30 @@ pub(crate) trait ViewSink: Send + Sync + 'static {
 }
 
 impl Membership {
-    pub(crate) fn new(me: Member, transport: Transport, gossip: &ChitchatHandle) -> Membership {
+    /// The membership of `me`, reading gossip from the instance `gossip` holds (a restarted
+    /// instance replaces it there).
+    pub(crate) fn new(
+        me: Member,
+        transport: Transport,
+        gossip: watch::Receiver<Arc<AsyncMutex<Chitchat>>>,
+    ) -> Membership {
         Membership {
             me,
             transport,
-            chitchat: gossip.chitchat(),
+            chitchat: gossip,
             verified: HashMap::new(),
             failed: HashMap::new(),
             verifying: HashSet::new(),
             tasks: HashMap::new(),
             checks: JoinSet::new(),
+            newest: HashMap::new(),
             view: MemberView { live: vec![me.id], dead: Vec::new() },
         }
     }
 
     /// Runs until `stop` turns true: re-reads gossip when its live set changes, when a
-    /// verification ends, and every `recheck` (dead-node garbage collection and verification
-    /// retries do not wake the watcher).
+    /// verification ends, when the gossip instance was restarted, and every `recheck` (dead-node
+    /// garbage collection and verification retries do not wake the watcher).
     pub(crate) async fn run(
         mut self,
         sink: Arc<dyn ViewSink>,
@@ -171,15 +186,21 @@ impl Membership {
         recheck: Duration,
         mut stop: watch::Receiver<bool>,
     ) {
-        let mut live_watch = self.chitchat.lock().await.live_nodes_watcher();
+        let mut live_watch = self.live_watcher().await;
         let mut ticks = tokio::time::interval(recheck);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let proposal = self.read_proposal().await;
             self.start_checks(&proposal);
             self.publish(&proposal, sink.as_ref(), &members);
+            let mut restarted = false;
             tokio::select! {
-                changed = live_watch.changed() => if changed.is_err() { return },
+                changed = self.chitchat.changed() => {
+                    if changed.is_err() { return }
+                    restarted = true;
+                }
+                // An instance that ended closes its watcher: wait for the restarted one.
+                _ = live_watch.changed(), if live_watch.has_changed().is_ok() => {}
                 Some(done) = self.checks.join_next_with_id() => {
                     let (task, outcome) = match done {
                         Ok((task, (check, ok))) => (task, Some((check, ok))),
@@ -197,12 +218,24 @@ impl Membership {
                 _ = ticks.tick() => {}
                 _ = stop.wait_for(|stopped| *stopped) => return,
             }
+            if restarted {
+                // A restarted instance: watch its live set from now on.
+                live_watch = self.live_watcher().await;
+            }
         }
     }
 
-    async fn read_proposal(&self) -> Proposal {
-        let chitchat = self.chitchat.lock().await;
-        propose(&chitchat, self.me.id, &self.verified)
+    /// The live-set watcher of the current gossip instance.
+    async fn live_watcher(&mut self) -> watch::Receiver<BTreeMap<ChitchatId, NodeState>> {
+        let current = self.chitchat.borrow_and_update().clone();
+        let chitchat = current.lock().await;
+        chitchat.live_nodes_watcher()
+    }
+
+    async fn read_proposal(&mut self) -> Proposal {
+        let chitchat = self.chitchat.borrow().clone();
+        let chitchat = chitchat.lock().await;
+        propose(&chitchat, self.me.id, &self.verified, &mut self.newest)
     }
 
     /// Starts a verification of the newest generation's address of every proposed member not
@@ -270,10 +303,7 @@ impl Membership {
         }
         let mut dead = Vec::new();
         for (&id, &quic_addr) in &self.verified {
-            // A member with a live entry (say a new generation not verified yet) is listed once,
-            // by that entry, not also as its dead generation.
-            let candidate = proposal.live.binary_search_by_key(&id, |candidate| candidate.id).is_ok();
-            if proposal.dead.contains(&id) && !candidate {
+            if proposal.dead.contains(&id) {
                 dead.push(id);
                 list.push(Member { id, quic_addr, status: MemberStatus::Dead });
             }
@@ -312,26 +342,88 @@ impl Membership {
     }
 }
 
-/// The members chitchat's state proposes: see [`select`]; and the verified ids with an entry the
-/// failure detector declared dead that was not leaving.
-fn propose(chitchat: &Chitchat, me: NodeId, verified: &HashMap<NodeId, SocketAddr>) -> Proposal {
-    let entries =
-        chitchat.live_nodes().filter_map(|chitchat_id| entry(chitchat_id, chitchat.node_state(chitchat_id)?));
-    let live = select(entries, me, verified);
-    let dead = chitchat
-        .dead_nodes()
-        .filter(|id| chitchat.node_state(id).is_none_or(|state| state.get(KEY_LEAVING).is_none()))
-        .filter_map(|id| parse_node_id(&id.node_id))
-        .filter(|id| verified.contains_key(id))
+/// What chitchat's state proposes: the entries the failure detector declared live or dead,
+/// reduced to each id's newest generation ([`generations`]), then grouped ([`select`]).
+fn propose(
+    chitchat: &Chitchat,
+    me: NodeId,
+    verified: &HashMap<NodeId, SocketAddr>,
+    newest: &mut HashMap<NodeId, u64>,
+) -> Proposal {
+    let live = chitchat.live_nodes().map(|id| (id, true));
+    let dead = chitchat.dead_nodes().map(|id| (id, false));
+    let entries = live
+        .chain(dead)
+        .filter_map(|(chitchat_id, live)| entry(chitchat_id, chitchat.node_state(chitchat_id)?, live));
+    let present = chitchat.node_states().keys().filter_map(|id| parse_node_id(&id.node_id));
+    proposal(entries, present, me, verified, newest)
+}
+
+/// [`propose`] from the entries (and the ids `present` in gossip).
+fn proposal(
+    entries: impl IntoIterator<Item = Entry>,
+    present: impl IntoIterator<Item = NodeId>,
+    me: NodeId,
+    verified: &HashMap<NodeId, SocketAddr>,
+    newest: &mut HashMap<NodeId, u64>,
+) -> Proposal {
+    let entries = generations(entries, present, newest);
+    let dead = entries
+        .iter()
+        .filter(|entry| !entry.live && !entry.leaving && verified.contains_key(&entry.id))
+        .map(|entry| entry.id)
         .collect();
-    Proposal { live, dead }
+    Proposal { live: select(entries, me, verified), dead }
+}
+
+/// Per id, a newer generation supersedes the older ones for good: keeps the entries of ids whose
+/// newest generation is among `entries` and is not leaving, and of those ids the newest
+/// generation's entries, plus older live ones when the newest is live (a live old generation
+/// keeps a verified address while the new one is verified). An id whose newest generation left, or
+/// is gone from gossip while an older one lingers, has no entries. `newest` remembers the newest
+/// generation of every id still `present` in gossip (and forgets the others).
+fn generations(
+    entries: impl IntoIterator<Item = Entry>,
+    present: impl IntoIterator<Item = NodeId>,
+    newest: &mut HashMap<NodeId, u64>,
+) -> Vec<Entry> {
+    let entries: Vec<Entry> = entries.into_iter().collect();
+    let present: HashSet<NodeId> = present.into_iter().collect();
+    newest.retain(|id, _| present.contains(id));
+    for entry in &entries {
+        let generation = newest.entry(entry.id).or_insert(entry.generation);
+        *generation = (*generation).max(entry.generation);
+    }
+    let newest_of = |entry: &Entry| newest.get(&entry.id).copied().unwrap_or(entry.generation);
+    let superseded: HashSet<NodeId> = newest
+        .iter()
+        .filter(|&(&id, &generation)| {
+            let at_newest = entries.iter().filter(|entry| entry.id == id && entry.generation == generation);
+            let mut at_newest = at_newest.peekable();
+            at_newest.peek().is_none() || at_newest.any(|entry| entry.leaving)
+        })
+        .map(|(&id, _)| id)
+        .collect();
+    let newest_live: HashSet<NodeId> = entries
+        .iter()
+        .filter(|entry| entry.live && entry.generation == newest_of(entry))
+        .map(|entry| entry.id)
+        .collect();
+    entries
+        .into_iter()
+        .filter(|entry| !superseded.contains(&entry.id))
+        .filter(|entry| {
+            entry.generation == newest_of(entry) || (entry.live && newest_live.contains(&entry.id))
+        })
+        .collect()
 }
 
 /// Groups live entries speaking our protocol and not leaving by member (other than `me`), sorted
 /// by id. Each member keeps its verified address while any of its entries advertises it, so an
-/// unauthenticated entry cannot evict it; verification targets the newest generation (ties broken
-/// by address, so the choice does not depend on iteration order). Members already verified are
-/// always proposed; at most [`CANDIDATES_MAX`] others are, the lowest ids first.
+/// entry at another address cannot evict it before that address is confirmed; verification
+/// targets the newest generation (ties broken by address, so the choice does not depend on
+/// iteration order). Members already verified are always proposed; at most [`CANDIDATES_MAX`]
+/// others are, the lowest ids first.
 fn select(
     entries: impl IntoIterator<Item = Entry>,
     me: NodeId,
@@ -339,7 +431,7 @@ fn select(
 ) -> Vec<Candidate> {
     let mut by_id: BTreeMap<NodeId, Vec<(u64, SocketAddr)>> = BTreeMap::new();
     for entry in entries {
-        if entry.id != me && entry.protocol == WIRE_VERSION && !entry.leaving {
+        if entry.live && entry.id != me && entry.protocol == WIRE_VERSION && !entry.leaving {
             by_id.entry(entry.id).or_default().push((entry.generation, entry.quic_addr));
         }
     }
@@ -378,13 +470,14 @@ fn select(
     candidates
 }
 
-fn entry(chitchat_id: &ChitchatId, state: &NodeState) -> Option<Entry> {
+fn entry(chitchat_id: &ChitchatId, state: &NodeState, live: bool) -> Option<Entry> {
     Some(Entry {
         id: parse_node_id(&chitchat_id.node_id)?,
         generation: chitchat_id.generation_id,
         quic_addr: state.get(KEY_QUIC_ADDR)?.parse().ok()?,
         protocol: state.get(KEY_PROTOCOL)?.parse().ok()?,
         leaving: state.get(KEY_LEAVING).is_some(),
+        live,
     })
 }
 
@@ -393,8 +486,9 @@ pub(crate) fn chitchat_node_id(id: NodeId) -> String {
     id.0.to_string()
 }
 
-fn parse_node_id(text: &str) -> Option<NodeId> {
-    // Canonical decimal only, so that one member has one gossip name.
+/// The member a chitchat node id names: canonical decimal only, so that one member has one
+/// gossip name.
+pub(crate) fn parse_node_id(text: &str) -> Option<NodeId> {
     let id: u64 = text.parse().ok()?;
     (id.to_string() == text).then_some(NodeId(id))
 }
@@ -416,7 +510,14 @@ mod tests {
     }
 
     fn live(id: u64, generation: u64, port: u16) -> Entry {
-        Entry { id: NodeId(id), generation, quic_addr: addr(port), protocol: WIRE_VERSION, leaving: false }
+        Entry {
+            id: NodeId(id),
+            generation,
+            quic_addr: addr(port),
+            protocol: WIRE_VERSION,
+            leaving: false,
+            live: true,
+        }
     }
 
     #[test]
@@ -449,6 +550,61 @@ mod tests {
         // The old generation is gone: the member is proposed at the new address (unverified).
         let candidates = select([live(2, 7, 20)], NodeId(1), &verified);
         assert_eq!(candidates[0].quic_addr, addr(20));
+    }
+
+    fn dead(id: u64, generation: u64, port: u16) -> Entry {
+        Entry { live: false, ..live(id, generation, port) }
+    }
+
+    fn leaving(entry: Entry) -> Entry {
+        Entry { leaving: true, ..entry }
+    }
+
+    /// The live candidates and dead ids of `entries` (every id present in gossip), for node 1
+    /// with node 2 verified at `addr(2)`.
+    fn view(entries: &[Entry], newest: &mut HashMap<NodeId, u64>) -> (Vec<NodeId>, Vec<NodeId>) {
+        let verified = HashMap::from([(NodeId(2), addr(2))]);
+        let present = entries.iter().map(|entry| entry.id);
+        let proposal = proposal(entries.iter().copied(), present, NodeId(1), &verified, newest);
+        let mut dead: Vec<NodeId> = proposal.dead.into_iter().collect();
+        dead.sort_unstable();
+        (proposal.live.iter().map(|candidate| candidate.id).collect(), dead)
+    }
+
+    #[test]
+    fn a_node_that_crashed_came_back_and_left_gracefully_is_gone_not_dead() {
+        let mut newest = HashMap::new();
+        // Crashed: generation 1 dead, counted in the cluster's size.
+        assert_eq!(view(&[dead(2, 1, 2)], &mut newest), (vec![], vec![NodeId(2)]));
+        // Came back as generation 2 (same address): live, and its dead generation no longer counts.
+        assert_eq!(view(&[dead(2, 1, 2), live(2, 2, 2)], &mut newest), (vec![NodeId(2)], vec![]));
+        // Leaves gracefully: gone, while generation 1 still lingers dead in gossip.
+        assert_eq!(view(&[dead(2, 1, 2), leaving(live(2, 2, 2))], &mut newest), (vec![], vec![]));
+        assert_eq!(view(&[dead(2, 1, 2), leaving(dead(2, 2, 2))], &mut newest), (vec![], vec![]));
+        // Generation 2 garbage-collected first: generation 1 still never counts again.
+        assert_eq!(view(&[dead(2, 1, 2)], &mut newest), (vec![], vec![]));
+        assert_eq!(newest.get(&NodeId(2)), Some(&2));
+        // Once the id is gone from gossip altogether it is forgotten.
+        assert_eq!(view(&[], &mut newest), (vec![], vec![]));
+        assert!(newest.is_empty());
+    }
+
+    #[test]
+    fn the_newest_generation_decides_between_live_and_dead() {
+        let mut newest = HashMap::new();
+        // A new generation crashed too: the member is dead (once), whatever the order.
+        for entries in [[dead(2, 1, 2), dead(2, 3, 2)], [dead(2, 3, 2), dead(2, 1, 2)]] {
+            assert_eq!(view(&entries, &mut newest), (vec![], vec![NodeId(2)]));
+        }
+        // An old generation still live meanwhile keeps the verified address but the member is
+        // live only through its newest generation: here it is dead.
+        assert_eq!(view(&[live(2, 1, 2), dead(2, 3, 2)], &mut newest), (vec![], vec![NodeId(2)]));
+        // A newer live generation makes it live again; the older live entry then only keeps its
+        // verified address while the new one is verified.
+        let (live_ids, dead_ids) = view(&[live(2, 1, 2), dead(2, 3, 2), live(2, 4, 20)], &mut newest);
+        assert_eq!((live_ids, dead_ids), (vec![NodeId(2)], vec![]));
+        // A leaving newest generation removes the id even with an older one live.
+        assert_eq!(view(&[live(2, 1, 2), leaving(live(2, 5, 2))], &mut newest), (vec![], vec![]));
     }
 
     #[test]

@@ -2,14 +2,16 @@
 //!
 //! The protocol is entirely in [`ratemesh_core::Node`]; this module only feeds it time, client
 //! checks, peer frames and membership views, and carries out what it asks for (frames to send,
-//! decisions to return, the next timer). Three tasks drive one node:
+//! decisions to return, the next timer). Four tasks drive one node:
 //!
 //! - the **timer** task sleeps until the core's next deadline (or until a check moved it
 //!   earlier) and runs the core's timers: forward batches, acknowledgements, retransmissions,
 //!   sync rounds;
 //! - the **receive** task hands authenticated peer frames to the core;
 //! - the **membership** task turns gossip plus mutual-TLS confirmation into membership views
-//!   (see [`crate::membership`]).
+//!   (see [`crate::membership`]);
+//! - the **gossip supervisor** restarts gossip should it end while the node runs (see
+//!   [`crate::gossip`]).
 //!
 //! Client checks run on the caller's task: lock, decide, unlock. A check that must wait for its
 //! owner (exact mode, or an approximate allowance that ran dry) registers a one-shot channel that
@@ -22,8 +24,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use chitchat::transport::UdpTransport;
-use chitchat::{ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ProtocolVersion};
+use chitchat::ChitchatHandle;
 use ratemesh_core::wire::WIRE_VERSION;
 use ratemesh_core::{
     CheckOutcome, CheckRequest, Decision, Event, KeyHash, LeaseId, LeavePlan, MemberView, Namespace,
@@ -33,8 +34,12 @@ use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, trace_span};
 
+use crate::gossip::{
+    GossipCounters, GossipHealth, GossipLimits, GossipSlot, GossipStarter, GossipStats, SealConfig,
+    gossip_keys, supervise,
+};
 use crate::membership::{
-    KEY_LEAVING, KEY_PROTOCOL, KEY_QUIC_ADDR, Member, MemberStatus, Membership, ViewSink, chitchat_node_id,
+    KEY_LEAVING, KEY_PROTOCOL, KEY_QUIC_ADDR, Member, MemberStatus, Membership, ViewSink,
 };
 use crate::security::{ClusterSecurity, SecurityError};
 use crate::seeds::{Seed, SeedHost, SeedResolution, SeedSink};
@@ -117,6 +122,19 @@ pub enum StartError {
     },
 }
 
+/// What a [`Node::release`] did with the lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// This node owns the key and ended the lease.
+    Ended,
+    /// This node owns the key and the lease was not held (released already, expired, or never
+    /// taken): nothing changed.
+    NotHeld,
+    /// Another member owns the key: the release was sent to it, which ends the lease if it is
+    /// held (there is no answer to tell).
+    SentToOwner(NodeId),
+}
+
 /// Why a check has no decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -152,6 +170,7 @@ pub struct NodeBuilder {
     cluster_id: String,
     gossip_interval: Duration,
     dead_member_forget: Duration,
+    gossip_limits: GossipLimits,
     leave_linger: Duration,
     incarnation: Option<u64>,
     seed: Option<u64>,
@@ -176,6 +195,7 @@ impl NodeBuilder {
             cluster_id: "ratemesh".to_owned(),
             gossip_interval: Duration::from_millis(200),
             dead_member_forget: Duration::from_secs(120),
+            gossip_limits: GossipLimits::default(),
             leave_linger: Duration::from_secs(2),
             incarnation: None,
             seed: None,
@@ -269,6 +289,14 @@ impl NodeBuilder {
         self
     }
 
+    /// Bounds on what authenticated gossip may carry and make the gossip state grow to (see
+    /// [`GossipLimits`]; the defaults suit clusters of up to a few hundred members).
+    #[must_use]
+    pub fn gossip_limits(mut self, limits: GossipLimits) -> Self {
+        self.gossip_limits = limits;
+        self
+    }
+
     /// The longest a graceful shutdown waits for its handoff to be acknowledged (default 2 s).
     #[must_use]
     pub fn leave_linger(mut self, linger: Duration) -> Self {
@@ -326,13 +354,16 @@ impl NodeBuilder {
         let (transport, received) =
             Transport::bind(self.quic_addr, &security, self.id, self.transport.clone())?;
         let quic_addr = self.quic_advertise_addr.unwrap_or_else(|| transport.local_addr());
-        let gossip = match self.spawn_gossip(incarnation, quic_addr).await {
+        let counters = Arc::new(GossipCounters::default());
+        let (gossip, starter) = match self.spawn_gossip(&security, incarnation, quic_addr, &counters).await {
             Ok(gossip) => gossip,
             Err(error) => {
                 transport.close().await;
                 return Err(error);
             }
         };
+        let (gossip_state, gossip_state_rx) = watch::channel(gossip.chitchat());
+        let (gossip_health, gossip_health_rx) = watch::channel(GossipHealth::Running);
         let origin = std::time::Instant::now();
         let core = ratemesh_core::Node::new(self.id, incarnation, self.core_config(), seed, clock(origin));
         let me = Member { id: self.id, quic_addr, status: MemberStatus::Live };
@@ -359,12 +390,17 @@ impl NodeBuilder {
             quic_addr,
             members: members_rx,
             stop: stop_tx,
-            gossip: Mutex::new(Some(gossip)),
+            gossip: Arc::new(Mutex::new(Some(gossip))),
+            gossip_health: gossip_health_rx,
+            gossip_counters: counters,
             tasks: Mutex::new(Vec::new()),
             leave_linger: self.leave_linger,
             gossip_interval: self.gossip_interval,
         });
-        shared.spawn_tasks(received, me, members_tx, stop_rx);
+        let slot =
+            GossipSlot { handle: Arc::clone(&shared.gossip), state: gossip_state, health: gossip_health };
+        shared.spawn_tasks(received, me, members_tx, stop_rx, gossip_state_rx);
+        shared.spawn_gossip_supervisor(starter, slot, incarnation);
         self.spawn_seed_resolution(&shared);
         info!(node = ?self.id, %quic_addr, gossip = %shared.gossip_addr, incarnation, "node started");
         Ok(Node { shared })
@@ -400,6 +436,13 @@ impl NodeBuilder {
                 reason: "required when gossip listens on a wildcard address",
             });
         }
+        let nodes_max = self.gossip_limits.nodes_max;
+        if nodes_max == 0 || nodes_max > GossipLimits::NODES_MAX_MAX {
+            return Err(StartError::Config {
+                field: "gossip_limits.nodes_max",
+                reason: "must be at least 1 and at most GossipLimits::NODES_MAX_MAX (800)",
+            });
+        }
         if self.quic_addr.ip().is_unspecified() && self.quic_advertise_addr.is_none() {
             return Err(StartError::Config {
                 field: "quic_advertise_addr",
@@ -423,11 +466,15 @@ impl NodeBuilder {
         }
     }
 
+    /// Starts gossip (sealed with the keys of `security`) from the gossip address, choosing a
+    /// free port if it is 0; returns the handle and what restarts it.
     async fn spawn_gossip(
         &self,
+        security: &ClusterSecurity,
         incarnation: u64,
         quic_addr: SocketAddr,
-    ) -> Result<ChitchatHandle, StartError> {
+        counters: &Arc<GossipCounters>,
+    ) -> Result<(ChitchatHandle, GossipStarter), StartError> {
         let attempts = if self.gossip_addr.port() == 0 { GOSSIP_BIND_ATTEMPTS_MAX } else { 1 };
         let mut last_error = String::new();
         for _ in 0..attempts {
@@ -439,52 +486,31 @@ impl NodeBuilder {
             } else {
                 self.gossip_addr
             };
-            let advertise = self.gossip_advertise_addr.unwrap_or(listen_addr);
+            let seal = SealConfig {
+                keys: gossip_keys(security, &self.cluster_id)?,
+                limits: self.gossip_limits,
+                counters: Arc::clone(counters),
+                advertise: self.gossip_advertise_addr.unwrap_or(listen_addr),
+            };
+            let starter = GossipStarter {
+                node: self.id,
+                listen_addr,
+                cluster_id: self.cluster_id.clone(),
+                seeds: self.seeds.clone(),
+                gossip_interval: self.gossip_interval,
+                dead_member_forget: self.dead_member_forget,
+                seal: Arc::new(seal),
+            };
             let key_values = vec![
                 (KEY_QUIC_ADDR.to_owned(), quic_addr.to_string()),
                 (KEY_PROTOCOL.to_owned(), WIRE_VERSION.to_string()),
             ];
-            match chitchat::spawn_chitchat(
-                self.chitchat_config(incarnation, listen_addr, advertise),
-                key_values,
-                &UdpTransport,
-            )
-            .await
-            {
-                Ok(handle) => return Ok(handle),
+            match starter.spawn(incarnation, key_values).await {
+                Ok(handle) => return Ok((handle, starter)),
                 Err(error) => last_error = format!("{error:#}"),
             }
         }
         Err(StartError::Gossip { addr: self.gossip_addr, reason: last_error })
-    }
-
-    fn chitchat_config(
-        &self,
-        incarnation: u64,
-        listen_addr: SocketAddr,
-        advertise: SocketAddr,
-    ) -> ChitchatConfig {
-        // The failure detector's prior is `initial_interval`: set to the gossip interval, a crashed
-        // member is declared dead after ~2 s at 200 ms gossip, not after ~26 s (chitchat's 5 s prior).
-        let failure_detector_config = FailureDetectorConfig {
-            phi_threshold: 8.0,
-            sampling_window_size: 1000,
-            max_interval: self.gossip_interval * 10,
-            initial_interval: self.gossip_interval,
-            dead_node_grace_period: self.dead_member_forget,
-        };
-        ChitchatConfig {
-            chitchat_id: ChitchatId::new(chitchat_node_id(self.id), incarnation, advertise),
-            cluster_id: self.cluster_id.clone(),
-            gossip_interval: self.gossip_interval,
-            listen_addr,
-            seed_nodes: self.seeds.iter().map(SocketAddr::to_string).collect(),
-            failure_detector_config,
-            marked_for_deletion_grace_period: self.dead_member_forget,
-            catchup_callback: None,
-            extra_liveness_predicate: None,
-            protocol_version: ProtocolVersion::V0,
-        }
     }
 }
 
@@ -551,6 +577,8 @@ pub struct NodeMetrics {
     pub store: StoreStats,
     /// The peer transport's counters.
     pub transport: TransportStats,
+    /// The gossip transport's counters (authentication failures, refusals, restarts).
+    pub gossip: GossipStats,
     /// Keys tracked (owned and followed).
     pub keys: usize,
     /// Members in the ring (this node included).
@@ -581,7 +609,10 @@ struct Shared {
     quic_addr: SocketAddr,
     members: watch::Receiver<Vec<Member>>,
     stop: watch::Sender<bool>,
-    gossip: Mutex<Option<ChitchatHandle>>,
+    /// The running gossip instance (replaced by the supervisor when it ends; taken at stop).
+    gossip: Arc<Mutex<Option<ChitchatHandle>>>,
+    gossip_health: watch::Receiver<GossipHealth>,
+    gossip_counters: Arc<GossipCounters>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     leave_linger: Duration,
     gossip_interval: Duration,
@@ -696,20 +727,30 @@ impl Node {
 
     /// Releases a concurrency lease taken by an admitted check (sent to the key's owner when it
     /// is another node; a lease that is never released expires after the policy's period).
-    pub fn release(&self, policy: &NamedPolicy, key: &[u8], lease: LeaseId) -> Result<(), CheckError> {
+    pub fn release(&self, policy: &NamedPolicy, key: &[u8], lease: LeaseId) -> Result<Released, CheckError> {
         self.release_hashed(&policy.policy, policy.key(key), lease)
     }
 
     /// [`Node::release`] of a bucket named by its hash.
-    pub fn release_hashed(&self, policy: &Policy, key: KeyHash, lease: LeaseId) -> Result<(), CheckError> {
+    pub fn release_hashed(
+        &self,
+        policy: &Policy,
+        key: KeyHash,
+        lease: LeaseId,
+    ) -> Result<Released, CheckError> {
         let mut state = self.shared.lock_state();
         if state.leaving {
             return Err(CheckError::ShutDown);
         }
         let now = self.shared.now();
-        state.core.handle_release(now, key, policy, lease);
+        let owner = state.core.owner_of(key).unwrap_or(self.shared.id);
+        let ended = state.core.handle_release(now, key, policy, lease);
         self.shared.after_input(&mut state);
-        Ok(())
+        Ok(match (owner == self.shared.id, ended) {
+            (false, _) => Released::SentToOwner(owner),
+            (true, true) => Released::Ended,
+            (true, false) => Released::NotHeld,
+        })
     }
 
     /// Whether the node takes checks: not while it joins (its first few gossip rounds) or leaves.
@@ -754,6 +795,11 @@ impl Node {
         keys.iter().map(|&key| state.core.owner_of(key)).collect()
     }
 
+    /// Whether gossip runs, or was restarted after it ended (the daemon is not ready then).
+    pub fn gossip_health(&self) -> GossipHealth {
+        self.shared.gossip_health.borrow().clone()
+    }
+
     /// Counters and gauges, for metrics.
     pub fn metrics(&self) -> NodeMetrics {
         let state = self.shared.lock_state();
@@ -763,6 +809,7 @@ impl Node {
             protocol: state.core.stats(),
             store: state.core.store_stats(),
             transport: self.shared.transport.stats(),
+            gossip: self.shared.gossip_counters.stats(),
             keys: state.core.keys_len(),
             members_live: count(MemberStatus::Live),
             members_dead: count(MemberStatus::Dead),
@@ -867,18 +914,21 @@ impl Shared {
         me: Member,
         members: watch::Sender<Vec<Member>>,
         stop: watch::Receiver<bool>,
+        gossip: watch::Receiver<Arc<tokio::sync::Mutex<chitchat::Chitchat>>>,
     ) {
         let mut tasks = Vec::with_capacity(3);
         tasks.push(tokio::spawn(self.clone().run_timer(stop.clone())));
         tasks.push(tokio::spawn(self.clone().run_receive(received, stop.clone())));
-        let gossip = self.gossip.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(gossip) = gossip.as_ref() {
-            let membership = Membership::new(me, self.transport.clone(), gossip);
-            let sink: Arc<dyn ViewSink> = self.clone();
-            tasks.push(tokio::spawn(membership.run(sink, members, self.gossip_interval * 5, stop)));
-        }
-        drop(gossip);
+        let membership = Membership::new(me, self.transport.clone(), gossip);
+        let sink: Arc<dyn ViewSink> = self.clone();
+        tasks.push(tokio::spawn(membership.run(sink, members, self.gossip_interval * 5, stop)));
         self.tasks.lock().unwrap_or_else(PoisonError::into_inner).extend(tasks);
+    }
+
+    /// Restarts gossip whenever it ends while the node runs (see [`supervise`]).
+    fn spawn_gossip_supervisor(&self, starter: GossipStarter, slot: GossipSlot, generation: u64) {
+        let task = tokio::spawn(supervise(starter, slot, generation, self.stop.subscribe()));
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner).push(task);
     }
 
     async fn run_timer(self: Arc<Self>, mut stop: watch::Receiver<bool>) {

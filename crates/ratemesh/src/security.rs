@@ -26,9 +26,10 @@
 //! - [`ClusterSecurity::Secret`]: every node derives the *same* CA from a shared [`ClusterSecret`]
 //!   ([`ClusterCa::derive`]: HKDF-SHA256 → Ed25519 seed, fixed subject, serial and validity) and
 //!   issues its own node certificate with a fresh key. Anyone who holds the secret can mint a
-//!   certificate for any node id: guard it like a private key; rotate by changing it everywhere.
+//!   certificate for any node id: guard it like a private key. It also keys gossip
+//!   ([`crate::gossip`]). Rotate it in three rolling restarts ([`ClusterSecret::also_accepting`]).
 //! - [`ClusterSecurity::Provided`]: a CA certificate, node certificate and node key in PEM, for
-//!   example made once by [`write_cert_files`].
+//!   example made once by [`write_cert_files`], and a gossip secret.
 //!
 //! Secrets and private keys never appear in `Debug` output, errors or logs.
 
@@ -233,10 +234,14 @@ pub fn server_name(node: NodeId) -> ServerName<'static> {
     ServerName::try_from(node_dns_name(node)).expect("node DNS names are valid server names")
 }
 
-/// A shared cluster secret (at least [`CLUSTER_SECRET_LEN_MIN`] bytes). Zeroed on drop; its
+/// A shared cluster secret (at least [`CLUSTER_SECRET_LEN_MIN`] bytes), and during a rotation
+/// a second one that is accepted too ([`ClusterSecret::also_accepting`]). Zeroed on drop; its
 /// `Debug` output never shows it.
 #[derive(Clone)]
-pub struct ClusterSecret(Zeroizing<Vec<u8>>);
+pub struct ClusterSecret {
+    secret: Zeroizing<Vec<u8>>,
+    accepted: Option<Zeroizing<Vec<u8>>>,
+}
 
 impl ClusterSecret {
     /// Accepts `secret` if it is long enough.
@@ -248,17 +253,41 @@ impl ClusterSecret {
                 min_bytes: CLUSTER_SECRET_LEN_MIN,
             });
         }
-        Ok(Self(bytes))
+        Ok(Self { secret: bytes, accepted: None })
     }
 
-    /// The 32-byte Ed25519 seed of the cluster CA: HKDF-SHA256(salt, secret, info).
-    fn ca_seed(&self) -> Result<Zeroizing<[u8; 32]>, SecurityError> {
-        hkdf_sha256_32(CA_HKDF_SALT, &self.0, &[CA_HKDF_INFO])
+    /// This secret, accepting `other` as well: gossip sealed under either opens, and (as a
+    /// cluster secret) certificates from the CA of either are trusted. What this node sends and
+    /// presents stays this secret's. A rotation from secret A to B is three rolling restarts:
+    /// every node on A accepting B, then on B accepting A, then on B alone.
+    #[must_use]
+    pub fn also_accepting(mut self, other: ClusterSecret) -> Self {
+        self.accepted = Some(other.secret);
+        self
+    }
+
+    /// The secret's bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.secret
+    }
+
+    /// The accepted secret's bytes, during a rotation.
+    pub(crate) fn accepted_bytes(&self) -> Option<&[u8]> {
+        self.accepted.as_deref().map(Vec::as_slice)
     }
 }
 
+/// The 32-byte Ed25519 seed of the cluster CA of `secret`: HKDF-SHA256(salt, secret, info).
+fn ca_seed(secret: &[u8]) -> Result<Zeroizing<[u8; 32]>, SecurityError> {
+    hkdf_sha256_32(CA_HKDF_SALT, secret, &[CA_HKDF_INFO])
+}
+
 /// 32 bytes of HKDF-SHA256 output.
-fn hkdf_sha256_32(salt: &[u8], ikm: &[u8], info: &[&[u8]]) -> Result<Zeroizing<[u8; 32]>, SecurityError> {
+pub(crate) fn hkdf_sha256_32(
+    salt: &[u8],
+    ikm: &[u8],
+    info: &[&[u8]],
+) -> Result<Zeroizing<[u8; 32]>, SecurityError> {
     use ring::hkdf;
     struct Len32;
     impl hkdf::KeyType for Len32 {
@@ -324,15 +353,19 @@ fn read_bounded(path: &Path) -> Result<Zeroizing<Vec<u8>>, SecurityError> {
 }
 
 /// User-supplied certificates: the CA certificate(s) to trust, this node's certificate (chain,
-/// leaf first) and its private key (PKCS#8, PKCS#1 or SEC1), all PEM.
+/// leaf first) and its private key (PKCS#8, PKCS#1 or SEC1), all PEM; and the secret gossip is
+/// sealed with (certificates give each member a key of its own, but gossip needs one that every
+/// member shares: see [`crate::gossip`]).
 #[derive(Clone, Debug)]
 pub struct ProvidedCerts {
-    /// The cluster CA certificate(s).
+    /// The cluster CA certificate(s). During a CA rotation, both CAs.
     pub ca_cert: PemSource,
     /// This node's certificate, optionally followed by intermediates.
     pub node_cert: PemSource,
     /// This node's private key.
     pub node_key: PemSource,
+    /// The secret that seals gossip (it keys nothing else in this mode).
+    pub gossip_secret: ClusterSecret,
 }
 
 /// How a cluster is secured. Build a node's [`NodeIdentity`] with [`ClusterSecurity::identity`].
@@ -356,7 +389,10 @@ impl ClusterSecurity {
         match self {
             Self::Secret(secret) => {
                 let mut identity = ClusterCa::derive(secret)?.issue(node)?;
-                identity.reset_key = reset_key_material(&secret.0, node)?;
+                identity.reset_key = reset_key_material(secret.bytes(), node)?;
+                if let Some(accepted) = secret.accepted_bytes() {
+                    identity.ca_certs.push(ClusterCa::derive_from(accepted)?.cert_der);
+                }
                 Ok(identity)
             }
             Self::Provided(certs) => NodeIdentity::from_pem(
@@ -379,7 +415,11 @@ pub struct ClusterCa {
 impl ClusterCa {
     /// The CA every holder of `secret` derives: identical bytes on every node and every run.
     pub fn derive(secret: &ClusterSecret) -> Result<Self, SecurityError> {
-        let seed = secret.ca_seed()?;
+        Self::derive_from(secret.bytes())
+    }
+
+    fn derive_from(secret: &[u8]) -> Result<Self, SecurityError> {
+        let seed = ca_seed(secret)?;
         let mut pkcs8 = Zeroizing::new(Vec::with_capacity(ED25519_PKCS8_V1_PREFIX.len() + seed.len()));
         pkcs8.extend_from_slice(&ED25519_PKCS8_V1_PREFIX);
         pkcs8.extend_from_slice(&seed[..]);
@@ -718,6 +758,34 @@ mod tests {
             identity.key_pem().as_bytes(),
         );
         assert!(matches!(wrong, Err(SecurityError::NodeMismatch { expected: NodeId(8), found: NodeId(7) })));
+    }
+
+    #[test]
+    fn during_a_rotation_both_secrets_cas_are_trusted_and_the_current_one_issues() {
+        let old = ClusterSecret::new("the old secret, sixteen bytes+").expect("long enough");
+        let new = ClusterSecret::new("the new secret, sixteen bytes+").expect("long enough");
+        let (old_ca, new_ca) =
+            (ClusterCa::derive(&old).expect("derive"), ClusterCa::derive(&new).expect("derive"));
+        let rotating =
+            ClusterSecurity::Secret(new.also_accepting(old)).identity(NodeId(3)).expect("identity");
+        assert_eq!(rotating.ca_certs(), [new_ca.cert_der().clone(), old_ca.cert_der().clone()]);
+        // Its own certificate is the current secret's: it chains to the new CA, not to the old.
+        let leaf = webpki::EndEntityCert::try_from(&rotating.chain[0]).expect("parses");
+        let chains_to = |ca: &ClusterCa| {
+            let anchor = webpki::anchor_from_trusted_cert(ca.cert_der()).expect("anchor");
+            leaf.verify_for_usage(
+                rustls::crypto::ring::default_provider().signature_verification_algorithms.all,
+                &[anchor],
+                &[],
+                rustls_pki_types::UnixTime::now(),
+                webpki::KeyUsage::server_auth(),
+                None,
+                None,
+            )
+            .is_ok()
+        };
+        assert!(chains_to(&new_ca));
+        assert!(!chains_to(&old_ca));
     }
 
     #[test]

@@ -6,12 +6,12 @@
 
 mod support;
 
-use std::time::Duration;
-
-use ratemesh::membership::{KEY_PROTOCOL, KEY_QUIC_ADDR};
-use ratemesh::{CheckError, MemberStatus, NamedPolicy, Node, NodeId};
+use ratemesh::security::{ClusterCa, PemSource};
+use ratemesh::{
+    CheckError, ClusterSecret, ClusterSecurity, MemberStatus, NamedPolicy, Node, NodeBuilder, NodeId,
+    ProvidedCerts,
+};
 use ratemesh_core::Mode;
-use ratemesh_core::wire::WIRE_VERSION;
 use support::*;
 use tokio::task::JoinSet;
 
@@ -63,7 +63,9 @@ async fn exact_mode_admits_exactly_the_limit_while_requests_are_spread_over_thre
     assert_eq!(allowed, 100);
     let forwarded: u64 = nodes.iter().map(|n| n.metrics().protocol.forwarded).sum();
     let timeouts: u64 = nodes.iter().map(|n| n.metrics().protocol.forward_timeouts).sum();
-    assert!(forwarded >= 150, "two thirds of the checks go to the owner: {forwarded}");
+    // Two thirds of the checks arrive at followers and go to the owner, until the owner says the
+    // key has no room for an hour: followers then refuse locally without asking.
+    assert!(forwarded >= 60, "the followers' checks go to the owner: {forwarded}");
     assert_eq!(timeouts, 0);
     for node in nodes {
         node.shutdown().await;
@@ -141,13 +143,13 @@ async fn a_graceful_shutdown_hands_the_owned_state_over() {
 async fn members_without_a_cluster_certificate_are_never_admitted_even_when_gossiped() {
     let nodes = start_cluster(3).await;
     let seed = nodes[0].node.gossip_addr();
-    // A node of another cluster CA that joins the gossip.
-    let foreign = TestNode::start(builder(7, FOREIGN_SECRET, &[seed])).await;
-    // Gossip-only entries: one claims to be node 8 at node 2's QUIC address (its certificate
-    // names node 2), one advertises node 9 at an address where nothing answers.
+    // Gossip insiders (they hold the gossip secret) without a cluster certificate: node 7 with
+    // a certificate of another CA, node 8 claiming node 2's QUIC address (whose certificate
+    // names node 2), node 9 advertising an address where nothing answers.
     let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let impostor = bare_gossip(8, nodes[1].node.quic_addr(), seed).await;
-    let nobody = bare_gossip(9, silent.local_addr().unwrap(), seed).await;
+    let foreign = TestNode::start(foreign_insider(7, seed, None)).await;
+    let impostor = TestNode::start(foreign_insider(8, seed, Some(nodes[1].node.quic_addr()))).await;
+    let nobody = TestNode::start(foreign_insider(9, seed, Some(silent.local_addr().unwrap()))).await;
     let rogues = [NodeId(7), NodeId(8), NodeId(9)];
     for node in &nodes {
         // The gossip entries reached every member, and none of them got further.
@@ -168,44 +170,34 @@ async fn members_without_a_cluster_certificate_are_never_admitted_even_when_goss
         assert!(!rogues.contains(&owner));
     }
     assert_eq!(live_ids(&foreign.node.members()), [NodeId(7)]);
-    impostor.shutdown().await.unwrap();
-    nobody.shutdown().await.unwrap();
-    foreign.kill();
+    for rogue in [foreign, impostor, nobody] {
+        rogue.kill();
+    }
     for node in nodes {
         node.shutdown().await;
     }
 }
 
-/// A chitchat instance that gossips a ratemesh member entry without being one.
-async fn bare_gossip(
+/// Node `id` holding the cluster's gossip secret but a certificate of another CA (which it
+/// trusts alone), advertising `quic_addr` instead of its own QUIC address if given.
+fn foreign_insider(
     id: u64,
-    quic_addr: std::net::SocketAddr,
     seed: std::net::SocketAddr,
-) -> chitchat::ChitchatHandle {
-    let listen = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let config = chitchat::ChitchatConfig {
-        chitchat_id: chitchat::ChitchatId::new(id.to_string(), 1, listen),
-        cluster_id: "ratemesh".to_owned(),
-        gossip_interval: GOSSIP_INTERVAL,
-        listen_addr: listen,
-        seed_nodes: vec![seed.to_string()],
-        failure_detector_config: chitchat::FailureDetectorConfig {
-            phi_threshold: 8.0,
-            sampling_window_size: 1000,
-            max_interval: GOSSIP_INTERVAL * 10,
-            initial_interval: GOSSIP_INTERVAL,
-            dead_node_grace_period: Duration::from_secs(60),
-        },
-        marked_for_deletion_grace_period: Duration::from_secs(60),
-        catchup_callback: None,
-        extra_liveness_predicate: None,
-        protocol_version: chitchat::ProtocolVersion::V0,
-    };
-    let key_values = vec![
-        (KEY_QUIC_ADDR.to_owned(), quic_addr.to_string()),
-        (KEY_PROTOCOL.to_owned(), WIRE_VERSION.to_string()),
-    ];
-    chitchat::spawn_chitchat(config, key_values, &chitchat::transport::UdpTransport).await.unwrap()
+    quic_addr: Option<std::net::SocketAddr>,
+) -> NodeBuilder {
+    let ca = ClusterCa::derive(&ClusterSecret::new(FOREIGN_SECRET).unwrap()).unwrap();
+    let identity = ca.issue(NodeId(id)).unwrap();
+    let security = ClusterSecurity::Provided(ProvidedCerts {
+        ca_cert: PemSource::Bytes(ca.cert_pem().into_bytes()),
+        node_cert: PemSource::Bytes(identity.cert_pem().into_bytes()),
+        node_key: PemSource::Bytes(identity.key_pem().as_bytes().to_vec()),
+        gossip_secret: ClusterSecret::new(SECRET).unwrap(),
+    });
+    let builder = builder(id, SECRET, &[seed]).security(security);
+    match quic_addr {
+        Some(addr) => builder.quic_advertise_addr(addr),
+        None => builder,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -139,6 +139,7 @@ async fn a_client_certificate_from_another_ca_is_rejected_by_the_server() {
         ca_cert: PemSource::Bytes(ca_a.cert_pem().into_bytes()),
         node_cert: PemSource::Bytes(y_identity.cert_pem().into_bytes()),
         node_key: PemSource::Bytes(y_identity.key_pem().as_bytes().to_vec()),
+        gossip_secret: ClusterSecret::new(SECRET_A).expect("long"),
     });
     let (y, _y_rx) = node(&y_security, 9);
     y.send(NodeId(1), a.local_addr(), b"forged".to_vec()).expect("queued");
@@ -382,6 +383,7 @@ fn certificate_files_are_written_once_and_load_as_provided_certs() {
         ca_cert: PemSource::Path(files.ca_cert.clone()),
         node_cert: PemSource::Path(node.cert.clone()),
         node_key: PemSource::Path(node.key.clone()),
+        gossip_secret: ClusterSecret::new("a gossip secret of 16+ bytes").expect("long"),
     });
     assert_eq!(provided.identity(NodeId(2)).expect("loads").node_id(), NodeId(2));
     assert!(matches!(provided.identity(NodeId(1)), Err(SecurityError::NodeMismatch { .. })));

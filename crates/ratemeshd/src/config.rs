@@ -123,6 +123,8 @@ const DEAD_MEMBER_FORGET_MS_MAX: u64 = 7 * 24 * 3600 * 1000;
 /// Upper bounds of `[limits]`, far above any sane setting: they catch typos (an extra digit or
 /// three), not tuning.
 const KEYS_MAX_MAX: u64 = 1 << 32;
+/// Largest accepted `limits.log_bytes_max` (64 GiB).
+const LOG_BYTES_MAX_MAX: u64 = 64 << 30;
 const HTTP_BODY_BYTES_MAX_MAX: u64 = 16 << 20;
 const HTTP_IN_FLIGHT_MAX_MAX: u64 = 1 << 20;
 const CONNECTIONS_MAX_MAX: u64 = 4 << 20;
@@ -337,7 +339,8 @@ pub struct ClusterSection {
     /// `leave_linger_ms`: the longest a graceful shutdown waits for the handoff of this node's
     /// keys to be acknowledged.
     pub leave_linger: Duration,
-    /// `secret`, or `ca_cert_path` + `cert_path` + `key_path` (mutually exclusive).
+    /// `secret` alone, or `ca_cert_path` + `cert_path` + `key_path` and `secret` (which then
+    /// seals gossip only); `secret_accepted` during a rotation.
     pub auth: ClusterAuth,
     /// `gossip_interval_ms`.
     pub gossip_interval: Duration,
@@ -354,7 +357,7 @@ impl Default for ClusterSection {
             seeds: Vec::new(),
             seed_resolve_interval: Duration::from_millis(SEED_RESOLVE_INTERVAL_MS_DEFAULT),
             leave_linger: Duration::from_millis(LEAVE_LINGER_MS_DEFAULT),
-            auth: ClusterAuth::Secret(SecretString::new(DEV_CLUSTER_SECRET)),
+            auth: ClusterAuth::Secret { secret: SecretString::new(DEV_CLUSTER_SECRET), accepted: None },
             gossip_interval: Duration::from_millis(GOSSIP_INTERVAL_MS_DEFAULT),
             sync_interval: Duration::from_millis(SYNC_INTERVAL_MS_DEFAULT),
             dead_member_forget: Duration::from_millis(DEAD_MEMBER_FORGET_MS_DEFAULT),
@@ -362,33 +365,54 @@ impl Default for ClusterSection {
     }
 }
 
-/// How peers authenticate each other (see `ratemesh::security`).
+/// How peers authenticate each other and gossip is sealed (see `ratemesh::security` and
+/// `ratemesh::gossip`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClusterAuth {
-    /// A shared secret (at least 16 bytes) from which every node derives the cluster CA.
-    Secret(SecretString),
-    /// Certificates made beforehand (`ratemeshd certs`), PEM files read at start.
+    /// A shared secret (at least 16 bytes) from which every node derives the cluster CA and the
+    /// gossip key.
+    Secret {
+        /// `secret`.
+        secret: SecretString,
+        /// `secret_accepted`: a second secret accepted during a rotation (its CA trusted, its
+        /// gossip opened).
+        accepted: Option<SecretString>,
+    },
+    /// Certificates made beforehand (`ratemeshd certs`), PEM files read at start, and the
+    /// secret that seals gossip.
     Certs {
-        /// `ca_cert_path`: the cluster CA certificate.
+        /// `ca_cert_path`: the cluster CA certificate(s).
         ca_cert_path: PathBuf,
         /// `cert_path`: this node's certificate.
         cert_path: PathBuf,
         /// `key_path`: this node's private key.
         key_path: PathBuf,
+        /// `secret`: seals gossip (certificates give no key every member shares).
+        gossip_secret: SecretString,
+        /// `secret_accepted`: a second gossip secret accepted during a rotation.
+        accepted: Option<SecretString>,
     },
 }
 
 impl ClusterAuth {
-    /// The security setup for the peer transport. Files are not read here but when the node's
-    /// identity is built.
+    /// The security setup for the peer transport and gossip. Files are not read here but when
+    /// the node's identity is built.
     pub fn security(&self) -> Result<ClusterSecurity, SecurityError> {
+        let secret = |secret: &SecretString, accepted: &Option<SecretString>| {
+            let secret = ClusterSecret::new(secret.expose())?;
+            Ok::<_, SecurityError>(match accepted {
+                Some(accepted) => secret.also_accepting(ClusterSecret::new(accepted.expose())?),
+                None => secret,
+            })
+        };
         match self {
-            ClusterAuth::Secret(secret) => ClusterSecurity::from_secret(secret.expose()),
-            ClusterAuth::Certs { ca_cert_path, cert_path, key_path } => {
+            ClusterAuth::Secret { secret: s, accepted } => Ok(ClusterSecurity::Secret(secret(s, accepted)?)),
+            ClusterAuth::Certs { ca_cert_path, cert_path, key_path, gossip_secret, accepted } => {
                 Ok(ClusterSecurity::Provided(ProvidedCerts {
                     ca_cert: PemSource::Path(ca_cert_path.clone()),
                     node_cert: PemSource::Path(cert_path.clone()),
                     node_key: PemSource::Path(key_path.clone()),
+                    gossip_secret: secret(gossip_secret, accepted)?,
                 }))
             }
         }
@@ -396,7 +420,7 @@ impl ClusterAuth {
 
     /// Whether this is the public [`DEV_CLUSTER_SECRET`] (worth a warning at start).
     pub fn is_dev_secret(&self) -> bool {
-        matches!(self, ClusterAuth::Secret(secret) if secret.expose() == DEV_CLUSTER_SECRET)
+        matches!(self, ClusterAuth::Secret { secret, .. } if secret.expose() == DEV_CLUSTER_SECRET)
     }
 }
 
@@ -490,6 +514,9 @@ pub struct Bounds {
     pub batch_len_max: usize,
     /// `key_bytes_max`: the longest client key.
     pub key_bytes_max: usize,
+    /// `log_bytes_max`: the bytes all sliding window logs of the node may take together;
+    /// beyond it logs are coarsened (conservatively). Restart only.
+    pub log_bytes_max: usize,
 }
 
 impl Default for Bounds {
@@ -501,6 +528,7 @@ impl Default for Bounds {
             connections_max: CONNECTIONS_PER_IN_FLIGHT_DEFAULT * HTTP_IN_FLIGHT_MAX_DEFAULT,
             batch_len_max: BATCH_LEN_MAX_DEFAULT,
             key_bytes_max: KEY_BYTES_MAX_DEFAULT,
+            log_bytes_max: StoreConfig::default().log_bytes_max,
         }
     }
 }
@@ -731,7 +759,11 @@ impl Config {
         NodeConfig {
             forward_wait: Duration::ZERO,
             sync_interval: self.cluster.sync_interval,
-            store: StoreConfig { keys_max: self.limits.keys_max, ..defaults.store },
+            store: StoreConfig {
+                keys_max: self.limits.keys_max,
+                log_bytes_max: self.limits.log_bytes_max,
+                ..defaults.store
+            },
             ..defaults
         }
     }
@@ -810,6 +842,25 @@ pub(crate) fn limit_error_field(error: &LimitError) -> &'static str {
                 _ => "limit",
             }
         }
+    }
+}
+
+/// A [`LimitError`] in the units users write: the core counts periods in nanoseconds, the
+/// configuration and the API in milliseconds (`period_ms`).
+pub(crate) fn limit_error_message(error: &LimitError) -> String {
+    const NANOS_PER_MS: u64 = 1_000_000;
+    match error {
+        LimitError::TooLarge { parameter: "period", max } => {
+            format!("period_ms is too large (at most {} ms, 100 years)", max / NANOS_PER_MS)
+        }
+        LimitError::RateTooHigh { limit, period_nanos } => {
+            let period_ms = period_nanos / NANOS_PER_MS;
+            format!(
+                "{limit} per {period_ms} ms is above one hit per nanosecond: at most {} per {period_ms} ms",
+                period_nanos
+            )
+        }
+        other => other.to_string(),
     }
 }
 
@@ -1013,18 +1064,15 @@ impl Ctx<'_> {
         let paths =
             [("ca_cert_path", &c.ca_cert_path), ("cert_path", &c.cert_path), ("key_path", &c.key_path)];
         let given: Vec<_> = paths.iter().filter_map(|(name, v)| v.as_ref().map(|v| (*name, v))).collect();
-        if let Some(secret) = &c.secret {
-            if let Some((name, _)) = given.first() {
-                return Err(self.invalid(
-                    "cluster.secret",
-                    &secret.at,
-                    format!("conflicts with cluster.{name}: use a shared secret or certificates, not both"),
-                ));
-            }
-            if let Err(error) = ClusterSecret::new(secret.value.as_str()) {
-                return Err(self.invalid("cluster.secret", &secret.at, error));
+        for (name, value) in [("cluster.secret", &c.secret), ("cluster.secret_accepted", &c.secret_accepted)]
+        {
+            if let Some(secret) = value
+                && let Err(error) = ClusterSecret::new(secret.value.as_str())
+            {
+                return Err(self.invalid(name, &secret.at, error));
             }
         }
+        let accepted = c.secret_accepted.as_ref().map(|v| SecretString::new(v.value.as_str()));
         if !given.is_empty() {
             for (name, value) in &paths {
                 match value {
@@ -1042,11 +1090,21 @@ impl Ctx<'_> {
                     Some(_) => {}
                 }
             }
+            let Some(gossip_secret) = &c.secret else {
+                let (other, v) = given[0];
+                let message = format!(
+                    "missing: cluster.{other} is set, and with certificates cluster.secret (at least \
+                     {CLUSTER_SECRET_LEN_MIN} bytes, shared by every node) seals gossip"
+                );
+                return Err(self.invalid("cluster.secret", &v.at, message));
+            };
             let path = |v: &Option<Val<String>>| PathBuf::from(v.as_ref().map_or("", |v| v.value.as_str()));
             return Ok(ClusterAuth::Certs {
                 ca_cert_path: path(&c.ca_cert_path),
                 cert_path: path(&c.cert_path),
                 key_path: path(&c.key_path),
+                gossip_secret: SecretString::new(gossip_secret.value.as_str()),
+                accepted,
             });
         }
         let secret = c.secret.as_ref().map_or(DEV_CLUSTER_SECRET, |v| v.value.as_str());
@@ -1061,7 +1119,7 @@ impl Ctx<'_> {
                 let message = format!(
                     "the built-in development secret is public and only allowed on loopback, but \
                      listen.{name} is {addr}: set cluster.secret (at least {CLUSTER_SECRET_LEN_MIN} \
-                     bytes) or certificate paths"
+                     bytes)"
                 );
                 return Err(match (&c.secret, at) {
                     (Some(v), _) | (None, Some(v)) => self.invalid("cluster.secret", &v.at, message),
@@ -1069,7 +1127,7 @@ impl Ctx<'_> {
                 });
             }
         }
-        Ok(ClusterAuth::Secret(SecretString::new(secret)))
+        Ok(ClusterAuth::Secret { secret: SecretString::new(secret), accepted })
     }
 
     fn listen(&self, raw: &RawConfig) -> Result<ListenSection, ConfigError> {
@@ -1222,6 +1280,12 @@ impl Ctx<'_> {
         )?;
         Ok(Bounds {
             keys_max: self.size("limits.keys_max", &l.keys_max, defaults.keys_max, KEYS_MAX_MAX)?,
+            log_bytes_max: self.size(
+                "limits.log_bytes_max",
+                &l.log_bytes_max,
+                defaults.log_bytes_max,
+                LOG_BYTES_MAX_MAX,
+            )?,
             http_in_flight_max,
             // The default follows the in-flight bound; the product is at most 4 << 20.
             connections_max: self.size(
@@ -1413,7 +1477,7 @@ impl Ctx<'_> {
                 "delay" => p.delay.as_ref(),
                 _ => Some(limit),
             };
-            self.invalid(field(name), v.map_or(table, |v| &v.at), error)
+            self.invalid(field(name), v.map_or(table, |v| &v.at), limit_error_message(&error))
         })?;
         let mode = match &p.mode {
             None => Mode::Approximate,

@@ -4,9 +4,11 @@
 //!
 //! # Readiness
 //!
-//! [`Daemon::is_ready`] (`GET /readyz`) is true when the daemon is not shutting down, the node's
+//! [`Daemon::is_ready`] (`GET /readyz`) is true when the daemon is not shutting down, its gossip
+//! runs (not while it is restarted after it ended: the membership view would be stale), the node's
 //! ring contains it as a live member, — when `cluster.seeds` is not empty — at least one other
-//! member is live, and the node's join grace has passed (see `ratemesh::Node::wait_serving`). A seeded node that cannot reach anyone is therefore **not ready**: at
+//! member is live, and the node's join grace has passed (see `ratemesh::Node::wait_serving`). A
+//! seeded node that cannot reach anyone is therefore **not ready**: at
 //! start until it joined, and later whenever it lost every peer (a partition, or all others
 //! down). Alone in its own ring it would own every key and admit each limit in full by itself;
 //! a load balancer should send traffic to nodes that are part of the cluster. A node without
@@ -20,7 +22,7 @@
 //!
 //! - applied at once: `[[policies]]`, `[log] level`, `[auth]`, and the per-request bounds
 //!   `[limits] http_body_bytes_max`, `batch_len_max`, `key_bytes_max`;
-//! - need a restart: `[node]`, `[cluster]`, `[listen]`, `[log] format`, `[limits] keys_max`,
+//! - need a restart: `[node]`, `[cluster]`, `[listen]`, `[log] format`, `[limits] keys_max`, `log_bytes_max`,
 //!   `http_in_flight_max` and `connections_max` (sockets, the node's identity, its key table and
 //!   the servers' bounds are made once).
 //!
@@ -37,7 +39,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime};
 
-use ratemesh::{CheckError, Member, MemberStatus, Node, NodeBuilder, NodeId, StartError};
+use ratemesh::{
+    CheckError, GossipHealth, Member, MemberStatus, Node, NodeBuilder, NodeId, Released, StartError,
+};
 use ratemesh_core::{Decision, KeyHash, Namespace};
 use tokio::sync::{Semaphore, watch};
 use tracing::{info, warn};
@@ -338,7 +342,7 @@ impl Daemon {
     }
 
     /// Gives back a concurrency lease.
-    pub fn release(&self, release: &ValidRelease) -> Result<(), CheckError> {
+    pub fn release(&self, release: &ValidRelease) -> Result<Released, CheckError> {
         if self.is_shutting_down() {
             return Err(CheckError::ShutDown);
         }
@@ -352,11 +356,17 @@ impl Daemon {
     }
 
     /// Why the daemon should not receive traffic now, or `None` when it is ready: shutting down;
-    /// not (yet) a live member of its own ring; or seeded (`cluster.seeds` not empty) and no
+    /// gossip being restarted after it ended; not (yet) a live member of its own ring; or seeded (`cluster.seeds` not empty) and no
     /// other member is live.
     pub fn not_ready_reason(&self) -> Option<&'static str> {
         if self.is_shutting_down() {
             return Some("shutting down");
+        }
+        if self.node.gossip_health() != GossipHealth::Running {
+            return Some(
+                "gossip ended and is being restarted: membership is not updated meanwhile (see the log and \
+                 ratemesh_gossip_restarts_total)",
+            );
         }
         let me = self.node.id();
         let members = self.node.members();
@@ -603,9 +613,11 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
         connections_max,
         batch_len_max: _,
         key_bytes_max: _,
+        log_bytes_max,
     } = limits;
     let b = &new.limits;
     differs("limits.keys_max", *keys_max != b.keys_max);
+    differs("limits.log_bytes_max", *log_bytes_max != b.log_bytes_max);
     differs("limits.http_in_flight_max", *http_in_flight_max != b.http_in_flight_max);
     differs("limits.connections_max", *connections_max != b.connections_max);
 

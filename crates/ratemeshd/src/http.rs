@@ -4,7 +4,7 @@
 //! | --- | --- |
 //! | `POST /v1/check` | 200, [`CheckResponse`] JSON and the rate-limit headers |
 //! | `POST /v1/check/batch` | 200, a JSON array of [`CheckResponse`], in request order |
-//! | `POST /v1/release` | 200, `{"released": true}` |
+//! | `POST /v1/release` | 200, `{"released": true}` (ended here), `false` (this node owns the key and the lease was not held: released already or expired), or `null` with `"owner"` (sent to the owning member) |
 //! | `GET /v1/auth` | 200 when allowed, 429 when not, with the rate-limit headers (nginx `auth_request`, Traefik forwardAuth) |
 //! | `GET /metrics` | Prometheus (OpenMetrics) text |
 //! | `GET /healthz` | 200 while the process serves |
@@ -29,7 +29,10 @@
 //! none. A permit is held for at most [`BODY_READ_TIMEOUT`] + [`REQUEST_TIMEOUT`]: a slow body
 //! gets 408, and decisions that take longer (a batch of exact-mode checks against an unreachable
 //! owner, each waiting for its forward timeout) get 503. Connections themselves are bounded by
-//! `crate::serve` (`limits.connections_max`, and [`HEADER_READ_TIMEOUT`] for a request's head).
+//! `crate::serve` (`limits.connections_max`, [`HEADER_READ_TIMEOUT`] for a request's head, which
+//! is also how long a kept-alive connection may sit idle) and `crate::listener` (a write the
+//! client does not take within [`crate::listener::WRITE_TIMEOUT`] closes the connection: slow
+//! readers cannot hold slots).
 //!
 //! # `GET /v1/auth` and proxies
 //!
@@ -45,17 +48,17 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Query, Request, State};
+use axum::extract::{Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use prometheus_client::metrics::gauge::Gauge;
-use ratemesh::CheckError;
 use ratemesh::headers::insert_headers_for;
+use ratemesh::{CheckError, Released};
 use ratemesh_core::{Algorithm, Decision};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::json;
 
 use crate::config::{Bounds, fallback_name, mode_name};
@@ -87,8 +90,8 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// the hits already taken by earlier checks of a batch stay taken.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The API's time bounds. The defaults are the constants of this module; tests shorten them to
-/// see them work without waiting seconds.
+/// The API's time bounds. The defaults are the constants of this module (and the listener's
+/// write timeout); tests shorten them to see them work without waiting seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeouts {
     /// [`HEADER_READ_TIMEOUT`] (used by the connection server, `crate::serve`).
@@ -97,11 +100,19 @@ pub struct Timeouts {
     pub body_read: Duration,
     /// [`REQUEST_TIMEOUT`].
     pub request: Duration,
+    /// [`crate::listener::WRITE_TIMEOUT`]: a write the client does not take within it closes
+    /// the connection (used by the listener).
+    pub write: Duration,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts { header_read: HEADER_READ_TIMEOUT, body_read: BODY_READ_TIMEOUT, request: REQUEST_TIMEOUT }
+        Timeouts {
+            header_read: HEADER_READ_TIMEOUT,
+            body_read: BODY_READ_TIMEOUT,
+            request: REQUEST_TIMEOUT,
+            write: crate::listener::WRITE_TIMEOUT,
+        }
     }
 }
 
@@ -365,16 +376,48 @@ async fn check_batch(State(api): ApiState, headers: HeaderMap, body: Body) -> Re
 
 async fn release(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let valid = parse_body(&api, &headers, body, parse_release).await?;
-    api.daemon.release(&valid)?;
-    Ok(json_response(StatusCode::OK, &json!({ "released": true })))
+    let answer = match api.daemon.release(&valid)? {
+        Released::Ended => json!({ "released": true }),
+        Released::NotHeld => json!({ "released": false }),
+        // The owner ends it if it holds it, and says nothing back.
+        Released::SentToOwner(owner) => json!({ "released": null, "owner": owner.0 }),
+    };
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
 /// The query of `GET /v1/auth`; unknown parameters are ignored (a proxy may pass its own).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default)]
 struct AuthQuery {
     policy: Option<String>,
     key: Option<String>,
     cost: Option<String>,
+}
+
+impl AuthQuery {
+    /// Parses `?policy=&key=&cost=` (form encoding: `+` is a space, `%XX` a byte). A value that
+    /// is not UTF-8 once decoded is refused, not decoded lossily: two different byte strings
+    /// would otherwise share one bucket. A parameter given twice is refused too.
+    fn parse(uri: &Uri) -> Result<AuthQuery, ApiError> {
+        let mut query = AuthQuery::default();
+        for pair in uri.query().unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let (field, slot) = match name {
+                "policy" => ("policy", &mut query.policy),
+                "key" => ("key", &mut query.key),
+                "cost" => ("cost", &mut query.cost),
+                _ => continue,
+            };
+            if slot.is_some() {
+                return Err(ApiError::bad_request(field, "given twice"));
+            }
+            let spaced = value.replace('+', " ");
+            let decoded = percent_encoding::percent_decode_str(&spaced)
+                .decode_utf8()
+                .map_err(|_| ApiError::bad_request(field, "not valid UTF-8 once percent-decoded"))?;
+            *slot = Some(decoded.into_owned());
+        }
+        Ok(query)
+    }
 }
 
 /// A request header's value as text, or a 400 naming it.
@@ -417,8 +460,7 @@ fn auth_key(query: &AuthQuery, headers: &HeaderMap, key_header: &str) -> Result<
 
 async fn auth(State(api): ApiState, uri: Uri, headers: HeaderMap) -> Result<Response, ApiError> {
     let (config, policies) = api.daemon.current();
-    let Query(query) =
-        Query::<AuthQuery>::try_from_uri(&uri).map_err(|e| ApiError::bad_request("query", e.body_text()))?;
+    let query = AuthQuery::parse(&uri)?;
     let policy = match &query.policy {
         Some(policy) => Some(policy.clone()),
         None => header_text(&headers, &config.auth.policy_header)?.map(str::to_owned),

@@ -1,5 +1,5 @@
-//! The daemon's TCP listeners: a bound on open connections, and a deadline for a connection's
-//! first bytes.
+//! The daemon's TCP listeners: a bound on open connections, a deadline for a connection's
+//! first bytes, and one for every write.
 //!
 //! [`LimitedIncoming`] accepts connections from a stream of accepted sockets and lets each one
 //! through only with a permit of a semaphore (`limits.connections_max` of them per listener),
@@ -9,6 +9,14 @@
 //! bounded amount of memory and file descriptors. Requests in flight have their own, smaller
 //! bounds (`limits.http_in_flight_max`); this one covers idle and slow connections, which hold
 //! no request permit.
+//!
+//! A client that sends requests and never reads the answers (a slow reader) would hold its slot
+//! forever: the server's writes wait for room in a socket buffer that never drains, and nothing
+//! else times out a write. So a connection may also get a write deadline ([`LimitedIncoming::
+//! write_timeout`]): a write the socket does not take whole within it fails, and the server closes
+//! the connection. It runs from the moment a write is blocked or only partly taken, and stops
+//! only once a write is taken whole: a reader that drains a byte at a time makes progress but
+//! still stalls every write, and is cut off.
 
 use std::io;
 use std::pin::Pin;
@@ -23,6 +31,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 use tokio_stream::Stream;
 use tracing::{debug, warn};
+
+/// How long a write may wait for the client to take it (see the module documentation), for
+/// both servers: an answer is a few hundred bytes to a few kilobytes, which a client that reads
+/// takes at once.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long the listener pauses after a failed `accept` (file descriptors exhausted): accepting
 /// again at once would spin a core while nothing can be accepted.
@@ -54,6 +67,7 @@ pub struct LimitedIncoming<S> {
     server: &'static str,
     refused: Counter,
     first_bytes: Option<FirstBytes>,
+    write_timeout: Option<Duration>,
     /// Set after an accept error: nothing is accepted until it fires.
     pause: Option<Pin<Box<Sleep>>>,
 }
@@ -64,6 +78,7 @@ impl<S> std::fmt::Debug for LimitedIncoming<S> {
             .field("server", &self.server)
             .field("permits_free", &self.permits.available_permits())
             .field("first_bytes", &self.first_bytes)
+            .field("write_timeout", &self.write_timeout)
             .finish()
     }
 }
@@ -76,12 +91,26 @@ where
     /// `server` (`http` or `grpc`) names the listener in logs, and `refused` counts the
     /// connections closed for lack of a permit.
     pub fn new(incoming: S, permits: Arc<Semaphore>, server: &'static str, refused: Counter) -> Self {
-        LimitedIncoming { incoming, permits, server, refused, first_bytes: None, pause: None }
+        LimitedIncoming {
+            incoming,
+            permits,
+            server,
+            refused,
+            first_bytes: None,
+            write_timeout: None,
+            pause: None,
+        }
     }
 
     /// Every connection must send its first bytes within a deadline ([`FirstBytes`]).
     pub fn first_bytes(self, first_bytes: FirstBytes) -> Self {
         LimitedIncoming { first_bytes: Some(first_bytes), ..self }
+    }
+
+    /// Every write of every connection must be taken whole by the socket within `timeout` (see
+    /// the module documentation).
+    pub fn write_timeout(self, timeout: Duration) -> Self {
+        LimitedIncoming { write_timeout: Some(timeout), ..self }
     }
 }
 
@@ -117,7 +146,13 @@ where
                         timeout: first.timeout,
                         deadline: Box::pin(tokio::time::sleep(first.timeout)),
                     });
-                    return Poll::Ready(Some(Ok(LimitedStream { stream, _permit: permit, first_bytes })));
+                    let write = this.write_timeout.map(|timeout| WriteDeadline { timeout, stalled: None });
+                    return Poll::Ready(Some(Ok(LimitedStream {
+                        stream,
+                        _permit: permit,
+                        first_bytes,
+                        write,
+                    })));
                 }
                 Err(_) => {
                     // Dropping the socket closes it: the client sees its connection end at once.
@@ -139,11 +174,46 @@ struct FirstBytesDeadline {
     deadline: Pin<Box<Sleep>>,
 }
 
+/// The write deadline of one connection: running while a write is stalled.
+struct WriteDeadline {
+    timeout: Duration,
+    /// Since a write was blocked or only partly taken, until one is taken whole.
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl WriteDeadline {
+    /// Passes on the outcome of a write or flush (`taken`: whether the socket took it whole),
+    /// starting, stopping or enforcing the deadline.
+    fn check<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+        taken: impl Fn(&T) -> bool,
+    ) -> Poll<io::Result<T>> {
+        match &polled {
+            Poll::Ready(Ok(value)) if taken(value) => {
+                self.stalled = None;
+                return polled;
+            }
+            Poll::Ready(Err(_)) => return polled,
+            Poll::Ready(Ok(_)) | Poll::Pending => {}
+        }
+        let timeout = self.timeout;
+        let stalled = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if stalled.as_mut().poll(cx).is_ready() {
+            let message = format!("a write was not taken by the client within {timeout:?} (a slow reader)");
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, message)));
+        }
+        polled
+    }
+}
+
 /// An accepted connection holding its connection permit until it is dropped.
 pub struct LimitedStream {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
     first_bytes: Option<FirstBytesDeadline>,
+    write: Option<WriteDeadline>,
 }
 
 impl std::fmt::Debug for LimitedStream {
@@ -198,7 +268,12 @@ impl AsyncRead for LimitedStream {
 
 impl AsyncWrite for LimitedStream {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        match &mut this.write {
+            Some(deadline) => deadline.check(cx, polled, |&written| written == buf.len()),
+            None => polled,
+        }
     }
 
     fn poll_write_vectored(
@@ -206,7 +281,13 @@ impl AsyncWrite for LimitedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let this = &mut *self;
+        let len: usize = bufs.iter().map(|buf| buf.len()).sum();
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        match &mut this.write {
+            Some(deadline) => deadline.check(cx, polled, |&written| written == len),
+            None => polled,
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -214,7 +295,12 @@ impl AsyncWrite for LimitedStream {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.stream).poll_flush(cx);
+        match &mut this.write {
+            Some(deadline) => deadline.check(cx, polled, |()| true),
+            None => polled,
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

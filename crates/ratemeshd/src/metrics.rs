@@ -24,7 +24,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use ratemesh::{Member, MemberStatus, Node};
+use ratemesh::{GossipHealth, Member, MemberStatus, Node};
 use ratemesh_core::Decision;
 
 /// The content type of [`Metrics::encode`]'s output: OpenMetrics text, which Prometheus scrapes
@@ -298,9 +298,10 @@ impl prometheus_client::collector::Collector for NodeCollector {
         let p = &m.protocol;
         let d = &p.delivery;
         let t = &m.transport;
+        let g = &m.gossip;
         let e = &mut encoder;
         // (name, help, value): every counter of the node, in exposition order.
-        let counters: [(&str, &str, u64); 32] = [
+        let counters: [(&str, &str, u64); 37] = [
             ("ratemesh_owner_decisions", "Checks decided by this node as the key's owner", p.owner_decisions),
             (
                 "ratemesh_allowance_decisions",
@@ -369,11 +370,34 @@ impl prometheus_client::collector::Collector for NodeCollector {
             ("ratemesh_store_inserted", "Keys inserted in the key table", m.store.inserted),
             ("ratemesh_store_expired", "Keys dropped from the key table once fresh again", m.store.expired),
             ("ratemesh_evictions", "Keys evicted from the full key table", m.store.evicted),
+            (
+                "ratemesh_logs_coarsened",
+                "Times a sliding window log was coarsened to stay within the node's log byte bound",
+                m.store.logs_coarsened,
+            ),
+            (
+                "ratemesh_gossip_datagrams_received",
+                "Datagrams received on the gossip port",
+                g.datagrams_received,
+            ),
+            ("ratemesh_gossip_datagrams_sent", "Sealed gossip datagrams sent", g.datagrams_sent),
+            ("ratemesh_gossip_send_failures", "Gossip messages that could not be sent", g.send_failures),
+            (
+                "ratemesh_gossip_restarts",
+                "Times gossip ended while the node ran and was restarted (see the log for why)",
+                g.restarts,
+            ),
         ];
         for (name, help, value) in counters {
             counter(e, name, help, value)?;
         }
         gauge(e, "ratemesh_keys", "Keys tracked by this node (owned and followed)", gauge_value(m.keys))?;
+        gauge(
+            e,
+            "ratemesh_log_bytes",
+            "Bytes the sliding window logs' entries take on this node (bounded by limits.log_bytes_max)",
+            i64::try_from(m.store.log_bytes).unwrap_or(i64::MAX),
+        )?;
         gauge(
             e,
             "ratemesh_checks_waiting",
@@ -399,6 +423,30 @@ impl prometheus_client::collector::Collector for NodeCollector {
             let labels = [("peer", peer.0.to_string())];
             ConstGauge::new(round_trip.as_secs_f64()).encode(rtt_family.encode_family(&labels)?)?;
         }
+        let rejected = ConstCounter::new(0_u64);
+        let mut rejected_family = e.encode_descriptor(
+            "ratemesh_gossip_rejected",
+            "Gossip datagrams dropped unanswered, by reason: unauthenticated (not sealed, or forged), \
+             unknown_key (another secret), replayed, malformed or over_bound (authentic: an insider's)",
+            None,
+            rejected.metric_type(),
+        )?;
+        for (reason, count) in [
+            ("unauthenticated", g.rejected_unauthenticated),
+            ("unknown_key", g.rejected_unknown_key),
+            ("replayed", g.rejected_replayed),
+            ("malformed", g.rejected_malformed),
+            ("over_bound", g.rejected_over_bound),
+        ] {
+            ConstCounter::new(count).encode(rejected_family.encode_family(&[("reason", reason)])?)?;
+        }
+        let running = matches!(self.node.gossip_health(), GossipHealth::Running);
+        gauge(
+            e,
+            "ratemesh_gossip_running",
+            "1 while gossip runs, 0 while it is being restarted",
+            i64::from(running),
+        )?;
         let members = ConstGauge::new(0_i64);
         let mut family = e.encode_descriptor(
             "ratemesh_members",

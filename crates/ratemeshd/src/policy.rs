@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{
     Bounds, Config, EnvoyPattern, PolicyConfig, Rule, ValuePattern, algorithm_names, fallback_from_name,
-    fallback_name, limit_error_field, mode_from_name, mode_name,
+    fallback_name, limit_error_field, limit_error_message, mode_from_name, mode_name,
 };
 
 #[cfg(test)]
@@ -397,7 +397,7 @@ pub struct LimitBody {
     pub fallback: Option<String>,
 }
 
-/// The body of `POST /v1/release`: `{"key": "...", "policy": "..." | "limit": {...}, "lease": n}`,
+/// The body of `POST /v1/release`: `{"key": "...", "policy": "..." | "limit": {...}, "lease": "n"}`,
 /// with `key` and `policy`/`limit` as in the check that took the lease.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -411,9 +411,47 @@ pub struct ReleaseBody {
     /// The policy of the check (exactly one of `limit` and `policy`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
-    /// The lease the check answered with.
+    /// The lease the check answered with (a decimal string; a JSON number is accepted too).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub lease: Option<u64>,
+    pub lease: Option<LeaseJson>,
+}
+
+/// A concurrency lease in JSON: written as a decimal string, because lease ids use all 64 bits
+/// and JSON numbers beyond 2⁵³ lose digits in JavaScript (and beyond 2⁶³ do not fit Go's `int64`
+/// or Java's `long`); read as such a string or as a number (what earlier versions wrote).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseJson(pub u64);
+
+impl Serialize for LeaseJson {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for LeaseJson {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = LeaseJson;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a lease: a decimal string (or a non-negative integer)")
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<LeaseJson, E> {
+                Ok(LeaseJson(value))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<LeaseJson, E> {
+                let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+                match text.parse() {
+                    Ok(value) if digits => Ok(LeaseJson(value)),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(text), &self)),
+                }
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 /// What a check counts against: a configured policy or an inline limit.
@@ -538,8 +576,8 @@ impl LimitBody {
             burst: self.burst,
             delay: self.delay,
         };
-        let limit =
-            Limit::new(spec).map_err(|error| invalid(sub(limit_error_field(&error)), error.to_string()))?;
+        let limit = Limit::new(spec)
+            .map_err(|error| invalid(sub(limit_error_field(&error)), limit_error_message(&error)))?;
         let mode = match self.mode.as_deref() {
             None => Mode::Approximate,
             Some(name) => mode_from_name(name).ok_or_else(|| {
@@ -604,7 +642,7 @@ impl ReleaseBody {
             Some(policy) if policy.limit.algorithm() == Algorithm::Concurrency => Arc::clone(policy),
             _ => return Err(invalid(field, "leases exist only under concurrency limits")),
         };
-        let lease = LeaseId(self.lease.ok_or_else(|| invalid("lease", "missing"))?);
+        let lease = LeaseId(self.lease.ok_or_else(|| invalid("lease", "missing"))?.0);
         let key = target.namespace().key(key.as_bytes());
         Ok(ValidRelease { policy, target, key, lease })
     }
@@ -686,9 +724,10 @@ pub struct CheckResponse {
     /// Shaper (`leaky_bucket`) only: how long to hold the request before serving it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
-    /// Concurrency only, when admitted: the lease to give back with `POST /v1/release`.
+    /// Concurrency only, when admitted: the lease to give back with `POST /v1/release` (a
+    /// decimal string, see [`LeaseJson`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease: Option<u64>,
+    pub lease: Option<LeaseJson>,
 }
 
 impl CheckResponse {
@@ -703,7 +742,7 @@ impl CheckResponse {
             reset_after_ms: ceil_ms(decision.reset_after),
             retry_after_ms: if allowed { None } else { decision.retry_after.map(ceil_ms) },
             delay_ms: (algorithm == Algorithm::LeakyBucketShaper).then(|| ceil_ms(decision.delay)),
-            lease: decision.lease.map(|lease| lease.0),
+            lease: decision.lease.map(|lease| LeaseJson(lease.0)),
         }
     }
 }

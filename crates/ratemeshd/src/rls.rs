@@ -53,6 +53,8 @@
 //!   in flight (load shedding: answered at once, never queued, counted in
 //!   `ratemesh_shed_requests_total{server="grpc"}`), or the call's decisions took longer than
 //!   [`CALL_TIMEOUT`]. Envoy then applies its `failure_mode_deny` setting.
+//! - `INVALID_ARGUMENT` too for a request that is not a `RateLimitRequest` at all (malformed
+//!   protobuf: tonic says `INTERNAL`, which is turned into the client's fault it is).
 //! - Messages larger than [`MESSAGE_BYTES_MAX`] are refused by the gRPC layer (`OUT_OF_RANGE`,
 //!   tonic's code for it).
 //!
@@ -60,7 +62,8 @@
 //!
 //! At most `limits.connections_max` connections are open at once (one more is closed as soon as
 //! it is accepted, see `crate::listener`); a connection must send its HTTP/2 preface within
-//! [`HANDSHAKE_TIMEOUT`]; HTTP/2 pings every [`HTTP2_KEEPALIVE_INTERVAL`] (and TCP keepalive)
+//! [`HANDSHAKE_TIMEOUT`]; a write the client does not take within
+//! [`crate::listener::WRITE_TIMEOUT`] closes the connection; HTTP/2 pings every [`HTTP2_KEEPALIVE_INTERVAL`] (and TCP keepalive)
 //! find peers that vanished without closing their connections.
 //!
 //! ## Concurrency
@@ -96,7 +99,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 use tracing::debug;
 
-use crate::config::{Rule, limit_error_field};
+use crate::config::{Rule, limit_error_field, limit_error_message};
 use crate::daemon::Daemon;
 use crate::listener::{FirstBytes, LimitedIncoming};
 use crate::policy::{PolicyEntry, PolicyTable, Target};
@@ -152,11 +155,13 @@ pub struct Timeouts {
     pub handshake: Duration,
     /// [`CALL_TIMEOUT`].
     pub call: Duration,
+    /// [`crate::listener::WRITE_TIMEOUT`].
+    pub write: Duration,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts { handshake: HANDSHAKE_TIMEOUT, call: CALL_TIMEOUT }
+        Timeouts { handshake: HANDSHAKE_TIMEOUT, call: CALL_TIMEOUT, write: crate::listener::WRITE_TIMEOUT }
     }
 }
 
@@ -321,9 +326,11 @@ pub async fn serve(
         .with_keepalive_interval(Some(TCP_KEEPALIVE_INTERVAL));
     let refused = daemon.metrics().connections_refused("grpc");
     let incoming = LimitedIncoming::new(accepted, connections, "grpc", refused)
-        .first_bytes(FirstBytes { bytes: HANDSHAKE_BYTES, timeout: timeouts.handshake });
+        .first_bytes(FirstBytes { bytes: HANDSHAKE_BYTES, timeout: timeouts.handshake })
+        .write_timeout(timeouts.write);
     let service = RlsService::new(daemon).with_call_timeout(timeouts.call);
     tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(undecodable_is_invalid_argument))
         .max_concurrent_streams(STREAMS_PER_CONNECTION_MAX)
         .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
@@ -332,6 +339,20 @@ pub async fn serve(
         .serve_with_incoming_shutdown(service.into_server(), incoming, shutdown)
         .await?;
     Ok(())
+}
+
+/// tonic answers a request it cannot decode (malformed protobuf, no message, more than one) with
+/// `INTERNAL`; the fault is the client's, so this turns it into `INVALID_ARGUMENT`. It may look
+/// at every answer's status alone because [`RlsService`] itself never answers `INTERNAL`: in this
+/// server that code only comes from tonic's decoding of requests.
+fn undecodable_is_invalid_argument<B>(mut response: http::Response<B>) -> http::Response<B> {
+    let internal = i32::from(tonic::Code::Internal).to_string();
+    let status = response.headers().get(tonic::Status::GRPC_STATUS);
+    if status.is_some_and(|code| code.as_bytes() == internal.as_bytes()) {
+        let invalid = i32::from(tonic::Code::InvalidArgument);
+        response.headers_mut().insert(tonic::Status::GRPC_STATUS, http::HeaderValue::from(invalid));
+    }
+    response
 }
 
 /// A descriptor that falls under a policy: what to check.
@@ -407,7 +428,8 @@ fn plan_descriptor(
                     _ => "requests_per_unit",
                 };
                 Status::invalid_argument(format!(
-                    "descriptors[{index}].limit.{field}: {error} (under the {} algorithm of policy {:?})",
+                    "descriptors[{index}].limit.{field}: {} (under the {} algorithm of policy {:?})",
+                    limit_error_message(&error),
                     policy.limit.algorithm().name(),
                     matched.entry.name,
                 ))

@@ -205,7 +205,8 @@ async fn start_http(
 ) -> Result<SocketAddr, ServeError> {
     let (listener, local) = bind("HTTP", addr).await?;
     let refused = daemon.metrics().connections_refused("http");
-    let incoming = LimitedIncoming::new(TcpListenerStream::new(listener), connections, "http", refused);
+    let incoming = LimitedIncoming::new(TcpListenerStream::new(listener), connections, "http", refused)
+        .write_timeout(timeouts.write);
     let app = crate::http::router_with(Arc::clone(daemon), timeouts);
     let shutdown = daemon.close_signal();
     tasks.spawn(async move {

@@ -285,7 +285,9 @@ async fn a_released_concurrency_lease_admits_the_next_request() {
     let h = Harness::start("release", &config).await;
     let first = json_of(&h.post("/v1/check", &json!({"key": "w", "policy": "jobs"})).await);
     assert_eq!(first["allowed"], json!(true), "{first}");
-    let lease = first["lease"].as_u64().expect("a lease");
+    // A decimal string: lease ids use all 64 bits, beyond what JavaScript numbers hold.
+    let lease = first["lease"].as_str().expect("a lease, as a string").to_owned();
+    assert!(lease.parse::<u64>().is_ok(), "{lease}");
     let second = json_of(&h.post("/v1/check", &json!({"key": "w", "policy": "jobs"})).await);
     assert_eq!(second["allowed"], json!(false), "one lease at a time: {second}");
     let r = h.post("/v1/release", &json!({"key": "w", "policy": "jobs"})).await;
@@ -296,14 +298,17 @@ async fn a_released_concurrency_lease_admits_the_next_request() {
     assert_error(&r, 404, Some("policy"), "release under an unknown policy");
     let r = h.post("/v1/release", &json!({"key": "w", "policy": "jobs", "lease": lease})).await;
     assert_eq!((r.status, json_of(&r)), (200, json!({"released": true})));
+    let r = h.post("/v1/release", &json!({"key": "w", "policy": "jobs", "lease": lease})).await;
+    assert_eq!((r.status, json_of(&r)), (200, json!({"released": false})), "released already: not held");
     let third = json_of(&h.post("/v1/check", &json!({"key": "w", "policy": "jobs"})).await);
     assert_eq!(third["allowed"], json!(true), "the lease was given back: {third}");
     // Inline concurrency limits release the same way.
     let inline = json!({"algorithm": "concurrency", "limit": 1, "period_ms": 60000, "mode": "exact"});
     let taken = json_of(&h.post("/v1/check", &json!({"key": "i", "limit": inline})).await);
-    let lease = taken["lease"].as_u64().expect("a lease");
+    // Given back as a number, as earlier versions wrote it: accepted too.
+    let lease: u64 = taken["lease"].as_str().expect("a lease").parse().expect("decimal");
     let r = h.post("/v1/release", &json!({"key": "i", "limit": inline, "lease": lease})).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!((r.status, json_of(&r)), (200, json!({"released": true})));
     let again = json_of(&h.post("/v1/check", &json!({"key": "i", "limit": inline})).await);
     assert_eq!(again["allowed"], json!(true), "{again}");
     h.stop().await;
@@ -375,6 +380,14 @@ async fn auth_answers_200_then_429_with_headers() {
     let r = h.get("/v1/auth?policy=login&key=k&cost=99999999999999999999").await;
     assert_error(&r, 400, Some("cost"), "cost beyond u64");
     assert_error(&h.request("POST", "/v1/auth", &[], b"").await, 405, None, "POST /v1/auth");
+    // Keys are text: bytes that are not UTF-8 are refused, never replaced (which would put
+    // distinct byte strings in one bucket); UTF-8 in percent-encoding, and `+` as space, decode.
+    for not_utf8 in ["%FF", "%C3", "a%ED%A0%80"] {
+        let r = h.get(&format!("/v1/auth?policy=login&key={not_utf8}")).await;
+        assert_error(&r, 400, Some("key"), not_utf8);
+    }
+    assert_eq!(h.get("/v1/auth?policy=login&key=caf%C3%A9+au+lait").await.status, 200);
+    assert_error(&h.get("/v1/auth?policy=login&key=a&key=b").await, 400, Some("key"), "two keys");
 
     let metrics = h.get("/metrics").await.text();
     assert!(
@@ -892,6 +905,76 @@ async fn slow_and_idle_connections_are_closed_after_their_timeouts() {
     let grpc = h.servers().grpc_addr().expect("gRPC").to_string();
     let (_, elapsed) = until_closed(&grpc, b"").await;
     assert!(elapsed >= short, "not before the timeout: {elapsed:?}");
+    h.stop().await;
+}
+
+/// Slow readers: `connections_max` connections pipeline requests and never read the answers
+/// (one reads a byte now and then, which is progress but no real reading), through a tiny
+/// receive window, until the server's writes stall. Each is closed once a write waited for the
+/// write timeout, so a new client is served then (without the timeout, never).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_readers_cannot_hold_the_connection_slots() {
+    const SLOTS: usize = 4;
+    let config =
+        BASE.replace("batch_len_max = 10", &format!("batch_len_max = 10\nconnections_max = {SLOTS}"));
+    let mut options = Options::default();
+    // Long head and idle timeouts (any close here is the write timeout's), a short write timeout.
+    options.http.header_read = Duration::from_secs(60);
+    options.http.write = Duration::from_millis(500);
+    let h = Harness::start_with("slow-readers", &config, options).await;
+    let permits = Arc::clone(h.servers().http_connections());
+    let mut readers = Vec::new();
+    for index in 0..SLOTS {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("a small receive buffer");
+        let mut stream = socket.connect(h.addr.parse().expect("address")).await.expect("connects");
+        // Pipelined scrapes (kilobytes each): far more answer than the buffers hold.
+        let requests = b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n".repeat(2000);
+        readers.push(tokio::spawn(async move {
+            // The server stops reading once its writes stall: this write may never end.
+            let _ = stream.write_all(&requests).await;
+            if index == 0 {
+                // The trickler: a byte every 50 ms until the server gives up on it.
+                let mut byte = [0_u8; 1];
+                while stream.read(&mut byte).await.is_ok_and(|n| n > 0) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            } else {
+                std::future::pending::<()>().await;
+            }
+        }));
+    }
+    // Every slot taken (waited on the permits, bounded), then a new client: refused at accept
+    // while the slow readers hold the slots, served once the server cut them off.
+    tokio::time::timeout(TIMEOUT, async {
+        while permits.available_permits() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the slow readers hold every slot");
+    let started = Instant::now();
+    let served = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            if let Closed::Answered(r) =
+                exchange(&h.addr, b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").await
+            {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a new client is served while slow readers try to hold every slot");
+    assert_eq!(served.status, 200, "{}", served.text());
+    println!(
+        "new client served {:?} after the slow readers took every slot (write timeout {:?})",
+        started.elapsed(),
+        options.http.write
+    );
+    for reader in readers {
+        reader.abort();
+    }
     h.stop().await;
 }
 

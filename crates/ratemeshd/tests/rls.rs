@@ -414,6 +414,70 @@ async fn malformed_requests_are_invalid_arguments_and_count_nothing() {
     rls.stop().await;
 }
 
+/// A gRPC codec of raw bytes: what a client sends when its message is not a protobuf at all.
+#[derive(Clone, Copy, Debug, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let len = bytes::Buf::remaining(src);
+        Ok(Some(bytes::Buf::copy_to_bytes(src, len).to_vec()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_requests_are_invalid_arguments() {
+    let rls = Rls::start().await;
+    let addr = rls.servers.grpc_addr().expect("gRPC");
+    let channel =
+        Channel::from_shared(format!("http://{addr}")).expect("uri").connect().await.expect("connects");
+    let path =
+        http::uri::PathAndQuery::from_static("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit");
+    // A field of wire type 7 (none), a length beyond the message, a truncated varint.
+    for garbage in [vec![0x0f], vec![0x0a, 0x7f, 0x01], vec![0x08, 0xff]] {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        grpc.ready().await.expect("ready");
+        let call = grpc.unary(tonic::Request::new(garbage.clone()), path.clone(), RawCodec);
+        let status = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .expect("answered")
+            .expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{garbage:?}: {status:?}");
+    }
+    // The server keeps serving, and counted nothing.
+    let response = rls.ok(request("edge", vec![ip("10.0.0.9")])).await;
+    assert_eq!(response.statuses[0].limit_remaining, 2);
+    rls.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shut_down_node_makes_limited_descriptors_unavailable() {
     let rls = Rls::start().await;

@@ -4,11 +4,20 @@
 //! (each entry costs at least 1, and admitted hits never exceed the limit); hits forced in from
 //! other nodes may exceed it, and then the two oldest entries are merged into the later of the two,
 //! which keeps every hit counted at least as long as before (conservative).
+//!
+//! Memory: a log takes [`LOG_ENTRY_BYTES`] per entry its buffer has room for (pruning gives room
+//! back once the buffer is four times larger than needed). The store bounds all logs of a node
+//! together (`StoreConfig::log_bytes_max`): under that bound a log that grows is coarsened
+//! ([`Log::coarsen`]: the same merging, down to half its entries), which may refuse a little
+//! earlier than an exact log would, never later.
 
 use std::collections::VecDeque;
 
 use crate::decision::Decision;
 use crate::time::Instant;
+
+/// The bytes of one log entry: a time and a cost.
+pub(crate) const LOG_ENTRY_BYTES: usize = core::mem::size_of::<(Instant, u64)>();
 
 /// The hits still inside the sliding window, oldest first, and their total cost.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -36,6 +45,10 @@ impl Log {
             }
             self.hits.pop_front();
             self.used -= u128::from(cost);
+        }
+        // A log that was long once keeps its buffer: give most of it back.
+        if self.hits.capacity() > 4 * self.hits.len() + 8 {
+            self.hits.shrink_to(2 * self.hits.len());
         }
     }
 
@@ -101,7 +114,27 @@ impl Log {
 
     /// Keeps at most `limit` entries by merging the oldest into its successor (conservative).
     fn bound(&mut self, p: LogParams) {
-        let len_max = usize::try_from(p.limit).unwrap_or(usize::MAX).max(1);
+        self.merge_to(usize::try_from(p.limit).unwrap_or(usize::MAX));
+    }
+
+    /// Entries the log's buffer has room for: its memory, in [`LOG_ENTRY_BYTES`].
+    pub fn capacity(&self) -> usize {
+        self.hits.capacity()
+    }
+
+    /// Halves the log by merging each oldest entry into its successor (every hit stays counted
+    /// at least as long), and shrinks its buffer to fit. False when it cannot shrink any more
+    /// (one entry left, and no spare room).
+    pub fn coarsen(&mut self) -> bool {
+        let before = self.hits.capacity();
+        self.merge_to(self.hits.len() / 2);
+        self.hits.shrink_to_fit();
+        self.hits.capacity() < before
+    }
+
+    /// Keeps at most `len_max` entries (at least one) by merging the oldest into its successor.
+    fn merge_to(&mut self, len_max: usize) {
+        let len_max = len_max.max(1);
         while self.hits.len() > len_max {
             if let Some((_, oldest)) = self.hits.pop_front() {
                 self.used -= u128::from(oldest);

@@ -16,7 +16,7 @@ use crate::time::Instant;
 pub(crate) use leases::LeaseParams;
 use leases::Leases;
 use log::Log;
-pub(crate) use log::LogParams;
+pub(crate) use log::{LOG_ENTRY_BYTES, LogParams};
 pub(crate) use tat::TatParams;
 use window::Window;
 pub(crate) use window::WindowParams;
@@ -178,6 +178,15 @@ impl Bucket {
         }
     }
 
+    /// Sliding window log only: the entries its buffer has room for (its memory, at
+    /// [`LOG_ENTRY_BYTES`] each); 0 under other algorithms.
+    pub(crate) fn log_capacity(&self) -> usize {
+        match &self.state {
+            State::Log(l) => l.capacity(),
+            _ => 0,
+        }
+    }
+
     /// Window algorithms: nanoseconds from `now` until the current window ends (what is counted
     /// in it stops counting for the fixed window, and weighs less for the sliding counter).
     pub fn window_end_nanos(&self, limit: &Limit, now: Instant) -> Option<u64> {
@@ -189,6 +198,15 @@ impl Bucket {
                 Some(end.nanos_since(now))
             }
             _ => None,
+        }
+    }
+
+    /// Sliding window log only: halves the log, conservatively (see `Log::coarsen`); false when
+    /// it cannot shrink any more, or under other algorithms.
+    pub(crate) fn coarsen_log(&mut self) -> bool {
+        match &mut self.state {
+            State::Log(l) => l.coarsen(),
+            _ => false,
         }
     }
 

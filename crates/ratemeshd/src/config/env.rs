@@ -58,13 +58,14 @@ type Locate = fn(&mut RawConfig) -> Slot<'_>;
 
 /// Every overridable field, as `section.field`, with where it lives. The variable's name is
 /// derived from the field's ([`variable_name`]), so the two cannot drift apart.
-const OVERRIDES: [(&str, Locate); 31] = [
+const OVERRIDES: [(&str, Locate); 33] = [
     ("node.id", |raw| Slot::Number(&mut raw.node.id)),
     ("node.id_from", |raw| Slot::Text(&mut raw.node.id_from)),
     ("node.incarnation", |raw| Slot::Number(&mut raw.node.incarnation)),
     ("cluster.cluster_id", |raw| Slot::Text(&mut raw.cluster.cluster_id)),
     ("cluster.seeds", |raw| Slot::List(&mut raw.cluster.seeds)),
     ("cluster.secret", |raw| Slot::Text(&mut raw.cluster.secret)),
+    ("cluster.secret_accepted", |raw| Slot::Text(&mut raw.cluster.secret_accepted)),
     ("cluster.ca_cert_path", |raw| Slot::Text(&mut raw.cluster.ca_cert_path)),
     ("cluster.cert_path", |raw| Slot::Text(&mut raw.cluster.cert_path)),
     ("cluster.key_path", |raw| Slot::Text(&mut raw.cluster.key_path)),
@@ -81,6 +82,7 @@ const OVERRIDES: [(&str, Locate); 31] = [
     ("listen.advertise_quic", |raw| Slot::Text(&mut raw.listen.advertise_quic)),
     ("listen.advertise_ip_from", |raw| Slot::Text(&mut raw.listen.advertise_ip_from)),
     ("limits.keys_max", |raw| Slot::Number(&mut raw.limits.keys_max)),
+    ("limits.log_bytes_max", |raw| Slot::Number(&mut raw.limits.log_bytes_max)),
     ("limits.http_body_bytes_max", |raw| Slot::Number(&mut raw.limits.http_body_bytes_max)),
     ("limits.http_in_flight_max", |raw| Slot::Number(&mut raw.limits.http_in_flight_max)),
     ("limits.connections_max", |raw| Slot::Number(&mut raw.limits.connections_max)),

@@ -60,6 +60,7 @@ pub(super) struct RawCluster {
     pub(super) cluster_id: Option<Val<String>>,
     pub(super) seeds: Option<Vec<Val<String>>>,
     pub(super) secret: Option<Val<String>>,
+    pub(super) secret_accepted: Option<Val<String>>,
     pub(super) ca_cert_path: Option<Val<String>>,
     pub(super) cert_path: Option<Val<String>>,
     pub(super) key_path: Option<Val<String>>,
@@ -93,6 +94,7 @@ pub(super) struct RawLimits {
     pub(super) connections_max: Option<Val<u64>>,
     pub(super) batch_len_max: Option<Val<u64>>,
     pub(super) key_bytes_max: Option<Val<u64>>,
+    pub(super) log_bytes_max: Option<Val<u64>>,
 }
 
 /// `[log]`.

@@ -87,6 +87,7 @@ http_in_flight_max = 10
 connections_max = 30
 batch_len_max = 20
 key_bytes_max = 100
+log_bytes_max = 1048576
 
 [log]
 format = "json"
@@ -113,7 +114,10 @@ unlimited = true
     assert_eq!(config.node, NodeSection { id: NodeId(7), id_from: None, incarnation: Some(3) });
     assert_eq!(config.cluster.cluster_id, "prod-eu");
     assert_eq!(config.cluster.seeds.len(), 2);
-    assert_eq!(config.cluster.auth, ClusterAuth::Secret(SecretString::new("0123456789abcdef")));
+    assert_eq!(
+        config.cluster.auth,
+        ClusterAuth::Secret { secret: SecretString::new("0123456789abcdef"), accepted: None }
+    );
     assert!(!config.cluster.auth.is_dev_secret());
     assert!(matches!(config.cluster.auth.security(), Ok(ClusterSecurity::Secret(_))));
     assert_eq!(config.cluster.gossip_interval, Duration::from_millis(100));
@@ -129,13 +133,15 @@ unlimited = true
             http_in_flight_max: 10,
             connections_max: 30,
             batch_len_max: 20,
-            key_bytes_max: 100
+            key_bytes_max: 100,
+            log_bytes_max: 1 << 20,
         }
     );
     assert_eq!(config.log, LogSection { format: LogFormat::Json, level: LogLevel::Debug });
     let node_config = config.node_config();
     assert_eq!(node_config.sync_interval, Duration::from_millis(20));
     assert_eq!(node_config.store.keys_max, 5000);
+    assert_eq!(node_config.store.log_bytes_max, 1 << 20);
 
     let login = &config.policies[0];
     assert_eq!(login.name, "login");
@@ -174,19 +180,33 @@ fn policy_defaults_are_approximate_local_share_enforced() {
 }
 
 #[test]
-fn certificate_paths_replace_the_secret() {
-    let text = "[cluster]\nca_cert_path = \"/c/ca.pem\"\ncert_path = \"/c/n.pem\"\nkey_path = \"/c/n.key\"\n\
-                [listen]\ngossip = \"10.1.1.1:7946\"\nquic = \"10.1.1.1:7947\"\n";
-    let config = parse(text).expect("valid");
+fn with_certificate_paths_the_secret_seals_gossip() {
+    let paths =
+        "[cluster]\nca_cert_path = \"/c/ca.pem\"\ncert_path = \"/c/n.pem\"\nkey_path = \"/c/n.key\"\n";
+    let listen = "[listen]\ngossip = \"10.1.1.1:7946\"\nquic = \"10.1.1.1:7947\"\n";
+    let message = refused(&format!("{paths}{listen}"), "cluster.secret", 2);
+    assert!(message.contains("seals gossip"), "{message}");
+    let text =
+        format!("{paths}secret = \"a gossip secret!\"\nsecret_accepted = \"the older secret\"\n{listen}");
+    let config = parse(&text).expect("valid");
     assert_eq!(
         config.cluster.auth,
         ClusterAuth::Certs {
             ca_cert_path: "/c/ca.pem".into(),
             cert_path: "/c/n.pem".into(),
             key_path: "/c/n.key".into(),
+            gossip_secret: SecretString::new("a gossip secret!"),
+            accepted: Some(SecretString::new("the older secret")),
         }
     );
     assert!(matches!(config.cluster.auth.security(), Ok(ClusterSecurity::Provided(_))));
+}
+
+#[test]
+fn an_accepted_secret_is_checked_like_the_secret() {
+    let text = "[cluster]\nsecret = \"0123456789abcdef\"\nsecret_accepted = \"short\"\n";
+    let message = refused(text, "cluster.secret_accepted", 3);
+    assert!(message.contains("at least 16"), "{message}");
 }
 
 #[test]
@@ -319,8 +339,8 @@ fn syntax_errors_have_a_line() {
 fn cluster_values_are_checked() {
     let secret = refused("[cluster]\nsecret = \"short\"\n", "cluster.secret", 2);
     assert!(secret.contains("at least 16"), "{secret}");
-    let both = "[cluster]\nsecret = \"0123456789abcdef\"\nca_cert_path = \"/ca.pem\"\n";
-    refused(both, "cluster.secret", 2);
+    let incomplete = "[cluster]\nsecret = \"0123456789abcdef\"\nca_cert_path = \"/ca.pem\"\n";
+    refused(incomplete, "cluster.cert_path", 3);
     refused("[cluster]\nca_cert_path = \"/ca.pem\"\ncert_path = \"/n.pem\"\n", "cluster.key_path", 2);
     refused(
         "[cluster]\nca_cert_path = \"\"\ncert_path = \"/n.pem\"\nkey_path = \"/n.key\"\n",
@@ -415,7 +435,10 @@ fn environment_overrides_replace_file_values() {
         config.cluster.seeds,
         vec!["10.0.0.1:7946".parse().expect("a"), "10.0.0.2:7946".parse().expect("a")]
     );
-    assert_eq!(config.cluster.auth, ClusterAuth::Secret(SecretString::new("from the environment")));
+    assert_eq!(
+        config.cluster.auth,
+        ClusterAuth::Secret { secret: SecretString::new("from the environment"), accepted: None }
+    );
     assert_eq!(config.listen.http, "127.0.0.1:9999".parse().expect("address"));
     assert_eq!(config.log.format, LogFormat::Json);
     assert_eq!(config.limits.key_bytes_max, 64);
@@ -456,7 +479,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 31);
+    assert_eq!(names.len(), 33);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.

@@ -313,10 +313,14 @@ fn negative_and_huge_numbers_name_the_field() {
     let period =
         format!(r#"{{"key": "k", "limit": {{"algorithm": "gcra", "limit": 5, "period_ms": {}}}}}"#, u64::MAX);
     let message = bad_check(&period, "limit.period_ms");
-    assert!(message.contains("too large"), "{message}");
+    assert!(
+        message.contains("too large (at most 3153600000000 ms"),
+        "in milliseconds, as written: {message}"
+    );
     let rate =
         format!(r#"{{"key": "k", "limit": {{"algorithm": "gcra", "limit": {}, "period_ms": 1}}}}"#, u64::MAX);
-    bad_check(&rate, "limit.limit");
+    let message = bad_check(&rate, "limit.limit");
+    assert!(message.contains("at most 1000000 per 1 ms"), "{message}");
     let burst = r#"{"key": "k", "limit": {"algorithm": "token_bucket", "limit": 1, "period_ms": 1000,
         "burst": 18446744073709551615}}"#;
     bad_check(burst, "limit.burst");
@@ -428,6 +432,13 @@ fn releases_need_a_lease_under_a_concurrency_limit() {
     let release = |body: &str| parse_release(body.as_bytes(), &table, &bounds());
     let valid = release(r#"{"key": "job", "policy": "leases", "lease": 7}"#).expect("valid");
     assert_eq!(valid.lease, LeaseId(7));
+    let text =
+        release(r#"{"key": "job", "policy": "leases", "lease": "18446744073709551615"}"#).expect("valid");
+    assert_eq!(text.lease, LeaseId(u64::MAX), "a string keeps all 64 bits");
+    for bad in [r#""""#, r#""+7""#, r#"" 7""#, r#""7.0""#, r#""18446744073709551616""#, "7.5", "true"] {
+        let body = format!(r#"{{"key": "job", "policy": "leases", "lease": {bad}}}"#);
+        assert_eq!(release(&body).expect_err(bad).field(), Some("lease"), "{bad}");
+    }
     assert_eq!(valid.key, Namespace::new(b"leases").key(b"job"));
     assert_eq!(valid.policy.limit.algorithm(), Algorithm::Concurrency);
     let inline =
@@ -494,9 +505,9 @@ fn responses_carry_delay_for_the_shaper_and_leases_for_concurrency() {
     assert_eq!(json["delay_ms"], 0);
     let leased = Decision { lease: Some(LeaseId(9)), ..decision(true) };
     let concurrency = CheckResponse::new(&leased, Algorithm::Concurrency, false);
-    assert_eq!((concurrency.lease, concurrency.delay_ms), (Some(9), None));
+    assert_eq!((concurrency.lease, concurrency.delay_ms), (Some(LeaseJson(9)), None));
     let json = serde_json::to_value(&concurrency).expect("serializes");
-    assert_eq!(json["lease"], 9);
+    assert_eq!(json["lease"], "9", "a string: lease ids use all 64 bits");
     assert!(json.get("delay_ms").is_none(), "{json}");
 }
 
@@ -513,8 +524,13 @@ fn bodies_serialize_for_clients() {
     let json = serde_json::to_string(&body).expect("serializes");
     assert_eq!(json, r#"{"key":"k","policy":"api"}"#);
     assert!(parse_check(json.as_bytes(), &table(), &bounds()).is_ok());
-    let release =
-        ReleaseBody { key: Some("k".into()), policy: Some("leases".into()), lease: Some(3), limit: None };
+    let release = ReleaseBody {
+        key: Some("k".into()),
+        policy: Some("leases".into()),
+        lease: Some(LeaseJson(3)),
+        limit: None,
+    };
     let json = serde_json::to_string(&release).expect("serializes");
+    assert!(json.contains(r#""lease":"3""#), "{json}");
     assert!(parse_release(json.as_bytes(), &table(), &bounds()).is_ok());
 }

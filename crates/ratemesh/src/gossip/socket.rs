@@ -1,0 +1,205 @@
+//! chitchat's `Transport` and `Socket` over sealed UDP datagrams.
+//!
+//! Sending: the envelope is serialized (chitchat's codec, public in the patched copy), prefixed
+//! with this node's gossip address and sealed ([`Sealer`]). Receiving: a datagram is opened
+//! ([`Opener`]: authentication first, constant work), summarized under the limits and checked
+//! against chitchat's state ([`super::check`]), and only then parsed by chitchat. A datagram
+//! refused at any step is counted and dropped — never answered. chitchat answers to the
+//! *authenticated* sender address, not to the datagram's source, so a replayed or spoofed
+//! datagram cannot aim a reply at a third party.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport};
+use chitchat::{Chitchat, ChitchatEnvelope};
+use tokio::sync::{Mutex as AsyncMutex, watch};
+use tracing::{debug, warn};
+
+use super::check::{GossipLimits, Summary, check_against, summarize};
+use super::seal::{DATAGRAM_LEN_MAX, GossipKeys, Opener, Reject, SEAL_OVERHEAD_MAX, Sealer};
+use super::{GossipCounters, bump};
+
+/// What every socket of a node shares: keys, limits, counters, the address it gossips from.
+#[derive(Debug)]
+pub(crate) struct SealConfig {
+    pub(crate) keys: GossipKeys,
+    pub(crate) limits: GossipLimits,
+    pub(crate) counters: Arc<GossipCounters>,
+    /// This node's gossip address as peers reach it: where they answer.
+    pub(crate) advertise: SocketAddr,
+}
+
+/// The transport of one chitchat instance: its sockets check messages against its state, which
+/// exists only once chitchat started (hence the watch, filled right after the spawn).
+pub(crate) struct SealedTransport {
+    pub(crate) config: Arc<SealConfig>,
+    pub(crate) chitchat: watch::Receiver<Option<Arc<AsyncMutex<Chitchat>>>>,
+}
+
+#[async_trait::async_trait]
+impl Transport for SealedTransport {
+    async fn open(&self, listen_addr: SocketAddr) -> anyhow::Result<Box<dyn Socket>> {
+        let socket = tokio::net::UdpSocket::bind(listen_addr)
+            .await
+            .with_context(|| format!("failed to bind to {listen_addr}/UDP for gossip"))?;
+        Ok(Box::new(SealedSocket {
+            socket,
+            config: Arc::clone(&self.config),
+            chitchat: self.chitchat.clone(),
+            sealer: Sealer::new().context("no OS randomness for the gossip session")?,
+            opener: Opener::default(),
+            received: vec![0_u8; DATAGRAM_LEN_MAX + 1].into_boxed_slice(),
+            message: Vec::with_capacity(DATAGRAM_LEN_MAX),
+            sealed: Vec::with_capacity(DATAGRAM_LEN_MAX),
+            pending: None,
+        }))
+    }
+}
+
+/// An authentic, well-formed message waiting for the check against chitchat's state (kept
+/// across a cancelled `recv`, so that cancelling loses nothing).
+struct Pending {
+    from: SocketAddr,
+    message: Vec<u8>,
+    summary: Summary,
+    len: usize,
+}
+
+struct SealedSocket {
+    socket: tokio::net::UdpSocket,
+    config: Arc<SealConfig>,
+    chitchat: watch::Receiver<Option<Arc<AsyncMutex<Chitchat>>>>,
+    sealer: Sealer,
+    opener: Opener,
+    /// One more byte than the largest datagram: a longer one is seen as too long.
+    received: Box<[u8]>,
+    message: Vec<u8>,
+    sealed: Vec<u8>,
+    pending: Option<Pending>,
+}
+
+#[async_trait::async_trait]
+impl Socket for SealedSocket {
+    fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        self.socket.local_addr().context("failed to get UDP socket address")
+    }
+
+    async fn send(&mut self, to: SocketAddr, envelope: ChitchatEnvelope) -> anyhow::Result<SendOutcome> {
+        self.message.clear();
+        envelope.serialize(&mut self.message);
+        let counters = &self.config.counters;
+        if self.message.len() + SEAL_OVERHEAD_MAX > DATAGRAM_LEN_MAX {
+            // chitchat sizes deltas to fit; only a digest of more nodes than the limits allow
+            // could be this long.
+            bump(&counters.send_failures);
+            anyhow::bail!("gossip message of {} bytes does not fit in a datagram", self.message.len());
+        }
+        self.sealer
+            .seal(&self.config.keys, self.config.advertise, &self.message, &mut self.sealed)
+            .context("sealing a gossip message")?;
+        if let Err(error) = self.socket.send_to(&self.sealed, to).await {
+            bump(&counters.send_failures);
+            return Err(error).context("failed to send a gossip message to a peer");
+        }
+        bump(&counters.sent);
+        Ok(SendOutcome { num_bytes_sent: self.sealed.len() })
+    }
+
+    async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
+        loop {
+            if self.pending.is_none() {
+                self.pending = self.receive_one().await?;
+                continue;
+            }
+            // Both waits are cancellable: the message stays pending meanwhile.
+            let chitchat = self.state().await?;
+            let state = chitchat.lock().await;
+            let Some(pending) = self.pending.take() else { continue };
+            let verdict = check_against(&pending.summary, &state, &self.config.limits);
+            drop(state);
+            if let Err(reject) = verdict {
+                self.refuse(reject, pending.from, pending.len);
+                continue;
+            }
+            match ChitchatEnvelope::deserialize(&mut &pending.message[..]) {
+                Ok(envelope) => {
+                    return Ok(RecvOutcome {
+                        from_addr: pending.from,
+                        envelope,
+                        num_bytes_received: pending.len,
+                    });
+                }
+                // The checks accepted what chitchat refuses: a gap in them, logged to be fixed.
+                Err(error) => {
+                    warn!(from = %pending.from, %error, "gossip message passed the checks but chitchat refused it");
+                    self.refuse(Reject::Malformed, pending.from, pending.len);
+                }
+            }
+        }
+    }
+}
+
+impl SealedSocket {
+    /// The chitchat instance this socket serves, once it exists.
+    async fn state(&mut self) -> anyhow::Result<Arc<AsyncMutex<Chitchat>>> {
+        let state = self.chitchat.wait_for(Option::is_some).await.context("the gossip instance is gone")?;
+        state.clone().context("the gossip instance is gone")
+    }
+
+    /// Receives one datagram: the pending message it carries, or `None` when it was refused.
+    async fn receive_one(&mut self) -> anyhow::Result<Option<Pending>> {
+        let (len, source) = match self.socket.recv_from(&mut self.received).await {
+            Ok(received) => received,
+            Err(error) if is_transient(&error) => {
+                debug!(%error, "transient gossip receive error");
+                return Ok(None);
+            }
+            Err(error) => return Err(error).context("fatal gossip receive error"),
+        };
+        let config = &self.config;
+        bump(&config.counters.received);
+        let (from, message) = match self.opener.open(&config.keys, &mut self.received[..len]) {
+            Ok(opened) => opened,
+            Err(reject) => {
+                self.refuse(reject, source, len);
+                return Ok(None);
+            }
+        };
+        match summarize(message, &config.limits) {
+            Ok(summary) => Ok(Some(Pending { from, message: message.to_vec(), summary, len })),
+            Err(reject) => {
+                self.refuse(reject, from, len);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Counts a refused datagram. Refusals of authenticated datagrams (an insider's) are logged
+    /// at the 1st, 2nd, 4th, 8th… occurrence, so that a flood cannot flood the log; the others
+    /// (anyone on the network) only at debug level.
+    fn refuse(&self, reject: Reject, from: SocketAddr, len: usize) {
+        let counters = &self.config.counters;
+        let counter = match reject {
+            Reject::NotSealed | Reject::Forged => &counters.unauthenticated,
+            Reject::UnknownKey => &counters.unknown_key,
+            Reject::Replayed => &counters.replayed,
+            Reject::Malformed => &counters.malformed,
+            Reject::OverBound => &counters.over_bound,
+        };
+        let count = bump(counter);
+        let authenticated = matches!(reject, Reject::Malformed | Reject::OverBound);
+        if authenticated && count.is_power_of_two() {
+            warn!(?reject, %from, len, count, "authenticated gossip message refused");
+        } else {
+            debug!(?reject, %from, len, "gossip datagram dropped");
+        }
+    }
+}
+
+fn is_transient(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    // A previous send to a closed port comes back as a refused or reset receive on some systems.
+    matches!(error.kind(), ErrorKind::ConnectionRefused | ErrorKind::ConnectionReset | ErrorKind::OutOfMemory)
+}
