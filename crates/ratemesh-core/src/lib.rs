@@ -26,8 +26,8 @@ pub use limit::{
     Algorithm, CONCURRENCY_LIMIT_MAX, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX, SLIDING_LOG_LIMIT_MAX,
 };
 pub use node::{
-    CheckOutcome, CheckRequest, DeliveryStats, Event, Fallback, MemberView, Mode, Node, NodeConfig, NodeId,
-    NodeStats, Policy, RING_VNODES_DEFAULT, RequestId, Ring, Transmit,
+    CheckOutcome, CheckRequest, DeliveryStats, DurableKey, Event, Fallback, MemberView, Mode, Node,
+    NodeConfig, NodeId, NodeStats, Policy, RING_VNODES_DEFAULT, RequestId, RestoreStats, Ring, Transmit,
 };
 pub use store::{KeyExtra, Store, StoreConfig, StoreStats};
 pub use time::{Instant, duration_nanos};

@@ -74,6 +74,33 @@ pub enum Snapshot {
     },
 }
 
+impl Snapshot {
+    /// The same state `nanos` later, nothing having happened in between: what a snapshot written
+    /// `nanos` ago says about now (the time passed is credited as refill, expired hits and leases
+    /// drop out). Saturating: a state older than its own memory is fresh.
+    #[must_use]
+    pub fn aged(self, nanos: u64) -> Snapshot {
+        match self {
+            Snapshot::Tat { backlog_nanos } => {
+                Snapshot::Tat { backlog_nanos: backlog_nanos.saturating_sub(nanos) }
+            }
+            Snapshot::Window { elapsed_nanos, prev, curr } => {
+                Snapshot::Window { elapsed_nanos: elapsed_nanos.saturating_add(nanos), prev, curr }
+            }
+            Snapshot::Log { hits } => Snapshot::Log {
+                hits: hits.into_iter().map(|(age, cost)| (age.saturating_add(nanos), cost)).collect(),
+            },
+            Snapshot::Leases { leases } => Snapshot::Leases {
+                leases: leases
+                    .into_iter()
+                    .filter(|&(_, _, left)| left > nanos)
+                    .map(|(id, slots, left)| (id, slots, left - nanos))
+                    .collect(),
+            },
+        }
+    }
+}
+
 /// A snapshot that does not fit the limit it is applied under. The peer that sent it (or a policy
 /// that differs between nodes) is at fault; the local bucket is unchanged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]

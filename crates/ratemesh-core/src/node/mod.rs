@@ -39,6 +39,7 @@ mod follower;
 mod keys;
 mod owner;
 mod peers;
+mod persist;
 mod ring;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -50,6 +51,7 @@ pub use api::{
     Transmit,
 };
 pub use peers::DeliveryStats;
+pub use persist::{DurableKey, RestoreStats};
 pub use ring::{RING_VNODES_DEFAULT, Ring};
 
 use crate::algorithm::{Bucket, CoreRng};
