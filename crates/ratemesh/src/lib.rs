@@ -6,6 +6,8 @@
 //!
 //! - [`node`]: [`NodeBuilder`], [`Node`] (`check`, `check_now`, `release`, `members`,
 //!   `metrics`, `shutdown`), [`NamedPolicy`].
+//! - [`durable`]: durable quotas — [`StateStore`] (default: [`FileStateStore`], a file in a data
+//!   directory) and the snapshot format.
 //! - [`headers`]: the rate-limit response headers (`X-RateLimit-*`, `Retry-After`, IETF `RateLimit`).
 //! - `layer` (feature `tower`, on by default): `RateLimitLayer`, a `tower::Layer` for HTTP services.
 //! - [`membership`]: gossip proposes members, mutual TLS confirms them.
@@ -14,6 +16,7 @@
 //! - [`transport`]: [`Transport`], QUIC peers (quinn) that send the core's frames to members and
 //!   deliver frames whose sender is authenticated by its certificate.
 
+pub mod durable;
 pub mod headers;
 #[cfg(feature = "tower")]
 pub mod layer;
@@ -22,6 +25,7 @@ pub mod node;
 pub mod security;
 pub mod transport;
 
+pub use durable::{FileStateStore, StateStore};
 #[cfg(feature = "tower")]
 pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};
 pub use membership::{Member, MemberStatus};
