@@ -586,7 +586,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Nanoseconds since the Unix epoch now (0 for a clock before it).
-pub(crate) fn unix_nanos_now() -> u64 {
+pub fn unix_nanos_now() -> u64 {
     let since = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
 }

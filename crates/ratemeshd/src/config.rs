@@ -37,10 +37,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ratemesh::durable::SnapshotSettings;
 use ratemesh::security::{CLUSTER_SECRET_LEN_MIN, PemSource, ProvidedCerts};
 use ratemesh::{ClusterSecret, ClusterSecurity, SecurityError};
 use ratemesh_core::{
-    Algorithm, Fallback, Limit, LimitError, LimitSpec, Mode, NodeConfig, NodeId, Policy, StoreConfig,
+    Algorithm, Fallback, Limit, LimitError, LimitSpec, Mode, NodeConfig, NodeId, PERIOD_NANOS_MAX, Policy,
+    StoreConfig,
 };
 use toml::Spanned;
 use zeroize::Zeroizing;
@@ -104,6 +106,11 @@ pub const POLICIES_MAX: usize = 10_000;
 pub const DESCRIPTOR_DEPTH_MAX: usize = 16;
 /// The longest policy name, cluster id, domain, descriptor key or value, in bytes.
 pub const NAME_BYTES_MAX: usize = 255;
+
+/// Shortest and longest snapshot interval: more often than every 100 ms is a disk busy for
+/// nothing; beyond an hour a crash of the whole cluster loses most of an hour's hits.
+const SNAPSHOT_INTERVAL_MS_MIN: u64 = 100;
+const SNAPSHOT_INTERVAL_MS_MAX: u64 = 3_600_000;
 
 /// Longest gossip or sync interval: beyond a minute the cluster no longer reacts in useful time.
 const INTERVAL_MS_MAX: u64 = 60_000;
@@ -247,7 +254,7 @@ pub struct Config {
     pub policies: Vec<PolicyConfig>,
 }
 
-/// `[node]`: this member's identity.
+/// `[node]`: this member's identity and where it keeps its durable state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeSection {
     /// `id`: the member's id, stable across restarts and unique in the cluster (default 1).
@@ -255,11 +262,27 @@ pub struct NodeSection {
     /// `incarnation`: distinguishes restarts of the same id; unset, the daemon picks one at start
     /// (so that peers can tell a restarted node from a delayed message of its previous life).
     pub incarnation: Option<u64>,
+    /// `data_dir`: an absolute path, where the node keeps its snapshot of durable quotas (`ratemesh.snapshot`),
+    /// so that long-period limits survive a restart of the whole cluster. Unset (the default):
+    /// nothing is written, and a full restart starts every key fresh.
+    pub data_dir: Option<PathBuf>,
+    /// `snapshot_interval_ms`: time between snapshots (default 5000): a crash of every node at
+    /// once loses at most this much of the hits.
+    pub snapshot_interval: Duration,
+    /// `snapshot_period_min_ms`: limits with a shorter period are not written (default 60000):
+    /// they refill within a restart anyway.
+    pub snapshot_period_min: Duration,
 }
 
 impl Default for NodeSection {
     fn default() -> Self {
-        NodeSection { id: NodeId(1), incarnation: None }
+        NodeSection {
+            id: NodeId(1),
+            incarnation: None,
+            data_dir: None,
+            snapshot_interval: SnapshotSettings::default().interval,
+            snapshot_period_min: SnapshotSettings::default().period_min,
+        }
     }
 }
 
@@ -666,6 +689,11 @@ impl Config {
     }
 }
 
+/// Whole milliseconds of a default duration.
+fn duration_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
 fn read_bounded(path: &Path) -> Result<String, ConfigError> {
     let read_error = |source| ConfigError::Read { path: path.to_owned(), source };
     let file = std::fs::File::open(path).map_err(read_error)?;
@@ -826,10 +854,7 @@ impl Ctx<'_> {
     }
 
     fn validate(&self, raw: &RawConfig) -> Result<Config, ConfigError> {
-        let node = NodeSection {
-            id: raw.node.id.as_ref().map_or(NodeSection::default().id, |v| NodeId(v.value)),
-            incarnation: raw.node.incarnation.as_ref().map(|v| v.value),
-        };
+        let node = self.node(raw)?;
         let listen = self.listen(raw)?;
         let cluster = self.cluster(raw, &listen)?;
         let limits = self.bounds(raw)?;
@@ -837,6 +862,46 @@ impl Ctx<'_> {
         let auth = self.auth_section(raw)?;
         let policies = self.policies(&raw.policies)?;
         Ok(Config { node, cluster, listen, limits, log, auth, policies })
+    }
+
+    fn node(&self, raw: &RawConfig) -> Result<NodeSection, ConfigError> {
+        let n = &raw.node;
+        let defaults = NodeSection::default();
+        let data_dir = match &n.data_dir {
+            // A relative directory would depend on where the daemon happens to be started.
+            Some(v) if !Path::new(&v.value).is_absolute() => {
+                return Err(self.invalid(
+                    "node.data_dir",
+                    &v.at,
+                    format!("{:?}: must be an absolute path (leave it out for none)", v.value),
+                ));
+            }
+            Some(v) => Some(PathBuf::from(&v.value)),
+            None => None,
+        };
+        let interval_default = duration_ms(defaults.snapshot_interval);
+        let snapshot_interval_ms = self.number(
+            "node.snapshot_interval_ms",
+            &n.snapshot_interval_ms,
+            interval_default,
+            SNAPSHOT_INTERVAL_MS_MIN,
+            SNAPSHOT_INTERVAL_MS_MAX,
+        )?;
+        let period_min_default = duration_ms(defaults.snapshot_period_min);
+        let snapshot_period_min_ms = self.number(
+            "node.snapshot_period_min_ms",
+            &n.snapshot_period_min_ms,
+            period_min_default,
+            0,
+            PERIOD_NANOS_MAX / 1_000_000,
+        )?;
+        Ok(NodeSection {
+            id: n.id.as_ref().map_or(defaults.id, |v| NodeId(v.value)),
+            incarnation: n.incarnation.as_ref().map(|v| v.value),
+            data_dir,
+            snapshot_interval: Duration::from_millis(snapshot_interval_ms),
+            snapshot_period_min: Duration::from_millis(snapshot_period_min_ms),
+        })
     }
 
     fn cluster(&self, raw: &RawConfig, listen: &ListenSection) -> Result<ClusterSection, ConfigError> {

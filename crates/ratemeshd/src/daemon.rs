@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime};
 
+use ratemesh::durable::SnapshotSettings;
 use ratemesh::{CheckError, Member, MemberStatus, Node, NodeBuilder, NodeId, StartError};
 use ratemesh_core::{Decision, KeyHash, Namespace};
 use tokio::sync::{Semaphore, watch};
@@ -214,6 +215,15 @@ impl Daemon {
         }
         if let Some(incarnation) = config.node.incarnation {
             builder = builder.incarnation(incarnation);
+        }
+        if let Some(dir) = &config.node.data_dir {
+            let settings = SnapshotSettings {
+                interval: config.node.snapshot_interval,
+                period_min: config.node.snapshot_period_min,
+                ..SnapshotSettings::default()
+            };
+            builder = builder.data_dir(dir).snapshot_settings(settings);
+            info!(data_dir = %dir.display(), "durable quotas: snapshots kept in the data directory");
         }
         let node = builder.start().await?;
         let policies = Arc::new(PolicyTable::from_config(&config));
@@ -518,9 +528,13 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     };
     let Config { node, cluster, listen, limits, log, auth, policies: _ } = running;
 
-    let NodeSection { id, incarnation } = node;
-    differs("node.id", *id != new.node.id);
-    differs("node.incarnation", *incarnation != new.node.incarnation);
+    let NodeSection { id, incarnation, data_dir, snapshot_interval, snapshot_period_min } = node;
+    let b = &new.node;
+    differs("node.id", *id != b.id);
+    differs("node.incarnation", *incarnation != b.incarnation);
+    differs("node.data_dir", *data_dir != b.data_dir);
+    differs("node.snapshot_interval_ms", *snapshot_interval != b.snapshot_interval);
+    differs("node.snapshot_period_min_ms", *snapshot_period_min != b.snapshot_period_min);
 
     let ClusterSection {
         cluster_id,

@@ -50,6 +50,9 @@ pub(super) struct RawConfig {
 pub(super) struct RawNode {
     pub(super) id: Option<Val<u64>>,
     pub(super) incarnation: Option<Val<u64>>,
+    pub(super) data_dir: Option<Val<String>>,
+    pub(super) snapshot_interval_ms: Option<Val<u64>>,
+    pub(super) snapshot_period_min_ms: Option<Val<u64>>,
 }
 
 /// `[cluster]`.

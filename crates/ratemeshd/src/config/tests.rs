@@ -63,6 +63,9 @@ fn a_full_file_is_read_into_typed_values() {
 [node]
 id = 7
 incarnation = 3
+data_dir = "/var/lib/ratemesh"
+snapshot_interval_ms = 2000
+snapshot_period_min_ms = 3600000
 
 [cluster]
 cluster_id = "prod-eu"
@@ -110,7 +113,14 @@ descriptors = [{ key = "remote_address" }, { key = "path", value = "/api/*" }, {
 unlimited = true
 "#;
     let config = parse(text).expect("valid");
-    assert_eq!(config.node, NodeSection { id: NodeId(7), incarnation: Some(3) });
+    let node = NodeSection {
+        id: NodeId(7),
+        incarnation: Some(3),
+        data_dir: Some("/var/lib/ratemesh".into()),
+        snapshot_interval: Duration::from_secs(2),
+        snapshot_period_min: Duration::from_secs(3600),
+    };
+    assert_eq!(config.node, node);
     assert_eq!(config.cluster.cluster_id, "prod-eu");
     assert_eq!(config.cluster.seeds.len(), 2);
     assert_eq!(config.cluster.auth, ClusterAuth::Secret(SecretString::new("0123456789abcdef")));
@@ -295,6 +305,10 @@ fn toml_type_errors_name_the_field_and_line() {
     let inline = "policies = [{ name = \"a\" }, { name = \"b\", limit = -1 }]\n";
     refused(inline, "policies[1].limit", 1);
     refused("[cluster]\nseeds = \"10.0.0.1:7946\"\n", "cluster.seeds", 2);
+    refused("[node]\ndata_dir = \"\"\n", "node.data_dir", 2);
+    refused("[node]\ndata_dir = \"var/lib/ratemesh\"\n", "node.data_dir", 2);
+    refused("[node]\nsnapshot_interval_ms = 10\n", "node.snapshot_interval_ms", 2);
+    refused("[node]\nsnapshot_interval_ms = 0\n", "node.snapshot_interval_ms", 2);
 }
 
 #[test]
@@ -456,7 +470,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 27);
+    assert_eq!(names.len(), 30);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.
