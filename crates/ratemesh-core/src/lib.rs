@@ -23,7 +23,8 @@ pub use algorithm::{Bucket, CoreRng, Snapshot, SnapshotMismatch};
 pub use decision::{Decision, LeaseId};
 pub use key::{KeyHash, KeyHasher, KeyHasherBuilder, Namespace};
 pub use limit::{
-    Algorithm, CONCURRENCY_LIMIT_MAX, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX, SLIDING_LOG_LIMIT_MAX,
+    Algorithm, CONCURRENCY_LIMIT_MAX, CalendarWindow, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX,
+    SLIDING_LOG_LIMIT_MAX,
 };
 pub use node::{
     CheckOutcome, CheckRequest, DeliveryStats, DurableKey, Event, Fallback, MemberView, Mode, Node,

@@ -9,8 +9,8 @@ use proptest::option;
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use ratemesh_core::wire::{
-    Body, Decided, DecisionWire, FRAME_LEN_MAX_DEFAULT, ForwardCheck, Frame, Grant, KeyState, LimitWire,
-    LimitWireError, Release, Report, SnapshotWire, WIRE_VERSION, WireError, decode, encode,
+    Body, CalendarWire, Decided, DecisionWire, FRAME_LEN_MAX_DEFAULT, ForwardCheck, Frame, Grant, KeyState,
+    LimitWire, LimitWireError, Release, Report, SnapshotWire, WIRE_VERSION, WireError, decode, encode,
 };
 use ratemesh_core::{
     Algorithm, CONCURRENCY_LIMIT_MAX, Decision, LeaseId, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX,
@@ -105,6 +105,7 @@ fn limit_wire() -> impl Strategy<Value = LimitWire> {
             period_nanos,
             burst,
             delay,
+            calendar: None,
         },
     )
 }
@@ -285,6 +286,7 @@ fn gcra_wire() -> LimitWire {
         period_nanos: 1_000_000_000,
         burst: Some(5),
         delay: None,
+        calendar: None,
     }
 }
 
@@ -382,6 +384,7 @@ proptest! {
                     period: Duration::from_nanos(wire.period_nanos),
                     burst: wire.burst,
                     delay: wire.delay,
+                    calendar: None,
                 };
                 prop_assert_eq!(&result, &Limit::new(spec).map_err(LimitWireError::Invalid));
                 if let Ok(limit) = result {
@@ -452,7 +455,7 @@ fn encode_refuses_frames_over_the_bound() {
 #[test]
 fn unknown_versions_are_refused() {
     let mut bytes = enc(&golden_frames()[5].0);
-    for version in [0, 2, 0x80, 0xff] {
+    for version in [0, 1, 3, 0x80, 0xff] {
         bytes[0] = version;
         assert_eq!(decode(&bytes, MAX), Err(WireError::Version(version)));
     }
@@ -477,7 +480,7 @@ fn trailing_bytes_are_counted() {
 fn overlong_varints_are_refused() {
     let frame = Frame { from: 1, incarnation: 2, seq: 3, ack: 4, una: 5, body: Body::Heartbeat };
     let bytes = enc(&frame);
-    assert_eq!(hex(&bytes), "01010203040506");
+    assert_eq!(hex(&bytes), "02010203040506");
     for overlong in [
         vec![WIRE_VERSION, 0x81, 0x00, 2, 3, 4, 5, 6],             // from
         vec![WIRE_VERSION, 1, 2, 3, 4, 5, 0x86, 0x80, 0x00],       // body tag
@@ -560,7 +563,8 @@ fn plausible_length_prefixes_preallocate_boundedly() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Golden frames: the byte layout of WIRE_VERSION 1, pinned.
+// Golden frames: the byte layout of WIRE_VERSION 2, pinned (version 2 added the calendar window
+// of a limit and the calendar snapshot).
 // ---------------------------------------------------------------------------------------------
 
 /// One frame per body variant (together every wire type and every enum variant), with its
@@ -585,7 +589,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     cost: 1,
                 }]),
             },
-            "0101020300000001078486880804676372610a8094ebdc0301050001",
+            "0201020300000001078486880804676372610a8094ebdc030105000001",
         ),
         (
             Frame {
@@ -621,7 +625,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     },
                 ]),
             },
-            "01ac0201040000010207010a0480cab5ee0100000008000a00e80701640501effdb6f50d",
+            "02ac0201040000010207010a0480cab5ee0100000008000a00e80701640501effdb6f50d",
         ),
         (
             Frame {
@@ -638,6 +642,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         period_nanos: 60_000_000_000,
                         burst: Some(3),
                         delay: Some(1),
+                        calendar: None,
                     },
                     epoch: 0xabcd,
                     holding: 300,
@@ -648,7 +653,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     seed: Some(SnapshotWire::Tat { backlog_nanos: 7 }),
                 }]),
             },
-            "0102ffffffffffffffffff010000000201ffffffffffffffffffffffffffffffffffff030c6c65616b795f6275636b65740580b09dc2df0101030101cdd702ac0280804002000c010007",
+            "0202ffffffffffffffffff010000000201ffffffffffffffffffffffffffffffffffff030c6c65616b795f6275636b65740580b09dc2df010103010100cdd702ac0280804002000c010007",
         ),
         (
             Frame {
@@ -674,7 +679,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     },
                 ]),
             },
-            "01030309000003022a0701fa01060203002bffffffffffffffffff01008080808080200001",
+            "02030309000003022a0701fa01060203002bffffffffffffffffff01008080808080200001",
         ),
         (
             Frame {
@@ -692,6 +697,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                             period_nanos: 1_000,
                             burst: None,
                             delay: None,
+                            calendar: None,
                         },
                         state: SnapshotWire::Log(vec![(1, 2), (300, 1)]),
                     },
@@ -703,12 +709,25 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                             period_nanos: 5_000,
                             burst: None,
                             delay: None,
+                            calendar: None,
                         },
                         state: SnapshotWire::Leases(vec![(0xdead_beef, 1, 2_000)]),
                     },
+                    KeyState {
+                        key: 13,
+                        limit: LimitWire {
+                            algorithm: "fixed_window".to_owned(),
+                            limit: 100,
+                            period_nanos: 3_000,
+                            burst: None,
+                            delay: None,
+                            calendar: Some(CalendarWire { start_unix_nanos: 7_000, end_unix_nanos: 10_000 }),
+                        },
+                        state: SnapshotWire::Calendar { elapsed_nanos: 5, remaining_nanos: 6, curr: 7 },
+                    },
                 ]),
             },
-            "01040101000004020912736c6964696e675f77696e646f775f6c6f6703e807000002020102ac02010a0b636f6e63757272656e637902882700000301effdb6f50d01d00f",
+            "02040101000004030912736c6964696e675f77696e646f775f6c6f6703e80700000002020102ac02010a0b636f6e63757272656e63790288270000000301effdb6f50d01d00f0d0c66697865645f77696e646f7764b817000001d836904e04050607",
         ),
         (
             Frame {
@@ -719,11 +738,11 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 una: 0,
                 body: Body::Release(vec![Release { key: 11, limit: gcra_wire(), lease: 0xdead_beef }]),
             },
-            "01060205000005010b04676372610a8094ebdc03010500effdb6f50d",
+            "02060205000005010b04676372610a8094ebdc0301050000effdb6f50d",
         ),
         (
             Frame { from: 5, incarnation: 6, seq: 0, ack: 128, una: 7, body: Body::Heartbeat },
-            "0105060080010706",
+            "0205060080010706",
         ),
         (
             Frame {
@@ -738,14 +757,14 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     state: SnapshotWire::Tat { backlog_nanos: 1_000 },
                 }]),
             },
-            "01070102030207010c04676372610a8094ebdc0301050000e807",
+            "02070102030207010c04676372610a8094ebdc030105000000e807",
         ),
     ]
 }
 
 #[test]
 fn golden_frames_are_pinned() {
-    assert_eq!(WIRE_VERSION, 1, "a new wire version needs golden frames of its own");
+    assert_eq!(WIRE_VERSION, 2, "a new wire version needs golden frames of its own");
     for (i, (frame, expected)) in golden_frames().into_iter().enumerate() {
         let bytes = enc(&frame);
         assert_eq!(hex(&bytes), expected, "golden frame {i}: the wire format changed");
@@ -771,7 +790,7 @@ fn golden_frames_survive_every_bit_flip() {
 // ---------------------------------------------------------------------------------------------
 
 fn wire(algorithm: &str, limit: u64, period_nanos: u64, burst: Option<u64>, delay: Option<u64>) -> LimitWire {
-    LimitWire { algorithm: algorithm.to_owned(), limit, period_nanos, burst, delay }
+    LimitWire { algorithm: algorithm.to_owned(), limit, period_nanos, burst, delay, calendar: None }
 }
 
 #[test]

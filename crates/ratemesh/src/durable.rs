@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use ratemesh_core::{Algorithm, DurableKey, KeyHash, LeaseId, Limit, LimitSpec, Snapshot};
+use ratemesh_core::{Algorithm, CalendarWindow, DurableKey, KeyHash, LeaseId, Limit, LimitSpec, Snapshot};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, error, info, warn};
 
@@ -226,6 +226,8 @@ struct LimitRecord {
     period_nanos: u64,
     burst: Option<u64>,
     delay: Option<u64>,
+    /// A calendar window's start and end, Unix nanoseconds.
+    calendar: Option<(u64, u64)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -241,6 +243,7 @@ enum StateRecord {
     Window { elapsed_nanos: u64, prev: u64, curr: u64 },
     Log(Vec<(u64, u64)>),
     Leases(Vec<(u64, u64, u64)>),
+    Calendar { elapsed_nanos: u64, remaining_nanos: u64, curr: u64 },
 }
 
 impl LimitRecord {
@@ -252,6 +255,7 @@ impl LimitRecord {
             period_nanos: u64::try_from(spec.period.as_nanos()).unwrap_or(u64::MAX),
             burst: spec.burst,
             delay: spec.delay,
+            calendar: spec.calendar.map(|window| (window.start.as_nanos(), window.end.as_nanos())),
         }
     }
 
@@ -264,6 +268,10 @@ impl LimitRecord {
             period: Duration::from_nanos(self.period_nanos),
             burst: self.burst,
             delay: self.delay,
+            calendar: self.calendar.map(|(start, end)| CalendarWindow {
+                start: ratemesh_core::Instant::from_nanos(start),
+                end: ratemesh_core::Instant::from_nanos(end),
+            }),
         };
         Limit::new(spec).map_err(|error| SnapshotError::Malformed(format!("invalid limit: {error}")))
     }
@@ -280,6 +288,9 @@ impl From<Snapshot> for StateRecord {
             Snapshot::Leases { leases } => {
                 StateRecord::Leases(leases.into_iter().map(|(id, slots, left)| (id.0, slots, left)).collect())
             }
+            Snapshot::Calendar { elapsed_nanos, remaining_nanos, curr } => {
+                StateRecord::Calendar { elapsed_nanos, remaining_nanos, curr }
+            }
         }
     }
 }
@@ -295,6 +306,9 @@ impl From<StateRecord> for Snapshot {
             StateRecord::Leases(leases) => Snapshot::Leases {
                 leases: leases.into_iter().map(|(id, slots, left)| (LeaseId(id), slots, left)).collect(),
             },
+            StateRecord::Calendar { elapsed_nanos, remaining_nanos, curr } => {
+                Snapshot::Calendar { elapsed_nanos, remaining_nanos, curr }
+            }
         }
     }
 }

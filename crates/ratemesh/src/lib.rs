@@ -6,6 +6,8 @@
 //!
 //! - [`node`]: [`NodeBuilder`], [`Node`] (`check`, `check_now`, `release`, `members`,
 //!   `metrics`, `shutdown`), [`NamedPolicy`].
+//! - [`calendar`]: calendar-aligned windows ([`Calendar`], [`CalendarPolicy`]) in UTC or an IANA
+//!   time zone.
 //! - [`durable`]: durable quotas — [`StateStore`] (default: [`FileStateStore`], a file in a data
 //!   directory) and the snapshot format.
 //! - [`headers`]: the rate-limit response headers (`X-RateLimit-*`, `Retry-After`, IETF `RateLimit`).
@@ -16,6 +18,7 @@
 //! - [`transport`]: [`Transport`], QUIC peers (quinn) that send the core's frames to members and
 //!   deliver frames whose sender is authenticated by its certificate.
 
+pub mod calendar;
 pub mod durable;
 pub mod headers;
 #[cfg(feature = "tower")]
@@ -25,6 +28,7 @@ pub mod node;
 pub mod security;
 pub mod transport;
 
+pub use calendar::{Calendar, CalendarPolicy, CalendarUnit};
 pub use durable::{FileStateStore, StateStore};
 #[cfg(feature = "tower")]
 pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};

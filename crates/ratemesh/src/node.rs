@@ -335,10 +335,11 @@ impl NodeBuilder {
             }
         };
         let durable = self.persistence(&security)?;
-        let origin = std::time::Instant::now();
-        let mut core = ratemesh_core::Node::new(self.id, incarnation, self.core.clone(), seed, clock(origin));
+        let origin = Origin::start();
+        let mut core =
+            ratemesh_core::Node::new(self.id, incarnation, self.core.clone(), seed, origin.now_instant());
         if let Some(durable) = &durable {
-            restore(&mut core, durable, clock(origin)).await;
+            restore(&mut core, durable, origin.now_instant()).await;
         }
         let me = Member { id: self.id, quic_addr, status: MemberStatus::Live };
         let (members_tx, members_rx) = watch::channel(vec![me]);
@@ -559,7 +560,7 @@ pub struct NodeMetrics {
 
 struct Shared {
     id: NodeId,
-    origin: std::time::Instant,
+    origin: Origin,
     state: Mutex<State>,
     /// The core's next deadline moved earlier than the one the timer task sleeps until.
     timer_wake: Notify,
@@ -796,7 +797,7 @@ impl Node {
 
 impl Shared {
     fn now(&self) -> ratemesh_core::Instant {
-        clock(self.origin)
+        self.origin.now_instant()
     }
 
     fn lock_state(&self) -> MutexGuard<'_, State> {
@@ -989,7 +990,7 @@ impl Shared {
     }
 
     fn tokio_instant(&self, at: ratemesh_core::Instant) -> tokio::time::Instant {
-        tokio::time::Instant::from_std(self.origin + Duration::from_nanos(at.as_nanos()))
+        self.origin.tokio_instant(at)
     }
 }
 
@@ -1039,10 +1040,33 @@ async fn restore(core: &mut ratemesh_core::Node, durable: &Arc<Persistence>, now
     }
 }
 
-/// The core's clock: nanoseconds since the node started.
-fn clock(origin: std::time::Instant) -> ratemesh_core::Instant {
-    let nanos = origin.elapsed().as_nanos();
-    ratemesh_core::Instant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+/// The core's clock: monotonic, on Unix time. It reads the monotonic clock and counts from the
+/// Unix time read once at start, so it never goes back (a wall-clock step after the start is not
+/// followed; NTP's slewing is, as the monotonic clock follows it). Calendar windows are Unix
+/// time: on this clock every node names a window with the same numbers, up to the skew of the
+/// hosts' clocks at start.
+#[derive(Clone, Copy, Debug)]
+struct Origin {
+    monotonic: std::time::Instant,
+    unix_nanos: u64,
+}
+
+impl Origin {
+    fn start() -> Origin {
+        Origin { monotonic: std::time::Instant::now(), unix_nanos: crate::durable::unix_nanos_now() }
+    }
+
+    /// The core's now.
+    fn now_instant(&self) -> ratemesh_core::Instant {
+        let elapsed = u64::try_from(self.monotonic.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        ratemesh_core::Instant::from_nanos(self.unix_nanos.saturating_add(elapsed))
+    }
+
+    /// The tokio instant of the core's instant `at`.
+    fn tokio_instant(&self, at: ratemesh_core::Instant) -> tokio::time::Instant {
+        let since_start = Duration::from_nanos(at.as_nanos().saturating_sub(self.unix_nanos));
+        tokio::time::Instant::from_std(self.monotonic + since_start)
+    }
 }
 
 async fn sleep_or_forever(until: Option<tokio::time::Instant>) {

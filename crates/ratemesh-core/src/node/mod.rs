@@ -442,6 +442,7 @@ fn scale(limit: &Limit, num: u64, den: u64) -> Limit {
         period: spec.period,
         burst: spec.burst.map(part),
         delay: spec.delay.map(|d| part(d).min(spec.burst.map_or(d, part))),
+        calendar: spec.calendar,
     };
     Limit::new(scaled).unwrap_or_else(|_| limit.clone())
 }
