@@ -207,6 +207,16 @@ impl CalendarPolicy {
     }
 }
 
+impl PartialEq for CalendarPolicy {
+    /// The same rule (the cached window aside).
+    fn eq(&self, other: &Self) -> bool {
+        (&self.calendar, self.limit, self.mode, self.fallback)
+            == (&other.calendar, other.limit, other.mode, other.fallback)
+    }
+}
+
+impl Eq for CalendarPolicy {}
+
 fn resolve(
     calendar: &Calendar,
     limit: u64,

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use ratemesh::durable::SnapshotSettings;
 use ratemesh::security::{CLUSTER_SECRET_LEN_MIN, PemSource, ProvidedCerts};
-use ratemesh::{ClusterSecret, ClusterSecurity, SecurityError};
+use ratemesh::{Calendar, CalendarPolicy, CalendarUnit, ClusterSecret, ClusterSecurity, SecurityError};
 use ratemesh_core::{
     Algorithm, Fallback, Limit, LimitError, LimitSpec, Mode, NodeConfig, NodeId, PERIOD_NANOS_MAX, Policy,
     StoreConfig,
@@ -583,16 +583,21 @@ pub enum Rule {
     /// A limit, with its cluster mode and fallback (`algorithm`, `limit`, `period_ms`, `burst`,
     /// `delay`, `mode`, `fallback`). Shared: every check names it by reference.
     Limited(Arc<Policy>),
+    /// A calendar-aligned fixed window (`window`, `time_zone`): `limit` hits per minute, hour,
+    /// day, week or month of the zone's calendar, resolved per check into the current window.
+    Calendar(Arc<CalendarPolicy>),
     /// `unlimited = true`: matching requests are always allowed and not counted (Envoy-style
     /// allow-listing of a descriptor).
     Unlimited,
 }
 
 impl Rule {
-    /// The policy, unless unlimited.
-    pub fn policy(&self) -> Option<&Arc<Policy>> {
+    /// The policy a check made now runs under, unless unlimited (a calendar rule's is the
+    /// current window's).
+    pub fn policy(&self) -> Option<Arc<Policy>> {
         match self {
-            Rule::Limited(policy) => Some(policy),
+            Rule::Limited(policy) => Some(Arc::clone(policy)),
+            Rule::Calendar(calendar) => Some(calendar.policy_now()),
             Rule::Unlimited => None,
         }
     }
@@ -758,6 +763,7 @@ pub(crate) fn limit_error_field(error: &LimitError) -> &'static str {
         LimitError::ZeroLimit | LimitError::RateTooHigh { .. } => "limit",
         LimitError::ZeroPeriod => "period_ms",
         LimitError::ZeroBurst(_) => "burst",
+        LimitError::Calendar(_) => "window",
         LimitError::DelayAboveBurst { .. } => "delay",
         LimitError::NotApplicable { parameter, .. } | LimitError::TooLarge { parameter, .. } => {
             match *parameter {
@@ -1294,11 +1300,15 @@ impl Ctx<'_> {
                 ("delay", p.delay.as_ref().map(|v| &v.at)),
                 ("mode", p.mode.as_ref().map(|v| &v.at)),
                 ("fallback", p.fallback.as_ref().map(|v| &v.at)),
+                ("window", p.window.as_ref().map(|v| &v.at)),
+                ("time_zone", p.time_zone.as_ref().map(|v| &v.at)),
             ];
             if let Some((name, Some(at))) = limit_fields.into_iter().find(|(_, at)| at.is_some()) {
                 return Err(self.invalid(field(name), at, "does not apply to an unlimited policy"));
             }
             Rule::Unlimited
+        } else if p.window.is_some() {
+            Rule::Calendar(Arc::new(self.calendar(i, p, &table)?))
         } else {
             Rule::Limited(Arc::new(self.limited(i, p, &table)?))
         };
@@ -1326,7 +1336,15 @@ impl Ctx<'_> {
             period: Duration::from_millis(period_ms.value),
             burst: p.burst.as_ref().map(|v| v.value),
             delay: p.delay.as_ref().map(|v| v.value),
+            calendar: None,
         };
+        if let Some(v) = &p.time_zone {
+            return Err(self.invalid(
+                field("time_zone"),
+                &v.at,
+                "applies only with window (a calendar window)",
+            ));
+        }
         let limit = Limit::new(spec).map_err(|error| {
             let name = limit_error_field(&error);
             let v = match name {
@@ -1337,6 +1355,54 @@ impl Ctx<'_> {
             };
             self.invalid(field(name), v.map_or(table, |v| &v.at), error)
         })?;
+        let (mode, fallback) = self.mode_and_fallback(i, p)?;
+        Ok(Policy { limit, mode, fallback })
+    }
+
+    /// A calendar-aligned fixed window: `window` (and `time_zone`, default UTC) instead of
+    /// `period_ms`; `algorithm`, if given, is `fixed_window`.
+    fn calendar(&self, i: usize, p: &RawPolicy, table: &At) -> Result<CalendarPolicy, ConfigError> {
+        let field = |name: &str| format!("policies[{i}].{name}");
+        let window = p.window.as_ref().ok_or_else(|| self.invalid(field("window"), table, "missing"))?;
+        let unit = CalendarUnit::from_name(&window.value).ok_or_else(|| {
+            let units: Vec<&str> = CalendarUnit::ALL.iter().map(|u| u.name()).collect();
+            self.invalid(
+                field("window"),
+                &window.at,
+                format!("unknown window {:?}: use one of {}", window.value, units.join(", ")),
+            )
+        })?;
+        if let Some(v) = p.algorithm.as_ref().filter(|v| v.value != Algorithm::FixedWindow.name()) {
+            return Err(self.invalid(
+                field("algorithm"),
+                &v.at,
+                "a calendar window (window) is a fixed_window",
+            ));
+        }
+        let not_with_window = [
+            ("period_ms", p.period_ms.as_ref().map(|v| &v.at)),
+            ("burst", p.burst.as_ref().map(|v| &v.at)),
+            ("delay", p.delay.as_ref().map(|v| &v.at)),
+        ];
+        if let Some((name, Some(at))) = not_with_window.into_iter().find(|(_, at)| at.is_some()) {
+            return Err(self.invalid(
+                field(name),
+                at,
+                "does not apply with window (the window is the period)",
+            ));
+        }
+        let limit = p.limit.as_ref().ok_or_else(|| self.invalid(field("limit"), table, "missing"))?;
+        let zone = p.time_zone.as_ref().map_or("UTC", |v| v.value.as_str());
+        let zone_at = p.time_zone.as_ref().map_or(&window.at, |v| &v.at);
+        let calendar =
+            Calendar::new(unit, zone).map_err(|error| self.invalid(field("time_zone"), zone_at, error))?;
+        let (mode, fallback) = self.mode_and_fallback(i, p)?;
+        CalendarPolicy::new(calendar, limit.value, mode, fallback)
+            .map_err(|error| self.invalid(field("limit"), &limit.at, error))
+    }
+
+    fn mode_and_fallback(&self, i: usize, p: &RawPolicy) -> Result<(Mode, Fallback), ConfigError> {
+        let field = |name: &str| format!("policies[{i}].{name}");
         let mode = match &p.mode {
             None => Mode::Approximate,
             Some(v) => mode_from_name(&v.value).ok_or_else(|| {
@@ -1357,7 +1423,7 @@ impl Ctx<'_> {
                 )
             })?,
         };
-        Ok(Policy { limit, mode, fallback })
+        Ok((mode, fallback))
     }
 
     fn envoy_pattern(&self, i: usize, p: &RawPolicy) -> Result<Option<EnvoyPattern>, ConfigError> {

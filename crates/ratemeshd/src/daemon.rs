@@ -316,7 +316,7 @@ impl Daemon {
         if self.is_shutting_down() {
             return Err(CheckError::ShutDown);
         }
-        let mut decision = self.node.check_hashed(policy, key, cost).await?;
+        let mut decision = self.node.check_hashed(&policy, key, cost).await?;
         let shadow_mode = target.shadow_mode();
         self.metrics.record_decision(target.label(), &decision, shadow_mode);
         if shadow_mode && !decision.allowed {

@@ -120,6 +120,8 @@ pub(super) struct RawPolicy {
     pub(super) algorithm: Option<Val<String>>,
     pub(super) limit: Option<Val<u64>>,
     pub(super) period_ms: Option<Val<u64>>,
+    pub(super) window: Option<Val<String>>,
+    pub(super) time_zone: Option<Val<String>>,
     pub(super) burst: Option<Val<u64>>,
     pub(super) delay: Option<Val<u64>>,
     pub(super) mode: Option<Val<String>>,
