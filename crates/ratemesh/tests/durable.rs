@@ -129,3 +129,51 @@ async fn a_corrupt_truncated_or_foreign_snapshot_is_refused_and_the_node_starts_
     node.kill();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The cost of a snapshot of 100 000 daily keys: the time the export holds the node (the core's
+/// `durable_keys`), the encoding, the atomic write, and the bytes. Printed, not asserted (a
+/// measurement, not a test of speed): `cargo test --release -p ratemesh --test durable
+/// snapshot_cost -- --nocapture`.
+#[test]
+fn snapshot_cost_of_100_000_keys() {
+    use ratemesh::durable::{
+        FileStateStore, SNAPSHOT_BYTES_MAX_DEFAULT, StateStore, cluster_fingerprint, decode, encode,
+    };
+    use ratemesh_core::{CheckRequest, Instant, NodeConfig, NodeId, RequestId};
+    const KEYS: u64 = 100_000;
+    let policy = std::sync::Arc::new(daily(Mode::Exact).policy().clone());
+    let now = Instant::from_nanos(1_700_000_000_000_000_000);
+    let mut node = ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 1, now);
+    for i in 0..KEYS {
+        let key = ratemesh_core::Namespace::new(b"cost").key(&i.to_le_bytes());
+        node.handle_check(now, CheckRequest { id: RequestId(i), key, policy: policy.clone(), cost: 1 });
+    }
+    let started = std::time::Instant::now();
+    let keys = node.durable_keys(now, Duration::from_secs(60));
+    let export = started.elapsed();
+    assert_eq!(keys.len() as u64, KEYS);
+    let cluster = cluster_fingerprint("cost", &[b"ca"]);
+    let started = std::time::Instant::now();
+    let bytes = encode(&cluster, 1, 0, keys, SNAPSHOT_BYTES_MAX_DEFAULT).unwrap();
+    let encoding = started.elapsed();
+    let dir = data_dir("cost");
+    let store = FileStateStore::new(&dir);
+    let started = std::time::Instant::now();
+    store.save(&bytes).unwrap();
+    let write = started.elapsed();
+    let started = std::time::Instant::now();
+    let loaded = decode(&store.load(SNAPSHOT_BYTES_MAX_DEFAULT).unwrap().unwrap(), &cluster).unwrap();
+    let read = started.elapsed();
+    let mut fresh = ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 1, now);
+    let started = std::time::Instant::now();
+    let restored = fresh.restore(now, loaded.keys, Duration::ZERO);
+    let restore = started.elapsed();
+    assert_eq!(restored.joined, KEYS);
+    eprintln!(
+        "snapshot of {KEYS} keys: {} bytes ({:.1} per key); export (under the node's lock) {export:?}, \
+         encode {encoding:?}, atomic write with fsync {write:?}; read and decode {read:?}, restore {restore:?}",
+        bytes.len(),
+        bytes.len() as f64 / KEYS as f64
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -312,6 +312,26 @@ fn toml_type_errors_name_the_field_and_line() {
 }
 
 #[test]
+fn calendar_windows_are_parsed_and_their_mistakes_named() {
+    let calendar =
+        "[[policies]]\nname = \"monthly\"\nwindow = \"month\"\ntime_zone = \"Europe/Berlin\"\nlimit = 10\n";
+    let config = parse(calendar).expect("valid");
+    let Rule::Calendar(rule) = &config.policies[0].rule else { panic!("a calendar rule") };
+    assert_eq!(
+        (rule.calendar().unit().name(), rule.calendar().zone_name(), rule.limit()),
+        ("month", "Europe/Berlin", 10)
+    );
+    let policy = config.policies[0].rule.policy().expect("limited");
+    assert_eq!(policy.limit.algorithm(), Algorithm::FixedWindow);
+    assert!(policy.limit.spec().calendar.is_some());
+    refused(&calendar.replace("\"month\"", "\"fortnight\""), "policies[0].window", 3);
+    refused(&calendar.replace("Europe/Berlin", "Mars/Base"), "policies[0].time_zone", 4);
+    refused(&format!("{calendar}period_ms = 1000\n"), "policies[0].period_ms", 6);
+    refused(&format!("{calendar}algorithm = \"token_bucket\"\n"), "policies[0].algorithm", 6);
+    refused(&format!("{POLICY}time_zone = \"UTC\"\n"), "policies[0].time_zone", 6);
+}
+
+#[test]
 fn unknown_fields_and_sections_are_refused() {
     refused("[node]\nid = 1\nname = \"x\"\n", "node.name", 3);
     refused("[nodes]\nid = 1\n", "nodes", 1);
