@@ -28,8 +28,12 @@ FROM scratch
 
 COPY ratemeshd /ratemeshd
 COPY ratemesh.toml /etc/ratemesh/ratemesh.toml
+# The conventional data directory ([node] data_dir, off by default), owned by the daemon's user:
+# a named volume mounted here starts with this owner, so the daemon can write its snapshots.
+COPY --chown=65532:65532 data /var/lib/ratemesh
 
-# Not root: any uid works, as the daemon writes no files. 65532 is the customary "nonroot".
+# Not root: any uid works; the only files the daemon writes are in its data directory, when
+# one is configured. 65532 is the customary "nonroot".
 USER 65532:65532
 
 # HTTP API, Envoy Rate Limit Service (gRPC), gossip (UDP), QUIC peer transport (UDP).

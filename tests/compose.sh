@@ -10,7 +10,10 @@
 #  4. node 3 restarts and rejoins: three live members, exactly the limit again;
 #  5. `docker network disconnect` of node 2 (a partition 2 | 1,3): each side enforces its fraction
 #     of the limit (1/3 and 2/3), both sides keep serving;
-#  6. reconnects node 2: three live members, exactly the limit again.
+#  6. reconnects node 2: three live members, exactly the limit again;
+#  7. durable quotas: a daily key spent to 40 remaining, then `docker-compose down` (graceful:
+#     SIGTERM, every node hands over and writes its last snapshot to its named volume) and `up`:
+#     the key still has exactly 40 remaining (never back to 100).
 #
 # The bounds are those of ARCHITECTURE.md, "The cluster protocol": an owner enforces
 # limit × reachable / (live + dead), rounded down. Every wait is a bounded poll on a condition
@@ -220,5 +223,35 @@ say "reconnected node 2"
 wait_view '^live=1,2,3 ' 1 2 3
 n=$(admitted compose-exact healed-1 100 1 2 3)
 expect_between "partition healed, 300 checks over 3 nodes" "$n" "$limit" "$limit"
+
+# --- 7. durable quotas: down and up keeps them -------------------------------------------------
+# remaining N KEY: the remaining hits of KEY under compose-exact, asked at node N with cost 0 (an
+# exact-mode query is forwarded to the key's owner).
+remaining() {
+    node_curl "$1" /v1/check -sf --max-time 10 -X POST -H 'content-type: application/json' \
+        --data "{\"key\": \"$2\", \"policy\": \"compose-exact\", \"cost\": 0}" |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["remaining"])'
+}
+n=$(admitted compose-exact durable-1 20 1 2 3)
+expect_between "durable key, 60 checks over 3 nodes" "$n" 60 60
+[[ $(remaining 1 durable-1) == 40 ]] || fail "durable-1: $(remaining 1 durable-1) remaining before down, expected 40"
+compose down --timeout 30 # not -v: the named volumes (the quotas) stay
+say "docker-compose down (volumes kept)"
+compose up -d
+for n in 1 2 3; do
+    cid[$n]=$(compose ps -q "node$n")
+    wait_for "node $n ready after up" is_ready "$n"
+done
+wait_view '^live=1,2,3 ' 1 2 3
+for n in 1 2 3; do
+    left=$(remaining "$n" durable-1)
+    [[ $left == 40 ]] || fail "durable-1 after down and up, asked at node $n: $left remaining, expected 40"
+done
+say "ok: durable-1 still has 40 of 100 remaining after docker-compose down and up"
+for n in 1 2 3; do
+    loaded=$(node_curl "$n" /metrics -sf --max-time 2 | grep -c '^ratemesh_snapshot_load{result="loaded"} 1' || true)
+    [[ $loaded == 1 ]] || fail "node $n did not load its snapshot: $(node_curl "$n" /metrics -s | grep '^ratemesh_snapshot')"
+done
+say "ok: every node loaded its snapshot from its volume"
 
 say "PASS"

@@ -3,7 +3,8 @@
 #
 # No image can be pulled here, so nothing is compiled inside Docker: the static binary is built
 # on the host (tests/docker/static-binary.sh) and copied with the Dockerfile and the default
-# configuration (deploy/docker/ratemesh.toml) into a throwaway build context.
+# configuration (deploy/docker/ratemesh.toml) into a throwaway build context, with an empty
+# directory that becomes the image's /var/lib/ratemesh (the conventional data directory).
 #
 #   bash tests/docker/build-image.sh                  # -> ratemeshd:test
 #   IMAGE=ratemeshd:dev bash tests/docker/build-image.sh
@@ -26,6 +27,7 @@ command -v strip >/dev/null || { echo "build-image: strip (binutils) is required
 strip --strip-debug -o "$context/ratemeshd" "$binary"
 cp deploy/docker/ratemesh.toml "$context/ratemesh.toml"
 cp Dockerfile "$context/Dockerfile"
+mkdir "$context/data" # /var/lib/ratemesh in the image, owned by the daemon's user
 # The image's default configuration must be valid, as is (no RATEMESH_ overrides), for this binary.
 env -i "$context/ratemeshd" validate --config "$context/ratemesh.toml" >&2
 

@@ -23,11 +23,13 @@ pub use algorithm::{Bucket, CoreRng, Snapshot, SnapshotMismatch};
 pub use decision::{Decision, LeaseId};
 pub use key::{KeyHash, KeyHasher, KeyHasherBuilder, Namespace};
 pub use limit::{
-    Algorithm, CONCURRENCY_LIMIT_MAX, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX, SLIDING_LOG_LIMIT_MAX,
+    Algorithm, CONCURRENCY_LIMIT_MAX, CalendarWindow, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX,
+    SLIDING_LOG_LIMIT_MAX,
 };
 pub use node::{
-    CheckOutcome, CheckRequest, DeliveryStats, Event, Fallback, LeavePlan, MemberView, Mode, Node,
-    NodeConfig, NodeId, NodeStats, Policy, RING_VNODES_DEFAULT, RequestId, Ring, Transmit,
+    CheckOutcome, CheckRequest, DeliveryStats, DurableKey, Event, Fallback, LeavePlan, MemberView, Mode,
+    Node, NodeConfig, NodeId, NodeStats, Policy, RING_VNODES_DEFAULT, RequestId, RestoreStats, Ring,
+    Transmit,
 };
 pub use store::{KeyExtra, Store, StoreConfig, StoreStats};
 pub use time::{Instant, duration_nanos};

@@ -5,8 +5,8 @@
 
 use core::time::Duration;
 
-use crate::algorithm::{LeaseParams, LogParams, TatParams, WindowParams};
-use crate::time::duration_nanos;
+use crate::algorithm::{CalendarParams, LeaseParams, LogParams, TatParams, WindowParams};
+use crate::time::{Instant, duration_nanos};
 
 /// The limiting algorithms of ratemesh. See ARCHITECTURE.md for the semantics of each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -76,12 +76,42 @@ pub struct LimitSpec {
     pub burst: Option<u64>,
     /// Shaper only: how many queued hits pass without delay (nginx `delay=`). Default 0.
     pub delay: Option<u64>,
+    /// Fixed window only: the calendar window this check falls in (a day in Europe/Berlin, a
+    /// month in UTC), instead of a grid of `period`-long windows. `period` is then the window's
+    /// length. See [`CalendarWindow`].
+    pub calendar: Option<CalendarWindow>,
+}
+
+/// One window of a calendar-aligned fixed window, computed by the driver from the wall clock
+/// (the core does no calendar or time-zone arithmetic). The bounds are instants of the driver's
+/// clock, which for calendar limits must run on Unix time (nanoseconds since 1970, advancing
+/// monotonically): every node then names the same window with the same numbers, and a forwarded
+/// check or a report carries its window to the owner as is.
+///
+/// A limit carries the window its caller believes current; the bucket keeps the window it
+/// counts in. Windows only move forward: a newer window that has begun on this node's clock
+/// starts a fresh count, an older one (a stale limit, a clock behind) is counted in the
+/// bucket's current window, and a window that has not begun yet on this node's clock (the
+/// caller's clock is ahead) only tells where the current window ends. So at a boundary the owner's
+/// clock decides: a follower ahead of it cannot open the next window early at the owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CalendarWindow {
+    /// The window's first instant.
+    pub start: Instant,
+    /// The instant after its last (the next window's start).
+    pub end: Instant,
 }
 
 impl LimitSpec {
     /// A spec with no `burst` or `delay`: every algorithm takes its defaults.
     pub fn new(algorithm: Algorithm, limit: u64, period: Duration) -> LimitSpec {
-        LimitSpec { algorithm, limit, period, burst: None, delay: None }
+        LimitSpec { algorithm, limit, period, burst: None, delay: None, calendar: None }
+    }
+
+    /// A fixed window of `limit` hits in the calendar window `window` (its length is the period).
+    pub fn calendar(limit: u64, window: CalendarWindow) -> LimitSpec {
+        let period = Duration::from_nanos(window.end.nanos_since(window.start));
+        LimitSpec { calendar: Some(window), ..LimitSpec::new(Algorithm::FixedWindow, limit, period) }
     }
 
     /// The same spec with `burst` set.
@@ -135,6 +165,10 @@ pub enum LimitError {
         /// The period in nanoseconds.
         period_nanos: u64,
     },
+    /// A calendar window on a limit that is not a fixed window, or whose bounds do not match
+    /// its period (`end − start`).
+    #[error("calendar window: {0}")]
+    Calendar(&'static str),
     /// A value so large that the state it implies cannot be represented.
     #[error("{parameter} is too large (at most {max})")]
     TooLarge {
@@ -170,6 +204,8 @@ pub(crate) enum Kind {
     Log(LogParams),
     /// Concurrency leases.
     Leases(LeaseParams),
+    /// Calendar-aligned fixed window.
+    Calendar(CalendarParams),
 }
 
 impl Limit {
@@ -193,6 +229,9 @@ impl Limit {
         let reject = |parameter| LimitError::NotApplicable { parameter, algorithm: name };
         if spec.delay.is_some() && spec.algorithm != Algorithm::LeakyBucketShaper {
             return Err(reject("delay"));
+        }
+        if let Some(window) = spec.calendar {
+            return calendar_kind(&spec, window, period_nanos).map(|kind| Limit { spec, kind });
         }
         let kind = match spec.algorithm {
             Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
@@ -249,7 +288,8 @@ impl Limit {
             Kind::Tat(p) => p.capacity,
             Kind::Window(WindowParams { limit, .. })
             | Kind::Log(LogParams { limit, .. })
-            | Kind::Leases(LeaseParams { limit, .. }) => limit,
+            | Kind::Leases(LeaseParams { limit, .. })
+            | Kind::Calendar(CalendarParams { limit, .. }) => limit,
         }
     }
 
@@ -267,6 +307,19 @@ impl Limit {
     pub(crate) fn kind(&self) -> Kind {
         self.kind
     }
+}
+
+/// The parameters of a calendar window: a fixed window without burst or delay whose period is
+/// the window's length.
+fn calendar_kind(spec: &LimitSpec, window: CalendarWindow, period_nanos: u64) -> Result<Kind, LimitError> {
+    if spec.algorithm != Algorithm::FixedWindow {
+        return Err(LimitError::Calendar("only a fixed window can be calendar-aligned"));
+    }
+    no_burst(spec, |parameter| LimitError::NotApplicable { parameter, algorithm: "fixed_window" })?;
+    if window.end <= window.start || window.end.nanos_since(window.start) != period_nanos {
+        return Err(LimitError::Calendar("the period must be the window's length (end − start > 0)"));
+    }
+    Ok(Kind::Calendar(CalendarParams { limit: spec.limit, start: window.start, end: window.end }))
 }
 
 fn no_burst(spec: &LimitSpec, reject: impl FnOnce(&'static str) -> LimitError) -> Result<(), LimitError> {

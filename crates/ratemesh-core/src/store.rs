@@ -251,6 +251,11 @@ impl<X: KeyExtra> Store<X> {
         self.entries.iter().map(|entry| entry.key)
     }
 
+    /// Every tracked key with its bucket and extra data, in table order.
+    pub fn iter(&self) -> impl Iterator<Item = (KeyHash, &Bucket, &X)> + '_ {
+        self.entries.iter().map(|entry| (entry.key, &entry.bucket, &entry.extra))
+    }
+
     /// Examines up to `sweep_len_max` entries, continuing where the last call stopped, and drops
     /// those that are fresh at `now`. Returns how many it dropped. A call passes over at most one
     /// lap of the table and at most `8 × sweep_len_max` slots, empty ones included.

@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::algorithm::Snapshot;
 use crate::decision::{Decision, LeaseId};
-use crate::limit::{Algorithm, Limit, LimitError, LimitSpec};
-use crate::time::duration_nanos;
+use crate::limit::{Algorithm, CalendarWindow, Limit, LimitError, LimitSpec};
+use crate::time::{Instant, duration_nanos};
 
 /// The wire version this build speaks.
 pub const WIRE_VERSION: u8 = 2;
@@ -110,6 +110,18 @@ pub struct LimitWire {
     pub burst: Option<u64>,
     /// Shaper delay, if set.
     pub delay: Option<u64>,
+    /// The calendar window of a calendar-aligned fixed window (added in wire version 2).
+    pub calendar: Option<CalendarWire>,
+}
+
+/// A calendar window as it travels: Unix time in nanoseconds, the same numbers on every node
+/// (see [`crate::CalendarWindow`]: drivers of calendar limits run their clocks on Unix time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CalendarWire {
+    /// The window's first instant.
+    pub start_unix_nanos: u64,
+    /// The next window's first instant.
+    pub end_unix_nanos: u64,
 }
 
 /// Why a [`LimitWire`] is not a limit.
@@ -133,6 +145,10 @@ impl LimitWire {
             period_nanos: duration_nanos(spec.period),
             burst: spec.burst,
             delay: spec.delay,
+            calendar: spec.calendar.map(|window| CalendarWire {
+                start_unix_nanos: window.start.as_nanos(),
+                end_unix_nanos: window.end.as_nanos(),
+            }),
         }
     }
 
@@ -146,6 +162,10 @@ impl LimitWire {
             period: Duration::from_nanos(self.period_nanos),
             burst: self.burst,
             delay: self.delay,
+            calendar: self.calendar.map(|window| CalendarWindow {
+                start: Instant::from_nanos(window.start_unix_nanos),
+                end: Instant::from_nanos(window.end_unix_nanos),
+            }),
         };
         Ok(Limit::new(spec)?)
     }
@@ -172,6 +192,15 @@ pub enum SnapshotWire {
     Log(Vec<(u64, u64)>),
     /// See [`Snapshot::Leases`]: `(lease, slots, nanoseconds until expiry)`.
     Leases(Vec<(u64, u64, u64)>),
+    /// See [`Snapshot::Calendar`] (added in wire version 2).
+    Calendar {
+        /// Nanoseconds since the window started.
+        elapsed_nanos: u64,
+        /// Nanoseconds until it ends.
+        remaining_nanos: u64,
+        /// Hits counted in it.
+        curr: u64,
+    },
 }
 
 impl From<Snapshot> for SnapshotWire {
@@ -185,6 +214,9 @@ impl From<Snapshot> for SnapshotWire {
             Snapshot::Leases { leases } => SnapshotWire::Leases(
                 leases.into_iter().map(|(id, slots, left)| (id.0, slots, left)).collect(),
             ),
+            Snapshot::Calendar { elapsed_nanos, remaining_nanos, curr } => {
+                SnapshotWire::Calendar { elapsed_nanos, remaining_nanos, curr }
+            }
         }
     }
 }
@@ -200,6 +232,9 @@ impl From<SnapshotWire> for Snapshot {
             SnapshotWire::Leases(leases) => Snapshot::Leases {
                 leases: leases.into_iter().map(|(id, slots, left)| (LeaseId(id), slots, left)).collect(),
             },
+            SnapshotWire::Calendar { elapsed_nanos, remaining_nanos, curr } => {
+                Snapshot::Calendar { elapsed_nanos, remaining_nanos, curr }
+            }
         }
     }
 }

@@ -9,8 +9,9 @@ use proptest::option;
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use ratemesh_core::wire::{
-    Body, Decided, DecisionWire, FRAME_LEN_MAX_DEFAULT, ForwardCheck, Frame, Grant, KeyState, LimitWire,
-    LimitWireError, Release, Report, SnapshotWire, WIRE_VERSION, WireError, WireMode, decode, encode,
+    Body, CalendarWire, Decided, DecisionWire, FRAME_LEN_MAX_DEFAULT, ForwardCheck, Frame, Grant, KeyState,
+    LimitWire, LimitWireError, Release, Report, SnapshotWire, WIRE_VERSION, WireError, WireMode, decode,
+    encode,
 };
 use ratemesh_core::{
     Algorithm, CONCURRENCY_LIMIT_MAX, Decision, LeaseId, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX,
@@ -105,6 +106,7 @@ fn limit_wire() -> impl Strategy<Value = LimitWire> {
             period_nanos,
             burst,
             delay,
+            calendar: None,
         },
     )
 }
@@ -308,6 +310,7 @@ fn gcra_wire() -> LimitWire {
         period_nanos: 1_000_000_000,
         burst: Some(5),
         delay: None,
+        calendar: None,
     }
 }
 
@@ -405,6 +408,7 @@ proptest! {
                     period: Duration::from_nanos(wire.period_nanos),
                     burst: wire.burst,
                     delay: wire.delay,
+                    calendar: None,
                 };
                 prop_assert_eq!(&result, &Limit::new(spec).map_err(LimitWireError::Invalid));
                 if let Ok(limit) = result {
@@ -584,7 +588,8 @@ fn plausible_length_prefixes_preallocate_boundedly() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Golden frames: the byte layout of WIRE_VERSION 1, pinned.
+// Golden frames: the byte layout of WIRE_VERSION 2, pinned (version 2 added the calendar window
+// of a limit and the calendar snapshot).
 // ---------------------------------------------------------------------------------------------
 
 /// One frame per body variant (together every wire type and every enum variant), with its
@@ -613,7 +618,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     demand_per_s: 300,
                 }]),
             },
-            "020102030000000001078486880804676372610a8094ebdc03010500010109ac02",
+            "020102030000000001078486880804676372610a8094ebdc0301050000010109ac02",
         ),
         (
             Frame {
@@ -668,6 +673,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         period_nanos: 60_000_000_000,
                         burst: Some(3),
                         delay: Some(1),
+                        calendar: None,
                     },
                     epoch: 0xabcd,
                     holding: 300,
@@ -678,7 +684,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     seed: Some(SnapshotWire::Tat { backlog_nanos: 7 }),
                 }]),
             },
-            "0202ffffffffffffffffff01000000000201ffffffffffffffffffffffffffffffffffff030c6c65616b795f6275636b65740580b09dc2df0101030101cdd702ac0280804002000c010007",
+            "0202ffffffffffffffffff01000000000201ffffffffffffffffffffffffffffffffffff030c6c65616b795f6275636b65740580b09dc2df010103010100cdd702ac0280804002000c010007",
         ),
         (
             Frame {
@@ -728,6 +734,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                             period_nanos: 1_000,
                             burst: None,
                             delay: None,
+                            calendar: None,
                         },
                         state: SnapshotWire::Log(vec![(1, 2), (300, 1)]),
                     },
@@ -739,12 +746,25 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                             period_nanos: 5_000,
                             burst: None,
                             delay: None,
+                            calendar: None,
                         },
                         state: SnapshotWire::Leases(vec![(0xdead_beef, 1, 2_000)]),
                     },
+                    KeyState {
+                        key: 13,
+                        limit: LimitWire {
+                            algorithm: "fixed_window".to_owned(),
+                            limit: 100,
+                            period_nanos: 3_000,
+                            burst: None,
+                            delay: None,
+                            calendar: Some(CalendarWire { start_unix_nanos: 7_000, end_unix_nanos: 10_000 }),
+                        },
+                        state: SnapshotWire::Calendar { elapsed_nanos: 5, remaining_nanos: 6, curr: 7 },
+                    },
                 ]),
             },
-            "0204010100000004020912736c6964696e675f77696e646f775f6c6f6703e807000002020102ac02010a0b636f6e63757272656e637902882700000301effdb6f50d01d00f",
+            "0204010100000004030912736c6964696e675f77696e646f775f6c6f6703e80700000002020102ac02010a0b636f6e63757272656e63790288270000000301effdb6f50d01d00f0d0c66697865645f77696e646f7764b817000001d836904e04050607",
         ),
         (
             Frame {
@@ -756,7 +776,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 una: 0,
                 body: Body::Release(vec![Release { key: 11, limit: gcra_wire(), lease: 0xdead_beef }]),
             },
-            "0206020500000005010b04676372610a8094ebdc03010500effdb6f50d",
+            "0206020500000005010b04676372610a8094ebdc0301050000effdb6f50d",
         ),
         (
             Frame { from: 5, incarnation: 6, seq: 0, ack: 128, sack: 5, una: 7, body: Body::Heartbeat },
@@ -776,7 +796,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     state: SnapshotWire::Tat { backlog_nanos: 1_000 },
                 }]),
             },
-            "0207010203000207010c04676372610a8094ebdc0301050000e807",
+            "0207010203000207010c04676372610a8094ebdc030105000000e807",
         ),
     ]
 }
@@ -809,7 +829,7 @@ fn golden_frames_survive_every_bit_flip() {
 // ---------------------------------------------------------------------------------------------
 
 fn wire(algorithm: &str, limit: u64, period_nanos: u64, burst: Option<u64>, delay: Option<u64>) -> LimitWire {
-    LimitWire { algorithm: algorithm.to_owned(), limit, period_nanos, burst, delay }
+    LimitWire { algorithm: algorithm.to_owned(), limit, period_nanos, burst, delay, calendar: None }
 }
 
 #[test]

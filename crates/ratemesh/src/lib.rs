@@ -6,6 +6,10 @@
 //!
 //! - [`node`]: [`NodeBuilder`], [`Node`] (`check`, `check_now`, `release`, `members`,
 //!   `metrics`, `shutdown`), [`NamedPolicy`].
+//! - [`calendar`]: calendar-aligned windows ([`Calendar`], [`CalendarPolicy`]) in UTC or an IANA
+//!   time zone.
+//! - [`durable`]: durable quotas — [`StateStore`] (default: [`FileStateStore`], a file in a data
+//!   directory) and the snapshot format.
 //! - [`headers`]: the rate-limit response headers (`X-RateLimit-*`, `Retry-After`, IETF `RateLimit`).
 //! - `layer` (feature `tower`, on by default): `RateLimitLayer`, a `tower::Layer` for HTTP services.
 //! - [`gossip`]: chitchat over sealed (authenticated, encrypted) UDP, bounded for insiders,
@@ -18,7 +22,9 @@
 //! - [`transport`]: [`Transport`], QUIC peers (quinn) that send the core's frames to members and
 //!   deliver frames whose sender is authenticated by its certificate.
 
+pub mod calendar;
 pub mod dns;
+pub mod durable;
 pub mod gossip;
 pub mod headers;
 #[cfg(feature = "tower")]
@@ -29,6 +35,8 @@ pub mod security;
 pub mod seeds;
 pub mod transport;
 
+pub use calendar::{Calendar, CalendarPolicy, CalendarUnit};
+pub use durable::{FileStateStore, StateStore};
 pub use gossip::{GossipHealth, GossipLimits, GossipStats};
 #[cfg(feature = "tower")]
 pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};

@@ -34,6 +34,9 @@ use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, trace_span};
 
+use crate::durable::{
+    FileStateStore, Persistence, SnapshotMetrics, SnapshotSettings, StateStore, cluster_fingerprint,
+};
 use crate::gossip::{
     GossipCounters, GossipHealth, GossipLimits, GossipSlot, GossipStarter, GossipStats, SealConfig,
     gossip_keys, supervise,
@@ -176,6 +179,8 @@ pub struct NodeBuilder {
     seed: Option<u64>,
     core: NodeConfig,
     transport: TransportConfig,
+    state_store: Option<Arc<dyn StateStore>>,
+    snapshots: SnapshotSettings,
 }
 
 impl NodeBuilder {
@@ -201,6 +206,8 @@ impl NodeBuilder {
             seed: None,
             core: NodeConfig { forward_wait: Duration::ZERO, ..NodeConfig::default() },
             transport: TransportConfig::default(),
+            state_store: None,
+            snapshots: SnapshotSettings::default(),
         }
     }
 
@@ -343,6 +350,32 @@ impl NodeBuilder {
         self
     }
 
+    /// Keeps durable quotas in the data directory `dir` (a [`FileStateStore`]): see
+    /// [`NodeBuilder::state_store`].
+    #[must_use]
+    pub fn data_dir(self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.state_store(Arc::new(FileStateStore::new(dir)))
+    }
+
+    /// Keeps durable quotas in `store`: the node takes back the snapshot stored there when it
+    /// starts (joined conservatively into the cluster's state; a corrupt or foreign snapshot is
+    /// refused and logged), writes a new one every snapshot interval and a last one when it
+    /// shuts down, after handing its keys over. Off by default: without a store nothing is
+    /// written and a restart of the whole cluster starts every key fresh.
+    #[must_use]
+    pub fn state_store(mut self, store: Arc<dyn StateStore>) -> Self {
+        self.state_store = Some(store);
+        self
+    }
+
+    /// When and what to snapshot (default: every 5 s, limits of a minute or longer, at most
+    /// 256 MiB). Only used with a [`NodeBuilder::state_store`].
+    #[must_use]
+    pub fn snapshot_settings(mut self, settings: SnapshotSettings) -> Self {
+        self.snapshots = settings;
+        self
+    }
+
     /// Opens the sockets, joins the cluster through the seeds and starts the node's tasks on the
     /// current tokio runtime. Returns once the node answers checks (alone until members are
     /// confirmed; see [`Node::subscribe_members`]).
@@ -364,8 +397,13 @@ impl NodeBuilder {
         };
         let (gossip_state, gossip_state_rx) = watch::channel(gossip.chitchat());
         let (gossip_health, gossip_health_rx) = watch::channel(GossipHealth::Running);
-        let origin = std::time::Instant::now();
-        let core = ratemesh_core::Node::new(self.id, incarnation, self.core_config(), seed, clock(origin));
+        let durable = self.persistence(&security)?;
+        let origin = Origin::start();
+        let mut core =
+            ratemesh_core::Node::new(self.id, incarnation, self.core_config(), seed, origin.now_instant());
+        if let Some(durable) = &durable {
+            restore(&mut core, durable, origin.now_instant()).await;
+        }
         let me = Member { id: self.id, quic_addr, status: MemberStatus::Live };
         let (members_tx, members_rx) = watch::channel(vec![me]);
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -396,6 +434,8 @@ impl NodeBuilder {
             tasks: Mutex::new(Vec::new()),
             leave_linger: self.leave_linger,
             gossip_interval: self.gossip_interval,
+            durable,
+            final_snapshot: std::sync::atomic::AtomicBool::new(false),
         });
         let slot =
             GossipSlot { handle: Arc::clone(&shared.gossip), state: gossip_state, health: gossip_health };
@@ -420,6 +460,7 @@ impl NodeBuilder {
     /// wildcard address gossiped as is).
     fn validate(&self) -> Result<(), StartError> {
         let durations = [
+            ("snapshot_interval", self.snapshots.interval),
             ("gossip_interval", self.gossip_interval),
             ("seed_resolve_interval", self.seed_resolve_interval),
             ("sync_interval", self.core.sync_interval),
@@ -464,6 +505,15 @@ impl NodeBuilder {
         if let Some(task) = crate::seeds::spawn(resolution, sink, shared.stop.subscribe()) {
             shared.tasks.lock().unwrap_or_else(PoisonError::into_inner).push(task);
         }
+    }
+
+    /// The snapshot machinery, if a store is set, bound to this cluster (its id and CA).
+    fn persistence(&self, security: &ClusterSecurity) -> Result<Option<Arc<Persistence>>, StartError> {
+        let Some(store) = self.state_store.clone() else { return Ok(None) };
+        let identity = security.identity(self.id)?;
+        let ca_certs: Vec<&[u8]> = identity.ca_certs().iter().map(|cert| cert.as_ref()).collect();
+        let cluster = cluster_fingerprint(&self.cluster_id, &ca_certs);
+        Ok(Some(Arc::new(Persistence::new(store, cluster, self.id.0, self.snapshots))))
     }
 
     /// Starts gossip (sealed with the keys of `security`) from the gossip address, choosing a
@@ -594,11 +644,13 @@ pub struct NodeMetrics {
     pub sync_lag: Duration,
     /// The smoothed round-trip time to each peer measured so far, sorted by peer.
     pub peer_round_trips: Vec<(NodeId, Duration)>,
+    /// Durable quotas: snapshots written and the result of the load at start.
+    pub snapshots: SnapshotMetrics,
 }
 
 struct Shared {
     id: NodeId,
-    origin: std::time::Instant,
+    origin: Origin,
     state: Mutex<State>,
     /// The core's next deadline moved earlier than the one the timer task sleeps until.
     timer_wake: Notify,
@@ -616,6 +668,10 @@ struct Shared {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     leave_linger: Duration,
     gossip_interval: Duration,
+    /// Durable quotas, when a state store is set.
+    durable: Option<Arc<Persistence>>,
+    /// The final snapshot was taken (a second shutdown does not take another).
+    final_snapshot: std::sync::atomic::AtomicBool,
 }
 
 /// Everything behind the node's lock.
@@ -817,6 +873,10 @@ impl Node {
             checks_waiting: state.waiters.len(),
             sync_lag: state.timer_lag,
             peer_round_trips: state.core.round_trips(),
+            snapshots: self.shared.durable.as_ref().map_or_else(
+                || SnapshotMetrics { load_result: "disabled", ..SnapshotMetrics::default() },
+                |durable| durable.metrics(),
+            ),
         }
     }
 
@@ -831,7 +891,8 @@ impl Node {
     /// it) until the runtime stops: call `shutdown` to leave.
     pub async fn shutdown(&self) {
         let span = info_span!("shutdown", node = ?self.shared.id);
-        self.leave().instrument(span).await;
+        self.leave().instrument(span.clone()).await;
+        self.shared.save_final_snapshot().instrument(span).await;
     }
 
     async fn leave(&self) {
@@ -869,7 +930,7 @@ impl Node {
 
 impl Shared {
     fn now(&self) -> ratemesh_core::Instant {
-        clock(self.origin)
+        self.origin.now_instant()
     }
 
     fn lock_state(&self) -> MutexGuard<'_, State> {
@@ -919,6 +980,9 @@ impl Shared {
         let mut tasks = Vec::with_capacity(3);
         tasks.push(tokio::spawn(self.clone().run_timer(stop.clone())));
         tasks.push(tokio::spawn(self.clone().run_receive(received, stop.clone())));
+        if let Some(durable) = self.durable.clone() {
+            tasks.push(tokio::spawn(self.clone().run_snapshots(durable, stop.clone())));
+        }
         let membership = Membership::new(me, self.transport.clone(), gossip);
         let sink: Arc<dyn ViewSink> = self.clone();
         tasks.push(tokio::spawn(membership.run(sink, members, self.gossip_interval * 5, stop)));
@@ -1016,8 +1080,45 @@ impl Shared {
         self.lock_state().waiters.clear();
     }
 
+    /// Takes the core's durable state out under the lock and writes it (off the lock).
+    async fn save_snapshot(&self, durable: &Arc<Persistence>) {
+        let started = std::time::Instant::now();
+        let keys = {
+            let state = self.lock_state();
+            state.core.durable_keys(self.now(), durable.settings().period_min)
+        };
+        durable.save(keys, started.elapsed(), started).await;
+    }
+
+    /// Writes a snapshot every snapshot interval until the node stops.
+    async fn run_snapshots(self: Arc<Self>, durable: Arc<Persistence>, mut stop: watch::Receiver<bool>) {
+        let mut ticks = tokio::time::interval(durable.settings().interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = stop.wait_for(|stopped| *stopped) => return,
+            }
+            self.save_snapshot(&durable).await;
+        }
+    }
+
+    /// The last snapshot of a graceful shutdown: after the handover (what this node handed on
+    /// is kept too, as a follower's view) and after the node stopped, so nothing changes after
+    /// it. Once per node.
+    async fn save_final_snapshot(&self) {
+        let Some(durable) = &self.durable else { return };
+        if self.final_snapshot.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        self.save_snapshot(durable).await;
+        let written = durable.metrics();
+        info!(keys = written.last_keys, bytes = written.last_bytes, "final snapshot written");
+    }
+
     fn tokio_instant(&self, at: ratemesh_core::Instant) -> tokio::time::Instant {
-        tokio::time::Instant::from_std(self.origin + Duration::from_nanos(at.as_nanos()))
+        self.origin.tokio_instant(at)
     }
 }
 
@@ -1072,10 +1173,42 @@ impl SeedSink for Shared {
     }
 }
 
-/// The core's clock: nanoseconds since the node started.
-fn clock(origin: std::time::Instant) -> ratemesh_core::Instant {
-    let nanos = origin.elapsed().as_nanos();
-    ratemesh_core::Instant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+/// Takes back the stored snapshot, if any, into a core that knows only itself: it owns every key
+/// until the first membership view hands each one to its owner.
+async fn restore(core: &mut ratemesh_core::Node, durable: &Arc<Persistence>, now: ratemesh_core::Instant) {
+    if let Some((keys, age)) = durable.load().await {
+        let stats = core.restore(now, keys, age);
+        info!(joined = stats.joined, refused = stats.refused, "snapshot restored");
+    }
+}
+
+/// The core's clock: monotonic, on Unix time. It reads the monotonic clock and counts from the
+/// Unix time read once at start, so it never goes back (a wall-clock step after the start is not
+/// followed; NTP's slewing is, as the monotonic clock follows it). Calendar windows are Unix
+/// time: on this clock every node names a window with the same numbers, up to the skew of the
+/// hosts' clocks at start.
+#[derive(Clone, Copy, Debug)]
+struct Origin {
+    monotonic: std::time::Instant,
+    unix_nanos: u64,
+}
+
+impl Origin {
+    fn start() -> Origin {
+        Origin { monotonic: std::time::Instant::now(), unix_nanos: crate::durable::unix_nanos_now() }
+    }
+
+    /// The core's now.
+    fn now_instant(&self) -> ratemesh_core::Instant {
+        let elapsed = u64::try_from(self.monotonic.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        ratemesh_core::Instant::from_nanos(self.unix_nanos.saturating_add(elapsed))
+    }
+
+    /// The tokio instant of the core's instant `at`.
+    fn tokio_instant(&self, at: ratemesh_core::Instant) -> tokio::time::Instant {
+        let since_start = Duration::from_nanos(at.as_nanos().saturating_sub(self.unix_nanos));
+        tokio::time::Instant::from_std(self.monotonic + since_start)
+    }
 }
 
 async fn sleep_or_forever(until: Option<tokio::time::Instant>) {

@@ -37,10 +37,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ratemesh::durable::SnapshotSettings;
 use ratemesh::security::{CLUSTER_SECRET_LEN_MIN, PemSource, ProvidedCerts};
-use ratemesh::{ClusterSecret, ClusterSecurity, SecurityError, Seed};
+use ratemesh::{Calendar, CalendarPolicy, CalendarUnit, ClusterSecret, ClusterSecurity, SecurityError, Seed};
 use ratemesh_core::{
-    Algorithm, Fallback, Limit, LimitError, LimitSpec, Mode, NodeConfig, NodeId, Policy, StoreConfig,
+    Algorithm, Fallback, Limit, LimitError, LimitSpec, Mode, NodeConfig, NodeId, PERIOD_NANOS_MAX, Policy,
+    StoreConfig,
 };
 use toml::Spanned;
 use zeroize::Zeroizing;
@@ -111,6 +113,11 @@ pub const POLICIES_MAX: usize = 10_000;
 pub const DESCRIPTOR_DEPTH_MAX: usize = 16;
 /// The longest policy name, cluster id, domain, descriptor key or value, in bytes.
 pub const NAME_BYTES_MAX: usize = 255;
+
+/// Shortest and longest snapshot interval: more often than every 100 ms is a disk busy for
+/// nothing; beyond an hour a crash of the whole cluster loses most of an hour's hits.
+const SNAPSHOT_INTERVAL_MS_MIN: u64 = 100;
+const SNAPSHOT_INTERVAL_MS_MAX: u64 = 3_600_000;
 
 /// Longest gossip or sync interval: beyond a minute the cluster no longer reacts in useful time.
 const INTERVAL_MS_MAX: u64 = 60_000;
@@ -260,7 +267,7 @@ pub struct Config {
     pub policies: Vec<PolicyConfig>,
 }
 
-/// `[node]`: this member's identity.
+/// `[node]`: this member's identity and where it keeps its durable state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeSection {
     /// `id`: the member's id, stable across restarts and unique in the cluster (default 1).
@@ -272,11 +279,28 @@ pub struct NodeSection {
     /// `incarnation`: distinguishes restarts of the same id; unset, the daemon picks one at start
     /// (so that peers can tell a restarted node from a delayed message of its previous life).
     pub incarnation: Option<u64>,
+    /// `data_dir`: an absolute path, where the node keeps its snapshot of durable quotas (`ratemesh.snapshot`),
+    /// so that long-period limits survive a restart of the whole cluster. Unset (the default):
+    /// nothing is written, and a full restart starts every key fresh.
+    pub data_dir: Option<PathBuf>,
+    /// `snapshot_interval_ms`: time between snapshots (default 5000): a crash of every node at
+    /// once loses at most this much of the hits.
+    pub snapshot_interval: Duration,
+    /// `snapshot_period_min_ms`: limits with a shorter period are not written (default 60000):
+    /// they refill within a restart anyway.
+    pub snapshot_period_min: Duration,
 }
 
 impl Default for NodeSection {
     fn default() -> Self {
-        NodeSection { id: NodeId(1), id_from: None, incarnation: None }
+        NodeSection {
+            id: NodeId(1),
+            id_from: None,
+            incarnation: None,
+            data_dir: None,
+            snapshot_interval: SnapshotSettings::default().interval,
+            snapshot_period_min: SnapshotSettings::default().period_min,
+        }
     }
 }
 
@@ -659,16 +683,21 @@ pub enum Rule {
     /// A limit, with its cluster mode and fallback (`algorithm`, `limit`, `period_ms`, `burst`,
     /// `delay`, `mode`, `fallback`). Shared: every check names it by reference.
     Limited(Arc<Policy>),
+    /// A calendar-aligned fixed window (`window`, `time_zone`): `limit` hits per minute, hour,
+    /// day, week or month of the zone's calendar, resolved per check into the current window.
+    Calendar(Arc<CalendarPolicy>),
     /// `unlimited = true`: matching requests are always allowed and not counted (Envoy-style
     /// allow-listing of a descriptor).
     Unlimited,
 }
 
 impl Rule {
-    /// The policy, unless unlimited.
-    pub fn policy(&self) -> Option<&Arc<Policy>> {
+    /// The policy a check made now runs under, unless unlimited (a calendar rule's is the
+    /// current window's).
+    pub fn policy(&self) -> Option<Arc<Policy>> {
         match self {
-            Rule::Limited(policy) => Some(policy),
+            Rule::Limited(policy) => Some(Arc::clone(policy)),
+            Rule::Calendar(calendar) => Some(calendar.policy_now()),
             Rule::Unlimited => None,
         }
     }
@@ -769,6 +798,11 @@ impl Config {
     }
 }
 
+/// Whole milliseconds of a default duration.
+fn duration_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
 fn read_bounded(path: &Path) -> Result<String, ConfigError> {
     let read_error = |source| ConfigError::Read { path: path.to_owned(), source };
     let file = std::fs::File::open(path).map_err(read_error)?;
@@ -833,6 +867,7 @@ pub(crate) fn limit_error_field(error: &LimitError) -> &'static str {
         LimitError::ZeroLimit | LimitError::RateTooHigh { .. } => "limit",
         LimitError::ZeroPeriod => "period_ms",
         LimitError::ZeroBurst(_) => "burst",
+        LimitError::Calendar(_) => "window",
         LimitError::DelayAboveBurst { .. } => "delay",
         LimitError::NotApplicable { parameter, .. } | LimitError::TooLarge { parameter, .. } => {
             match *parameter {
@@ -975,10 +1010,42 @@ impl Ctx<'_> {
                 })?)
             }
         };
+        let defaults = NodeSection::default();
+        let data_dir = match &n.data_dir {
+            // A relative directory would depend on where the daemon happens to be started.
+            Some(v) if !Path::new(&v.value).is_absolute() => {
+                return Err(self.invalid(
+                    "node.data_dir",
+                    &v.at,
+                    format!("{:?}: must be an absolute path (leave it out for none)", v.value),
+                ));
+            }
+            Some(v) => Some(PathBuf::from(&v.value)),
+            None => None,
+        };
+        let interval_default = duration_ms(defaults.snapshot_interval);
+        let snapshot_interval_ms = self.number(
+            "node.snapshot_interval_ms",
+            &n.snapshot_interval_ms,
+            interval_default,
+            SNAPSHOT_INTERVAL_MS_MIN,
+            SNAPSHOT_INTERVAL_MS_MAX,
+        )?;
+        let period_min_default = duration_ms(defaults.snapshot_period_min);
+        let snapshot_period_min_ms = self.number(
+            "node.snapshot_period_min_ms",
+            &n.snapshot_period_min_ms,
+            period_min_default,
+            0,
+            PERIOD_NANOS_MAX / 1_000_000,
+        )?;
         Ok(NodeSection {
-            id: n.id.as_ref().map_or(NodeSection::default().id, |v| NodeId(v.value)),
+            id: n.id.as_ref().map_or(defaults.id, |v| NodeId(v.value)),
             id_from,
             incarnation: n.incarnation.as_ref().map(|v| v.value),
+            data_dir,
+            snapshot_interval: Duration::from_millis(snapshot_interval_ms),
+            snapshot_period_min: Duration::from_millis(snapshot_period_min_ms),
         })
     }
 
@@ -1436,11 +1503,15 @@ impl Ctx<'_> {
                 ("delay", p.delay.as_ref().map(|v| &v.at)),
                 ("mode", p.mode.as_ref().map(|v| &v.at)),
                 ("fallback", p.fallback.as_ref().map(|v| &v.at)),
+                ("window", p.window.as_ref().map(|v| &v.at)),
+                ("time_zone", p.time_zone.as_ref().map(|v| &v.at)),
             ];
             if let Some((name, Some(at))) = limit_fields.into_iter().find(|(_, at)| at.is_some()) {
                 return Err(self.invalid(field(name), at, "does not apply to an unlimited policy"));
             }
             Rule::Unlimited
+        } else if p.window.is_some() {
+            Rule::Calendar(Arc::new(self.calendar(i, p, &table)?))
         } else {
             Rule::Limited(Arc::new(self.limited(i, p, &table)?))
         };
@@ -1468,7 +1539,15 @@ impl Ctx<'_> {
             period: Duration::from_millis(period_ms.value),
             burst: p.burst.as_ref().map(|v| v.value),
             delay: p.delay.as_ref().map(|v| v.value),
+            calendar: None,
         };
+        if let Some(v) = &p.time_zone {
+            return Err(self.invalid(
+                field("time_zone"),
+                &v.at,
+                "applies only with window (a calendar window)",
+            ));
+        }
         let limit = Limit::new(spec).map_err(|error| {
             let name = limit_error_field(&error);
             let v = match name {
@@ -1479,6 +1558,54 @@ impl Ctx<'_> {
             };
             self.invalid(field(name), v.map_or(table, |v| &v.at), limit_error_message(&error))
         })?;
+        let (mode, fallback) = self.mode_and_fallback(i, p)?;
+        Ok(Policy { limit, mode, fallback })
+    }
+
+    /// A calendar-aligned fixed window: `window` (and `time_zone`, default UTC) instead of
+    /// `period_ms`; `algorithm`, if given, is `fixed_window`.
+    fn calendar(&self, i: usize, p: &RawPolicy, table: &At) -> Result<CalendarPolicy, ConfigError> {
+        let field = |name: &str| format!("policies[{i}].{name}");
+        let window = p.window.as_ref().ok_or_else(|| self.invalid(field("window"), table, "missing"))?;
+        let unit = CalendarUnit::from_name(&window.value).ok_or_else(|| {
+            let units: Vec<&str> = CalendarUnit::ALL.iter().map(|u| u.name()).collect();
+            self.invalid(
+                field("window"),
+                &window.at,
+                format!("unknown window {:?}: use one of {}", window.value, units.join(", ")),
+            )
+        })?;
+        if let Some(v) = p.algorithm.as_ref().filter(|v| v.value != Algorithm::FixedWindow.name()) {
+            return Err(self.invalid(
+                field("algorithm"),
+                &v.at,
+                "a calendar window (window) is a fixed_window",
+            ));
+        }
+        let not_with_window = [
+            ("period_ms", p.period_ms.as_ref().map(|v| &v.at)),
+            ("burst", p.burst.as_ref().map(|v| &v.at)),
+            ("delay", p.delay.as_ref().map(|v| &v.at)),
+        ];
+        if let Some((name, Some(at))) = not_with_window.into_iter().find(|(_, at)| at.is_some()) {
+            return Err(self.invalid(
+                field(name),
+                at,
+                "does not apply with window (the window is the period)",
+            ));
+        }
+        let limit = p.limit.as_ref().ok_or_else(|| self.invalid(field("limit"), table, "missing"))?;
+        let zone = p.time_zone.as_ref().map_or("UTC", |v| v.value.as_str());
+        let zone_at = p.time_zone.as_ref().map_or(&window.at, |v| &v.at);
+        let calendar =
+            Calendar::new(unit, zone).map_err(|error| self.invalid(field("time_zone"), zone_at, error))?;
+        let (mode, fallback) = self.mode_and_fallback(i, p)?;
+        CalendarPolicy::new(calendar, limit.value, mode, fallback)
+            .map_err(|error| self.invalid(field("limit"), &limit.at, error))
+    }
+
+    fn mode_and_fallback(&self, i: usize, p: &RawPolicy) -> Result<(Mode, Fallback), ConfigError> {
+        let field = |name: &str| format!("policies[{i}].{name}");
         let mode = match &p.mode {
             None => Mode::Approximate,
             Some(v) => mode_from_name(&v.value).ok_or_else(|| {
@@ -1499,7 +1626,7 @@ impl Ctx<'_> {
                 )
             })?,
         };
-        Ok(Policy { limit, mode, fallback })
+        Ok((mode, fallback))
     }
 
     fn envoy_pattern(&self, i: usize, p: &RawPolicy) -> Result<Option<EnvoyPattern>, ConfigError> {

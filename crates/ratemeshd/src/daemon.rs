@@ -39,6 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime};
 
+use ratemesh::durable::SnapshotSettings;
 use ratemesh::{
     CheckError, GossipHealth, Member, MemberStatus, Node, NodeBuilder, NodeId, Released, StartError,
 };
@@ -238,6 +239,15 @@ impl Daemon {
         if let Some(incarnation) = config.node.incarnation {
             builder = builder.incarnation(incarnation);
         }
+        if let Some(dir) = &config.node.data_dir {
+            let settings = SnapshotSettings {
+                interval: config.node.snapshot_interval,
+                period_min: config.node.snapshot_period_min,
+                ..SnapshotSettings::default()
+            };
+            builder = builder.data_dir(dir).snapshot_settings(settings);
+            info!(data_dir = %dir.display(), "durable quotas: snapshots kept in the data directory");
+        }
         let node = builder.start().await?;
         let policies = Arc::new(PolicyTable::from_config(&config));
         info!(
@@ -331,7 +341,7 @@ impl Daemon {
         if self.is_shutting_down() {
             return Err(CheckError::ShutDown);
         }
-        let mut decision = self.node.check_hashed(policy, key, cost).await?;
+        let mut decision = self.node.check_hashed(&policy, key, cost).await?;
         let shadow_mode = target.shadow_mode();
         self.metrics.record_decision(target.label(), &decision, shadow_mode);
         if shadow_mode && !decision.allowed {
@@ -569,10 +579,14 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     };
     let Config { node, cluster, listen, limits, log, auth, policies: _ } = running;
 
-    let NodeSection { id, id_from, incarnation } = node;
-    differs("node.id", *id != new.node.id);
-    differs("node.id_from", *id_from != new.node.id_from);
-    differs("node.incarnation", *incarnation != new.node.incarnation);
+    let NodeSection { id, id_from, incarnation, data_dir, snapshot_interval, snapshot_period_min } = node;
+    let b = &new.node;
+    differs("node.id", *id != b.id);
+    differs("node.id_from", *id_from != b.id_from);
+    differs("node.incarnation", *incarnation != b.incarnation);
+    differs("node.data_dir", *data_dir != b.data_dir);
+    differs("node.snapshot_interval_ms", *snapshot_interval != b.snapshot_interval);
+    differs("node.snapshot_period_min_ms", *snapshot_period_min != b.snapshot_period_min);
 
     let ClusterSection {
         cluster_id,

@@ -61,7 +61,7 @@ use ratemesh_core::{Algorithm, Decision};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::config::{Bounds, fallback_name, mode_name};
+use crate::config::{Bounds, Rule, fallback_name, mode_name};
 use crate::daemon::{Daemon, RING_PROBES};
 use crate::metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, status_name};
 use crate::policy::{
@@ -564,6 +564,10 @@ async fn policies(State(api): ApiState) -> Response {
                     item["burst"] = json!(spec.burst);
                     if spec.algorithm == Algorithm::LeakyBucketShaper {
                         item["delay"] = json!(spec.delay);
+                    }
+                    if let Rule::Calendar(calendar) = &entry.rule {
+                        item["window"] = json!(calendar.calendar().unit().name());
+                        item["time_zone"] = json!(calendar.calendar().zone_name());
                     }
                     item["mode"] = json!(mode_name(policy.mode));
                     item["fallback"] = json!(fallback_name(policy.fallback));

@@ -188,6 +188,8 @@ fn check(args: &CheckArgs) -> ExitCode {
         algorithm: Some(algorithm.clone()),
         limit: args.limit,
         period_ms: args.period_ms,
+        window: None,
+        time_zone: None,
         burst: args.burst,
         delay: args.delay,
         mode: args.mode.clone(),

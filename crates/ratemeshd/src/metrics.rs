@@ -24,6 +24,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use ratemesh::durable::SnapshotMetrics;
 use ratemesh::{GossipHealth, Member, MemberStatus, Node};
 use ratemesh_core::Decision;
 
@@ -460,8 +461,74 @@ impl prometheus_client::collector::Collector for NodeCollector {
             let labels = [("status", status)];
             ConstGauge::new(gauge_value(count)).encode(family.encode_family(&labels)?)?;
         }
-        Ok(())
+        encode_snapshots(e, &m.snapshots)
     }
+}
+
+/// Writes one unlabelled gauge of seconds.
+fn gauge_seconds(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: Duration,
+) -> Result<(), std::fmt::Error> {
+    let metric = ConstGauge::new(value.as_secs_f64());
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+/// The durable quotas' metrics, `ratemesh_snapshot_*`.
+fn encode_snapshots(e: &mut DescriptorEncoder, s: &SnapshotMetrics) -> Result<(), std::fmt::Error> {
+    counter(e, "ratemesh_snapshot_writes", "Snapshots of durable quotas written", s.writes)?;
+    counter(
+        e,
+        "ratemesh_snapshot_write_failures",
+        "Snapshots that could not be written (the previous one stays)",
+        s.write_failures,
+    )?;
+    gauge(
+        e,
+        "ratemesh_snapshot_keys",
+        "Keys in the last snapshot written",
+        gauge_value(s.last_keys as usize),
+    )?;
+    gauge(
+        e,
+        "ratemesh_snapshot_bytes",
+        "Bytes of the last snapshot written",
+        gauge_value(s.last_bytes as usize),
+    )?;
+    gauge_seconds(
+        e,
+        "ratemesh_snapshot_duration_seconds",
+        "How long the last snapshot took: export, encoding and the atomic write",
+        s.last_duration,
+    )?;
+    gauge_seconds(
+        e,
+        "ratemesh_snapshot_export_seconds",
+        "How long the last snapshot held the node's lock (checks wait meanwhile)",
+        s.last_export,
+    )?;
+    if let Some(written) = s.last_written_unix_nanos {
+        let now = ratemesh::durable::unix_nanos_now();
+        let age = Duration::from_nanos(now.saturating_sub(written));
+        gauge_seconds(e, "ratemesh_snapshot_age_seconds", "Time since the last snapshot was written", age)?;
+    }
+    gauge(
+        e,
+        "ratemesh_snapshot_loaded_keys",
+        "Keys taken back from the snapshot at start",
+        gauge_value(s.loaded_keys as usize),
+    )?;
+    let result = ConstGauge::new(1_i64);
+    let mut family = e.encode_descriptor(
+        "ratemesh_snapshot_load",
+        "What the start made of the stored snapshot: 1 for the result (disabled, none, loaded, refused_corrupt, \
+         refused_version, refused_foreign, error)",
+        None,
+        result.metric_type(),
+    )?;
+    result.encode(family.encode_family(&[("result", s.load_result)])?)
 }
 
 /// The `status` label and JSON name of a member status.

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ratemesh::{Calendar, CalendarPolicy, CalendarUnit};
 use ratemesh_core::{
     Algorithm, Decision, Fallback, KeyHash, LeaseId, Limit, LimitSpec, Mode, Namespace, Policy,
 };
@@ -383,6 +384,13 @@ pub struct LimitBody {
     /// The period (concurrency: lease lifetime), in milliseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub period_ms: Option<u64>,
+    /// Instead of `period_ms`, for `fixed_window`: a calendar window, `minute`, `hour`, `day`,
+    /// `week` (from Monday) or `month`, in `time_zone`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
+    /// The IANA time zone of `window` (default `UTC`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
     /// Bucket capacity / burst / shaper queue length.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub burst: Option<u64>,
@@ -497,11 +505,12 @@ fn inline_name(policy: &Policy) -> String {
 }
 
 impl Target {
-    /// The limit, unless the policy is unlimited.
-    pub fn policy(&self) -> Option<&Arc<Policy>> {
+    /// The limit a check made now runs under, unless the policy is unlimited (for a calendar
+    /// window: the current window's).
+    pub fn policy(&self) -> Option<Arc<Policy>> {
         match self {
             Target::Named(entry) => entry.rule.policy(),
-            Target::Inline(inline) => Some(&inline.policy),
+            Target::Inline(inline) => Some(Arc::clone(&inline.policy)),
         }
     }
 
@@ -568,6 +577,13 @@ impl LimitBody {
             )
         })?;
         let limit = self.limit.ok_or_else(|| invalid(sub("limit"), "missing"))?;
+        let (mode, fallback) = self.mode_and_fallback(field)?;
+        if let Some(window) = self.window.as_deref() {
+            return self.calendar(field, algorithm, limit, window, mode, fallback);
+        }
+        if self.time_zone.is_some() {
+            return Err(invalid(sub("time_zone"), "applies only with window (a calendar window)"));
+        }
         let period_ms = self.period_ms.ok_or_else(|| invalid(sub("period_ms"), "missing"))?;
         let spec = LimitSpec {
             algorithm,
@@ -575,9 +591,52 @@ impl LimitBody {
             period: Duration::from_millis(period_ms),
             burst: self.burst,
             delay: self.delay,
+            calendar: None,
         };
         let limit = Limit::new(spec)
             .map_err(|error| invalid(sub(limit_error_field(&error)), limit_error_message(&error)))?;
+        Ok(InlineLimit::new(Policy { limit, mode, fallback }))
+    }
+
+    /// An inline calendar window, resolved for now (the request is decided at once). Its buckets
+    /// are named by the rule (limit, window, zone), not by the current window's bounds.
+    fn calendar(
+        &self,
+        field: &str,
+        algorithm: Algorithm,
+        limit: u64,
+        window: &str,
+        mode: Mode,
+        fallback: Fallback,
+    ) -> Result<InlineLimit, BodyError> {
+        let sub = |name: &str| format!("{field}.{name}");
+        let unit = CalendarUnit::from_name(window).ok_or_else(|| {
+            let units: Vec<&str> = CalendarUnit::ALL.iter().map(|u| u.name()).collect();
+            invalid(sub("window"), format!("unknown window {window:?}: use one of {}", units.join(", ")))
+        })?;
+        if algorithm != Algorithm::FixedWindow {
+            return Err(invalid(sub("algorithm"), "a calendar window (window) is a fixed_window"));
+        }
+        let not_with_window = [("period_ms", self.period_ms), ("burst", self.burst), ("delay", self.delay)];
+        if let Some((name, _)) = not_with_window.into_iter().find(|(_, value)| value.is_some()) {
+            return Err(invalid(sub(name), "does not apply with window (the window is the period)"));
+        }
+        let zone = self.time_zone.as_deref().unwrap_or("UTC");
+        let calendar =
+            Calendar::new(unit, zone).map_err(|error| invalid(sub("time_zone"), error.to_string()))?;
+        let rule = CalendarPolicy::new(calendar, limit, mode, fallback)
+            .map_err(|error| invalid(sub("limit"), error.to_string()))?;
+        let name = format!(
+            "inline:fixed_window:{limit}/calendar:{}@{zone}:{}:{}",
+            unit.name(),
+            mode_name(mode),
+            fallback_name(fallback)
+        );
+        Ok(InlineLimit { policy: rule.policy_now(), namespace: Namespace::new(name.as_bytes()) })
+    }
+
+    fn mode_and_fallback(&self, field: &str) -> Result<(Mode, Fallback), BodyError> {
+        let sub = |name: &str| format!("{field}.{name}");
         let mode = match self.mode.as_deref() {
             None => Mode::Approximate,
             Some(name) => mode_from_name(name).ok_or_else(|| {
@@ -593,7 +652,7 @@ impl LimitBody {
                 )
             })?,
         };
-        Ok(InlineLimit::new(Policy { limit, mode, fallback }))
+        Ok((mode, fallback))
     }
 }
 
@@ -639,7 +698,7 @@ impl ReleaseBody {
         let target = target(self.limit.as_ref(), self.policy.as_deref(), table)?;
         let field = if self.limit.is_some() { "limit.algorithm" } else { "policy" };
         let policy = match target.policy() {
-            Some(policy) if policy.limit.algorithm() == Algorithm::Concurrency => Arc::clone(policy),
+            Some(policy) if policy.limit.algorithm() == Algorithm::Concurrency => policy,
             _ => return Err(invalid(field, "leases exist only under concurrency limits")),
         };
         let lease = LeaseId(self.lease.ok_or_else(|| invalid("lease", "missing"))?.0);

@@ -1100,3 +1100,80 @@ async fn the_file_watcher_sees_a_configmap_symlink_swap() {
     tokio::time::timeout(TIMEOUT, watcher).await.expect("the watcher stops at shutdown").expect("no panic");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn unix_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+    u64::try_from(since.as_millis()).expect("in range")
+}
+
+/// Sends `body` to `/v1/check` and returns the answer with the Unix milliseconds just before and
+/// just after it.
+async fn check_timed(h: &Harness, body: &Value) -> (Response, u64, u64) {
+    let before = unix_ms();
+    let response = h.post("/v1/check", body).await;
+    (response, before, unix_ms())
+}
+
+/// Requires `reset_after_ms` (and the refusal's `retry_after_ms`, and `X-RateLimit-Reset`) to
+/// point at `boundary_ms` of a check answered between `before` and `after`.
+#[track_caller]
+fn points_at(response: &Response, before: u64, after: u64, boundary_ms: impl Fn(u64) -> u64) {
+    let answer = json_of(response);
+    let reset = answer["reset_after_ms"].as_u64().expect("reset_after_ms");
+    let (earliest, latest) =
+        (boundary_ms(before).min(boundary_ms(after)), boundary_ms(before).max(boundary_ms(after)));
+    // Rounded up to whole milliseconds: at most 1 ms beyond the boundary seen from `before`.
+    assert!(
+        earliest.saturating_sub(after) <= reset && reset <= latest - before + 1,
+        "reset_after_ms {reset} does not point at the boundary {earliest}..{latest} (asked {before}..{after})"
+    );
+    if let Some(retry) = answer["retry_after_ms"].as_u64() {
+        assert!(retry.abs_diff(reset) <= 1, "a refusal passes at the boundary: retry {retry}, reset {reset}");
+    }
+    let header: u64 =
+        response.header("x-ratelimit-reset").expect("X-RateLimit-Reset").parse().expect("seconds");
+    assert_eq!(header, reset.div_ceil(1000), "X-RateLimit-Reset in whole seconds");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calendar_windows_reset_at_the_next_boundary() {
+    let config = format!(
+        "{BASE}\n[[policies]]\nname = \"daily-berlin\"\nwindow = \"day\"\ntime_zone = \"Europe/Berlin\"\nlimit = 2\nmode = \"exact\"\n"
+    );
+    let h = Harness::start("calendar", &config).await;
+    // An inline limit of 2 per UTC minute: its boundary is the next whole minute since 1970.
+    let minute = json!({"key": "m", "limit": {"algorithm": "fixed_window", "limit": 2, "window": "minute", "mode": "exact"}});
+    let next_minute = |ms: u64| (ms / 60_000 + 1) * 60_000;
+    for expected_allowed in [true, true, false] {
+        let (r, before, after) = check_timed(&h, &minute).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        // A check that straddled a minute boundary counts in either window: skip it.
+        if before / 60_000 == after / 60_000 && (before + 50) / 60_000 == before / 60_000 {
+            assert_eq!(json_of(&r)["allowed"], json!(expected_allowed), "{}", r.text());
+        }
+        points_at(&r, before, after, next_minute);
+        assert_eq!(r.header("ratelimit-policy"), Some("\"inline\";q=2;w=60"));
+    }
+    // A policy of 2 per day in Berlin: its boundary is the next local midnight, 22:00 or 23:00
+    // UTC (the calendar's arithmetic is checked against a naive calendar in the ratemesh crate).
+    let day = ratemesh::Calendar::new(ratemesh::CalendarUnit::Day, "Europe/Berlin").expect("zone");
+    let next_midnight = |ms: u64| day.window_at(ms * 1_000_000).end.as_nanos() / 1_000_000;
+    let local_midnight_utc_hour = (next_midnight(unix_ms()) / 3_600_000) % 24;
+    assert!([22, 23].contains(&local_midnight_utc_hour), "Berlin's midnight is 22:00 or 23:00 UTC");
+    for expected_allowed in [true, true, false] {
+        let (r, before, after) = check_timed(&h, &json!({"key": "d", "policy": "daily-berlin"})).await;
+        assert_eq!(json_of(&r)["allowed"], json!(expected_allowed), "{}", r.text());
+        points_at(&r, before, after, next_midnight);
+    }
+    let listed = json_of(&h.get("/v1/policies").await);
+    let entry = &listed["policies"].as_array().expect("a list")[0];
+    assert_eq!((entry["window"].clone(), entry["time_zone"].clone()), (json!("day"), json!("Europe/Berlin")));
+    // Bad calendar input names its field.
+    let bad = json!({"key": "m", "limit": {"algorithm": "fixed_window", "limit": 2, "window": "fortnight"}});
+    assert_error(&h.post("/v1/check", &bad).await, 400, Some("limit.window"), "unknown window");
+    let bad = json!({"key": "m", "limit": {"algorithm": "fixed_window", "limit": 2, "window": "day", "time_zone": "Mars/Base"}});
+    assert_error(&h.post("/v1/check", &bad).await, 400, Some("limit.time_zone"), "unknown zone");
+    let bad = json!({"key": "m", "limit": {"algorithm": "token_bucket", "limit": 2, "window": "day"}});
+    assert_error(&h.post("/v1/check", &bad).await, 400, Some("limit.algorithm"), "calendar token bucket");
+    h.stop().await;
+}

@@ -3,6 +3,7 @@
 //! Every operation takes `now`; a `now` earlier than one the bucket has already seen is treated
 //! as no time passing. Arithmetic saturates and never panics, whatever the inputs.
 
+mod calendar;
 mod leases;
 mod log;
 mod tat;
@@ -13,6 +14,8 @@ use rand::{Rng, SeedableRng};
 use crate::decision::{Decision, LeaseId};
 use crate::limit::{Kind, Limit};
 use crate::time::Instant;
+use calendar::Calendar;
+pub(crate) use calendar::CalendarParams;
 pub(crate) use leases::LeaseParams;
 use leases::Leases;
 use log::Log;
@@ -42,6 +45,7 @@ enum State {
     Window(Window),
     Log(Box<Log>),
     Leases(Box<Leases>),
+    Calendar(Calendar),
 }
 
 /// A bucket's state as it travels between nodes: times are relative to the sender's `now`, never
@@ -72,6 +76,47 @@ pub enum Snapshot {
         /// The leases held.
         leases: Vec<(LeaseId, u64, u64)>,
     },
+    /// Calendar-aligned fixed window: the window counted in, relative to now, and its count.
+    Calendar {
+        /// Time since the window started, in nanoseconds.
+        elapsed_nanos: u64,
+        /// Time until it ends, in nanoseconds (`u64::MAX`-ish: an end not known yet).
+        remaining_nanos: u64,
+        /// Hits counted in it.
+        curr: u64,
+    },
+}
+
+impl Snapshot {
+    /// The same state `nanos` later, nothing having happened in between: what a snapshot written
+    /// `nanos` ago says about now (the time passed is credited as refill, expired hits and leases
+    /// drop out). Saturating: a state older than its own memory is fresh.
+    #[must_use]
+    pub fn aged(self, nanos: u64) -> Snapshot {
+        match self {
+            Snapshot::Tat { backlog_nanos } => {
+                Snapshot::Tat { backlog_nanos: backlog_nanos.saturating_sub(nanos) }
+            }
+            Snapshot::Window { elapsed_nanos, prev, curr } => {
+                Snapshot::Window { elapsed_nanos: elapsed_nanos.saturating_add(nanos), prev, curr }
+            }
+            Snapshot::Log { hits } => Snapshot::Log {
+                hits: hits.into_iter().map(|(age, cost)| (age.saturating_add(nanos), cost)).collect(),
+            },
+            Snapshot::Leases { leases } => Snapshot::Leases {
+                leases: leases
+                    .into_iter()
+                    .filter(|&(_, _, left)| left > nanos)
+                    .map(|(id, slots, left)| (id, slots, left - nanos))
+                    .collect(),
+            },
+            Snapshot::Calendar { elapsed_nanos, remaining_nanos, curr } => Snapshot::Calendar {
+                elapsed_nanos: elapsed_nanos.saturating_add(nanos),
+                remaining_nanos: remaining_nanos.saturating_sub(nanos),
+                curr,
+            },
+        }
+    }
 }
 
 /// A snapshot that does not fit the limit it is applied under. The peer that sent it (or a policy
@@ -95,6 +140,7 @@ impl Bucket {
             (State::Window(w), Kind::Window(p)) => w.check(p, cost, now),
             (State::Log(l), Kind::Log(p)) => l.check(p, cost, now),
             (State::Leases(l), Kind::Leases(p)) => l.check(p, cost, now, LeaseId(rng.next_u64())),
+            (State::Calendar(c), Kind::Calendar(p)) => c.check(p, cost, now),
             // advance() replaced a state of another family by a fresh one: cannot happen.
             _ => Decision::new(false, limit.reported_limit(), 0, 0).refused_for(None),
         }
@@ -118,6 +164,7 @@ impl Bucket {
             (State::Tat(at), Kind::Tat(p)) => tat::force(at, p, hits, now),
             (State::Window(w), Kind::Window(p)) => w.force(p, hits, now),
             (State::Log(l), Kind::Log(p)) => l.force(p, hits, now),
+            (State::Calendar(c), _) => c.force(hits),
             _ => {}
         }
     }
@@ -131,6 +178,7 @@ impl Bucket {
             (State::Tat(at), Kind::Tat(p)) => tat::hold(at, p, hits, now),
             (State::Window(w), Kind::Window(p)) => w.hold(p, hits, now),
             (State::Log(l), Kind::Log(p)) => l.hold(p, hits, now),
+            (State::Calendar(c), _) => c.hold(hits),
             _ => {}
         }
     }
@@ -154,6 +202,7 @@ impl Bucket {
             (State::Tat(at), Kind::Tat(p)) => tat::refund(at, p, hits, now),
             (State::Window(w), Kind::Window(p)) => w.refund(p, hits, now),
             (State::Log(l), Kind::Log(p)) => l.refund(p, hits, now),
+            (State::Calendar(c), _) => c.refund(hits),
             _ => {}
         }
     }
@@ -218,6 +267,7 @@ impl Bucket {
             (State::Window(w), Kind::Window(p)) => w.fresh_at(p, now),
             (State::Log(l), Kind::Log(p)) => l.fresh_at(p),
             (State::Leases(l), _) => l.fresh_at(),
+            (State::Calendar(c), _) => c.fresh_at(now),
             // A state of another family is dropped at the next call: it is stale already.
             _ => now,
         }
@@ -237,6 +287,11 @@ impl Bucket {
             }
             State::Leases(l) => Snapshot::Leases {
                 leases: l.held.iter().map(|h| (h.id, h.slots, h.expires_at.nanos_since(now))).collect(),
+            },
+            State::Calendar(c) => Snapshot::Calendar {
+                elapsed_nanos: now.nanos_since(c.start),
+                remaining_nanos: c.end.nanos_since(now),
+                curr: c.curr,
             },
         }
     }
@@ -260,6 +315,10 @@ impl Bucket {
             (State::Window(w), State::Window(theirs), Kind::Window(p)) => w.join(p, theirs, now),
             (State::Log(l), State::Log(theirs), Kind::Log(p)) => l.join(p, *theirs, now),
             (State::Leases(l), State::Leases(theirs), Kind::Leases(p)) => l.join(p, *theirs, now),
+            (State::Calendar(c), State::Calendar(mut theirs), Kind::Calendar(p)) => {
+                theirs.advance(p, now);
+                c.join(theirs);
+            }
             // Both sides were checked against the limit's family above: cannot happen.
             _ => {}
         }
@@ -271,8 +330,10 @@ impl Bucket {
     fn advance(&mut self, limit: &Limit, now: Instant) -> Instant {
         let now = now.max(self.updated_at);
         self.updated_at = now;
-        if !self.state.fits(limit.kind()) {
-            self.state = State::fresh(limit.kind(), now);
+        match (&mut self.state, limit.kind()) {
+            (state, kind) if !state.fits(kind) => *state = State::fresh(kind, now),
+            (State::Calendar(c), Kind::Calendar(p)) => c.advance(p, now),
+            _ => {}
         }
         now
     }
@@ -285,6 +346,7 @@ impl State {
             Kind::Window(p) => State::Window(Window::fresh(p, now)),
             Kind::Log(_) => State::Log(Box::default()),
             Kind::Leases(_) => State::Leases(Box::default()),
+            Kind::Calendar(p) => State::Calendar(Calendar::fresh(p, now)),
         }
     }
 
@@ -295,6 +357,7 @@ impl State {
                 | (State::Window(_), Kind::Window(_))
                 | (State::Log(_), Kind::Log(_))
                 | (State::Leases(_), Kind::Leases(_))
+                | (State::Calendar(_), Kind::Calendar(_))
         )
     }
 
@@ -308,6 +371,10 @@ impl State {
             (Snapshot::Log { hits }, Kind::Log(p)) => State::Log(Box::new(Log::from_ages(p, hits, now))),
             (Snapshot::Leases { leases }, Kind::Leases(p)) => {
                 State::Leases(Box::new(Leases::from_expiries(p, leases, now)))
+            }
+            (Snapshot::Calendar { elapsed_nanos, remaining_nanos, curr }, Kind::Calendar(_)) => {
+                let (start, end) = (now.sub_nanos(elapsed_nanos), now.add_nanos(remaining_nanos));
+                State::Calendar(Calendar { start, end, curr })
             }
             _ => return Err(mismatch),
         };

@@ -42,6 +42,7 @@ mod keys;
 mod leave;
 mod owner;
 mod peers;
+mod persist;
 mod ring;
 mod share;
 
@@ -55,6 +56,7 @@ pub use api::{
 };
 pub use leave::LeavePlan;
 pub use peers::DeliveryStats;
+pub use persist::{DurableKey, RestoreStats};
 pub use ring::{RING_VNODES_DEFAULT, Ring};
 
 use crate::algorithm::{Bucket, CoreRng};
@@ -196,7 +198,11 @@ impl Node {
             fallbacks_since_sync: 0,
             settled: true,
             leave: None,
-            joining_until: now.add_duration(config.join_grace),
+            // No grace: serving from the epoch on (a driver's clock may start below `now`).
+            joining_until: match config.join_grace.is_zero() {
+                true => Instant::ZERO,
+                false => now.add_duration(config.join_grace),
+            },
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             stats: NodeStats::default(),

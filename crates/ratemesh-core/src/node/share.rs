@@ -40,7 +40,14 @@ pub(super) fn apportion(limit: &Limit, ranks: &[usize], n: usize) -> Option<Limi
         _ => spec.burst,
     };
     let delay = spec.delay.map(|d| share_of(d, ranks, n).min(burst.unwrap_or(0)));
-    let scaled = LimitSpec { algorithm: spec.algorithm, limit: rate, period: spec.period, burst, delay };
+    let scaled = LimitSpec {
+        algorithm: spec.algorithm,
+        limit: rate,
+        period: spec.period,
+        burst,
+        delay,
+        calendar: spec.calendar,
+    };
     Limit::new(scaled).ok()
 }
 

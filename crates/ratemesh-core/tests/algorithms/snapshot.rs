@@ -282,6 +282,7 @@ fn family(snapshot: &Snapshot) -> &'static str {
         Snapshot::Window { .. } => "window",
         Snapshot::Log { .. } => "log",
         Snapshot::Leases { .. } => "leases",
+        Snapshot::Calendar { .. } => "calendar",
     }
 }
 

@@ -58,10 +58,13 @@ type Locate = fn(&mut RawConfig) -> Slot<'_>;
 
 /// Every overridable field, as `section.field`, with where it lives. The variable's name is
 /// derived from the field's ([`variable_name`]), so the two cannot drift apart.
-const OVERRIDES: [(&str, Locate); 33] = [
+const OVERRIDES: [(&str, Locate); 36] = [
     ("node.id", |raw| Slot::Number(&mut raw.node.id)),
     ("node.id_from", |raw| Slot::Text(&mut raw.node.id_from)),
     ("node.incarnation", |raw| Slot::Number(&mut raw.node.incarnation)),
+    ("node.data_dir", |raw| Slot::Text(&mut raw.node.data_dir)),
+    ("node.snapshot_interval_ms", |raw| Slot::Number(&mut raw.node.snapshot_interval_ms)),
+    ("node.snapshot_period_min_ms", |raw| Slot::Number(&mut raw.node.snapshot_period_min_ms)),
     ("cluster.cluster_id", |raw| Slot::Text(&mut raw.cluster.cluster_id)),
     ("cluster.seeds", |raw| Slot::List(&mut raw.cluster.seeds)),
     ("cluster.secret", |raw| Slot::Text(&mut raw.cluster.secret)),

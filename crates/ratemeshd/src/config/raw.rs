@@ -51,6 +51,9 @@ pub(super) struct RawNode {
     pub(super) id: Option<Val<u64>>,
     pub(super) id_from: Option<Val<String>>,
     pub(super) incarnation: Option<Val<u64>>,
+    pub(super) data_dir: Option<Val<String>>,
+    pub(super) snapshot_interval_ms: Option<Val<u64>>,
+    pub(super) snapshot_period_min_ms: Option<Val<u64>>,
 }
 
 /// `[cluster]`.
@@ -123,6 +126,8 @@ pub(super) struct RawPolicy {
     pub(super) algorithm: Option<Val<String>>,
     pub(super) limit: Option<Val<u64>>,
     pub(super) period_ms: Option<Val<u64>>,
+    pub(super) window: Option<Val<String>>,
+    pub(super) time_zone: Option<Val<String>>,
     pub(super) burst: Option<Val<u64>>,
     pub(super) delay: Option<Val<u64>>,
     pub(super) mode: Option<Val<String>>,

@@ -63,6 +63,9 @@ fn a_full_file_is_read_into_typed_values() {
 [node]
 id = 7
 incarnation = 3
+data_dir = "/var/lib/ratemesh"
+snapshot_interval_ms = 2000
+snapshot_period_min_ms = 3600000
 
 [cluster]
 cluster_id = "prod-eu"
@@ -111,7 +114,15 @@ descriptors = [{ key = "remote_address" }, { key = "path", value = "/api/*" }, {
 unlimited = true
 "#;
     let config = parse(text).expect("valid");
-    assert_eq!(config.node, NodeSection { id: NodeId(7), id_from: None, incarnation: Some(3) });
+    let node = NodeSection {
+        id: NodeId(7),
+        id_from: None,
+        incarnation: Some(3),
+        data_dir: Some("/var/lib/ratemesh".into()),
+        snapshot_interval: Duration::from_secs(2),
+        snapshot_period_min: Duration::from_secs(3600),
+    };
+    assert_eq!(config.node, node);
     assert_eq!(config.cluster.cluster_id, "prod-eu");
     assert_eq!(config.cluster.seeds.len(), 2);
     assert_eq!(
@@ -315,6 +326,30 @@ fn toml_type_errors_name_the_field_and_line() {
     let inline = "policies = [{ name = \"a\" }, { name = \"b\", limit = -1 }]\n";
     refused(inline, "policies[1].limit", 1);
     refused("[cluster]\nseeds = \"10.0.0.1:7946\"\n", "cluster.seeds", 2);
+    refused("[node]\ndata_dir = \"\"\n", "node.data_dir", 2);
+    refused("[node]\ndata_dir = \"var/lib/ratemesh\"\n", "node.data_dir", 2);
+    refused("[node]\nsnapshot_interval_ms = 10\n", "node.snapshot_interval_ms", 2);
+    refused("[node]\nsnapshot_interval_ms = 0\n", "node.snapshot_interval_ms", 2);
+}
+
+#[test]
+fn calendar_windows_are_parsed_and_their_mistakes_named() {
+    let calendar =
+        "[[policies]]\nname = \"monthly\"\nwindow = \"month\"\ntime_zone = \"Europe/Berlin\"\nlimit = 10\n";
+    let config = parse(calendar).expect("valid");
+    let Rule::Calendar(rule) = &config.policies[0].rule else { panic!("a calendar rule") };
+    assert_eq!(
+        (rule.calendar().unit().name(), rule.calendar().zone_name(), rule.limit()),
+        ("month", "Europe/Berlin", 10)
+    );
+    let policy = config.policies[0].rule.policy().expect("limited");
+    assert_eq!(policy.limit.algorithm(), Algorithm::FixedWindow);
+    assert!(policy.limit.spec().calendar.is_some());
+    refused(&calendar.replace("\"month\"", "\"fortnight\""), "policies[0].window", 3);
+    refused(&calendar.replace("Europe/Berlin", "Mars/Base"), "policies[0].time_zone", 4);
+    refused(&format!("{calendar}period_ms = 1000\n"), "policies[0].period_ms", 6);
+    refused(&format!("{calendar}algorithm = \"token_bucket\"\n"), "policies[0].algorithm", 6);
+    refused(&format!("{POLICY}time_zone = \"UTC\"\n"), "policies[0].time_zone", 6);
 }
 
 #[test]
@@ -479,7 +514,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 33);
+    assert_eq!(names.len(), 36);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.
