@@ -10,8 +10,7 @@ use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use ratemesh_core::wire::{
     Body, CalendarWire, Decided, DecisionWire, FRAME_LEN_MAX_DEFAULT, ForwardCheck, Frame, Grant, KeyState,
-    LimitWire, LimitWireError, Release, Report, SnapshotWire, WIRE_VERSION, WireError, WireMode, decode,
-    encode,
+    LimitWire, Release, Report, SnapshotWire, WIRE_VERSION, WireError, WireMode, decode, encode,
 };
 use ratemesh_core::{
     Algorithm, CONCURRENCY_LIMIT_MAX, Decision, LeaseId, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX,
@@ -93,13 +92,12 @@ fn key() -> impl Strategy<Value = u128> {
     prop_oneof![Just(0), Just(u128::MAX), 0..1u128 << 21, any::<u128>()]
 }
 
-fn algorithm_name() -> impl Strategy<Value = String> {
-    let names: Vec<String> = Algorithm::ALL.iter().map(|a| a.name().to_owned()).collect();
-    prop_oneof![select(names), "\\PC{0,16}"]
+fn algorithm() -> impl Strategy<Value = Algorithm> {
+    select(Algorithm::ALL.to_vec())
 }
 
 fn limit_wire() -> impl Strategy<Value = LimitWire> {
-    (algorithm_name(), int(), int(), option::of(int()), option::of(int())).prop_map(
+    (algorithm(), int(), int(), option::of(int()), option::of(int())).prop_map(
         |(algorithm, limit, period_nanos, burst, delay)| LimitWire {
             algorithm,
             limit,
@@ -142,20 +140,13 @@ fn decision_wire() -> impl Strategy<Value = DecisionWire> {
 
 fn body() -> impl Strategy<Value = Body> {
     let mode = prop_oneof![Just(WireMode::Exact), Just(WireMode::Approximate)];
-    let forward = (int(), key(), limit_wire(), int(), mode, int(), int()).prop_map(
-        |(id, key, limit, cost, mode, epoch, demand_per_s)| ForwardCheck {
-            id,
-            key,
-            limit,
-            cost,
-            mode,
-            epoch,
-            demand_per_s,
-        },
-    );
+    // Few distinct limits, so that frames share table entries.
+    let limit = || prop_oneof![Just(gcra_wire()), limit_wire()];
+    let forward = (int(), key(), limit(), int(), mode)
+        .prop_map(|(id, key, limit, cost, mode)| ForwardCheck { id, key, limit, cost, mode });
     let decided = (int(), decision_wire()).prop_map(|(id, decision)| Decided { id, decision });
     let counters = (int(), int(), int(), int(), int(), int());
-    let report = (key(), limit_wire(), counters, option::of(snapshot_wire())).prop_map(
+    let report = (key(), limit(), counters, option::of(snapshot_wire())).prop_map(
         |(key, limit, (epoch, holding, granted_seen, uncovered, returned, demand_per_s), seed)| Report {
             key,
             limit,
@@ -183,16 +174,24 @@ fn body() -> impl Strategy<Value = Body> {
     let key_state = || {
         (key(), limit_wire(), snapshot_wire()).prop_map(|(key, limit, state)| KeyState { key, limit, state })
     };
-    prop_oneof![
-        vec(forward, 0..VEC_LEN).prop_map(Body::Forward),
-        vec(decided, 0..VEC_LEN).prop_map(Body::Decided),
-        vec(report, 0..VEC_LEN).prop_map(Body::Report),
-        vec(grant, 0..VEC_LEN).prop_map(Body::Grant),
-        vec(key_state(), 0..VEC_LEN).prop_map(Body::Handoff),
-        vec(release, 0..VEC_LEN).prop_map(Body::Release),
-        Just(Body::Heartbeat),
-        vec(key_state(), 0..VEC_LEN).prop_map(Body::Replica),
-    ]
+    (
+        vec(forward, 0..VEC_LEN),
+        vec(decided, 0..VEC_LEN),
+        vec(report, 0..VEC_LEN),
+        vec(grant, 0..VEC_LEN),
+        vec(key_state(), 0..VEC_LEN),
+        vec(key_state(), 0..VEC_LEN),
+        vec(release, 0..VEC_LEN),
+    )
+        .prop_map(|(forward, decided, report, grant, handoff, replica, release)| Body {
+            forward,
+            decided,
+            report,
+            grant,
+            handoff,
+            replica,
+            release,
+        })
 }
 
 fn frame() -> impl Strategy<Value = Frame> {
@@ -277,7 +276,14 @@ fn check_decode(bytes: &[u8]) -> Result<Frame, WireError> {
             None => assert_eq!(*err, WireError::Empty),
             Some(&v) if v != WIRE_VERSION => assert_eq!(*err, WireError::Version(v)),
             Some(_) => assert!(
-                matches!(err, WireError::Malformed(_) | WireError::Trailing(_)),
+                matches!(
+                    err,
+                    WireError::Malformed(_)
+                        | WireError::Trailing(_)
+                        | WireError::NonCanonical
+                        | WireError::UnknownAlgorithm(_)
+                        | WireError::LimitIndex { .. }
+                ),
                 "unexpected error {err:?}"
             ),
         },
@@ -305,7 +311,7 @@ fn hex(bytes: &[u8]) -> String {
 
 fn gcra_wire() -> LimitWire {
     LimitWire {
-        algorithm: "gcra".to_owned(),
+        algorithm: Algorithm::Gcra,
         limit: 10,
         period_nanos: 1_000_000_000,
         burst: Some(5),
@@ -330,7 +336,8 @@ proptest! {
         prop_assert_eq!(decode(&bytes, MAX), Ok(frame.clone()));
         prop_assert_eq!(decode(&bytes, bytes.len()), Ok(frame.clone()));
         prop_assert_eq!(encode(&frame, bytes.len()), Ok(bytes.clone()));
-        prop_assert!(matches!(encode(&frame, bytes.len() - 1), Err(WireError::Encode(_))));
+        let too_large = matches!(encode(&frame, bytes.len() - 1), Err(WireError::TooLarge { .. }));
+        prop_assert!(too_large);
     }
 
     /// (b) Arbitrary bytes never panic; what decodes is canonical. Half the inputs start with the
@@ -394,27 +401,22 @@ proptest! {
         prop_assert_eq!(LimitWire::from_limit(&wire.to_limit().expect("valid")), wire);
     }
 
-    /// (h) Any wire limit (arbitrary name and numbers) is validated exactly like a local spec, and
-    /// what validates maps back to the same wire form.
+    /// (h) Any wire limit (arbitrary numbers) is validated exactly like a local spec, and what
+    /// validates maps back to the same wire form.
     #[test]
     fn wire_limits_validate_like_specs(wire in limit_wire()) {
         let result = wire.to_limit();
-        match Algorithm::from_name(&wire.algorithm) {
-            None => prop_assert_eq!(result, Err(LimitWireError::UnknownAlgorithm(wire.algorithm.clone()))),
-            Some(algorithm) => {
-                let spec = LimitSpec {
-                    algorithm,
-                    limit: wire.limit,
-                    period: Duration::from_nanos(wire.period_nanos),
-                    burst: wire.burst,
-                    delay: wire.delay,
-                    calendar: None,
-                };
-                prop_assert_eq!(&result, &Limit::new(spec).map_err(LimitWireError::Invalid));
-                if let Ok(limit) = result {
-                    prop_assert_eq!(LimitWire::from_limit(&limit), wire);
-                }
-            }
+        let spec = LimitSpec {
+            algorithm: wire.algorithm,
+            limit: wire.limit,
+            period: Duration::from_nanos(wire.period_nanos),
+            burst: wire.burst,
+            delay: wire.delay,
+            calendar: None,
+        };
+        prop_assert_eq!(&result, &Limit::new(spec));
+        if let Ok(limit) = result {
+            prop_assert_eq!(LimitWire::from_limit(&limit), wire);
         }
     }
 
@@ -467,20 +469,20 @@ fn encode_refuses_frames_over_the_bound() {
         ack: 0,
         sack: 0,
         una: 0,
-        body: Body::Handoff(vec![KeyState { key: 1, limit: gcra_wire(), state }]),
+        body: Body { handoff: vec![KeyState { key: 1, limit: gcra_wire(), state }], ..Body::default() },
     };
     let bytes = encode(&frame, MAX).expect("fits 1 MiB");
     assert!(bytes.len() > 40_000);
-    assert!(matches!(encode(&frame, 40_000), Err(WireError::Encode(_))));
-    assert!(matches!(encode(&frame, bytes.len() - 1), Err(WireError::Encode(_))));
-    assert!(matches!(encode(&frame, 0), Err(WireError::Encode(_))));
+    assert!(matches!(encode(&frame, 40_000), Err(WireError::TooLarge { .. })));
+    assert!(matches!(encode(&frame, bytes.len() - 1), Err(WireError::TooLarge { .. })));
+    assert!(matches!(encode(&frame, 0), Err(WireError::TooLarge { .. })));
     assert_eq!(encode(&frame, bytes.len()), Ok(bytes));
 }
 
 #[test]
 fn unknown_versions_are_refused() {
     let mut bytes = enc(&golden_frames()[5].0);
-    for version in [0, 1, 3, 0x80, 0xff] {
+    for version in [0, 1, 2, 4, 0x80, 0xff] {
         bytes[0] = version;
         assert_eq!(decode(&bytes, MAX), Err(WireError::Version(version)));
     }
@@ -503,16 +505,17 @@ fn trailing_bytes_are_counted() {
 /// hashed or deduplicated as frames.
 #[test]
 fn overlong_varints_are_refused() {
-    let frame = Frame { from: 1, incarnation: 2, seq: 3, ack: 4, sack: 0, una: 5, body: Body::Heartbeat };
+    let frame = Frame { from: 1, incarnation: 2, seq: 3, ack: 4, sack: 0, una: 5, body: Body::default() };
     let bytes = enc(&frame);
-    assert_eq!(hex(&bytes), "0201020304000506");
+    assert_eq!(hex(&bytes), "0301020304000500");
     for overlong in [
-        vec![WIRE_VERSION, 0x81, 0x00, 2, 3, 4, 0, 5, 6],       // from
-        vec![WIRE_VERSION, 1, 2, 3, 4, 0, 5, 0x86, 0x80, 0x00], // body tag
-        vec![WIRE_VERSION, 1, 2, 3, 0x84, 0x80, 0x80, 0x00, 0, 5, 6], // ack
+        vec![WIRE_VERSION, 0x81, 0x00, 2, 3, 4, 0, 5, 0], // from
+        vec![WIRE_VERSION, 1, 2, 3, 4, 0, 5, 0x80, 0x00], // section count
+        vec![WIRE_VERSION, 1, 2, 3, 0x84, 0x80, 0x80, 0x00, 0, 5, 0], // ack
     ] {
         let err = decode(&overlong, MAX);
-        assert!(matches!(err, Err(WireError::Malformed(_))), "{}: {err:?}", hex(&overlong));
+        let refused = matches!(err, Err(WireError::Malformed(_) | WireError::NonCanonical));
+        assert!(refused, "{}: {err:?}", hex(&overlong));
     }
 }
 
@@ -527,9 +530,8 @@ fn hostile_length_prefixes_allocate_nothing_large() {
     const HUGE: u64 = 1 << 60;
     let huge = varint(HUGE);
     assert_eq!(hex(&huge), "808080808080808010"); // 2^60: eight empty groups, then 0x10 << 56.
-    let header = [WIRE_VERSION, 1, 2, 3, 4, 5]; // version, from, incarnation, seq, ack, una
-    // gcra_wire() by hand: name length and bytes, limit, period, burst Some(5), delay None.
-    let gcra = [&[4][..], b"gcra", &[10], &varint(1_000_000_000), &[1, 5, 0]].concat();
+    let header = [WIRE_VERSION, 1, 2, 3, 4, 0, 5]; // version, from, incarnation, seq, ack, sack, una
+    let key = [0u8; 16];
     let cat = |parts: &[&[u8]]| -> Vec<u8> {
         let mut b = header.to_vec();
         for part in parts {
@@ -539,20 +541,19 @@ fn hostile_length_prefixes_allocate_nothing_large() {
         b.extend_from_slice(&[1; 32]);
         b
     };
-    let mut hostile = Vec::new();
-    // Each Vec-bearing body variant (tags 0 to 5, and 7) claiming 2^60 and u64::MAX elements.
-    for tag in [0, 1, 2, 3, 4, 5, 7u8] {
-        hostile.push(cat(&[&[tag], &huge]));
-        hostile.push(cat(&[&[tag], &varint(u64::MAX)]));
+    // Sections claiming 2^60 (and u64::MAX) of themselves.
+    let mut hostile = vec![cat(&[&huge]), cat(&[&varint(u64::MAX)])];
+    // One section of every kind (tags 0 to 7) claiming 2^60 and u64::MAX items.
+    for tag in 0..=7u8 {
+        hostile.push(cat(&[&[1, tag], &huge]));
+        hostile.push(cat(&[&[1, tag], &varint(u64::MAX)]));
     }
-    // Forward, one check, whose algorithm name claims 2^60 bytes.
-    hostile.push(cat(&[&[0, 1, 7, 1], &huge, b"gcra"]));
-    // Grant, one grant, key 1, epoch 0, state Log (tag 2) claiming 2^60 entries.
-    hostile.push(cat(&[&[3, 1, 1, 0, 2], &huge]));
-    // Handoff, one key state, gcra limit, state Leases (tag 3) claiming 2^60 entries.
-    hostile.push(cat(&[&[4, 1, 9], &gcra, &[3], &huge]));
-    // Forward claiming 2^60 checks, the first of them well-formed.
-    hostile.push(cat(&[&[0], &huge, &[7, 1], &gcra, &[1]]));
+    // A grant (tag 4): key, epoch 0, state Log (tag 2) claiming 2^60 entries.
+    hostile.push(cat(&[&[1, 4, 1], &key, &[0, 2], &huge]));
+    // A handoff (tag 5): key, limit 0, state Leases (tag 3) claiming 2^60 entries.
+    hostile.push(cat(&[&[1, 5, 1], &key, &[0, 3], &huge]));
+    // Forwards (tag 1) claiming 2^60 checks, the first of them well-formed.
+    hostile.push(cat(&[&[1, 1], &huge, &[7], &key, &[0, 1, 0]]));
 
     // The probe sees a large allocation when there is one.
     let (_, largest) =
@@ -608,17 +609,18 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 ack: 0,
                 sack: 0,
                 una: 0,
-                body: Body::Forward(vec![ForwardCheck {
-                    id: 7,
-                    key: 0x0102_0304,
-                    limit: gcra_wire(),
-                    cost: 1,
-                    mode: WireMode::Approximate,
-                    epoch: 9,
-                    demand_per_s: 300,
-                }]),
+                body: Body {
+                    forward: vec![ForwardCheck {
+                        id: 7,
+                        key: 0x0102_0304,
+                        limit: gcra_wire(),
+                        cost: 1,
+                        mode: WireMode::Approximate,
+                    }],
+                    ..Body::default()
+                },
             },
-            "020102030000000001078486880804676372610a8094ebdc0301050000010109ac02",
+            "03010203000000020001040a8094ebdc030105000001010704030201000000000000000000000000000101",
         ),
         (
             Frame {
@@ -628,34 +630,37 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 ack: 0,
                 sack: 0,
                 una: 0,
-                body: Body::Decided(vec![
-                    Decided {
-                        id: 7,
-                        decision: DecisionWire {
-                            allowed: true,
-                            limit: 10,
-                            remaining: 4,
-                            reset_after_nanos: 500_000_000,
-                            retry_after_nanos: None,
-                            delay_nanos: 0,
-                            lease: None,
+                body: Body {
+                    decided: vec![
+                        Decided {
+                            id: 7,
+                            decision: DecisionWire {
+                                allowed: true,
+                                limit: 10,
+                                remaining: 4,
+                                reset_after_nanos: 500_000_000,
+                                retry_after_nanos: None,
+                                delay_nanos: 0,
+                                lease: None,
+                            },
                         },
-                    },
-                    Decided {
-                        id: 8,
-                        decision: DecisionWire {
-                            allowed: false,
-                            limit: 10,
-                            remaining: 0,
-                            reset_after_nanos: 1_000,
-                            retry_after_nanos: Some(100),
-                            delay_nanos: 5,
-                            lease: Some(0xdead_beef),
+                        Decided {
+                            id: 8,
+                            decision: DecisionWire {
+                                allowed: false,
+                                limit: 10,
+                                remaining: 0,
+                                reset_after_nanos: 1_000,
+                                retry_after_nanos: Some(100),
+                                delay_nanos: 5,
+                                lease: Some(0xdead_beef),
+                            },
                         },
-                    },
-                ]),
+                    ],
+                    ..Body::default()
+                },
             },
-            "02ac020104000000010207010a0480cab5ee0100000008000a00e80701640501effdb6f50d",
+            "03ac02010400000001020207010a0480cab5ee0100000008000a00e80701640501effdb6f50d",
         ),
         (
             Frame {
@@ -665,26 +670,29 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 ack: 0,
                 sack: 0,
                 una: 0,
-                body: Body::Report(vec![Report {
-                    key: u128::MAX,
-                    limit: LimitWire {
-                        algorithm: "leaky_bucket".to_owned(),
-                        limit: 5,
-                        period_nanos: 60_000_000_000,
-                        burst: Some(3),
-                        delay: Some(1),
-                        calendar: None,
-                    },
-                    epoch: 0xabcd,
-                    holding: 300,
-                    granted_seen: 1 << 20,
-                    uncovered: 2,
-                    returned: 0,
-                    demand_per_s: 12,
-                    seed: Some(SnapshotWire::Tat { backlog_nanos: 7 }),
-                }]),
+                body: Body {
+                    report: vec![Report {
+                        key: u128::MAX,
+                        limit: LimitWire {
+                            algorithm: Algorithm::LeakyBucketShaper,
+                            limit: 5,
+                            period_nanos: 60_000_000_000,
+                            burst: Some(3),
+                            delay: Some(1),
+                            calendar: None,
+                        },
+                        epoch: 0xabcd,
+                        holding: 300,
+                        granted_seen: 1 << 20,
+                        uncovered: 2,
+                        returned: 0,
+                        demand_per_s: 12,
+                        seed: Some(SnapshotWire::Tat { backlog_nanos: 7 }),
+                    }],
+                    ..Body::default()
+                },
             },
-            "0202ffffffffffffffffff01000000000201ffffffffffffffffffffffffffffffffffff030c6c65616b795f6275636b65740580b09dc2df010103010100cdd702ac0280804002000c010007",
+            "0302ffffffffffffffffff0100000000020001050580b09dc2df0101030101000301ffffffffffffffffffffffffffffffff00cdd702ac0280804002000c010007",
         ),
         (
             Frame {
@@ -694,28 +702,31 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 ack: 0,
                 sack: 0,
                 una: 0,
-                body: Body::Grant(vec![
-                    Grant {
-                        key: 42,
-                        epoch: 7,
-                        state: SnapshotWire::Window { elapsed_nanos: 250, prev: 6, curr: 2 },
-                        grant: 3,
-                        hold_max: 5,
-                        contended: false,
-                        expires_in_nanos: Some(750),
-                    },
-                    Grant {
-                        key: 43,
-                        epoch: u64::MAX,
-                        state: SnapshotWire::Tat { backlog_nanos: 1 << 40 },
-                        grant: 0,
-                        hold_max: 0,
-                        contended: true,
-                        expires_in_nanos: None,
-                    },
-                ]),
+                body: Body {
+                    grant: vec![
+                        Grant {
+                            key: 42,
+                            epoch: 7,
+                            state: SnapshotWire::Window { elapsed_nanos: 250, prev: 6, curr: 2 },
+                            grant: 3,
+                            hold_max: 5,
+                            contended: false,
+                            expires_in_nanos: Some(750),
+                        },
+                        Grant {
+                            key: 43,
+                            epoch: u64::MAX,
+                            state: SnapshotWire::Tat { backlog_nanos: 1 << 40 },
+                            grant: 0,
+                            hold_max: 0,
+                            contended: true,
+                            expires_in_nanos: None,
+                        },
+                    ],
+                    ..Body::default()
+                },
             },
-            "0203030900000003022a0701fa01060203050001ee052bffffffffffffffffff010080808080802000000100",
+            "030303090000000104022a0000000000000000000000000000000701fa01060203050001ee052b000000000000000000000000000000ffffffffffffffffff010080808080802000000100",
         ),
         (
             Frame {
@@ -725,46 +736,52 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 ack: 0,
                 sack: 0,
                 una: 0,
-                body: Body::Handoff(vec![
-                    KeyState {
-                        key: 9,
-                        limit: LimitWire {
-                            algorithm: "sliding_window_log".to_owned(),
-                            limit: 3,
-                            period_nanos: 1_000,
-                            burst: None,
-                            delay: None,
-                            calendar: None,
+                body: Body {
+                    handoff: vec![
+                        KeyState {
+                            key: 9,
+                            limit: LimitWire {
+                                algorithm: Algorithm::SlidingWindowLog,
+                                limit: 3,
+                                period_nanos: 1_000,
+                                burst: None,
+                                delay: None,
+                                calendar: None,
+                            },
+                            state: SnapshotWire::Log(vec![(1, 2), (300, 1)]),
                         },
-                        state: SnapshotWire::Log(vec![(1, 2), (300, 1)]),
-                    },
-                    KeyState {
-                        key: 10,
-                        limit: LimitWire {
-                            algorithm: "concurrency".to_owned(),
-                            limit: 2,
-                            period_nanos: 5_000,
-                            burst: None,
-                            delay: None,
-                            calendar: None,
+                        KeyState {
+                            key: 10,
+                            limit: LimitWire {
+                                algorithm: Algorithm::Concurrency,
+                                limit: 2,
+                                period_nanos: 5_000,
+                                burst: None,
+                                delay: None,
+                                calendar: None,
+                            },
+                            state: SnapshotWire::Leases(vec![(0xdead_beef, 1, 2_000)]),
                         },
-                        state: SnapshotWire::Leases(vec![(0xdead_beef, 1, 2_000)]),
-                    },
-                    KeyState {
-                        key: 13,
-                        limit: LimitWire {
-                            algorithm: "fixed_window".to_owned(),
-                            limit: 100,
-                            period_nanos: 3_000,
-                            burst: None,
-                            delay: None,
-                            calendar: Some(CalendarWire { start_unix_nanos: 7_000, end_unix_nanos: 10_000 }),
+                        KeyState {
+                            key: 13,
+                            limit: LimitWire {
+                                algorithm: Algorithm::FixedWindow,
+                                limit: 100,
+                                period_nanos: 3_000,
+                                burst: None,
+                                delay: None,
+                                calendar: Some(CalendarWire {
+                                    start_unix_nanos: 7_000,
+                                    end_unix_nanos: 10_000,
+                                }),
+                            },
+                            state: SnapshotWire::Calendar { elapsed_nanos: 5, remaining_nanos: 6, curr: 7 },
                         },
-                        state: SnapshotWire::Calendar { elapsed_nanos: 5, remaining_nanos: 6, curr: 7 },
-                    },
-                ]),
+                    ],
+                    ..Body::default()
+                },
             },
-            "0204010100000004030912736c6964696e675f77696e646f775f6c6f6703e80700000002020102ac02010a0b636f6e63757272656e63790288270000000301effdb6f50d01d00f0d0c66697865645f77696e646f7764b817000001d836904e04050607",
+            "030401010000000200030103e807000000060288270000000064b817000001d836904e0503090000000000000000000000000000000002020102ac02010a000000000000000000000000000000010301effdb6f50d01d00f0d0000000000000000000000000000000204050607",
         ),
         (
             Frame {
@@ -774,13 +791,16 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 ack: 0,
                 sack: 0,
                 una: 0,
-                body: Body::Release(vec![Release { key: 11, limit: gcra_wire(), lease: 0xdead_beef }]),
+                body: Body {
+                    release: vec![Release { key: 11, limit: gcra_wire(), lease: 0xdead_beef }],
+                    ..Body::default()
+                },
             },
-            "0206020500000005010b04676372610a8094ebdc0301050000effdb6f50d",
+            "03060205000000020001040a8094ebdc030105000007010b00000000000000000000000000000000effdb6f50d",
         ),
         (
-            Frame { from: 5, incarnation: 6, seq: 0, ack: 128, sack: 5, una: 7, body: Body::Heartbeat },
-            "020506008001050706",
+            Frame { from: 5, incarnation: 6, seq: 0, ack: 128, sack: 5, una: 7, body: Body::default() },
+            "030506008001050700",
         ),
         (
             Frame {
@@ -790,20 +810,23 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 ack: 3,
                 sack: 0,
                 una: 2,
-                body: Body::Replica(vec![KeyState {
-                    key: 12,
-                    limit: gcra_wire(),
-                    state: SnapshotWire::Tat { backlog_nanos: 1_000 },
-                }]),
+                body: Body {
+                    replica: vec![KeyState {
+                        key: 12,
+                        limit: gcra_wire(),
+                        state: SnapshotWire::Tat { backlog_nanos: 1_000 },
+                    }],
+                    ..Body::default()
+                },
             },
-            "0207010203000207010c04676372610a8094ebdc030105000000e807",
+            "03070102030002020001040a8094ebdc030105000006010c0000000000000000000000000000000000e807",
         ),
     ]
 }
 
 #[test]
 fn golden_frames_are_pinned() {
-    assert_eq!(WIRE_VERSION, 2, "a new wire version needs golden frames of its own");
+    assert_eq!(WIRE_VERSION, 3, "a new wire version needs golden frames of its own");
     for (i, (frame, expected)) in golden_frames().into_iter().enumerate() {
         let bytes = enc(&frame);
         assert_eq!(hex(&bytes), expected, "golden frame {i}: the wire format changed");
@@ -829,16 +852,36 @@ fn golden_frames_survive_every_bit_flip() {
 // ---------------------------------------------------------------------------------------------
 
 fn wire(algorithm: &str, limit: u64, period_nanos: u64, burst: Option<u64>, delay: Option<u64>) -> LimitWire {
-    LimitWire { algorithm: algorithm.to_owned(), limit, period_nanos, burst, delay, calendar: None }
+    let algorithm = Algorithm::from_name(algorithm).expect("a known algorithm");
+    LimitWire { algorithm, limit, period_nanos, burst, delay, calendar: None }
 }
 
 #[test]
-fn unknown_algorithms_are_refused() {
-    for name in ["", "GCRA", "token-bucket", "fixed_window ", "sliding_window", "leaky_bucket_shaper"] {
-        assert_eq!(
-            wire(name, 10, 1_000_000_000, None, None).to_limit(),
-            Err(LimitWireError::UnknownAlgorithm(name.to_owned())),
-        );
+fn unknown_algorithm_codes_are_refused() {
+    // A replica under a GCRA limit: the algorithm's code is the byte right after the table's
+    // section tag and length.
+    let frame = Frame {
+        from: 7,
+        incarnation: 1,
+        seq: 2,
+        ack: 3,
+        sack: 0,
+        una: 2,
+        body: Body {
+            replica: vec![KeyState {
+                key: 12,
+                limit: gcra_wire(),
+                state: SnapshotWire::Tat { backlog_nanos: 9 },
+            }],
+            ..Body::default()
+        },
+    };
+    let mut bytes = enc(&frame);
+    let code_at = 1 + 6 + 1 + 1 + 1; // version, header, section count, table tag, table length
+    assert_eq!(bytes[code_at], 4, "{}", hex(&bytes));
+    for code in [7u8, 8, 100, 0x7f] {
+        bytes[code_at] = code;
+        assert_eq!(decode(&bytes, MAX), Err(WireError::UnknownAlgorithm(code)));
     }
 }
 
@@ -879,7 +922,7 @@ fn invalid_parameters_are_refused() {
         ),
     ];
     for (wire, expected) in cases {
-        assert_eq!(wire.to_limit(), Err(LimitWireError::Invalid(expected)), "{wire:?}");
+        assert_eq!(wire.to_limit(), Err(expected), "{wire:?}");
     }
 }
 
@@ -897,4 +940,74 @@ fn decisions_saturate_beyond_u64_nanos() {
     let wire = DecisionWire::from(decision);
     assert_eq!(wire.reset_after_nanos, u64::MAX);
     assert_eq!(wire.retry_after_nanos, Some(u64::MAX));
+}
+
+/// (b) The compact form has one encoding too: a limit table with an entry nobody uses, an empty
+/// section, or an index past the table is refused.
+#[test]
+fn tables_and_sections_have_one_encoding() {
+    let (frame, _) = golden_frames().pop().expect("the replica frame");
+    let bytes = enc(&frame);
+    // version, 6 header varints, section count 2, Limits tag 0 with one entry (11 bytes of gcra),
+    // then Replica tag 6 with one state.
+    let header = 1 + 6;
+    assert_eq!(&bytes[header..header + 3], &[2, 0, 1], "{}", hex(&bytes));
+    let gcra = &bytes[header + 3..header + 3 + 11];
+    let rest = &bytes[header + 3 + 11..];
+    assert_eq!(rest[0], 6, "{}", hex(&bytes));
+
+    let unused_entry = [&bytes[..header], &[2, 0, 2], gcra, gcra, rest].concat();
+    assert_eq!(decode(&unused_entry, MAX), Err(WireError::NonCanonical));
+    let empty_section = [&bytes[..header], &[3], &bytes[header + 1..], &[7, 0]].concat();
+    assert_eq!(decode(&empty_section, MAX), Err(WireError::NonCanonical));
+    let mut past_the_table = bytes.clone();
+    let index_at = header + 3 + 11 + 1 + 1 + 16; // Replica tag, count, key
+    assert_eq!(past_the_table[index_at], 0);
+    past_the_table[index_at] = 1;
+    assert_eq!(decode(&past_the_table, MAX), Err(WireError::LimitIndex { index: 1, len: 1 }));
+}
+
+/// What a frame costs per item, printed for the README (`cargo test -p ratemesh-core --test wire
+/// bytes_per_item -- --nocapture`): forwarded checks and answers under one shared limit, the
+/// common case of a batch.
+#[test]
+fn bytes_per_item() {
+    let header =
+        |body| Frame { from: 3, incarnation: 1 << 50, seq: 1_000, ack: 900, sack: 0, una: 990, body };
+    let keys = || (0..100u128).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835));
+    let forward: Vec<ForwardCheck> = keys()
+        .enumerate()
+        .map(|(i, key)| ForwardCheck {
+            id: 5_000 + i as u64,
+            key,
+            limit: gcra_wire(),
+            cost: 1,
+            mode: WireMode::Exact,
+        })
+        .collect();
+    let decision = DecisionWire {
+        allowed: true,
+        limit: 10,
+        remaining: 4,
+        reset_after_nanos: 400_000_000,
+        retry_after_nanos: None,
+        delay_nanos: 0,
+        lease: None,
+    };
+    let decided: Vec<Decided> = (0..100).map(|i| Decided { id: 5_000 + i, decision }).collect();
+    let one = |body: Body| enc(&header(body)).len();
+    let forward_one = one(Body { forward: forward[..1].to_vec(), ..Body::default() });
+    let forward_all = one(Body { forward, ..Body::default() });
+    let decided_one = one(Body { decided: decided[..1].to_vec(), ..Body::default() });
+    let decided_all = one(Body { decided, ..Body::default() });
+    let heartbeat = one(Body::default());
+    let per = |all: usize, one: usize| (all - one) as f64 / 99.0;
+    println!(
+        "heartbeat {heartbeat} B; forwarded check {:.1} B each (one alone: {forward_one} B); answer {:.1} B \
+         each (one alone: {decided_one} B)",
+        per(forward_all, forward_one),
+        per(decided_all, decided_one)
+    );
+    // A shared limit is written once: a check costs its id, key, index, cost and mode.
+    assert!(per(forward_all, forward_one) < 24.0);
 }

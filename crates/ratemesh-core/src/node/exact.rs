@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use rand::Rng;
-
 use super::*;
 use crate::wire::WireMode;
 
@@ -35,7 +33,6 @@ impl Node {
                 self.decide_by_fallback_now(owner, &request.policy, request.key, request.cost, now);
             return CheckOutcome::Decided(decision);
         }
-        let (epoch, demand_per_s) = self.forward_context(request.key, request.cost, now);
         let id = self.next_forward_id;
         self.next_forward_id += 1;
         let mode = match effective_mode(&request.policy) {
@@ -48,8 +45,6 @@ impl Node {
             limit: LimitWire::from_limit(&request.policy.limit),
             cost: request.cost,
             mode,
-            epoch,
-            demand_per_s,
         };
         let deadline = now.add_nanos(self.forward_wait_nanos(owner));
         self.deadlines.insert((deadline, id));
@@ -90,16 +85,6 @@ impl Node {
         }
     }
 
-    /// The follower epoch and demand of `key` to send with a forwarded check of `cost` (an
-    /// approximate-mode key's owner sizes allowances from them): the demand before this check.
-    fn forward_context(&mut self, key: KeyHash, cost: u64, now: Instant) -> (u64, u64) {
-        let half_life = self.half_life_nanos();
-        let follower = self.keys.extra(key).and_then(|meta| meta.follower.as_ref());
-        let Some(follower) = follower else { return (0, 0) };
-        let mut demand = follower.demand;
-        (follower.epoch, demand.per_second_without(now, half_life, cost.max(1)))
-    }
-
     pub(super) fn flush_forwards(&mut self, now: Instant) {
         self.flush_at = None;
         let outbox = std::mem::take(&mut self.outbox);
@@ -110,7 +95,7 @@ impl Node {
 
     pub(super) fn send_forwards(&mut self, owner: NodeId, batch: Vec<ForwardCheck>, now: Instant) {
         self.stats.forward_batches += 1;
-        self.send(owner, Body::Forward(batch), now);
+        self.send(owner, Body { forward: batch, ..Body::default() }, now);
     }
 
     pub(super) fn on_decided(&mut self, from: NodeId, decided: Vec<Decided>, now: Instant) {
@@ -156,7 +141,7 @@ impl Node {
         self.keys.upsert_with(pending.key, &pending.policy.limit, now, init, |_, meta| {
             let follower = meta.follower();
             if follower.owner != Some(owner) {
-                follower.follow(owner, rng.next_u64());
+                follower.follow(owner, keys::new_epoch(rng));
             }
             follower.over_until = follower.over_until.max(until);
         });

@@ -4,8 +4,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rand::Rng;
-
 use super::owner::{admitted_from_allowance, need_for, refused_until_grant};
 use super::*;
 
@@ -43,7 +41,7 @@ impl Node {
             |bucket, meta| {
                 let follower = meta.follower();
                 if follower.owner != Some(owner) {
-                    follower.follow(owner, rng.next_u64());
+                    follower.follow(owner, keys::new_epoch(rng));
                 }
                 follower.demand.add(cost.max(1), now, half_life);
                 if follower.over_until > now && cost > 0 {
@@ -110,7 +108,7 @@ impl Node {
         self.keys.upsert_with(key, &policy.limit, now, init, |bucket, meta| {
             let follower = meta.follower();
             if follower.owner != Some(owner) {
-                follower.follow(owner, rng.next_u64());
+                follower.follow(owner, keys::new_epoch(rng));
             }
             decide_by_fallback(policy, local_limit.as_ref(), bucket, follower, cost, now, rng)
         })
@@ -119,13 +117,17 @@ impl Node {
     /// Applies an owner's grants: the authoritative state, a new allowance, and whether the key is
     /// contended or over its limit.
     pub(super) fn on_grants(&mut self, from: NodeId, order: u128, grants: Vec<Grant>, now: Instant) {
+        if grants.is_empty() {
+            return;
+        }
         self.peers.expect(from, now, self.release_nanos());
         for grant in grants {
             let key = KeyHash(grant.key);
             let applied = self.update_key(key, |bucket, meta| {
                 let limit = meta.policy.limit.clone();
                 let follower = meta.follower.as_mut()?;
-                if follower.owner != Some(from) || follower.epoch != grant.epoch {
+                let epoch_matches = grant.epoch == follower.epoch || grant.epoch == 0;
+                if follower.owner != Some(from) || !epoch_matches {
                     // An answer to a relationship this node has left (another owner, or state it
                     // lost): the owner debited the grant, so dropping it is conservative.
                     return None;
@@ -221,7 +223,7 @@ impl Node {
             self.stats.reports_sent += reports.len() as u64;
             self.peers.expect(owner, now, self.release_nanos());
             for chunk in reports.chunks(self.config.sync_batch_len_max.max(1)) {
-                self.send(owner, Body::Report(chunk.to_vec()), now);
+                self.send(owner, Body { report: chunk.to_vec(), ..Body::default() }, now);
             }
         }
     }

@@ -132,6 +132,13 @@ impl Allowance {
     }
 }
 
+/// A new follower epoch: never 0 (the epoch of allowances offered to forwarders), and small (two
+/// bytes on the wire; a new epoch has to differ from the one before it at one owner only, and
+/// a collision costs at most one stale grant, already debited).
+pub(crate) fn new_epoch(rng: &mut crate::algorithm::CoreRng) -> u64 {
+    1 + rand::Rng::next_u64(rng) % 0x3fff
+}
+
 /// A non-owner's state of one key: allowances and reports in approximate mode, the fallback in
 /// either mode.
 #[derive(Clone, Debug, Default)]
@@ -210,6 +217,10 @@ pub(crate) struct Participant {
     pub demand_per_s: u64,
     /// The frame order of the report `holding` and `demand_per_s` come from.
     pub report_order: u128,
+    /// The checks it forwarded, decaying (its demand when it does not report).
+    pub forwards: DemandMeter,
+    /// When it last reported.
+    pub reported_at: Instant,
     pub heard_at: Instant,
     /// After this, what the participant holds no longer counts: it has been silent too long
     /// (crashed, or follows another owner), or its allowances are void (the window passed).

@@ -44,6 +44,7 @@ impl Node {
         self.leave = Some(Leave::Owning { hand_over_at, drain_nanos: duration_nanos(plan.drain_for) });
         self.return_allowances(now);
         self.leave_progress(now);
+        self.flush_out(now);
     }
 
     /// Whether the node is leaving (or has left).

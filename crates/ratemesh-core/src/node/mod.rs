@@ -142,6 +142,8 @@ pub struct Node {
     next_forward_id: u64,
     outbox: BTreeMap<NodeId, Vec<ForwardCheck>>,
     flush_at: Option<Instant>,
+    /// What inputs queued for each peer, sent when the input is done (one frame per peer).
+    outgoing: BTreeMap<NodeId, Body>,
     /// Followed keys with something to report or an allowance to keep (bounded by the key table).
     dirty: IndexSet<KeyHash, KeyHasherBuilder>,
     /// Owned keys changed since the last tick, to replicate to their successors.
@@ -191,6 +193,7 @@ impl Node {
             next_forward_id: 1,
             outbox: BTreeMap::new(),
             flush_at: None,
+            outgoing: BTreeMap::new(),
             dirty: IndexSet::default(),
             replicas_due: IndexSet::default(),
             own_due: IndexSet::default(),
@@ -269,6 +272,12 @@ impl Node {
 
     /// Decides a client's check now, or forwards it and answers later.
     pub fn handle_check(&mut self, now: Instant, request: CheckRequest) -> CheckOutcome {
+        let outcome = self.check(now, request);
+        self.flush_out(now);
+        outcome
+    }
+
+    fn check(&mut self, now: Instant, request: CheckRequest) -> CheckOutcome {
         if !self.is_serving(now) {
             return CheckOutcome::Unavailable;
         }
@@ -290,6 +299,12 @@ impl Node {
     /// (an exact-mode key owned by another node, an approximate-mode key this node holds no
     /// allowance of, a node that does not serve now): for callers that must never wait.
     pub fn handle_check_now(&mut self, now: Instant, request: &CheckRequest) -> Option<Decision> {
+        let decision = self.check_now(now, request);
+        self.flush_out(now);
+        decision
+    }
+
+    fn check_now(&mut self, now: Instant, request: &CheckRequest) -> Option<Decision> {
         if !self.is_serving(now) {
             return None;
         }
@@ -313,33 +328,27 @@ impl Node {
         if owner == self.id {
             return self.keys.release(key, &policy.limit, lease, now);
         }
-        let body = Body::Release(vec![Release {
-            key: key.0,
-            limit: LimitWire::from_limit(&policy.limit),
-            lease: lease.0,
-        }]);
-        self.send(owner, body, now);
+        let release = Release { key: key.0, limit: LimitWire::from_limit(&policy.limit), lease: lease.0 };
+        self.send(owner, Body { release: vec![release], ..Body::default() }, now);
+        self.flush_out(now);
         false
     }
 
     /// Takes bytes from peer `from`. Malformed input is counted and dropped, never a panic.
     pub fn handle_frame(&mut self, now: Instant, from: NodeId, bytes: &[u8]) {
-        let Ok(Some((order, body))) = self.peers.receive(from, bytes, now) else {
-            self.leave_progress(now);
-            return;
-        };
-        match body {
-            Body::Forward(checks) => self.on_forward(from, checks, now),
-            Body::Decided(decided) => self.on_decided(from, decided, now),
-            Body::Report(reports) => self.on_reports(from, order, reports, now),
-            Body::Grant(grants) => self.on_grants(from, order, grants, now),
-            Body::Handoff(states) => self.on_states(states, false, now),
-            Body::Replica(states) => self.on_states(states, true, now),
-            Body::Release(releases) => self.on_release(releases, now),
-            Body::Heartbeat => {}
+        if let Ok(Some((order, body))) = self.peers.receive(from, bytes, now) {
+            let Body { forward, decided, report, grant, handoff, replica, release } = body;
+            self.on_forward(from, forward, now);
+            self.on_decided(from, decided, now);
+            self.on_reports(from, order, report, now);
+            self.on_grants(from, order, grant, now);
+            self.on_states(handoff, false, now);
+            self.on_states(replica, true, now);
+            self.on_release(release, now);
         }
         // An acknowledgement may complete a leave's drain.
         self.leave_progress(now);
+        self.flush_out(now);
     }
 
     /// Applies a new membership view: the ring is rebuilt from the live members, and state of
@@ -354,6 +363,7 @@ impl Node {
             Some(_) => live.retain(|&m| m != self.id),
         }
         self.apply_view(now, live, view.dead);
+        self.flush_out(now);
     }
 
     fn apply_view(&mut self, now: Instant, live: Vec<NodeId>, dead: Vec<NodeId>) {
@@ -377,14 +387,23 @@ impl Node {
         self.expire_forwards(now);
         let retransmits = self.peers.retransmits(now);
         self.transmits.extend(retransmits);
-        let acks = self.peers.acks(now);
-        self.transmits.extend(acks);
-        if now >= self.next_sync_at {
+        let synced = now >= self.next_sync_at;
+        if synced {
             self.sync(now);
             let interval = duration_nanos(self.config.sync_interval);
             self.next_sync_at = self.next_sync_at.add_nanos(interval).max(now.add_nanos(interval / 2));
         }
         self.leave_progress(now);
+        // Frames first: they carry the acknowledgements due; then what is still due goes alone,
+        // and peers that got nothing for an interval get a heartbeat.
+        self.flush_out(now);
+        let acks = self.peers.acks(now);
+        self.transmits.extend(acks);
+        if synced {
+            let idle = duration_nanos(self.config.sync_interval);
+            let heartbeats = self.peers.heartbeats(now, idle);
+            self.transmits.extend(heartbeats);
+        }
     }
 
     /// The next frame to send.
@@ -461,9 +480,6 @@ impl Node {
         if self.config.replicate {
             self.send_replicas(now);
         }
-        let idle = duration_nanos(self.config.sync_interval);
-        let heartbeats = self.peers.heartbeats(now, idle);
-        self.transmits.extend(heartbeats);
         self.keys.sweep(now);
     }
 
@@ -481,7 +497,28 @@ impl Node {
         2 * duration_nanos(self.config.sync_interval)
     }
 
+    /// Queues `body` for `to`: everything for one peer leaves in one frame when the input that
+    /// produced it is done ([`Node::flush_out`]), or at once when it reached the batch bound.
     fn send(&mut self, to: NodeId, body: Body, now: Instant) {
+        let pending = self.outgoing.entry(to).or_default();
+        pending.append(body);
+        if pending.items() >= self.config.sync_batch_len_max.max(1) {
+            let full = std::mem::take(pending);
+            self.transmit_body(to, full, now);
+        }
+    }
+
+    /// Sends what inputs queued for each peer, one frame per peer.
+    fn flush_out(&mut self, now: Instant) {
+        for (to, body) in std::mem::take(&mut self.outgoing) {
+            self.transmit_body(to, body, now);
+        }
+    }
+
+    fn transmit_body(&mut self, to: NodeId, body: Body, now: Instant) {
+        if body.is_empty() {
+            return;
+        }
         if let Some(transmit) = self.peers.send(to, body, now) {
             self.transmits.push_back(transmit);
         }

@@ -30,8 +30,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rand::Rng;
-
 use super::*;
 use crate::wire::WireMode;
 
@@ -116,7 +114,7 @@ impl Node {
             decided.push(Decided { id: check.id, decision: decision.into() });
         }
         if !decided.is_empty() {
-            self.send(from, Body::Decided(decided), now);
+            self.send(from, Body { decided, ..Body::default() }, now);
         }
         self.send_grants(from, grants, now);
     }
@@ -144,8 +142,8 @@ impl Node {
             |bucket, meta| {
                 meta.owned = true;
                 let Some(limit) = limit.as_ref() else { return (zero_share(policy), None) };
-                let p = participant(&mut meta.participants, from, check.epoch, now);
-                p.demand_per_s = check.demand_per_s;
+                let p = forwarder(&mut meta.participants, from, now);
+                sizing.forwarded(p, check.cost, now);
                 sizing.heard(p, bucket, limit, now);
                 let decision = first_come(bucket, limit, meta, check.cost, now, rng);
                 // A holder's share is renewed by its reports; a forwarder gets one once it is worth it.
@@ -197,7 +195,7 @@ impl Node {
         self.stats.grants_sent += grants.len() as u64;
         self.peers.expect(to, now, self.release_nanos());
         for chunk in grants.chunks(self.config.sync_batch_len_max.max(1)) {
-            self.send(to, Body::Grant(chunk.to_vec()), now);
+            self.send(to, Body { grant: chunk.to_vec(), ..Body::default() }, now);
         }
     }
 
@@ -246,6 +244,7 @@ impl Node {
                     p.report_order = order;
                     p.holding = report.holding;
                     p.demand_per_s = report.demand_per_s;
+                    p.reported_at = now;
                 }
                 sizing.heard(p, bucket, &limit, now);
                 bucket.refund(&limit, returned, now);
@@ -333,7 +332,7 @@ impl Node {
         for (successor, states) in batches {
             self.stats.replicas_sent += states.len() as u64;
             for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
-                self.send(successor, Body::Replica(chunk.to_vec()), now);
+                self.send(successor, Body { replica: chunk.to_vec(), ..Body::default() }, now);
             }
         }
     }
@@ -346,7 +345,7 @@ impl Node {
         for key in keys {
             let owner = self.ring.owner(key).unwrap_or(self.id);
             let me = self.id;
-            let epoch = self.rng.next_u64();
+            let epoch = keys::new_epoch(&mut self.rng);
             let moved = self.update_key(key, |bucket, meta| {
                 let was_owned = meta.owned;
                 meta.owned = owner == me;
@@ -389,7 +388,7 @@ impl Node {
         for (owner, states) in handoffs {
             self.stats.handoffs_sent += states.len() as u64;
             for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
-                self.send(owner, Body::Handoff(chunk.to_vec()), now);
+                self.send(owner, Body { handoff: chunk.to_vec(), ..Body::default() }, now);
             }
         }
     }
@@ -515,6 +514,16 @@ struct Pool {
 }
 
 impl SizingContext {
+    /// Notes a check of `cost` forwarded by participant `p`: its demand is what it forwards,
+    /// unless it reported a larger one lately (a holder forwards only what its allowance did not
+    /// cover). Measured before this check: the estimate just after an arrival is biased up by it.
+    fn forwarded(&self, p: &mut Participant, cost: u64, now: Instant) {
+        p.forwards.add(cost.max(1), now, self.half_life_nanos);
+        let rate = p.forwards.per_second_without(now, self.half_life_nanos, cost.max(1));
+        let reported_lately = p.reported_at.add_nanos(self.active_nanos) > now;
+        p.demand_per_s = if reported_lately { p.demand_per_s.max(rate) } else { rate };
+    }
+
     /// Notes that participant `p` was heard from: what it holds stays counted for another
     /// release period (or until its window ends).
     fn heard(&self, p: &mut Participant, bucket: &Bucket, limit: &Limit, now: Instant) {
@@ -650,6 +659,8 @@ pub(super) fn participant(
         holding: 0,
         demand_per_s: 0,
         report_order: 0,
+        forwards: keys::DemandMeter::default(),
+        reported_at: Instant::ZERO,
         heard_at: now,
         released_at: now,
     };
@@ -665,4 +676,11 @@ pub(super) fn participant(
         *participant = fresh;
     }
     participant
+}
+
+/// The participant entry of `node` for its forwarded checks: the entry it has (whatever its
+/// epoch), or a new one in epoch 0 (a forwarder that never reported).
+pub(super) fn forwarder(participants: &mut Vec<Participant>, node: NodeId, now: Instant) -> &mut Participant {
+    let epoch = participants.iter().find(|p| p.node == node).map_or(0, |p| p.epoch);
+    participant(participants, node, epoch, now)
 }

@@ -30,8 +30,9 @@ use crate::wire::{self, Body, Frame, WireError};
 
 /// How many sequence numbers beyond the contiguous floor the receiver remembers.
 const RECV_WINDOW_LEN_MAX: usize = 4096;
-/// How long an acknowledgement may wait for a frame to carry it: 1 ms.
-pub(crate) const ACK_DELAY_NANOS: u64 = 1_000_000;
+/// How long an acknowledgement may wait for a frame to carry it: 5 ms (under steady traffic the
+/// next frame to the peer carries it; alone it costs a frame).
+pub(crate) const ACK_DELAY_NANOS: u64 = 5_000_000;
 /// The most peers tracked (members plus senders outside the view).
 const PEERS_MAX: usize = 4096;
 /// The shortest retransmission timeout, in nanoseconds.
@@ -287,7 +288,7 @@ impl Peers {
     fn heartbeat_where(&mut self, now: Instant, due: impl Fn(&Peer) -> bool) -> Vec<Transmit> {
         let ids: Vec<NodeId> = self.peers.iter().filter(|(_, p)| due(p)).map(|(&id, _)| id).collect();
         self.stats.frames_sent += ids.len() as u64;
-        ids.into_iter().filter_map(|id| self.transmit(id, 0, Body::Heartbeat, now)).collect()
+        ids.into_iter().filter_map(|id| self.transmit(id, 0, Body::default(), now)).collect()
     }
 
     /// Decodes a frame from `from`; `Ok(None)` for a duplicate or a stranger, `Ok(Some((order,
@@ -312,10 +313,7 @@ impl Peers {
         // The transport authenticates `from`; a frame claiming another sender is not trusted.
         if frame.from != from.0 {
             self.stats.malformed += 1;
-            return Err(WireError::Malformed(format!(
-                "frame from {} claims to be from {}",
-                from.0, frame.from
-            )));
+            return Err(WireError::ForgedSender { from: from.0, claimed: frame.from });
         }
         let Some(peer) = self.peer_for_sender(from, now) else { return Ok(None) };
         if peer.recv_incarnation.is_some_and(|known| known > frame.incarnation) {

@@ -113,9 +113,10 @@ impl Node {
             stats.handed_over += states.len() as u64;
             self.stats.handoffs_sent += states.len() as u64;
             for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
-                self.send(owner, Body::Handoff(chunk.to_vec()), now);
+                self.send(owner, Body { handoff: chunk.to_vec(), ..Body::default() }, now);
             }
         }
+        self.flush_out(now);
         stats
     }
 }

@@ -1,8 +1,14 @@
-//! Peer messages on the wire: versioned types of their own, encoded with postcard.
+//! Peer messages: versioned types of their own, encoded with postcard.
 //!
 //! Core types are not the wire format. The types here are a protocol contract: a field is never
 //! reordered or retyped within a version; a change makes a new [`WIRE_VERSION`]. Every frame starts
-//! with its version byte, then the postcard encoding of a [`Frame`].
+//! with its version byte, then the postcard encoding of its serialized form (`codec.rs`).
+//!
+//! A frame carries everything a node has for one peer at once ([`Body`]: forwarded checks,
+//! answers, reports, grants, states — any of them, possibly none: a heartbeat). The serialized
+//! form is compact: only the sections present are written; the limits the items name are written
+//! once per frame, in a table the items refer to by index (a limit is tens of bytes; an index,
+//! one); key hashes are 16 fixed bytes (a 128-bit varint takes up to 19); numbers are varints.
 //!
 //! Decoding is bounded twice: a frame longer than the caller's `frame_len_max` is refused before
 //! any parsing, and postcard never reads (or allocates for) more than the slice holds. Malformed,
@@ -16,11 +22,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::algorithm::Snapshot;
 use crate::decision::{Decision, LeaseId};
+mod codec;
+
 use crate::limit::{Algorithm, CalendarWindow, Limit, LimitError, LimitSpec};
 use crate::time::{Instant, duration_nanos};
 
 /// The wire version this build speaks.
-pub const WIRE_VERSION: u8 = 2;
+pub const WIRE_VERSION: u8 = 3;
 /// The default bound on one encoded frame: 1 MiB.
 pub const FRAME_LEN_MAX_DEFAULT: usize = 1 << 20;
 
@@ -43,17 +51,48 @@ pub enum WireError {
     Version(u8),
     /// The frame does not decode (malformed or truncated).
     #[error("malformed frame: {0}")]
-    Malformed(String),
+    Malformed(postcard::Error),
+    /// The frame decoded but is not in the one encoding [`encode`] produces (an overlong varint,
+    /// sections out of order or empty, a limit table out of first-use order).
+    #[error("non-canonical frame encoding")]
+    NonCanonical,
+    /// A limit names an algorithm code this build does not know.
+    #[error("unknown algorithm code {0}")]
+    UnknownAlgorithm(u8),
+    /// An item refers to a limit the frame's table does not have.
+    #[error("limit index {index} outside the frame's table of {len}")]
+    LimitIndex {
+        /// The index given.
+        index: u32,
+        /// The table's length.
+        len: usize,
+    },
+    /// The frame names another sender than the authenticated one the transport reports.
+    #[error("frame from {from} claims to be from {claimed}")]
+    ForgedSender {
+        /// The sender the transport authenticated.
+        from: u64,
+        /// The sender the frame names.
+        claimed: u64,
+    },
     /// The frame decoded but bytes were left over.
     #[error("{0} trailing bytes after the frame")]
     Trailing(usize),
-    /// Encoding failed (only for a frame larger than the bound).
+    /// Encoding failed: the frame is larger than the bound.
+    #[error("cannot encode a frame of {len} bytes over the bound of {max}")]
+    TooLarge {
+        /// The encoded length.
+        len: usize,
+        /// The bound in force.
+        max: usize,
+    },
+    /// Encoding failed in postcard (cannot happen for frames this crate builds).
     #[error("cannot encode frame: {0}")]
-    Encode(String),
+    Encode(postcard::Error),
 }
 
 /// One message between peers: who sent it, delivery bookkeeping, and what it says.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
     /// The sending node.
     pub from: u64,
@@ -76,32 +115,75 @@ pub struct Frame {
     pub body: Body,
 }
 
-/// What a frame says.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Body {
-    /// Exact mode: checks forwarded to the owner of their keys, batched.
-    Forward(Vec<ForwardCheck>),
-    /// Exact mode: the owner's decisions, matched to the checks by `id`.
-    Decided(Vec<Decided>),
-    /// Approximate mode: per key, what a follower admitted and gave back, and its demand.
-    Report(Vec<Report>),
+/// What a frame says: every section may be empty (all empty: a heartbeat, which keeps
+/// acknowledgements and reachability current).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Body {
+    /// Checks forwarded to the owner of their keys.
+    pub forward: Vec<ForwardCheck>,
+    /// The owner's decisions, matched to the checks by `id`.
+    pub decided: Vec<Decided>,
+    /// Approximate mode: per key, what a holder admitted and gave back, and its demand.
+    pub report: Vec<Report>,
     /// Approximate mode: per key, the owner's authoritative state and a new allowance.
-    Grant(Vec<Grant>),
+    pub grant: Vec<Grant>,
     /// Ownership moved: the sender's state of keys the receiver now owns.
-    Handoff(Vec<KeyState>),
-    /// Concurrency leases to release at the owner.
-    Release(Vec<Release>),
-    /// Nothing but the header: keeps acknowledgements and reachability current.
-    Heartbeat,
+    pub handoff: Vec<KeyState>,
     /// The owner's state of keys the receiver would own if the owner failed (its ring successor).
-    Replica(Vec<KeyState>),
+    pub replica: Vec<KeyState>,
+    /// Concurrency leases to release at the owner.
+    pub release: Vec<Release>,
+}
+
+impl Body {
+    /// Whether it says nothing (a heartbeat).
+    pub fn is_empty(&self) -> bool {
+        self.items() == 0
+    }
+
+    /// How many items it carries, over every section.
+    pub fn items(&self) -> usize {
+        self.forward.len()
+            + self.decided.len()
+            + self.report.len()
+            + self.grant.len()
+            + self.handoff.len()
+            + self.replica.len()
+            + self.release.len()
+    }
+
+    /// Appends what `other` says (section by section, in order).
+    pub fn append(&mut self, mut other: Body) {
+        self.forward.append(&mut other.forward);
+        self.decided.append(&mut other.decided);
+        self.report.append(&mut other.report);
+        self.grant.append(&mut other.grant);
+        self.handoff.append(&mut other.handoff);
+        self.replica.append(&mut other.replica);
+        self.release.append(&mut other.release);
+    }
+
+    /// The name of its first non-empty section (`forward`, `decided`, `report`, `grant`,
+    /// `handoff`, `replica`, `release`), or `heartbeat`: for traffic accounting.
+    pub fn kind(&self) -> &'static str {
+        let sections = [
+            ("forward", self.forward.is_empty()),
+            ("decided", self.decided.is_empty()),
+            ("report", self.report.is_empty()),
+            ("grant", self.grant.is_empty()),
+            ("handoff", self.handoff.is_empty()),
+            ("replica", self.replica.is_empty()),
+            ("release", self.release.is_empty()),
+        ];
+        sections.into_iter().find(|(_, empty)| !empty).map_or("heartbeat", |(name, _)| name)
+    }
 }
 
 /// A limit as it travels: the spec, checked again on arrival.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LimitWire {
-    /// The algorithm's configuration name (`token_bucket`, …).
-    pub algorithm: String,
+    /// The algorithm.
+    pub algorithm: Algorithm,
     /// Hits per period.
     pub limit: u64,
     /// The period in nanoseconds.
@@ -110,13 +192,13 @@ pub struct LimitWire {
     pub burst: Option<u64>,
     /// Shaper delay, if set.
     pub delay: Option<u64>,
-    /// The calendar window of a calendar-aligned fixed window (added in wire version 2).
+    /// The calendar window of a calendar-aligned fixed window.
     pub calendar: Option<CalendarWire>,
 }
 
 /// A calendar window as it travels: Unix time in nanoseconds, the same numbers on every node
 /// (see [`crate::CalendarWindow`]: drivers of calendar limits run their clocks on Unix time).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CalendarWire {
     /// The window's first instant.
     pub start_unix_nanos: u64,
@@ -124,23 +206,12 @@ pub struct CalendarWire {
     pub end_unix_nanos: u64,
 }
 
-/// Why a [`LimitWire`] is not a limit.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum LimitWireError {
-    /// The algorithm name is unknown.
-    #[error("unknown algorithm {0:?}")]
-    UnknownAlgorithm(String),
-    /// The parameters are invalid.
-    #[error(transparent)]
-    Invalid(#[from] LimitError),
-}
-
 impl LimitWire {
     /// The wire form of `limit`.
     pub fn from_limit(limit: &Limit) -> LimitWire {
         let spec = limit.spec();
         LimitWire {
-            algorithm: spec.algorithm.name().to_owned(),
+            algorithm: spec.algorithm,
             limit: spec.limit,
             period_nanos: duration_nanos(spec.period),
             burst: spec.burst,
@@ -152,12 +223,10 @@ impl LimitWire {
         }
     }
 
-    /// The validated limit.
-    pub fn to_limit(&self) -> Result<Limit, LimitWireError> {
-        let algorithm = Algorithm::from_name(&self.algorithm)
-            .ok_or_else(|| LimitWireError::UnknownAlgorithm(self.algorithm.clone()))?;
+    /// The validated limit (a peer's parameters are checked like a user's).
+    pub fn to_limit(&self) -> Result<Limit, LimitError> {
         let spec = LimitSpec {
-            algorithm,
+            algorithm: self.algorithm,
             limit: self.limit,
             period: Duration::from_nanos(self.period_nanos),
             burst: self.burst,
@@ -167,7 +236,7 @@ impl LimitWire {
                 end: Instant::from_nanos(window.end_unix_nanos),
             }),
         };
-        Ok(Limit::new(spec)?)
+        Limit::new(spec)
     }
 }
 
@@ -296,7 +365,7 @@ pub enum WireMode {
 }
 
 /// One forwarded check.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ForwardCheck {
     /// Chosen by the sender to match the answer.
     pub id: u64,
@@ -308,10 +377,6 @@ pub struct ForwardCheck {
     pub cost: u64,
     /// The key's mode.
     pub mode: WireMode,
-    /// The sender's follower epoch of the key (see [`Report::epoch`]); a grant answers it.
-    pub epoch: u64,
-    /// The sender's recent demand for the key, in hits per second.
-    pub demand_per_s: u64,
 }
 
 /// The owner's answer to one forwarded check.
@@ -324,7 +389,7 @@ pub struct Decided {
 }
 
 /// What a follower has to tell the owner of one key since its last report.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Report {
     /// The bucket.
     pub key: u128,
@@ -347,11 +412,12 @@ pub struct Report {
 }
 
 /// The owner's answer to a report for one key.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
     /// The bucket.
     pub key: u128,
-    /// The epoch of the report answered.
+    /// The epoch of the report answered; 0 for an allowance offered to a node whose checks the
+    /// owner saw forwarded (it has not reported in any epoch the owner knows).
     pub epoch: u64,
     /// The authoritative state, after this grant was debited.
     pub state: SnapshotWire,
@@ -370,7 +436,7 @@ pub struct Grant {
 }
 
 /// A concurrency lease to release.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Release {
     /// The bucket.
     pub key: u128,
@@ -381,7 +447,7 @@ pub struct Release {
 }
 
 /// A key's state, handed over or replicated.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyState {
     /// The bucket.
     pub key: u128,
@@ -393,10 +459,10 @@ pub struct KeyState {
 
 /// Encodes `frame`, refusing to produce more than `frame_len_max` bytes.
 pub fn encode(frame: &Frame, frame_len_max: usize) -> Result<Vec<u8>, WireError> {
-    let mut bytes =
-        postcard::to_allocvec(&(WIRE_VERSION, frame)).map_err(|e| WireError::Encode(e.to_string()))?;
+    let wire = codec::FrameWire::from_frame(frame);
+    let mut bytes = postcard::to_allocvec(&(WIRE_VERSION, &wire)).map_err(WireError::Encode)?;
     if bytes.len() > frame_len_max {
-        return Err(WireError::Encode(format!("{} bytes exceed the bound of {frame_len_max}", bytes.len())));
+        return Err(WireError::TooLarge { len: bytes.len(), max: frame_len_max });
     }
     bytes.shrink_to_fit();
     Ok(bytes)
@@ -411,37 +477,24 @@ pub fn decode(bytes: &[u8], frame_len_max: usize) -> Result<Frame, WireError> {
     if version != WIRE_VERSION {
         return Err(WireError::Version(version));
     }
-    let (frame, rest) =
-        postcard::take_from_bytes::<Frame>(body).map_err(|e| WireError::Malformed(e.to_string()))?;
+    let (wire, rest) = postcard::take_from_bytes::<codec::FrameWire>(body).map_err(WireError::Malformed)?;
     if !rest.is_empty() {
         return Err(WireError::Trailing(rest.len()));
     }
-    // postcard accepts overlong varints (`81 00` for 1): refuse them, so that a frame has exactly
-    // one encoding (the one `encode` produces) and frames can be compared or hashed as bytes.
-    if !postcard::serialize_with_flavor(&frame, SameAs(body)).unwrap_or(false) {
-        return Err(WireError::Malformed("non-canonical encoding".to_owned()));
+    let frame = wire.into_frame()?;
+    // postcard accepts overlong varints (`81 00` for 1), and the serialized form could order its
+    // sections or its limit table otherwise than the encoder does: refuse all of that, so that a
+    // frame has exactly one encoding (the one `encode` produces) and can be compared or hashed as
+    // bytes.
+    let canonical = codec::FrameWire::from_frame(&frame);
+    if !postcard::serialize_with_flavor(&canonical, codec::SameAs(body)).unwrap_or(false) {
+        return Err(WireError::NonCanonical);
     }
     Ok(frame)
 }
 
-/// A postcard output that compares what is serialized with the bytes a frame was decoded from,
-/// without allocating: `true` when every byte matches and none is left over.
-struct SameAs<'a>(&'a [u8]);
-
-impl postcard::ser_flavors::Flavor for SameAs<'_> {
-    type Output = bool;
-
-    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
-        match self.0.split_first() {
-            Some((&expected, rest)) if expected == byte => {
-                self.0 = rest;
-                Ok(())
-            }
-            _ => Err(postcard::Error::SerializeBufferFull),
-        }
-    }
-
-    fn finalize(self) -> postcard::Result<bool> {
-        Ok(self.0.is_empty())
-    }
+/// The kind of the frame in `bytes` (see [`Body::kind`]), for traffic accounting; `None` when
+/// `bytes` is not a frame.
+pub fn frame_kind(bytes: &[u8]) -> Option<&'static str> {
+    Some(decode(bytes, bytes.len()).ok()?.body.kind())
 }

@@ -1,0 +1,355 @@
+//! The serialized form of a frame: the types postcard writes, and the conversions from and to the
+//! message types of `wire`.
+//!
+//! A frame is its header and a list of sections, each a tag and its items; only non-empty
+//! sections are written, in a fixed order, and the first is the table of the limits the items
+//! refer to (in order of first use; an item names its limit by index). Key hashes are 16 fixed
+//! bytes. Algorithms are codes: their position in [`Algorithm::ALL`] (a new algorithm is added at
+//! the end).
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Body, CalendarWire, Decided, ForwardCheck, Frame, Grant, KeyState, LimitWire, Release, Report,
+    SnapshotWire, WireError, WireMode,
+};
+use crate::limit::Algorithm;
+
+/// A frame as postcard writes it.
+#[derive(Serialize, Deserialize)]
+pub(super) struct FrameWire {
+    from: u64,
+    incarnation: u64,
+    seq: u64,
+    ack: u64,
+    sack: u64,
+    una: u64,
+    sections: Vec<Section>,
+}
+
+/// One section of a frame.
+#[derive(Serialize, Deserialize)]
+enum Section {
+    Limits(Vec<LimitCode>),
+    Forward(Vec<ForwardItem>),
+    Decided(Vec<Decided>),
+    Report(Vec<ReportItem>),
+    Grant(Vec<GrantItem>),
+    Handoff(Vec<StateItem>),
+    Replica(Vec<StateItem>),
+    Release(Vec<ReleaseItem>),
+}
+
+#[derive(Serialize, Deserialize)]
+struct LimitCode {
+    algorithm: u8,
+    limit: u64,
+    period_nanos: u64,
+    burst: Option<u64>,
+    delay: Option<u64>,
+    calendar: Option<CalendarWire>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ForwardItem {
+    id: u64,
+    key: [u8; 16],
+    limit: u32,
+    cost: u64,
+    mode: WireMode,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ReportItem {
+    key: [u8; 16],
+    limit: u32,
+    epoch: u64,
+    holding: u64,
+    granted_seen: u64,
+    uncovered: u64,
+    returned: u64,
+    demand_per_s: u64,
+    seed: Option<SnapshotWire>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct GrantItem {
+    key: [u8; 16],
+    epoch: u64,
+    state: SnapshotWire,
+    grant: u64,
+    hold_max: u64,
+    contended: bool,
+    expires_in_nanos: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StateItem {
+    key: [u8; 16],
+    limit: u32,
+    state: SnapshotWire,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ReleaseItem {
+    key: [u8; 16],
+    limit: u32,
+    lease: u64,
+}
+
+/// The limits of one frame being encoded, in order of first use.
+#[derive(Default)]
+struct Table(Vec<LimitWire>);
+
+impl Table {
+    fn index(&mut self, limit: &LimitWire) -> u32 {
+        let at = self.0.iter().position(|known| known == limit).unwrap_or_else(|| {
+            self.0.push(limit.clone());
+            self.0.len() - 1
+        });
+        // A frame holds far fewer than 2^32 items.
+        u32::try_from(at).unwrap_or(u32::MAX)
+    }
+}
+
+/// The limits of one frame being decoded.
+struct Limits(Vec<LimitWire>);
+
+impl Limits {
+    fn get(&self, index: u32) -> Result<LimitWire, WireError> {
+        let found = usize::try_from(index).ok().and_then(|at| self.0.get(at));
+        found.cloned().ok_or(WireError::LimitIndex { index, len: self.0.len() })
+    }
+}
+
+fn key_bytes(key: u128) -> [u8; 16] {
+    key.to_le_bytes()
+}
+
+impl FrameWire {
+    pub(super) fn from_frame(frame: &Frame) -> FrameWire {
+        let body = &frame.body;
+        let mut table = Table::default();
+        let forward: Vec<ForwardItem> = body
+            .forward
+            .iter()
+            .map(|c| ForwardItem {
+                id: c.id,
+                key: key_bytes(c.key),
+                limit: table.index(&c.limit),
+                cost: c.cost,
+                mode: c.mode,
+            })
+            .collect();
+        let report: Vec<ReportItem> = body
+            .report
+            .iter()
+            .map(|r| ReportItem {
+                key: key_bytes(r.key),
+                limit: table.index(&r.limit),
+                epoch: r.epoch,
+                holding: r.holding,
+                granted_seen: r.granted_seen,
+                uncovered: r.uncovered,
+                returned: r.returned,
+                demand_per_s: r.demand_per_s,
+                seed: r.seed.clone(),
+            })
+            .collect();
+        let grant: Vec<GrantItem> = body
+            .grant
+            .iter()
+            .map(|g| GrantItem {
+                key: key_bytes(g.key),
+                epoch: g.epoch,
+                state: g.state.clone(),
+                grant: g.grant,
+                hold_max: g.hold_max,
+                contended: g.contended,
+                expires_in_nanos: g.expires_in_nanos,
+            })
+            .collect();
+        let mut states = |states: &[KeyState]| -> Vec<StateItem> {
+            let item = |s: &KeyState| StateItem { key: key_bytes(s.key), limit: 0, state: s.state.clone() };
+            states.iter().map(|s| StateItem { limit: table.index(&s.limit), ..item(s) }).collect()
+        };
+        let handoff = states(&body.handoff);
+        let replica = states(&body.replica);
+        let release: Vec<ReleaseItem> = body
+            .release
+            .iter()
+            .map(|r| ReleaseItem { key: key_bytes(r.key), limit: table.index(&r.limit), lease: r.lease })
+            .collect();
+        let limits: Vec<LimitCode> = table.0.iter().map(LimitCode::from_limit).collect();
+        // Sections in a fixed order, the empty ones left out.
+        let candidates = [
+            (limits.is_empty(), Section::Limits(limits)),
+            (forward.is_empty(), Section::Forward(forward)),
+            (body.decided.is_empty(), Section::Decided(body.decided.clone())),
+            (report.is_empty(), Section::Report(report)),
+            (grant.is_empty(), Section::Grant(grant)),
+            (handoff.is_empty(), Section::Handoff(handoff)),
+            (replica.is_empty(), Section::Replica(replica)),
+            (release.is_empty(), Section::Release(release)),
+        ];
+        let sections = candidates.into_iter().filter(|(empty, _)| !empty).map(|(_, s)| s).collect();
+        FrameWire {
+            from: frame.from,
+            incarnation: frame.incarnation,
+            seq: frame.seq,
+            ack: frame.ack,
+            sack: frame.sack,
+            una: frame.una,
+            sections,
+        }
+    }
+
+    /// The frame, with every limit index resolved (the canonical form is checked by the caller).
+    pub(super) fn into_frame(self) -> Result<Frame, WireError> {
+        let mut limits = Limits(Vec::new());
+        let mut body = Body::default();
+        for section in self.sections {
+            match section {
+                Section::Limits(codes) => {
+                    limits.0 = codes.into_iter().map(LimitCode::into_limit).collect::<Result<_, _>>()?;
+                }
+                Section::Forward(items) => {
+                    body.forward =
+                        items.into_iter().map(|i| i.into_check(&limits)).collect::<Result<_, _>>()?;
+                }
+                Section::Decided(items) => body.decided = items,
+                Section::Report(items) => {
+                    body.report =
+                        items.into_iter().map(|i| i.into_report(&limits)).collect::<Result<_, _>>()?;
+                }
+                Section::Grant(items) => body.grant = items.into_iter().map(GrantItem::into_grant).collect(),
+                Section::Handoff(items) => {
+                    body.handoff =
+                        items.into_iter().map(|i| i.into_state(&limits)).collect::<Result<_, _>>()?;
+                }
+                Section::Replica(items) => {
+                    body.replica =
+                        items.into_iter().map(|i| i.into_state(&limits)).collect::<Result<_, _>>()?;
+                }
+                Section::Release(items) => {
+                    body.release =
+                        items.into_iter().map(|i| i.into_release(&limits)).collect::<Result<_, _>>()?;
+                }
+            }
+        }
+        Ok(Frame {
+            from: self.from,
+            incarnation: self.incarnation,
+            seq: self.seq,
+            ack: self.ack,
+            sack: self.sack,
+            una: self.una,
+            body,
+        })
+    }
+}
+
+impl LimitCode {
+    fn from_limit(limit: &LimitWire) -> LimitCode {
+        let code = Algorithm::ALL.iter().position(|&a| a == limit.algorithm).unwrap_or(0);
+        LimitCode {
+            // Seven algorithms: the position fits a byte.
+            algorithm: u8::try_from(code).unwrap_or(u8::MAX),
+            limit: limit.limit,
+            period_nanos: limit.period_nanos,
+            burst: limit.burst,
+            delay: limit.delay,
+            calendar: limit.calendar,
+        }
+    }
+
+    fn into_limit(self) -> Result<LimitWire, WireError> {
+        let algorithm = *Algorithm::ALL
+            .get(usize::from(self.algorithm))
+            .ok_or(WireError::UnknownAlgorithm(self.algorithm))?;
+        Ok(LimitWire {
+            algorithm,
+            limit: self.limit,
+            period_nanos: self.period_nanos,
+            burst: self.burst,
+            delay: self.delay,
+            calendar: self.calendar,
+        })
+    }
+}
+
+impl ForwardItem {
+    fn into_check(self, limits: &Limits) -> Result<ForwardCheck, WireError> {
+        Ok(ForwardCheck {
+            id: self.id,
+            key: u128::from_le_bytes(self.key),
+            limit: limits.get(self.limit)?,
+            cost: self.cost,
+            mode: self.mode,
+        })
+    }
+}
+
+impl ReportItem {
+    fn into_report(self, limits: &Limits) -> Result<Report, WireError> {
+        Ok(Report {
+            key: u128::from_le_bytes(self.key),
+            limit: limits.get(self.limit)?,
+            epoch: self.epoch,
+            holding: self.holding,
+            granted_seen: self.granted_seen,
+            uncovered: self.uncovered,
+            returned: self.returned,
+            demand_per_s: self.demand_per_s,
+            seed: self.seed,
+        })
+    }
+}
+
+impl GrantItem {
+    fn into_grant(self) -> Grant {
+        Grant {
+            key: u128::from_le_bytes(self.key),
+            epoch: self.epoch,
+            state: self.state,
+            grant: self.grant,
+            hold_max: self.hold_max,
+            contended: self.contended,
+            expires_in_nanos: self.expires_in_nanos,
+        }
+    }
+}
+
+impl StateItem {
+    fn into_state(self, limits: &Limits) -> Result<KeyState, WireError> {
+        Ok(KeyState { key: u128::from_le_bytes(self.key), limit: limits.get(self.limit)?, state: self.state })
+    }
+}
+
+impl ReleaseItem {
+    fn into_release(self, limits: &Limits) -> Result<Release, WireError> {
+        Ok(Release { key: u128::from_le_bytes(self.key), limit: limits.get(self.limit)?, lease: self.lease })
+    }
+}
+
+/// A postcard output that compares what is serialized with the bytes a frame was decoded from,
+/// without allocating: `true` when every byte matches and none is left over.
+pub(super) struct SameAs<'a>(pub(super) &'a [u8]);
+
+impl postcard::ser_flavors::Flavor for SameAs<'_> {
+    type Output = bool;
+
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        match self.0.split_first() {
+            Some((&expected, rest)) if expected == byte => {
+                self.0 = rest;
+                Ok(())
+            }
+            _ => Err(postcard::Error::SerializeBufferFull),
+        }
+    }
+
+    fn finalize(self) -> postcard::Result<bool> {
+        Ok(self.0.is_empty())
+    }
+}
