@@ -183,13 +183,19 @@ expect_between "exact mode, 300 checks over 3 nodes" "$n" "$limit" "$limit"
 n=$(admitted compose-approx approx-1 100 1 2 3)
 expect_between "approximate mode, 300 checks over 3 nodes" "$n" $((limit / 2)) $((limit + 2 * (limit / 3)))
 
+# Shares of the limit are apportioned by rank so that they sum to the limit (ARCHITECTURE.md,
+# "Fallback shares"): of 100 over three members, 34 / 33 / 33. One share is at most ceil(L/3),
+# two at most ceil(2L/3); both sides of a partition together at most L.
+one_share=$(((limit + 2) / 3))
+two_shares=$(((2 * limit + 2) / 3))
+
 # --- 3. a node killed ---------------------------------------------------------------------------
 docker kill "${cid[3]}" >/dev/null
 say "killed node 3"
 wait_view '^live=1,2 dead=3 ' 1 2
 # Exact mode, a fresh key: its owner enforces 2/3 of the limit (2 reachable of 2 live + 1 dead).
 n=$(admitted compose-exact after-kill-1 150 1 2)
-expect_between "node 3 dead, 300 checks over nodes 1 and 2" "$n" 1 $((limit * 2 / 3))
+expect_between "node 3 dead, 300 checks over nodes 1 and 2" "$n" 1 "$two_shares"
 
 # --- 4. the killed node restarts and rejoins ----------------------------------------------------
 docker start "${cid[3]}" >/dev/null
@@ -212,8 +218,8 @@ majority_pid=$!
 minority=$(admitted compose-exact split-1 150 2)
 wait "$majority_pid" || fail "the majority side's checks failed"
 majority=$(<"$workdir/majority")
-expect_between "partition, nodes 1+3 (150 checks)" "$majority" 1 $((limit * 2 / 3))
-expect_between "partition, node 2 alone (150 checks)" "$minority" 1 $((limit / 3))
+expect_between "partition, nodes 1+3 (150 checks)" "$majority" 1 "$two_shares"
+expect_between "partition, node 2 alone (150 checks)" "$minority" 1 "$one_share"
 expect_between "partition, both sides together" $((majority + minority)) 2 "$limit"
 
 # --- 6. the partition heals ---------------------------------------------------------------------

@@ -142,8 +142,10 @@ fn body() -> impl Strategy<Value = Body> {
     let mode = prop_oneof![Just(WireMode::Exact), Just(WireMode::Approximate)];
     // Few distinct limits, so that frames share table entries.
     let limit = || prop_oneof![Just(gcra_wire()), limit_wire()];
-    let forward = (int(), key(), limit(), int(), mode)
-        .prop_map(|(id, key, limit, cost, mode)| ForwardCheck { id, key, limit, cost, mode });
+    let forward =
+        (int(), key(), limit(), int(), mode, int()).prop_map(|(id, key, limit, cost, mode, refused_here)| {
+            ForwardCheck { id, key, limit, cost, mode, refused_here }
+        });
     let decided = (int(), decision_wire()).prop_map(|(id, decision)| Decided { id, decision });
     let counters = (int(), int(), int(), int(), int(), int());
     let report = (key(), limit(), counters, option::of(snapshot_wire())).prop_map(
@@ -616,11 +618,12 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         limit: gcra_wire(),
                         cost: 1,
                         mode: WireMode::Approximate,
+                        refused_here: 0,
                     }],
                     ..Body::default()
                 },
             },
-            "03010203000000020001040a8094ebdc030105000001010704030201000000000000000000000000000101",
+            "03010203000000020001040a8094ebdc03010500000101070403020100000000000000000000000000010100",
         ),
         (
             Frame {
@@ -983,6 +986,7 @@ fn bytes_per_item() {
             limit: gcra_wire(),
             cost: 1,
             mode: WireMode::Exact,
+            refused_here: 0,
         })
         .collect();
     let decision = DecisionWire {

@@ -46,6 +46,8 @@ const WAIT: Duration = Duration::from_secs(60);
 /// The snapshot interval of the durable-quota test: short, so that the test waits little, and
 /// long enough that a trickle of hits spans more than one.
 const SNAPSHOT_INTERVAL: Duration = Duration::from_millis(1000);
+/// The limit per second of the skewed-demand test's policies (`skew-approx`, `skew-exact`).
+const SKEW_LIMIT: u64 = 250;
 /// The tests of this file start three daemons each: one cluster at a time on two cores.
 static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// Connect, read and write timeout of one HTTP request.
@@ -346,6 +348,20 @@ algorithm = "token_bucket"
 limit = {LIMIT}
 period_ms = 86400000
 mode = "approximate"
+
+[[policies]]
+name = "skew-approx"
+algorithm = "token_bucket"
+limit = {SKEW_LIMIT}
+period_ms = 1000
+mode = "approximate"
+
+[[policies]]
+name = "skew-exact"
+algorithm = "token_bucket"
+limit = {SKEW_LIMIT}
+period_ms = 1000
+mode = "exact"
 "#,
         http = addrs.http,
         grpc = addrs.grpc,
@@ -493,7 +509,9 @@ fn three_processes_hold_the_limit_survive_a_kill_and_rejoin() {
     cluster.wait_view(&[1, 2], &[1, 2], &[3]);
     let after_kill = cluster.admitted("exact", "tenant-after-kill", 150, &[1, 2]);
     eprintln!("node 3 dead, 300 checks over nodes 1 and 2: {after_kill} admitted");
-    assert!(after_kill <= LIMIT * 2 / 3, "{after_kill}");
+    // Shares are apportioned by rank so that they sum to the limit: two of three are at most
+    // ceil(2L/3) (67 of 100).
+    assert!(after_kill <= (2 * LIMIT).div_ceil(3), "{after_kill}");
     assert!(after_kill >= 1, "the survivors keep serving");
 
     // Node 3 comes back with the same id and addresses and rejoins.
@@ -748,5 +766,217 @@ fn three_processes_keep_daily_quotas_across_a_full_restart_and_a_kill_of_all() {
     }
     for node in &mut cluster.nodes {
         node.assert_running();
+    }
+}
+
+/// One check's answer: `(allowed, limit, remaining)`.
+fn check_answer(addr: SocketAddr, policy: &str, key: &str, cost: u64) -> (bool, u64, u64) {
+    let body = serde_json::json!({ "key": key, "policy": policy, "cost": cost }).to_string();
+    let response = request(addr, "POST", "/v1/check", Some(&body)).expect("check answered");
+    assert_eq!(response.status, 200, "{}", response.text());
+    let answer: Value = serde_json::from_slice(&response.body).expect("JSON answer");
+    let number = |field: &str| answer[field].as_u64().unwrap_or_else(|| panic!("no {field:?}: {answer}"));
+    (answer["allowed"].as_bool().expect("allowed"), number("limit"), number("remaining"))
+}
+
+/// Cold start, and a key whose share per node is a few hits: right after every node answers
+/// `/readyz` 200 (no wait for the member view), every answer carries the whole limit, an exact
+/// key admits exactly the limit, and a 100-per-day approximate key admits its whole limit from
+/// back-to-back checks spread over the three nodes (the owner decides such a key: its share per
+/// node and sync interval is far below a hit).
+#[test]
+fn right_after_readiness_every_answer_carries_the_whole_limit_and_small_keys_admit_it_all() {
+    let _one_cluster_at_a_time = ONE_CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cluster = Cluster::start("cold", 3, false);
+    let all = [1, 2, 3];
+    cluster.wait_ready(&all);
+    for policy in ["exact", "approx"] {
+        for id in all {
+            let key = format!("cold-query-{policy}-{id}");
+            let (allowed, limit, remaining) = check_answer(cluster.http(id), policy, &key, 0);
+            assert!(
+                allowed && limit == LIMIT && remaining == LIMIT,
+                "{policy} on node {id}: {limit} {remaining}"
+            );
+        }
+    }
+    let exact = cluster.admitted("exact", "cold-exact", 50, &all);
+    eprintln!("right after readiness, exact mode, 150 checks over 3 nodes: {exact} admitted");
+    // Never more than the limit. One hit less was seen in about one run of ten on a loaded
+    // machine (a check the owner counted and its client saw refused; README, "Accuracy": the
+    // cold start's known gap), so the bound below the limit is one hit.
+    assert!((LIMIT - 1..=LIMIT).contains(&exact), "{exact} admitted");
+    let spread = (0..150).filter(|i| check(cluster.http(i % 3 + 1), "approx", "cold-approx", 1).0).count();
+    eprintln!(
+        "100 per day, approximate mode, 150 back-to-back checks spread over 3 nodes: {spread} admitted"
+    );
+    let spread = trickle_until_spent(&cluster, "cold-approx", spread as u64);
+    assert_eq!(spread, LIMIT, "back-to-back checks spread over the nodes admit the whole limit");
+    // Concurrent checks: before a follower's first grant arrives, its checks may be decided by
+    // the fallback from its local share (the owner debits them afterwards): [`approx_bound`].
+    let concurrent = cluster.admitted("approx", "cold-approx-concurrent", 50, &all);
+    eprintln!("100 per day, approximate mode, 150 concurrent checks over 3 nodes: {concurrent} admitted");
+    let concurrent = trickle_until_spent(&cluster, "cold-approx-concurrent", concurrent);
+    assert!((LIMIT - 1..=approx_bound()).contains(&concurrent), "{concurrent} admitted");
+}
+
+/// After a run of checks admitted `admitted` hits of an approximate 100-per-day `key`: a trickle
+/// of checks at every node (for at most 10 s, or until the key is spent) admits the rest.
+/// Allowances left at a node whose checks ended come back (a holder gives back what its decaying
+/// demand no longer needs), so the whole limit is admitted in the end. Returns the total.
+fn trickle_until_spent(cluster: &Cluster, key: &str, mut admitted: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while admitted < LIMIT && Instant::now() < deadline {
+        // The pace of a trickle of checks, not a synchronization.
+        std::thread::sleep(Duration::from_millis(100));
+        admitted +=
+            [1, 2, 3].iter().filter(|&&id| check(cluster.http(id), "approx", key, 1).0).count() as u64;
+    }
+    eprintln!("{key}: {admitted} admitted with a trickle of checks afterwards");
+    admitted
+}
+
+/// A node that crashed, came back and is then stopped gracefully leaves the others at the whole
+/// limit: its peers see its leave (the newest generation), not the crashed one again.
+#[test]
+fn a_node_that_crashed_and_came_back_then_leaves_gracefully_leaves_the_whole_limit() {
+    let _one_cluster_at_a_time = ONE_CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cluster = Cluster::start("crash-leave", 3, false);
+    let all = [1, 2, 3];
+    cluster.wait_ready(&all);
+    cluster.wait_view(&all, &all, &[]);
+    cluster.node(3).kill();
+    cluster.wait_view(&[1, 2], &[1, 2], &[3]);
+    cluster.node(3).start();
+    cluster.wait_ready(&[3]);
+    cluster.wait_view(&all, &all, &[]);
+    cluster.node(3).terminate();
+    cluster.node(3).wait_exit();
+    for id in [1, 2] {
+        let addr = cluster.http(id);
+        cluster.wait_for(&format!("node {id} sees live [1, 2] and nothing dead"), || {
+            view(addr).is_some_and(|v| v.live == [1, 2] && v.dead.is_empty())
+        });
+    }
+    let admitted = cluster.admitted("exact", "after-crash-and-leave", 100, &[1, 2]);
+    eprintln!("node 3 crashed, came back and left: 200 checks over nodes 1 and 2: {admitted} admitted");
+    assert_eq!(admitted, LIMIT);
+    for node in &mut cluster.nodes[..2] {
+        node.assert_running();
+    }
+}
+
+/// What one node was sent and admitted in [`paced_load`], counted inside the measured span.
+#[derive(Clone, Copy, Debug, Default)]
+struct Offered {
+    sent: u64,
+    allowed: u64,
+}
+
+/// Sends checks of `key` under `policy` to each `(node, rate per second)` of `loads` for `run`
+/// (paced threads of at most 100 checks/s each; a thread behind its schedule sends at once), and
+/// counts per node those actually sent inside `span` (from the start). Returns the counts and
+/// the time the load took.
+fn paced_load(
+    cluster: &Cluster,
+    (policy, key): (&str, &str),
+    loads: &[(u64, u64)],
+    run: Duration,
+    span: std::ops::Range<Duration>,
+) -> (Vec<Offered>, Duration) {
+    const RATE_PER_THREAD: u64 = 100;
+    let body = serde_json::json!({ "key": key, "policy": policy }).to_string();
+    let start = Instant::now();
+    let per_node = std::thread::scope(|scope| {
+        let mut workers = Vec::new();
+        for (slot, &(id, rate)) in loads.iter().enumerate() {
+            let threads = rate.div_ceil(RATE_PER_THREAD);
+            let interval = Duration::from_secs_f64(threads as f64 / rate as f64);
+            for t in 0..threads {
+                let (addr, body, span) = (cluster.http(id), body.as_str(), span.clone());
+                let offset = interval.mul_f64(t as f64 / threads as f64);
+                let worker = scope.spawn(move || {
+                    let mut offered = Offered::default();
+                    // Bounded by `run`: one request per interval of the schedule.
+                    for i in 0.. {
+                        let at = offset + interval * i;
+                        if at >= run {
+                            break;
+                        }
+                        if let Some(ahead) = (start + at).checked_duration_since(Instant::now()) {
+                            // The pace of a load generator, not a synchronization.
+                            std::thread::sleep(ahead);
+                        }
+                        let sent_at = start.elapsed();
+                        let response =
+                            request(addr, "POST", "/v1/check", Some(body)).expect("check answered");
+                        assert_eq!(response.status, 200, "node {id}: {}", response.text());
+                        let answer: Value = serde_json::from_slice(&response.body).expect("JSON answer");
+                        if span.contains(&sent_at) {
+                            offered.sent += 1;
+                            offered.allowed += u64::from(answer["allowed"].as_bool().expect("allowed"));
+                        }
+                    }
+                    offered
+                });
+                workers.push((slot, worker));
+            }
+        }
+        let mut per_node = vec![Offered::default(); loads.len()];
+        for (slot, worker) in workers {
+            let offered = worker.join().expect("load thread");
+            per_node[slot].sent += offered.sent;
+            per_node[slot].allowed += offered.allowed;
+        }
+        per_node
+    });
+    (per_node, start.elapsed())
+}
+
+/// Skewed demand on one key at twice its limit (the issue's 1 500 / 300 / 200 requests/s on a
+/// 1 000/s key, at a quarter of the rates so that debug builds on two loaded cores keep the
+/// pace): in both modes the total holds and every node is admitted close to its share of the
+/// demand (what one ideal limiter splits: 187 / 38 / 25 per second), not the owner first. Measured after a warm-up that
+/// spends the initial burst, so that the bucket is empty and the ideal admits the limit.
+#[test]
+fn skewed_demand_is_admitted_in_proportion_to_each_nodes_demand() {
+    let _one_cluster_at_a_time = ONE_CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cluster = Cluster::start("skew", 3, false);
+    let all = [1, 2, 3];
+    cluster.wait_ready(&all);
+    cluster.wait_view(&all, &all, &[]);
+    let (run, span) = (Duration::from_secs(7), Duration::from_secs(2)..Duration::from_secs(6));
+    let measured_s = (span.end - span.start).as_secs_f64();
+    let loads = [(1, 375), (2, 75), (3, 50)];
+    for policy in ["skew-approx", "skew-exact"] {
+        let (offered, took) = paced_load(&cluster, (policy, "skewed"), &loads, run, span.clone());
+        let sent: u64 = offered.iter().map(|o| o.sent).sum();
+        let allowed: u64 = offered.iter().map(|o| o.allowed).sum();
+        eprintln!(
+            "{policy}: sent {sent}, admitted {allowed} in {measured_s} s (load took {took:?}); {offered:?}"
+        );
+        let limit_in_span = SKEW_LIMIT as f64 * measured_s;
+        assert!(
+            sent as f64 >= 1.5 * limit_in_span,
+            "{policy}: the load generator did not reach overload: {sent}"
+        );
+        // Sync lag and decisions in flight at the edges of the span: a tenth of a second.
+        assert!(allowed as f64 <= SKEW_LIMIT as f64 * (measured_s + 0.1), "{policy}: {allowed} admitted");
+        assert!(allowed as f64 >= 0.95 * limit_in_span, "{policy}: only {allowed} admitted");
+        for ((id, _), o) in loads.iter().zip(&offered) {
+            let ideal = allowed as f64 * o.sent as f64 / sent as f64;
+            let off = (o.allowed as f64 - ideal).abs() / allowed as f64;
+            eprintln!(
+                "{policy}: node {id} admitted {} of {} (its demand share {ideal:.0}: off by {:.1} % of the admitted)",
+                o.allowed,
+                o.sent,
+                off * 100.0
+            );
+            assert!(
+                off <= 0.05,
+                "{policy}: node {id} admitted {} where its demand share is {ideal:.0}",
+                o.allowed
+            );
+        }
     }
 }

@@ -39,12 +39,14 @@ impl Node {
             api::Mode::Exact => WireMode::Exact,
             api::Mode::Approximate => WireMode::Approximate,
         };
+        let refused_here = self.take_refused_unasked(request.key);
         let check = ForwardCheck {
             id,
             key: request.key.0,
             limit: LimitWire::from_limit(&request.policy.limit),
             cost: request.cost,
             mode,
+            refused_here,
         };
         let deadline = now.add_nanos(self.forward_wait_nanos(owner));
         self.deadlines.insert((deadline, id));
@@ -118,14 +120,33 @@ impl Node {
     }
 
     /// A refusal without asking, while the owner said the key has no room (see `refuse_until`).
-    fn refused_here(&self, request: &CheckRequest, now: Instant) -> Option<Decision> {
+    fn refused_here(&mut self, request: &CheckRequest, now: Instant) -> Option<Decision> {
         let follower = self.keys.extra(request.key)?.follower.as_ref()?;
         if request.cost == 0 || follower.over_until <= now {
             return None;
         }
         let retry = follower.over_until.nanos_since(now);
+        self.keys.update(request.key, &request.policy.limit, |_, meta| {
+            if let Some(follower) = meta.follower.as_mut() {
+                follower.refused_unasked = follower.refused_unasked.saturating_add(request.cost);
+            }
+        });
         let decision = Decision::admitted_blind(request.policy.limit.reported_limit());
         Some(Decision { remaining: 0, ..decision }.refused_for(Some(retry)))
+    }
+
+    /// The hits refused here unasked since the last forward of `key` (the next forward carries them).
+    fn take_refused_unasked(&mut self, key: KeyHash) -> u64 {
+        let Some(meta) = self.keys.extra(key) else { return 0 };
+        if meta.follower.as_ref().is_none_or(|f| f.refused_unasked == 0) {
+            return 0;
+        }
+        let limit = meta.policy.limit.clone();
+        self.keys
+            .update(key, &limit, |_, meta| {
+                meta.follower.as_mut().map_or(0, |f| std::mem::take(&mut f.refused_unasked))
+            })
+            .unwrap_or(0)
     }
 
     /// The owner has no room for `retry_nanos`: refuse the key locally meanwhile, without asking

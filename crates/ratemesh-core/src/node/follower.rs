@@ -44,16 +44,19 @@ impl Node {
                     follower.follow(owner, keys::new_epoch(rng));
                 }
                 follower.demand.add(cost.max(1), now, half_life);
-                if follower.over_until > now && cost > 0 {
-                    let retry = follower.over_until.nanos_since(now);
-                    return Some(FollowerStep::Decided(
-                        bucket.peek(limit, cost, now).refused_for(Some(retry)),
-                    ));
-                }
+                // An allowance held is spent first: the owner debited it, and the key being over
+                // its limit for others (a refused forward) does not make it void.
                 if follower.allowance.take(cost, now) {
                     follower.used = follower.used.saturating_add(cost.max(1));
                     let left = follower.allowance.live(now);
                     return Some(FollowerStep::Decided(admitted_from_allowance(bucket, limit, left, now)));
+                }
+                if follower.over_until > now && cost > 0 {
+                    follower.refused_unasked = follower.refused_unasked.saturating_add(cost);
+                    let retry = follower.over_until.nanos_since(now);
+                    return Some(FollowerStep::Decided(
+                        bucket.peek(limit, cost, now).refused_for(Some(retry)),
+                    ));
                 }
                 if !reachable {
                     return None;

@@ -27,6 +27,8 @@ pub(crate) struct KeyMeta {
     /// Owner only: at the last sizing, demand exceeded what the key can supply and the owner's
     /// own share was worth an allowance, so its checks beyond that allowance are refused.
     pub own_contended: bool,
+    /// Owner only: its own share of a contended key's refill, when it decides on the bucket.
+    pub own_credit: Credit,
 }
 
 impl KeyMeta {
@@ -39,6 +41,7 @@ impl KeyMeta {
             demand: DemandMeter::default(),
             own: Allowance::NONE,
             own_contended: false,
+            own_credit: Credit::default(),
         }
     }
 
@@ -53,6 +56,14 @@ impl KeyMeta {
     pub fn held(&self, now: Instant) -> u64 {
         let own = self.own.live(now);
         self.participants.iter().fold(own, |sum, p| sum.saturating_add(p.held(now)))
+    }
+
+    /// Owner only: the refill credit of `node` (`None`: the owner itself), if it participates.
+    pub fn credit(&mut self, node: Option<NodeId>) -> Option<&mut Credit> {
+        match node {
+            None => Some(&mut self.own_credit),
+            Some(node) => self.participants.iter_mut().find(|p| p.node == node).map(|p| &mut p.credit),
+        }
     }
 
     pub fn follower(&mut self) -> &mut Follower {
@@ -132,6 +143,89 @@ impl Allowance {
     }
 }
 
+/// A share of a contended key's refill, for checks decided on the owner's bucket (forwarded ones,
+/// and the owner's own without an allowance): it accrues at the node's demand-proportional share
+/// of the refill rate, up to a small cap, and a check passes only if it covers its cost. First come
+/// first served on the bucket alone would give the refill to whoever asks most often — at
+/// overload, the owner's own checks, which arrive without a round trip.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Credit {
+    /// Millionths of a hit.
+    micro_hits: u64,
+    /// When it last accrued (`Instant::ZERO`: never used, starts at its cap).
+    at: Instant,
+}
+
+/// The share of a contended key's refill one node gets, and the credit it may keep.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CreditRate {
+    /// Nanoseconds per hit of the key's refill (nonzero).
+    pub refill_nanos_per_hit: u64,
+    /// The node's demand and the key's, any unit: its share is `demand / total`.
+    pub demand: u64,
+    pub total: u64,
+    /// The most hits it may keep.
+    pub cap_hits: u64,
+}
+
+impl CreditRate {
+    /// Millionths of a hit accrued over `nanos`.
+    pub fn micro_per_nanos(&self, nanos: u64) -> u64 {
+        let micro = u128::from(nanos) * 1_000_000 * u128::from(self.demand)
+            / (u128::from(self.refill_nanos_per_hit) * u128::from(self.total.max(1)));
+        u64::try_from(micro).unwrap_or(u64::MAX)
+    }
+
+    /// Nanoseconds to accrue `micro` millionths of a hit (`u64::MAX` without demand).
+    fn nanos_for(&self, micro: u64) -> u64 {
+        if self.demand == 0 {
+            return u64::MAX;
+        }
+        let nanos = u128::from(micro) * u128::from(self.refill_nanos_per_hit) * u128::from(self.total.max(1))
+            / (1_000_000 * u128::from(self.demand));
+        u64::try_from(nanos).unwrap_or(u64::MAX)
+    }
+}
+
+impl Credit {
+    /// Accrues up to `now`, at most `cap_hits` (or `cost`, if more) in all.
+    fn accrue(&mut self, cost: u64, rate: CreditRate, now: Instant) {
+        let cap = rate.cap_hits.max(cost).max(1).saturating_mul(1_000_000);
+        self.micro_hits = match self.at {
+            Instant::ZERO => cap,
+            at => self.micro_hits.saturating_add(rate.micro_per_nanos(now.nanos_since(at))).min(cap),
+        };
+        self.at = now;
+    }
+
+    /// Accrues up to `now`, then takes `cost` hits if the credit covers them; else says how long
+    /// until it would.
+    pub fn take(&mut self, cost: u64, rate: CreditRate, now: Instant) -> Result<(), u64> {
+        self.accrue(cost, rate, now);
+        let need = cost.saturating_mul(1_000_000);
+        match self.micro_hits.checked_sub(need) {
+            Some(left) => {
+                self.micro_hits = left;
+                Ok(())
+            }
+            None => Err(rate.nanos_for(need - self.micro_hits)),
+        }
+    }
+
+    /// Accrues up to `now`, then takes the whole hits it holds, at most `hits`.
+    pub fn take_up_to(&mut self, hits: u64, rate: CreditRate, now: Instant) -> u64 {
+        self.accrue(0, rate, now);
+        let taken = (self.micro_hits / 1_000_000).min(hits);
+        self.micro_hits -= taken * 1_000_000;
+        taken
+    }
+
+    /// Gives back `cost` hits taken for a check the bucket refused after all.
+    pub fn give_back(&mut self, cost: u64) {
+        self.micro_hits = self.micro_hits.saturating_add(cost.saturating_mul(1_000_000));
+    }
+}
+
 /// A new follower epoch: never 0 (the epoch of allowances offered to forwarders), and small (two
 /// bytes on the wire; a new epoch has to differ from the one before it at one owner only, and
 /// a collision costs at most one stale grant, already debited).
@@ -168,6 +262,9 @@ pub(crate) struct Follower {
     pub demand: DemandMeter,
     /// The owner said the key is over its limit until then: refuse locally, do not ask.
     pub over_until: Instant,
+    /// Hits refused locally while `over_until` held, since the last forward (which carries them
+    /// to the owner: demand it would not see otherwise).
+    pub refused_unasked: u64,
     /// The owner said demand exceeds what the key can supply and this node's share is an
     /// allowance: when it runs dry, refuse locally until the next grant instead of asking.
     pub contended: bool,
@@ -222,6 +319,8 @@ pub(crate) struct Participant {
     /// When it last reported.
     pub reported_at: Instant,
     pub heard_at: Instant,
+    /// Its share of the key's refill while the key is contended, for its forwarded checks.
+    pub credit: Credit,
     /// After this, what the participant holds no longer counts: it has been silent too long
     /// (crashed, or follows another owner), or its allowances are void (the window passed).
     pub released_at: Instant,

@@ -57,6 +57,7 @@ impl Node {
         let half_life = self.half_life_nanos();
         let approximate = effective_mode(policy) == api::Mode::Approximate;
         let retry_floor = self.next_sync_at.nanos_since(now);
+        let sizing = self.sizing_context(self.id, now);
         let rng = &mut self.rng;
         let (decision, tracked) = self.keys.upsert_with(
             key,
@@ -69,9 +70,9 @@ impl Node {
                 let decision = match limit.as_ref() {
                     None => zero_share(policy),
                     Some(limit) if approximate => {
-                        decide_own(bucket, limit, meta, cost, now, retry_floor, rng)
+                        decide_own(&sizing, bucket, limit, meta, cost, retry_floor, rng)
                     }
-                    Some(limit) => first_come(bucket, limit, meta, cost, now, rng),
+                    Some(limit) => sizing.metered(bucket, limit, meta, None, cost, rng),
                 };
                 (decision, decision.allowed && cost > 0)
             },
@@ -143,9 +144,9 @@ impl Node {
                 meta.owned = true;
                 let Some(limit) = limit.as_ref() else { return (zero_share(policy), None) };
                 let p = forwarder(&mut meta.participants, from, now);
-                sizing.forwarded(p, check.cost, now);
+                sizing.forwarded(p, check.cost, check.refused_here, now);
                 sizing.heard(p, bucket, limit, now);
-                let decision = first_come(bucket, limit, meta, check.cost, now, rng);
+                let decision = sizing.metered(bucket, limit, meta, Some(from), check.cost, rng);
                 // A holder's share is renewed by its reports; a forwarder gets one once it is worth it.
                 let has_share = meta.participants.iter().any(|p| p.node == from && p.outstanding(now) > 0);
                 let grant = (approximate && !has_share)
@@ -421,23 +422,25 @@ fn hold_outstanding(bucket: &mut Bucket, limit: &Limit, meta: &KeyMeta, now: Ins
 }
 
 /// The owner's own approximate-mode check: from its allowance while it has one; refused when it
-/// ran dry while the key is contended (its share is spent until the next tick); else on the bucket.
+/// ran dry while the key is contended (its share is spent until the next tick); else on the
+/// bucket, metered.
 fn decide_own(
+    sizing: &SizingContext,
     bucket: &mut Bucket,
     limit: &Limit,
     meta: &mut KeyMeta,
     cost: u64,
-    now: Instant,
     retry_floor_nanos: u64,
     rng: &mut CoreRng,
 ) -> Decision {
+    let now = sizing.now;
     if meta.own.take(cost, now) {
         return admitted_from_allowance(bucket, limit, meta.own.live(now), now);
     }
     if meta.own_contended && cost > 0 {
         return refused_until_grant(bucket, limit, cost, now, retry_floor_nanos);
     }
-    first_come(bucket, limit, meta, cost, now, rng)
+    sizing.metered(bucket, limit, meta, None, cost, rng)
 }
 
 /// An admission from an allowance with `left` hits still in it: the authoritative state (already
@@ -517,8 +520,8 @@ impl SizingContext {
     /// Notes a check of `cost` forwarded by participant `p`: its demand is what it forwards,
     /// unless it reported a larger one lately (a holder forwards only what its allowance did not
     /// cover). Measured before this check: the estimate just after an arrival is biased up by it.
-    fn forwarded(&self, p: &mut Participant, cost: u64, now: Instant) {
-        p.forwards.add(cost.max(1), now, self.half_life_nanos);
+    fn forwarded(&self, p: &mut Participant, cost: u64, refused_here: u64, now: Instant) {
+        p.forwards.add(cost.max(1).saturating_add(refused_here), now, self.half_life_nanos);
         let rate = p.forwards.per_second_without(now, self.half_life_nanos, cost.max(1));
         let reported_lately = p.reported_at.add_nanos(self.active_nanos) > now;
         p.demand_per_s = if reported_lately { p.demand_per_s.max(rate) } else { rate };
@@ -568,11 +571,17 @@ impl SizingContext {
         demand > u128::from(Self::supply(pool, span))
     }
 
-    /// The allowance a holder with `demand_per_s` should hold: its demand's share of what the key
-    /// supplies until the holder's next grant can arrive (grants in flight count as held, so over
-    /// a long round trip the share must cover it), capped by its need for as long; zero when that
-    /// is below `allowance_min` (its checks are forwarded).
-    fn target(&self, pool: &Pool, demand_per_s: u64) -> u64 {
+    /// The allowance a holder with `demand_per_s` that holds `held` should hold: its demand's
+    /// share of what the key can give it until its next grant can arrive (grants in flight count
+    /// as held, so over a long round trip the share must cover it), capped by its need for as
+    /// long; zero when that is below `allowance_min` (its checks are forwarded).
+    ///
+    /// What the key can give a holder is what the bucket holds, the refill meanwhile and what the
+    /// holder itself holds — not what the others hold: a share of their allowances, which they
+    /// are about to spend, would be taken again from the bucket, and at overload the holders that
+    /// ask while the bucket has hits (the small ones, whose targets are quickly met) would get
+    /// more than their demand's share of the refill.
+    fn target(&self, pool: &Pool, demand_per_s: u64, held: u64) -> u64 {
         if pool.demand_per_s == 0 || demand_per_s == 0 {
             return 0;
         }
@@ -584,10 +593,71 @@ impl SizingContext {
         if expected < u128::from(self.allowance_min) || pool.capacity < refill {
             return 0;
         }
-        let supply = Self::supply(pool, self.horizon_nanos);
+        let refill_meanwhile = self.horizon_nanos.checked_div(pool.refill_nanos_per_hit).unwrap_or(0);
+        let supply = pool.available.saturating_add(held).saturating_add(refill_meanwhile);
         let fair = u128::from(supply) * u128::from(demand_per_s) / u128::from(pool.demand_per_s);
         let target = u64::try_from(fair).unwrap_or(u64::MAX).min(need_for(demand_per_s, self.horizon_nanos));
         if target < self.allowance_min { 0 } else { target }
+    }
+
+    /// The rate a node with `demand_per_s` gets of the key's refill while the key is contended
+    /// and its stock is down to what a couple of horizons refill; `None` otherwise (then checks
+    /// on the bucket go first come, first served, and grants as their targets say). Window
+    /// algorithms (no refill before their window ends) and keys refilling less than a hit per
+    /// couple of horizons are never metered.
+    fn credit_rate(&self, pool: &Pool, demand_per_s: u64) -> Option<keys::CreditRate> {
+        // The stock (a burst) goes first come, first served, as one limiter would give it. A key
+        // that refills less than a hit in that span has no flow to share (a daily quota).
+        let metering_nanos = 2 * self.horizon_nanos;
+        let refill = metering_nanos.checked_div(pool.refill_nanos_per_hit).filter(|&hits| hits > 0)?;
+        if pool.available > refill.saturating_add(1) || !self.contended(pool) {
+            return None;
+        }
+        let demand = demand_per_s.max(1);
+        let mut rate = keys::CreditRate {
+            refill_nanos_per_hit: pool.refill_nanos_per_hit,
+            demand,
+            total: pool.demand_per_s.max(demand),
+            cap_hits: 0,
+        };
+        // Enough to cover a grant's pipeline (a round trip and an interval) and arrivals bunched
+        // within it, no more: credit one node does not use is refill another could have had.
+        rate.cap_hits = rate.micro_per_nanos(metering_nanos) / 1_000_000 + 1;
+        Some(rate)
+    }
+
+    /// Decides a check of `cost` on the bucket for `node` (a forwarder; `None`: the owner itself):
+    /// first come, first served, except while [`credit_rate`](Self::credit_rate) meters the key,
+    /// when the node's checks pass only within its credit — its demand's share of the refill
+    /// ([`keys::Credit`]).
+    fn metered(
+        &self,
+        bucket: &mut Bucket,
+        limit: &Limit,
+        meta: &mut KeyMeta,
+        node: Option<NodeId>,
+        cost: u64,
+        rng: &mut CoreRng,
+    ) -> Decision {
+        let now = self.now;
+        let pool = self.pool(bucket, limit, meta);
+        let demand = match node {
+            None => meta.demand.per_second(now, self.half_life_nanos),
+            Some(node) => meta.participants.iter().find(|p| p.node == node).map_or(0, |p| p.demand_per_s),
+        };
+        let rate = match self.credit_rate(&pool, demand) {
+            Some(rate) if cost > 0 => rate,
+            _ => return first_come(bucket, limit, meta, cost, now, rng),
+        };
+        let Some(credit) = meta.credit(node) else { return first_come(bucket, limit, meta, cost, now, rng) };
+        if let Err(wait_nanos) = credit.take(cost, rate, now) {
+            return refused_until_grant(bucket, limit, cost, now, wait_nanos);
+        }
+        let decision = first_come(bucket, limit, meta, cost, now, rng);
+        if !decision.allowed {
+            meta.credit(node).into_iter().for_each(|credit| credit.give_back(cost));
+        }
+        decision
     }
 
     /// Sizes and debits `holder`'s next grant (its participant entry is current) and answers it;
@@ -605,8 +675,11 @@ impl SizingContext {
         let pool = self.pool(bucket, limit, meta);
         let contended = self.contended(&pool);
         let p = meta.participants.iter_mut().find(|p| p.node == holder)?;
-        let target = if share { self.target(&pool, p.demand_per_s) } else { 0 };
-        let grant = target.saturating_sub(p.outstanding(now)).min(pool.available);
+        let target = if share { self.target(&pool, p.demand_per_s, p.outstanding(now)) } else { 0 };
+        let mut grant = target.saturating_sub(p.outstanding(now)).min(pool.available);
+        if let Some(rate) = self.credit_rate(&pool, p.demand_per_s) {
+            grant = p.credit.take_up_to(grant, rate, now);
+        }
         p.sent = p.sent.saturating_add(grant);
         let epoch = p.epoch;
         bucket.force(limit, grant, now);
@@ -627,14 +700,17 @@ impl SizingContext {
         let now = self.now;
         let pool = self.pool(bucket, limit, meta);
         let own_demand = meta.demand.per_second(now, self.half_life_nanos);
-        let target = if self.contended(&pool) { self.target(&pool, own_demand) } else { 0 };
         let held = meta.own.live(now);
+        let target = if self.contended(&pool) { self.target(&pool, own_demand, held) } else { 0 };
         meta.own_contended = target > 0;
         if held > target {
             bucket.refund(limit, held - target, now);
             meta.own.hits = target;
         } else {
-            let grant = (target - held).min(pool.available);
+            let mut grant = (target - held).min(pool.available);
+            if let Some(rate) = self.credit_rate(&pool, own_demand) {
+                grant = meta.own_credit.take_up_to(grant, rate, now);
+            }
             bucket.force(limit, grant, now);
             let expires = pool.expires_in_nanos.map_or(Instant::MAX, |left| now.add_nanos(left));
             meta.own.add(grant, expires, now);
@@ -663,6 +739,7 @@ pub(super) fn participant(
         reported_at: Instant::ZERO,
         heard_at: now,
         released_at: now,
+        credit: keys::Credit::default(),
     };
     let index = match participants.iter().position(|p| p.node == node) {
         Some(index) => index,

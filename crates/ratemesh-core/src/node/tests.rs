@@ -164,9 +164,14 @@ fn approximate_mode_converges_to_the_limit() {
     let policy = policy(Mode::Approximate, 100, 10);
     let k = key("approx");
     let mut allowed = 0u64;
-    // 3 nodes × 100/s each = 3× the limit, for 10 s.
+    // 3 nodes × 100/s each = 3× the limit, for 30 s; decisions from allowances at once, forwarded
+    // ones when the owner's answer arrives.
+    let mut forwarded_before = 0;
     for step in 0..3_000u64 {
         cluster.run_for(Duration::from_millis(10));
+        if step == 1_000 {
+            forwarded_before = cluster.decided.len();
+        }
         for node in 1..=3 {
             let request =
                 CheckRequest { id: RequestId(step * 3 + node), key: k, policy: policy.clone(), cost: 1 };
@@ -175,6 +180,7 @@ fn approximate_mode_converges_to_the_limit() {
             }
         }
     }
+    allowed += cluster.decided[forwarded_before..].iter().filter(|(_, d)| d.allowed).count() as u64;
     // Steady state (last 20 s): the limit is 100/s, so about 2 000.
     println!("approximate mode admitted {allowed} in 20 s at 100/s");
     assert!((1_900..=2_060).contains(&allowed), "admitted {allowed}");
@@ -355,4 +361,57 @@ fn an_owner_crash_loses_at_most_one_interval_thanks_to_the_replica() {
     assert_eq!(cluster.node(1).owner_of(k), Some(successor));
     // A fresh bucket would admit 13 (the 2/3 share of 20); the replica says 15 are spent.
     assert_eq!(cluster.admit(1, k, &policy, 10) + cluster.admit(2, k, &policy, 10), 0);
+}
+
+/// Skewed demand at twice the limit (375 / 75 / 50 per second on a 250/s key): every node is
+/// admitted its demand's share (75 % / 15 % / 10 %), whichever node owns the key, in both modes.
+#[test]
+fn skewed_demand_is_admitted_in_proportion_to_each_nodes_demand() {
+    let rates_per_s = [375u64, 75, 50];
+    for mode in [Mode::Approximate, Mode::Exact] {
+        for name in ["skewed-a", "skewed-b", "skewed-c"] {
+            let mut cluster = Cluster::new(3);
+            let policy = policy(mode, 250, 250);
+            let k = key(name);
+            let owner = cluster.node(1).ring.owner(k).expect("an owner").0;
+            let mut admitted = [0u64; 3];
+            let mut first_measured = None;
+            // 12 s in steps of 1 ms; node i checks whenever its schedule passes another hit.
+            for step in 0..12_000u64 {
+                cluster.run_for(Duration::from_millis(1));
+                if step == 2_000 {
+                    first_measured = Some(RequestId(step * 4));
+                }
+                for (i, rate) in rates_per_s.iter().enumerate() {
+                    if (step + 1) * rate / 1_000 == step * rate / 1_000 {
+                        continue;
+                    }
+                    let id = RequestId(step * 4 + i as u64);
+                    let request = CheckRequest { id, key: k, policy: policy.clone(), cost: 1 };
+                    if let CheckOutcome::Decided(d) = cluster.check(i as u64 + 1, request) {
+                        cluster.decided.push((id, d));
+                    }
+                }
+            }
+            let first = first_measured.expect("measured");
+            for (id, d) in &cluster.decided {
+                if *id >= first && d.allowed {
+                    admitted[(id.0 % 4) as usize] += 1;
+                }
+            }
+            let total: u64 = admitted.iter().sum();
+            println!("{mode:?}, owner {owner}: admitted {admitted:?} in 10 s (total {total})");
+            assert!((2_400..=2_560).contains(&total), "{mode:?}: {total} admitted in 10 s of a 250/s limit");
+            for (i, rate) in rates_per_s.iter().enumerate() {
+                let share = total as f64 * *rate as f64 / 500.0;
+                let off = (admitted[i] as f64 - share).abs() / total as f64;
+                assert!(
+                    off <= 0.05,
+                    "{mode:?}, owner {owner}: node {} admitted {} of its share {share:.0}",
+                    i + 1,
+                    admitted[i]
+                );
+            }
+        }
+    }
 }

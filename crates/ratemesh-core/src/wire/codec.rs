@@ -57,6 +57,7 @@ struct ForwardItem {
     limit: u32,
     cost: u64,
     mode: WireMode,
+    refused_here: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -139,6 +140,7 @@ impl FrameWire {
                 limit: table.index(&c.limit),
                 cost: c.cost,
                 mode: c.mode,
+                refused_here: c.refused_here,
             })
             .collect();
         let report: Vec<ReportItem> = body
@@ -286,6 +288,7 @@ impl ForwardItem {
             limit: limits.get(self.limit)?,
             cost: self.cost,
             mode: self.mode,
+            refused_here: self.refused_here,
         })
     }
 }

@@ -377,6 +377,10 @@ pub struct ForwardCheck {
     pub cost: u64,
     /// The key's mode.
     pub mode: WireMode,
+    /// Hits refused at the sender since its last forward of this key, without asking (the owner
+    /// had said the key is over its limit for a while): demand the owner did not see, which its
+    /// demand-proportional shares at overload must count.
+    pub refused_here: u64,
 }
 
 /// The owner's answer to one forwarded check.
