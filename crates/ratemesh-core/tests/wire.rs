@@ -147,18 +147,21 @@ fn body() -> impl Strategy<Value = Body> {
             ForwardCheck { id, key, limit, cost, mode, refused_here }
         });
     let decided = (int(), decision_wire()).prop_map(|(id, decision)| Decided { id, decision });
-    let counters = (int(), int(), int(), int(), int(), int());
+    let counters = (int(), int(), int(), int(), int(), int(), int());
     let report = (key(), limit(), counters, option::of(snapshot_wire())).prop_map(
-        |(key, limit, (epoch, holding, granted_seen, uncovered, returned, demand_per_s), seed)| Report {
-            key,
-            limit,
-            epoch,
-            holding,
-            granted_seen,
-            uncovered,
-            returned,
-            demand_per_s,
-            seed,
+        |(key, limit, (epoch, holding, granted_seen, uncovered, returned, refunded, demand_per_s), seed)| {
+            Report {
+                key,
+                limit,
+                epoch,
+                holding,
+                granted_seen,
+                uncovered,
+                returned,
+                refunded,
+                demand_per_s,
+                seed,
+            }
         },
     );
     let grant = (key(), int(), snapshot_wire(), (int(), int()), any::<bool>(), option::of(int())).prop_map(
@@ -689,13 +692,14 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         granted_seen: 1 << 20,
                         uncovered: 2,
                         returned: 0,
+                        refunded: 0,
                         demand_per_s: 12,
                         seed: Some(SnapshotWire::Tat { backlog_nanos: 7 }),
                     }],
                     ..Body::default()
                 },
             },
-            "0302ffffffffffffffffff0100000000020001050580b09dc2df0101030101000301ffffffffffffffffffffffffffffffff00cdd702ac0280804002000c010007",
+            "0302ffffffffffffffffff0100000000020001050580b09dc2df0101030101000301ffffffffffffffffffffffffffffffff00cdd702ac028080400200000c010007",
         ),
         (
             Frame {

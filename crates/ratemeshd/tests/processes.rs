@@ -46,9 +46,9 @@ const WAIT: Duration = Duration::from_secs(60);
 /// The snapshot interval of the durable-quota test: short, so that the test waits little, and
 /// long enough that a trickle of hits spans more than one.
 const SNAPSHOT_INTERVAL: Duration = Duration::from_millis(1000);
-/// Approximate mode's known gap (README, "Accuracy"): after a burst, up to this many hits of a
-/// key can stay counted as granted at the owner while no node holds them (seen in about one run in
-/// three of the cold-start test: 98 of 100), so a spent key admits at least its limit minus this.
+/// Approximate mode's known gap (README, "Accuracy"): after a burst of checks at a cold key, a
+/// hit or two can stay counted at the owner as held by a node that does not hold it (seen in about
+/// one run in four of the cold-start test on a loaded host: 98 or 99 of 100 in the end).
 const APPROX_STRANDED_MAX: u64 = 2;
 /// The limit per second of the skewed-demand test's policies (`skew-approx`, `skew-exact`).
 const SKEW_LIMIT: u64 = 250;
@@ -675,15 +675,15 @@ fn three_processes_keep_daily_quotas_across_a_full_restart_and_a_kill_of_all() {
     //    and allowances are granted from what the bucket holds, not from its (tiny) refill rate.
     //    (The owner's cost-0 answer is not the cluster's remaining while followers hold
     //    allowances: it is, right after a start, when nobody holds any.)
+    //    (A check refused for a forward that timed out on a loaded host is a false reject, not a
+    //    hit spent: the checks go on until 60 are admitted, and the owners' counts say the rest.)
     for (policy, key) in &keys {
-        let spread = (0..60).filter(|i| check(cluster.http(i % 3 + 1), policy, key, 1).0).count() as u64;
-        // Approximate mode may leave up to two hits counted as granted that no node holds
-        // (README, "Accuracy": known gaps); exact mode admits every one.
-        let least = if *policy == "exact" { 60 } else { 60 - APPROX_STRANDED_MAX };
-        assert!(
-            (least..=60).contains(&spread),
-            "{key}: {spread} of 60 checks of a 100-per-day limit, spread over the three nodes"
-        );
+        let (mut admitted, mut checks) = (0, 0);
+        while admitted < 60 && checks < 70 {
+            admitted += u64::from(check(cluster.http(checks % 3 + 1), policy, key, 1).0);
+            checks += 1;
+        }
+        assert_eq!(admitted, 60, "{key}: 60 of a 100-per-day limit in {checks} checks spread over the nodes");
     }
     let spent = remaining(&cluster);
     eprintln!("spent 60 of 100 per key, remaining at the owners: {spent:?}");
@@ -771,7 +771,10 @@ fn three_processes_keep_daily_quotas_across_a_full_restart_and_a_kill_of_all() {
         let admitted = (0..60).filter(|i| check(cluster.http(i % 3 + 1), policy, key, 1).0).count() as u64;
         eprintln!("{policy} {key}: {admitted} admitted of 60 more checks ({left} were remaining)");
         if *policy == "exact" {
-            assert_eq!(admitted, *left, "{key}: exact mode admits what was remaining, no more");
+            // What was admitted and what is still there is what was remaining: never more
+            // admitted, no hit lost (a false reject of a timed-out forward leaves its hit).
+            let still = check(cluster.http(owner(policy, key)), policy, key, 0).1;
+            assert_eq!(admitted + still, *left, "{key}: exact mode admits what was remaining, no more");
         }
     }
     for node in &mut cluster.nodes {
@@ -810,17 +813,16 @@ fn right_after_readiness_every_answer_carries_the_whole_limit_and_small_keys_adm
             );
         }
     }
+    // Each run below then trickles checks until the key is spent: a check refused because its
+    // forward timed out on a loaded host is a false reject, and its hit is still there.
     let exact = cluster.admitted("exact", "cold-exact", 50, &all);
     eprintln!("right after readiness, exact mode, 150 checks over 3 nodes: {exact} admitted");
-    // Never more than the limit. One hit less was seen in about one run of ten on a loaded
-    // machine (a check the owner counted and its client saw refused; README, "Accuracy": the
-    // cold start's known gap), so the bound below the limit is one hit.
-    assert!((LIMIT - 1..=LIMIT).contains(&exact), "{exact} admitted");
+    assert_eq!(trickle_until_spent(&cluster, ("exact", "cold-exact"), exact), LIMIT);
     let spread = (0..150).filter(|i| check(cluster.http(i % 3 + 1), "approx", "cold-approx", 1).0).count();
     eprintln!(
         "100 per day, approximate mode, 150 back-to-back checks spread over 3 nodes: {spread} admitted"
     );
-    let spread = trickle_until_spent(&cluster, "cold-approx", spread as u64);
+    let spread = trickle_until_spent(&cluster, ("approx", "cold-approx"), spread as u64);
     assert!(
         (LIMIT - APPROX_STRANDED_MAX..=LIMIT).contains(&spread),
         "back-to-back checks spread over the nodes admit the whole limit: {spread}"
@@ -829,21 +831,20 @@ fn right_after_readiness_every_answer_carries_the_whole_limit_and_small_keys_adm
     // the fallback from its local share (the owner debits them afterwards): [`approx_bound`].
     let concurrent = cluster.admitted("approx", "cold-approx-concurrent", 50, &all);
     eprintln!("100 per day, approximate mode, 150 concurrent checks over 3 nodes: {concurrent} admitted");
-    let concurrent = trickle_until_spent(&cluster, "cold-approx-concurrent", concurrent);
+    let concurrent = trickle_until_spent(&cluster, ("approx", "cold-approx-concurrent"), concurrent);
     assert!((LIMIT - APPROX_STRANDED_MAX..=approx_bound()).contains(&concurrent), "{concurrent} admitted");
 }
 
-/// After a run of checks admitted `admitted` hits of an approximate 100-per-day `key`: a trickle
+/// After a run of checks admitted `admitted` hits of a 100-per-day `key` under `policy`: a trickle
 /// of checks at every node (for at most 10 s, or until the key is spent) admits the rest.
 /// Allowances left at a node whose checks ended come back (a holder gives back what its decaying
 /// demand no longer needs), so the whole limit is admitted in the end. Returns the total.
-fn trickle_until_spent(cluster: &Cluster, key: &str, mut admitted: u64) -> u64 {
+fn trickle_until_spent(cluster: &Cluster, (policy, key): (&str, &str), mut admitted: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(10);
     while admitted < LIMIT && Instant::now() < deadline {
         // The pace of a trickle of checks, not a synchronization.
         std::thread::sleep(Duration::from_millis(100));
-        admitted +=
-            [1, 2, 3].iter().filter(|&&id| check(cluster.http(id), "approx", key, 1).0).count() as u64;
+        admitted += [1, 2, 3].iter().filter(|&&id| check(cluster.http(id), policy, key, 1).0).count() as u64;
     }
     eprintln!("{key}: {admitted} admitted with a trickle of checks afterwards");
     admitted

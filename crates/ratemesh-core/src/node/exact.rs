@@ -19,9 +19,23 @@ pub(super) struct PendingForward {
     pub(super) owner: NodeId,
 }
 
-/// The shortest wait for a forwarded check's answer: well above a loopback round trip and the
-/// peer's acknowledgement delay.
-const FORWARD_WAIT_MIN_NANOS: u64 = 5_000_000;
+/// A forwarded check decided by the fallback after its wait, whose late answer may still come.
+#[derive(Debug)]
+pub(super) struct TimedOut {
+    key: KeyHash,
+    policy: Arc<Policy>,
+    cost: u64,
+    owner: NodeId,
+    /// Whether the fallback admitted it (its hits are reported as uncovered).
+    admitted: bool,
+    /// Forgotten after this.
+    until: Instant,
+}
+
+/// The shortest wait for a forwarded check's answer: well above a LAN round trip and a scheduling
+/// hiccup of a loaded host. A fallback decision is the expensive outcome (a share of the limit
+/// instead of the owner's exact answer); a longer wait costs latency only when the owner is gone.
+const FORWARD_WAIT_MIN_NANOS: u64 = 50_000_000;
 
 impl Node {
     pub(super) fn forward(&mut self, owner: NodeId, request: CheckRequest, now: Instant) -> CheckOutcome {
@@ -104,7 +118,10 @@ impl Node {
         for answer in decided {
             // An answer after the timeout finds nothing: the fallback decided already. An answer
             // from another node than the check went to is not trusted.
-            let Some(pending) = self.pending.get(&answer.id) else { continue };
+            let Some(pending) = self.pending.get(&answer.id) else {
+                self.on_late_answer(from, &answer, now);
+                continue;
+            };
             if pending.owner != from {
                 self.stats.items_refused += 1;
                 continue;
@@ -116,6 +133,36 @@ impl Node {
                 self.refuse_until(&pending, duration_nanos(retry), now);
             }
             self.events.push_back(Event::Decided { id: pending.request, decision });
+        }
+    }
+
+    /// A late answer to a check the fallback decided: if the owner admitted it, the owner debited
+    /// hits whose admission never reached the client (or that the fallback's `uncovered` report
+    /// debits again) — not yet reported uncovered hits are taken back, the rest refunded.
+    fn on_late_answer(&mut self, from: NodeId, answer: &Decided, now: Instant) {
+        let Some(late) = self.timed_out.remove(&answer.id) else { return };
+        if late.owner != from || !answer.decision.allowed || late.cost == 0 {
+            return;
+        }
+        let changed = self.keys.update(late.key, &late.policy.limit, |_, meta| {
+            let follower = meta.follower.as_mut()?;
+            if late.admitted && follower.uncovered >= late.cost {
+                follower.uncovered -= late.cost;
+            } else {
+                follower.refunded = follower.refunded.saturating_add(late.cost);
+            }
+            Some(())
+        });
+        if changed.flatten().is_some() {
+            self.dirty.insert(late.key);
+        }
+        self.forget_timed_out(now);
+    }
+
+    /// Drops the records of timed-out forwards whose answers are no longer expected.
+    fn forget_timed_out(&mut self, now: Instant) {
+        while self.timed_out.first_key_value().is_some_and(|(_, late)| late.until <= now) {
+            self.timed_out.pop_first();
         }
     }
 
@@ -180,9 +227,30 @@ impl Node {
             let decision = if owner == self.id {
                 self.decide_as_owner(&pending.policy, pending.key, pending.cost, now)
             } else {
-                self.decide_by_fallback_now(owner, &pending.policy, pending.key, pending.cost, now)
+                let decision =
+                    self.decide_by_fallback_now(owner, &pending.policy, pending.key, pending.cost, now);
+                self.remember_timed_out(id, &pending, decision.allowed, now);
+                decision
             };
             self.events.push_back(Event::Decided { id: pending.request, decision });
         }
+        self.forget_timed_out(now);
+    }
+
+    /// Keeps a timed-out forward (bounded like the pending ones) for as long as its answer can
+    /// still come: a participant's release period.
+    fn remember_timed_out(&mut self, id: u64, pending: &PendingForward, admitted: bool, now: Instant) {
+        if self.timed_out.len() >= self.config.pending_forwards_max.max(1) {
+            self.timed_out.pop_first();
+        }
+        let late = TimedOut {
+            key: pending.key,
+            policy: pending.policy.clone(),
+            cost: pending.cost,
+            owner: pending.owner,
+            admitted,
+            until: now.add_nanos(self.release_nanos()),
+        };
+        self.timed_out.insert(id, late);
     }
 }

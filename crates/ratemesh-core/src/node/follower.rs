@@ -283,6 +283,7 @@ pub(super) fn take_report(
         granted_seen: follower.granted_seen,
         uncovered: std::mem::take(&mut follower.uncovered),
         returned: std::mem::take(&mut follower.returned),
+        refunded: std::mem::take(&mut follower.refunded),
         demand_per_s,
         seed,
     };

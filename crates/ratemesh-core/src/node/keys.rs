@@ -258,6 +258,10 @@ pub(crate) struct Follower {
     pub uncovered: u64,
     /// Allowance given back since the last report: the owner credits it.
     pub returned: u64,
+    /// Hits the owner admitted for forwards that timed out here (see [`Report::refunded`]).
+    ///
+    /// [`Report::refunded`]: crate::wire::Report::refunded
+    pub refunded: u64,
     /// Hits asked for, decaying: the demand that shares are proportional to.
     pub demand: DemandMeter,
     /// The owner said the key is over its limit until then: refuse locally, do not ask.
@@ -284,7 +288,12 @@ pub(crate) struct Follower {
 impl Follower {
     /// Whether the owner has something to learn from this node.
     pub fn has_news(&self) -> bool {
-        self.uncovered > 0 || self.returned > 0 || self.seed_pending || self.used > 0 || self.refused > 0
+        self.uncovered > 0
+            || self.returned > 0
+            || self.refunded > 0
+            || self.seed_pending
+            || self.used > 0
+            || self.refused > 0
     }
 
     /// Starts reporting to `owner` under a new `epoch`. The allowance is kept: it was debited by

@@ -139,6 +139,9 @@ pub struct Node {
     pending: BTreeMap<u64, PendingForward>,
     /// `(deadline, id)` of every pending forward.
     deadlines: BTreeSet<(Instant, u64)>,
+    /// Forwards that timed out and were decided by the fallback, by id, kept for a while: a late
+    /// answer that admitted one is refunded to the owner.
+    timed_out: BTreeMap<u64, exact::TimedOut>,
     next_forward_id: u64,
     outbox: BTreeMap<NodeId, Vec<ForwardCheck>>,
     flush_at: Option<Instant>,
@@ -190,6 +193,7 @@ impl Node {
             peers: Peers::new(id, incarnation, peer_config),
             pending: BTreeMap::new(),
             deadlines: BTreeSet::new(),
+            timed_out: BTreeMap::new(),
             next_forward_id: 1,
             outbox: BTreeMap::new(),
             flush_at: None,

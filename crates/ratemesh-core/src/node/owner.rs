@@ -235,9 +235,14 @@ impl Node {
                 // capped at one capacity.
                 bucket.force(&limit, report.uncovered, now);
                 bucket.cap_debt(&limit, now);
+                bucket.refund(&limit, report.refunded, now);
                 let p = participant(&mut meta.participants, from, report.epoch, now);
-                // Only what it still holds can come back (a void allowance is gone already).
-                let returned = report.returned.min(p.outstanding(now));
+                // Only what it still holds can come back (a void allowance is gone already). An
+                // entry new with this report knows nothing it holds: what an allowance offered to
+                // it as a forwarder (epoch 0) held comes back, bounded by the capacity.
+                let known = p.report_order != 0 || p.sent != 0;
+                let holds_max = if known { p.outstanding(now) } else { limit.capacity() };
+                let returned = report.returned.min(holds_max);
                 // What it holds and asks for replaces what an earlier report said, not what a later
                 // one did (frames may arrive out of order); the sum of grants seen only grows.
                 p.seen = p.seen.max(report.granted_seen);

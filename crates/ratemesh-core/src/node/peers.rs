@@ -410,7 +410,10 @@ impl Peer {
         above.fold(0, |bits, &seq| bits | 1 << (seq - self.recv_floor - 1))
     }
 
-    /// RFC 6298: `srtt` and `rttvar` smoothed with gains 1/8 and 1/4, `rto = srtt + 4 rttvar`.
+    /// RFC 6298: `srtt` and `rttvar` smoothed with gains 1/8 and 1/4; the timeout is QUIC's
+    /// (RFC 9002's PTO): `srtt + 4 rttvar` plus the peer's acknowledgement delay, which a sample
+    /// may or may not include (an acknowledgement alone waits for it, one carried by an answer does
+    /// not) — without it, every acknowledgement that waits looks lost.
     fn sample_rtt(&mut self, rtt_nanos: u64) {
         let (srtt, rttvar) = match self.srtt_nanos {
             None => (rtt_nanos, rtt_nanos / 2),
@@ -421,7 +424,8 @@ impl Peer {
         };
         self.srtt_nanos = Some(srtt);
         self.rttvar_nanos = rttvar;
-        self.rto_nanos = srtt.saturating_add(rttvar.saturating_mul(4)).clamp(RTO_MIN_NANOS, RTO_MAX_NANOS);
+        let rto = srtt.saturating_add(rttvar.saturating_mul(4)).max(RTO_MIN_NANOS);
+        self.rto_nanos = rto.saturating_add(ACK_DELAY_NANOS).min(RTO_MAX_NANOS);
     }
 
     /// Follows the peer's own view of what it still waits for: a new incarnation starts a new

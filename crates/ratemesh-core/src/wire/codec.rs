@@ -69,6 +69,7 @@ struct ReportItem {
     granted_seen: u64,
     uncovered: u64,
     returned: u64,
+    refunded: u64,
     demand_per_s: u64,
     seed: Option<SnapshotWire>,
 }
@@ -154,6 +155,7 @@ impl FrameWire {
                 granted_seen: r.granted_seen,
                 uncovered: r.uncovered,
                 returned: r.returned,
+                refunded: r.refunded,
                 demand_per_s: r.demand_per_s,
                 seed: r.seed.clone(),
             })
@@ -303,6 +305,7 @@ impl ReportItem {
             granted_seen: self.granted_seen,
             uncovered: self.uncovered,
             returned: self.returned,
+            refunded: self.refunded,
             demand_per_s: self.demand_per_s,
             seed: self.seed,
         })

@@ -409,6 +409,10 @@ pub struct Report {
     pub uncovered: u64,
     /// Allowance given back: the owner credits it.
     pub returned: u64,
+    /// Hits the owner admitted for checks this node had already decided by the fallback when
+    /// the answer came (it timed out): the owner credits them, since its admission never reached
+    /// the client (or the fallback's admission was debited as `uncovered` too).
+    pub refunded: u64,
     /// Hits asked for per second, recently: the follower's demand.
     pub demand_per_s: u64,
     /// The follower's last authoritative state, sent once to a new owner to seed it.
