@@ -184,7 +184,7 @@ n=$(admitted compose-approx approx-1 100 1 2 3)
 expect_between "approximate mode, 300 checks over 3 nodes" "$n" $((limit / 2)) $((limit + 2 * (limit / 3)))
 
 # Shares of the limit are apportioned by rank so that they sum to the limit (ARCHITECTURE.md,
-# "Fallback shares"): of 100 over three members, 34 / 33 / 33. One share is at most ceil(L/3),
+# "The cluster protocol", ownership and shares): of 100 over three members, 34 / 33 / 33. One share is at most ceil(L/3),
 # two at most ceil(2L/3); both sides of a partition together at most L.
 one_share=$(((limit + 2) / 3))
 two_shares=$(((2 * limit + 2) / 3))

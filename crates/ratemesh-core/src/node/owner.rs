@@ -615,7 +615,10 @@ impl SizingContext {
         // that refills less than a hit in that span has no flow to share (a daily quota).
         let metering_nanos = 2 * self.horizon_nanos;
         let refill = metering_nanos.checked_div(pool.refill_nanos_per_hit).filter(|&hits| hits > 0)?;
-        if pool.available > refill.saturating_add(1) || !self.contended(pool) {
+        // Never while the bucket is more than a quarter full: hits a node's credit refuses stay in the
+        // bucket, and a full bucket would lose the refill (nobody else may take it meanwhile).
+        let stock_max = refill.saturating_add(1).min(pool.capacity / 4);
+        if pool.available > stock_max || !self.contended(pool) {
             return None;
         }
         let demand = demand_per_s.max(1);
