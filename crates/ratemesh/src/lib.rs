@@ -44,7 +44,10 @@ pub use gossip::{GossipHealth, GossipLimits, GossipStats};
 #[cfg(feature = "tower")]
 pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};
 pub use membership::{Member, MemberStatus};
-pub use node::{CheckError, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released, StartError};
+pub use node::{
+    CheckError, MissingMember, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released, StartError, TopLabel,
+    TopReport,
+};
 pub use ratemesh_core::NodeId;
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};
