@@ -1009,6 +1009,11 @@ impl Node {
         self.shared.top.summaries(self.shared.now(), policy, by)
     }
 
+    /// The bounds of the top-keys sketches.
+    pub fn top_config(&self) -> &TopConfig {
+        self.shared.top.config()
+    }
+
     /// Heap bytes held by this node's top-keys sketches, and checks not recorded because
     /// `TopConfig::policies_max` policies are recorded already.
     pub fn top_memory(&self) -> (usize, u64) {

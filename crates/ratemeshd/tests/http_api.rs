@@ -825,7 +825,7 @@ async fn overload_is_shed_with_503_at_once_and_shutdown_refuses_checks() {
     h.daemon.begin_shutdown();
     assert!(!h.daemon.is_ready());
     let key = target.namespace().key(b"s");
-    assert_eq!(h.daemon.check(&target, key, 1).await.expect_err("refused"), CheckError::ShutDown);
+    assert_eq!(h.daemon.check(&target, key, "k", 1).await.expect_err("refused"), CheckError::ShutDown);
     h.stop().await;
 }
 
