@@ -700,14 +700,16 @@ async fn top(State(api): ApiState, uri: Uri) -> Result<Response, ApiError> {
 async fn stats(State(api): ApiState) -> Response {
     let daemon = &api.daemon;
     let node = daemon.node().metrics();
-    let (now, series) = daemon.metrics().rates().snapshot();
-    let policies: Vec<_> = series
+    let policies: Vec<_> = daemon
+        .metrics()
+        .rates()
+        .snapshot()
         .iter()
         .map(|(policy, slots)| {
             json!({
                 "policy": policy,
-                "allowed": slots.iter().map(|s| s.allowed).collect::<Vec<_>>(),
-                "refused": slots.iter().map(|s| s.refused).collect::<Vec<_>>(),
+                "allowed": slots.iter().map(|s| s.0).collect::<Vec<_>>(),
+                "refused": slots.iter().map(|s| s.1).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -722,7 +724,6 @@ async fn stats(State(api): ApiState) -> Response {
         &json!({
             "node": daemon.id().0,
             "slot_ms": u64::try_from(crate::rates::SLOT.as_millis()).unwrap_or(u64::MAX),
-            "slot_index": now,
             "policies": policies,
             "sync_lag_ms": node.sync_lag.as_secs_f64() * 1000.0,
             "peer_round_trips": round_trips,

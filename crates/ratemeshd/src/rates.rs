@@ -8,22 +8,20 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 /// The length of one slot.
 pub const SLOT: Duration = Duration::from_secs(5);
 /// Slots kept per policy.
 pub const SLOTS_MAX: usize = 60;
 
 /// One slot of a policy's series.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Slot {
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Slot {
     /// Slots since the history started (the slot's start is `index × SLOT`).
-    pub index: u64,
+    index: u64,
     /// Decisions allowed in the slot.
-    pub allowed: u64,
+    allowed: u64,
     /// Decisions refused in the slot (shadow-mode refusals included).
-    pub refused: u64,
+    refused: u64,
 }
 
 /// The per-policy series of this node.
@@ -63,29 +61,28 @@ impl RateHistory {
         }
     }
 
-    /// Every policy's slots of the last [`SLOTS_MAX`] slots, oldest first, including empty ones
-    /// (so a chart needs no gaps filled), and the index of the current slot.
-    pub fn snapshot(&self) -> (u64, Vec<(String, Vec<Slot>)>) {
+    /// Every policy's last [`SLOTS_MAX`] slots as `(allowed, refused)`, oldest first, always
+    /// [`SLOTS_MAX`] of them (slots without decisions, or before the history began, are zeros:
+    /// a chart needs no gaps filled).
+    pub fn snapshot(&self) -> Vec<(String, Vec<(u64, u64)>)> {
         let now = self.slot_index(Instant::now());
-        let first = now.saturating_sub(SLOTS_MAX as u64 - 1);
         let series = self.lock();
-        let mut out: Vec<(String, Vec<Slot>)> = series
+        let mut out: Vec<(String, Vec<(u64, u64)>)> = series
             .iter()
             .map(|(policy, slots)| {
-                let filled = (first..=now)
-                    .map(|index| {
-                        slots
-                            .iter()
-                            .find(|slot| slot.index == index)
-                            .copied()
-                            .unwrap_or(Slot { index, ..Slot::default() })
+                let counts = (0..SLOTS_MAX as u64)
+                    .rev()
+                    .map(|ago| {
+                        let slot =
+                            now.checked_sub(ago).and_then(|index| slots.iter().find(|s| s.index == index));
+                        slot.map_or((0, 0), |slot| (slot.allowed, slot.refused))
                     })
                     .collect();
-                (policy.clone(), filled)
+                (policy.clone(), counts)
             })
             .collect();
         out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        (now, out)
+        out
     }
 
     /// Drops the series of `policy` (a reload removed it).
@@ -114,14 +111,14 @@ mod tests {
         history.record("api", true);
         history.record("api", false);
         history.record("api", true);
-        let (now, series) = history.snapshot();
+        let series = history.snapshot();
         assert_eq!(series.len(), 1);
         let (policy, slots) = &series[0];
         assert_eq!(policy, "api");
-        assert!(slots.len() <= SLOTS_MAX && slots.last().map(|s| s.index) == Some(now));
-        let last = slots.last().copied().unwrap_or_default();
-        assert_eq!((last.allowed, last.refused), (2, 1));
+        assert_eq!(slots.len(), SLOTS_MAX);
+        assert_eq!(slots.last(), Some(&(2, 1)));
+        assert!(slots[..SLOTS_MAX - 1].iter().all(|&slot| slot == (0, 0)));
         history.forget("api");
-        assert!(history.snapshot().1.is_empty());
+        assert!(history.snapshot().is_empty());
     }
 }
