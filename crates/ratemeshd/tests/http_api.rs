@@ -637,7 +637,8 @@ async fn bad_input_gets_a_clear_4xx_naming_the_field_and_the_node_keeps_serving(
 
     // Wrong paths and methods.
     assert_error(&h.get("/v1/nothing").await, 404, None, "unknown path");
-    assert_error(&h.get("/").await, 404, None, "root");
+    // The root is the dashboard page (GET only).
+    assert_error(&h.post("/", &json!({})).await, 405, None, "POST /");
     assert_error(&h.get("/v1/check").await, 405, None, "GET /v1/check");
     assert_error(&h.request("DELETE", "/v1/policies", &[], b"").await, 405, None, "DELETE /v1/policies");
     assert_error(&h.post("/metrics", &json!({})).await, 405, None, "POST /metrics");
