@@ -91,18 +91,23 @@ impl TopBy {
 /// One counter of a sketch.
 #[derive(Clone, Debug)]
 struct Counter {
-    key: Box<str>,
+    key: String,
     count: u64,
     error: u64,
 }
 
 /// A Space-Saving heavy-hitter sketch of at most `capacity` counters (see the module
-/// documentation for its bound). The counters form a min-heap on their count, indexed by key.
+/// documentation for its bound). The counters live in slots that never move; a min-heap of slot
+/// numbers orders them by count (`position` maps a slot to its place in the heap, so moving a
+/// counter in the heap costs no hashing), and a hash table maps keys to slots. A key taking over
+/// a counter reuses the evicted key's buffers: in steady state a check allocates nothing.
 #[derive(Clone, Debug)]
 pub struct SpaceSaving {
     capacity: usize,
-    heap: Vec<Counter>,
-    index: HashMap<Box<str>, usize>,
+    counters: Vec<Counter>,
+    heap: Vec<usize>,
+    position: Vec<usize>,
+    index: HashMap<String, usize>,
     total: u64,
 }
 
@@ -110,7 +115,14 @@ impl SpaceSaving {
     /// An empty sketch of at most `capacity` counters (at least one).
     pub fn new(capacity: usize) -> SpaceSaving {
         let capacity = capacity.max(1);
-        SpaceSaving { capacity, heap: Vec::new(), index: HashMap::new(), total: 0 }
+        SpaceSaving {
+            capacity,
+            counters: Vec::new(),
+            heap: Vec::new(),
+            position: Vec::new(),
+            index: HashMap::new(),
+            total: 0,
+        }
     }
 
     /// Counts `weight` hits of `key` (already cut to its length bound).
@@ -119,27 +131,36 @@ impl SpaceSaving {
             return;
         }
         self.total = self.total.saturating_add(weight);
-        if let Some(&at) = self.index.get(key) {
-            self.heap[at].count = self.heap[at].count.saturating_add(weight);
-            self.sift_down(at);
+        if let Some(&slot) = self.index.get(key) {
+            self.counters[slot].count = self.counters[slot].count.saturating_add(weight);
+            self.sift_down(self.position[slot]);
             return;
         }
-        let key: Box<str> = key.into();
-        if self.heap.len() < self.capacity {
-            let at = self.heap.len();
-            self.index.insert(key.clone(), at);
-            self.heap.push(Counter { key, count: weight, error: 0 });
-            self.sift_up(at);
+        if self.counters.len() < self.capacity {
+            let slot = self.counters.len();
+            self.counters.push(Counter { key: key.to_owned(), count: weight, error: 0 });
+            self.index.insert(key.to_owned(), slot);
+            self.heap.push(slot);
+            self.position.push(self.heap.len() - 1);
+            self.sift_up(self.heap.len() - 1);
             return;
         }
         // Full: the new key takes over the smallest counter (the heap's root).
-        let smallest = self.heap[0].count;
-        let old = std::mem::replace(
-            &mut self.heap[0],
-            Counter { key: key.clone(), count: smallest.saturating_add(weight), error: smallest },
-        );
-        self.index.remove(&old.key);
-        self.index.insert(key, 0);
+        let slot = self.heap[0];
+        let counter = &mut self.counters[slot];
+        let smallest = counter.count;
+        let mut indexed = match self.index.remove_entry(counter.key.as_str()) {
+            Some((indexed, _)) => indexed,
+            // Every counter's key is in the index (they change together, here and above).
+            None => String::new(),
+        };
+        indexed.clear();
+        indexed.push_str(key);
+        self.index.insert(indexed, slot);
+        counter.key.clear();
+        counter.key.push_str(key);
+        counter.count = smallest.saturating_add(weight);
+        counter.error = smallest;
         self.sift_down(0);
     }
 
@@ -151,46 +172,53 @@ impl SpaceSaving {
     /// The smallest count when every counter is taken (0 before): the most by which an estimate
     /// exceeds its key's true count, and the most a key without a counter was hit.
     pub fn error_bound(&self) -> u64 {
-        if self.heap.len() < self.capacity { 0 } else { self.heap[0].count }
+        if self.counters.len() < self.capacity { 0 } else { self.count_at(0) }
     }
 
     /// Counters taken.
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.counters.len()
     }
 
     /// Whether nothing was counted.
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.counters.is_empty()
     }
 
     /// The estimate of `key`: its counter's count, or [`SpaceSaving::error_bound`] without one.
     pub fn estimate(&self, key: &str) -> u64 {
-        self.index.get(key).map_or_else(|| self.error_bound(), |&at| self.heap[at].count)
+        self.index.get(key).map_or_else(|| self.error_bound(), |&slot| self.counters[slot].count)
     }
 
     /// Bytes of heap memory the sketch holds, from its allocations' capacities (the hash table
     /// counted at one control byte and one slot per bucket).
     pub fn heap_bytes(&self) -> usize {
-        let keys: usize = self.heap.iter().map(|counter| counter.key.len() * 2).sum();
-        let slot = std::mem::size_of::<(Box<str>, usize)>() + 1;
-        keys + self.heap.capacity() * std::mem::size_of::<Counter>() + self.index.capacity() * slot
+        let keys: usize = self.counters.iter().map(|counter| counter.key.capacity()).sum::<usize>()
+            + self.index.keys().map(String::capacity).sum::<usize>();
+        let table_slot = std::mem::size_of::<(String, usize)>() + 1;
+        keys + self.counters.capacity() * std::mem::size_of::<Counter>()
+            + (self.heap.capacity() + self.position.capacity()) * std::mem::size_of::<usize>()
+            + self.index.capacity() * table_slot
     }
 
     /// The sketch's content, for merging.
     pub fn summary(&self) -> TopSummary {
         let entries = self
-            .heap
+            .counters
             .iter()
-            .map(|c| TopEntry { key: c.key.to_string(), count: c.count, error: c.error })
+            .map(|c| TopEntry { key: c.key.clone(), count: c.count, error: c.error })
             .collect();
         TopSummary { total: self.total, error_bound: self.error_bound(), entries }
+    }
+
+    fn count_at(&self, at: usize) -> u64 {
+        self.counters[self.heap[at]].count
     }
 
     fn sift_up(&mut self, mut at: usize) {
         while at > 0 {
             let parent = (at - 1) / 2;
-            if self.heap[parent].count <= self.heap[at].count {
+            if self.count_at(parent) <= self.count_at(at) {
                 break;
             }
             self.swap(at, parent);
@@ -202,10 +230,10 @@ impl SpaceSaving {
         loop {
             let (left, right) = (2 * at + 1, 2 * at + 2);
             let mut smallest = at;
-            if left < self.heap.len() && self.heap[left].count < self.heap[smallest].count {
+            if left < self.heap.len() && self.count_at(left) < self.count_at(smallest) {
                 smallest = left;
             }
-            if right < self.heap.len() && self.heap[right].count < self.heap[smallest].count {
+            if right < self.heap.len() && self.count_at(right) < self.count_at(smallest) {
                 smallest = right;
             }
             if smallest == at {
@@ -218,11 +246,8 @@ impl SpaceSaving {
 
     fn swap(&mut self, a: usize, b: usize) {
         self.heap.swap(a, b);
-        for at in [a, b] {
-            if let Some(slot) = self.index.get_mut(&self.heap[at].key) {
-                *slot = at;
-            }
-        }
+        self.position[self.heap[a]] = a;
+        self.position[self.heap[b]] = b;
     }
 }
 

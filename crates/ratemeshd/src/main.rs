@@ -319,7 +319,10 @@ fn top_table(json: &serde_json::Value) -> String {
     let _ = writeln!(
         out,
         "policy {} by {}: last {seconds:.0} s, {} hits; estimates exceed the true count by at most {}",
-        json["policy"], json["by"], json["total"], json["error_bound"]
+        json["policy"].as_str().unwrap_or_default(),
+        json["by"].as_str().unwrap_or_default(),
+        json["total"],
+        json["error_bound"]
     );
     let _ = writeln!(out, "{:>4}  {:>10}  {:>8}  key", "rank", "hits", "± max");
     for (rank, key) in json["keys"].as_array().map(Vec::as_slice).unwrap_or_default().iter().enumerate() {
@@ -492,6 +495,25 @@ mod tests {
         assert!(table.contains("node 1 of cluster c: ready"), "{table}");
         assert!(table.contains("127.0.0.1:1") && table.contains("50.0%"), "{table}");
         assert!(table.contains("balance 1.00"), "{table}");
+    }
+
+    #[test]
+    fn top_table_ranks_keys_and_names_missing_members() {
+        let json = serde_json::json!({
+            "policy": "api", "by": "refused", "total": 130, "error_bound": 2, "window_ms": 42_000,
+            "keys": [{"key": "abuser-a", "count": 90, "error": 0}, {"key": "user 7", "count": 40, "error": 2}],
+            "members": [1, 2], "missing": [{"id": 3, "reason": "query timed out"}],
+        });
+        let table = top_table(&json);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[0],
+            "policy api by refused: last 42 s, 130 hits; estimates exceed the true count by at most 2"
+        );
+        assert_eq!(lines[2].split_whitespace().collect::<Vec<_>>(), ["1", "90", "0", "abuser-a"]);
+        assert!(lines[3].ends_with("  user 7"), "{table}");
+        assert_eq!(lines[4], "members answered: 1, 2");
+        assert_eq!(lines[5], "MISSING member 3: query timed out");
     }
 
     #[test]

@@ -18,6 +18,11 @@
 //! spent to 40 remaining keep at most 40 across a graceful stop of all three processes, and lose
 //! at most the hits after the last snapshot when all three are SIGKILLed (see
 //! [`three_processes_keep_daily_quotas_across_a_full_restart_and_a_kill_of_all`]).
+//! And top keys: three abusive keys among 10 000 normal ones, checked in batches through all three
+//! nodes, come first in `GET /v1/top` (by refused hits and by demand) on every node, every count
+//! within the reported bound; bad queries are 400 naming the field; the near-limit counters add
+//! up; `ratemeshd top` prints the same ranking; a killed member is left out of the answer
+//! ([`three_processes_list_three_abusive_keys_among_ten_thousand_first_on_every_node`]).
 //!
 //! Real processes, real sockets, the daemon's own HTTP API spoken by a tiny HTTP/1.1 client over
 //! `std::net::TcpStream`. Every wait polls a condition (`/readyz`, the member view of
