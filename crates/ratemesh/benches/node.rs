@@ -10,7 +10,9 @@
 //!    - `core_clock`: the same plus one `std::time::Instant` read per check (what any driver pays);
 //!    - `library_check_now`: `ratemesh::Node::check_now` (lock, clock, core, drain outputs);
 //!    - `library_check`: `ratemesh::Node::check` awaited on a current-thread runtime (decided
-//!      locally, so the future completes at its first poll).
+//!      locally, so the future completes at its first poll);
+//!    - `top_record`: counting one check in the top-keys sketches (`ratemesh::top::TopTable`),
+//!      which both library checks include.
 //!
 //!    The goal: the library at most 2× the core's time per check.
 //! 2. **Exact-mode forwarded checks between two nodes on loopback** (real QUIC with mutual TLS):
@@ -114,6 +116,14 @@ fn approximate_check(c: &mut Criterion, runtime: &Runtime) {
     let local = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     group.bench_function("library_check", |b| {
         b.iter(|| black_box(local.block_on(node.check(&policy, &keys[pick.next(KEYS)], 1)).unwrap()))
+    });
+    // What counting a check in the top-keys sketches adds (part of both library checks above).
+    let top = ratemesh::top::TopTable::new(ratemesh::TopConfig::default());
+    group.bench_function("top_record", |b| {
+        b.iter(|| {
+            nanos += 50;
+            top.record(Instant::from_nanos(nanos), "bench", &keys[pick.next(KEYS)], 1, false);
+        })
     });
     group.finish();
     runtime.block_on(node.shutdown());

@@ -19,6 +19,8 @@
 //!   library: works in a `FROM scratch` image) and re-resolved periodically.
 //! - [`security`]: cluster security — a CA derived from a shared secret or user-provided
 //!   certificates, node names in certificates, the admission rule, certificate files.
+//! - [`top`]: who is being limited — per policy, the heaviest keys by refused hits or demand
+//!   over the last minute, in bounded heavy-hitter sketches ([`Node::top`] merges the members').
 //! - [`transport`]: [`Transport`], QUIC peers (quinn) that send the core's frames to members and
 //!   deliver frames whose sender is authenticated by its certificate.
 
@@ -33,6 +35,7 @@ pub mod membership;
 pub mod node;
 pub mod security;
 pub mod seeds;
+pub mod top;
 pub mod transport;
 
 pub use calendar::{Calendar, CalendarPolicy, CalendarUnit};
@@ -41,8 +44,12 @@ pub use gossip::{GossipHealth, GossipLimits, GossipStats};
 #[cfg(feature = "tower")]
 pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};
 pub use membership::{Member, MemberStatus};
-pub use node::{CheckError, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released, StartError};
+pub use node::{
+    CheckError, MissingMember, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released, StartError, TopLabel,
+    TopReport,
+};
 pub use ratemesh_core::NodeId;
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};
+pub use top::{TopAnswer, TopBy, TopConfig, TopEntry};
 pub use transport::{Received, Transport, TransportConfig, TransportError, TransportStats};

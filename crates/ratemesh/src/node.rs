@@ -46,6 +46,10 @@ use crate::membership::{
 };
 use crate::security::{ClusterSecurity, SecurityError};
 use crate::seeds::{Seed, SeedHost, SeedResolution, SeedSink};
+use crate::top::{
+    TopAnswer, TopBy, TopConfig, TopQuestion, TopReply, TopSummary, TopTable, decode_question, decode_reply,
+    encode_message, merge,
+};
 use crate::transport::{Received, Transport, TransportConfig, TransportError, TransportStats};
 
 /// Frames handed to the core per lock taken by the receive task (the rest wait for the next turn,
@@ -92,6 +96,53 @@ impl NamedPolicy {
     pub fn key(&self, key: &[u8]) -> KeyHash {
         self.namespace.key(key)
     }
+}
+
+/// Names a check in the top-keys sketches: its policy and the key as the client wrote it (cut at
+/// `TopConfig::key_bytes_max`).
+#[derive(Clone, Copy, Debug)]
+pub struct TopLabel<'a> {
+    /// The policy's name.
+    pub policy: &'a str,
+    /// The key.
+    pub key: &'a [u8],
+}
+
+/// What [`Node::top`] found: the merged answer, who contributed, who did not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopReport {
+    /// The heaviest keys, their estimates, the bound and the window.
+    pub answer: TopAnswer,
+    /// Members whose sketches are in the answer (this node included), by id.
+    pub answered: Vec<NodeId>,
+    /// Live members that did not answer, by id.
+    pub missing: Vec<MissingMember>,
+}
+
+/// A member whose sketches are not in a [`TopReport`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingMember {
+    /// The member.
+    pub id: NodeId,
+    /// Why (unreachable, timed out, refused, malformed answer).
+    pub reason: String,
+}
+
+/// How a node answers other members' top-keys questions: from its own sketches, at its own now.
+fn top_query_handler(top: Arc<TopTable>, origin: Origin) -> crate::transport::QueryHandler {
+    Arc::new(move |_from, question| {
+        let reply = match decode_question(question) {
+            Ok(question) => {
+                let (summaries, window) = top.summaries(origin.now_instant(), &question.policy, question.by);
+                let window_nanos = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+                TopReply { window_nanos, summaries }
+            }
+            // A question this node cannot read gets an answer that is not a reply (the asker
+            // reports this member as missing).
+            Err(_) => return Vec::new(),
+        };
+        encode_message(&reply)
+    })
 }
 
 /// Why a [`NodeBuilder`] could not start a node.
@@ -181,6 +232,8 @@ pub struct NodeBuilder {
     transport: TransportConfig,
     state_store: Option<Arc<dyn StateStore>>,
     snapshots: SnapshotSettings,
+    top: TopConfig,
+    top_query_timeout: Duration,
 }
 
 impl NodeBuilder {
@@ -208,7 +261,24 @@ impl NodeBuilder {
             transport: TransportConfig::default(),
             state_store: None,
             snapshots: SnapshotSettings::default(),
+            top: TopConfig::default(),
+            top_query_timeout: Duration::from_secs(1),
         }
+    }
+
+    /// Bounds of the top-keys sketches ([`Node::top`]; default [`TopConfig::default`]).
+    #[must_use]
+    pub fn top_config(mut self, config: TopConfig) -> Self {
+        self.top = config;
+        self
+    }
+
+    /// How long [`Node::top`] waits for the other members' sketches (default 1 s); a member
+    /// that does not answer in time is reported missing.
+    #[must_use]
+    pub fn top_query_timeout(mut self, limit: Duration) -> Self {
+        self.top_query_timeout = limit;
+        self
     }
 
     /// How peers authenticate each other (required).
@@ -436,7 +506,10 @@ impl NodeBuilder {
             gossip_interval: self.gossip_interval,
             durable,
             final_snapshot: std::sync::atomic::AtomicBool::new(false),
+            top: Arc::new(TopTable::new(self.top.clone())),
+            top_query_timeout: self.top_query_timeout,
         });
+        shared.transport.set_query_handler(top_query_handler(Arc::clone(&shared.top), origin));
         let slot =
             GossipSlot { handle: Arc::clone(&shared.gossip), state: gossip_state, health: gossip_health };
         shared.spawn_tasks(received, me, members_tx, stop_rx, gossip_state_rx);
@@ -467,6 +540,8 @@ impl NodeBuilder {
             ("forward_timeout", self.core.forward_timeout),
             ("peer_silence", self.core.peer_silence),
             ("retransmit_initial", self.core.retransmit_initial),
+            ("top_config.half_window", self.top.half_window),
+            ("top_query_timeout", self.top_query_timeout),
         ];
         if let Some((field, _)) = durations.iter().find(|(_, duration)| duration.is_zero()) {
             return Err(StartError::Config { field, reason: "must be longer than zero" });
@@ -672,6 +747,9 @@ struct Shared {
     durable: Option<Arc<Persistence>>,
     /// The final snapshot was taken (a second shutdown does not take another).
     final_snapshot: std::sync::atomic::AtomicBool,
+    /// Top keys per policy (its own lock: recording never holds the core's).
+    top: Arc<TopTable>,
+    top_query_timeout: Duration,
 }
 
 /// Everything behind the node's lock.
@@ -714,8 +792,30 @@ impl Node {
     /// mode (waits only when the local allowance ran dry and the owner may have more); forwarded
     /// to the key's owner in exact mode. Never waits much longer than `NodeConfig::forward_timeout`:
     /// then the fallback decides.
+    ///
+    /// The check is counted in the policy's top-keys sketches ([`Node::top`]) under its name.
     pub async fn check(&self, policy: &NamedPolicy, key: &[u8], cost: u64) -> Result<Decision, CheckError> {
-        self.check_hashed(&policy.policy, policy.key(key), cost).await
+        let label = TopLabel { policy: policy.name(), key };
+        self.check_labelled(&policy.policy, policy.key(key), cost, label).await
+    }
+
+    /// [`Node::check_hashed`], counted in the top-keys sketches ([`Node::top`]) of
+    /// `label.policy` under `label.key` (for callers that name buckets by hash but want to see
+    /// who is limited, like the daemon).
+    pub async fn check_labelled(
+        &self,
+        policy: &Arc<Policy>,
+        key: KeyHash,
+        cost: u64,
+        label: TopLabel<'_>,
+    ) -> Result<Decision, CheckError> {
+        let decision = self.check_hashed(policy, key, cost).await?;
+        self.record_top(label, cost, &decision);
+        Ok(decision)
+    }
+
+    fn record_top(&self, label: TopLabel<'_>, cost: u64, decision: &Decision) {
+        self.shared.top.record(self.shared.now(), label.policy, label.key, cost, !decision.allowed);
     }
 
     /// [`Node::check`] of a bucket named by its hash (for callers that keep their own key
@@ -778,6 +878,10 @@ impl Node {
             None => Err(CheckError::WouldWait),
         };
         self.shared.after_input(&mut state);
+        drop(state);
+        if let Ok(decision) = &decision {
+            self.record_top(TopLabel { policy: policy.name(), key }, cost, decision);
+        }
         decision
     }
 
@@ -854,6 +958,66 @@ impl Node {
     /// Whether gossip runs, or was restarted after it ended (the daemon is not ready then).
     pub fn gossip_health(&self) -> GossipHealth {
         self.shared.gossip_health.borrow().clone()
+    }
+
+    /// The `n` heaviest keys of `policy` by `by` over the last minute at most, cluster-wide: this
+    /// node's sketches merged with every other live member's, asked over the peer transport
+    /// (mutual TLS) at once and waited for at most the top query timeout. A member that does not
+    /// answer in time, cannot be reached or answers garbage is listed in
+    /// [`TopReport::missing`]; the answer then covers the others. See [`crate::top`] for the
+    /// bound of the estimates.
+    pub async fn top(&self, policy: &str, by: TopBy, n: usize) -> TopReport {
+        let (mut summaries, mut window) = self.shared.top.summaries(self.shared.now(), policy, by);
+        let question = encode_message(&TopQuestion { policy: policy.to_owned(), by });
+        let mut asked = tokio::task::JoinSet::new();
+        for member in self.members() {
+            if member.id == self.shared.id || member.status != MemberStatus::Live {
+                continue;
+            }
+            let (transport, question) = (self.shared.transport.clone(), question.clone());
+            let limit = self.shared.top_query_timeout;
+            asked.spawn(async move {
+                let answer = transport.query(member.id, member.quic_addr, &question, limit).await;
+                let reply = answer
+                    .map_err(|e| e.to_string())
+                    .and_then(|bytes| decode_reply(&bytes).map_err(|e| e.to_string()));
+                (member.id, reply)
+            });
+        }
+        let mut answered = vec![self.shared.id];
+        let mut missing = Vec::new();
+        while let Some(joined) = asked.join_next().await {
+            // A query task only panics on a bug; its member then counts as missing.
+            let Ok((member, reply)) = joined else { continue };
+            match reply {
+                Ok(reply) => {
+                    window = window.max(Duration::from_nanos(reply.window_nanos));
+                    summaries.extend(reply.summaries);
+                    answered.push(member);
+                }
+                Err(reason) => missing.push(MissingMember { id: member, reason }),
+            }
+        }
+        answered.sort_unstable();
+        missing.sort_unstable_by_key(|m| m.id);
+        TopReport { answer: merge(&summaries, n, window), answered, missing }
+    }
+
+    /// This node's own sketches of `policy` (what it answers other members): its summaries and
+    /// the span they cover.
+    pub fn top_local(&self, policy: &str, by: TopBy) -> (Vec<TopSummary>, Duration) {
+        self.shared.top.summaries(self.shared.now(), policy, by)
+    }
+
+    /// The bounds of the top-keys sketches.
+    pub fn top_config(&self) -> &TopConfig {
+        self.shared.top.config()
+    }
+
+    /// Heap bytes held by this node's top-keys sketches, and checks not recorded because
+    /// `TopConfig::policies_max` policies are recorded already.
+    pub fn top_memory(&self) -> (usize, u64) {
+        (self.shared.top.heap_bytes(), self.shared.top.unrecorded())
     }
 
     /// Counters and gauges, for metrics.

@@ -21,6 +21,14 @@
 //!   handshake with the proposed member's address whose certificate must name the proposed node,
 //!   and a probe stream the member must acknowledge (so it accepted our certificate too).
 //!
+//! - **Queries.** [`Transport::query`] asks a peer a question and waits for the answer on one
+//!   bidirectional stream of the outbound connection (used for the members' top-keys sketches:
+//!   [`crate::Node::top`]). The peer answers with the handler set by
+//!   [`Transport::set_query_handler`], at most [`QUERIES_PER_CONNECTION_MAX`] at once per
+//!   connection; a question is at most [`QUERY_LEN_MAX`] bytes, an answer at most
+//!   `frame_len_max`, both within the read and write time limits. A peer without a handler
+//!   resets the stream. The asker is authenticated like every frame's sender.
+//!
 //! Everything is bounded: peers, inbound connections, streams per connection, queues, frame
 //! length, handshake, write and read times.
 
@@ -28,11 +36,11 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use quinn::crypto::rustls::{NoInitialCipherSuite, QuicClientConfig, QuicServerConfig};
-use quinn::{Connection, Endpoint, EndpointConfig, Incoming, ReadToEndError, RecvStream, VarInt};
+use quinn::{Connection, Endpoint, EndpointConfig, Incoming, ReadToEndError, RecvStream, SendStream, VarInt};
 use quinn_proto::HashedConnectionIdGenerator;
 use ratemesh_core::NodeId;
 use ratemesh_core::wire::FRAME_LEN_MAX_DEFAULT;
@@ -46,6 +54,17 @@ use crate::security::{ClusterSecurity, NodeIdentity, SecurityError, admit, node_
 
 /// A frame received from an authenticated peer: the sender (from its certificate) and the bytes.
 pub type Received = (NodeId, Vec<u8>);
+
+/// Answers a peer's query: the asker (from its certificate) and the question's bytes in, the
+/// answer's bytes out. Runs on the transport's tasks: it must not block.
+pub type QueryHandler = Arc<dyn Fn(NodeId, &[u8]) -> Vec<u8> + Send + Sync>;
+
+/// Concurrent queries a peer may ask on one connection (bidirectional streams).
+pub const QUERIES_PER_CONNECTION_MAX: u32 = 4;
+/// Largest question of a query, in bytes.
+pub const QUERY_LEN_MAX: usize = 4096;
+/// Stream stop code: this node answers no queries.
+const STOP_NO_HANDLER: u32 = 3;
 
 /// Application close code: orderly shutdown.
 const CLOSE_SHUTDOWN: u32 = 0;
@@ -221,6 +240,20 @@ pub enum TransportError {
     /// The transport is closed.
     #[error("transport is closed")]
     Closed,
+    /// A query's question is empty or over [`QUERY_LEN_MAX`].
+    #[error("query of {len_bytes} bytes (1 to {max_bytes} are sent)")]
+    QueryLen {
+        /// The question's length.
+        len_bytes: usize,
+        /// The bound.
+        max_bytes: usize,
+    },
+    /// Reading a query's answer failed (stream reset by the peer, answer over `frame_len_max`).
+    #[error("query answer: {0}")]
+    Answer(#[from] ReadToEndError),
+    /// The query was not answered within its time limit.
+    #[error("query timed out")]
+    QueryTimeout,
 }
 
 /// Counters of a [`Transport`] since it was bound (a snapshot; all monotonic).
@@ -490,6 +523,7 @@ struct Acceptor {
     config: Arc<TransportConfig>,
     delivered: mpsc::Sender<Received>,
     slots: Arc<Semaphore>,
+    queries: Arc<OnceLock<QueryHandler>>,
 }
 
 /// Accepts connections until the endpoint closes; each is served by its own task, at most
@@ -518,6 +552,7 @@ async fn serve(acceptor: Acceptor, incoming: Incoming, _slot: OwnedSemaphorePerm
     };
     bump(&acceptor.counters.connections_accepted);
     debug!(%remote, peer = ?from, "peer connected");
+    drop(tokio::spawn(serve_queries(acceptor.clone(), conn.clone(), from)));
     while let Ok(stream) = conn.accept_uni().await {
         drop(tokio::spawn(read_frame(acceptor.clone(), from, stream)));
     }
@@ -562,6 +597,47 @@ async fn read_frame(acceptor: Acceptor, from: NodeId, mut stream: RecvStream) {
     }
 }
 
+/// Answers the queries a peer asks on `conn` until it closes (the peer's QUIC stream limit,
+/// [`QUERIES_PER_CONNECTION_MAX`], bounds how many run at once).
+async fn serve_queries(acceptor: Acceptor, conn: Connection, from: NodeId) {
+    while let Ok((send, recv)) = conn.accept_bi().await {
+        drop(tokio::spawn(answer_query(acceptor.clone(), from, send, recv)));
+    }
+}
+
+/// Reads one question (bounded in length and time), answers it with the handler, and writes the
+/// answer (bounded in time).
+async fn answer_query(acceptor: Acceptor, from: NodeId, mut send: SendStream, mut recv: RecvStream) {
+    let Some(handler) = acceptor.queries.get() else {
+        let _ = recv.stop(VarInt::from_u32(STOP_NO_HANDLER));
+        let _ = send.reset(VarInt::from_u32(STOP_NO_HANDLER));
+        return;
+    };
+    let read_limit = millis(acceptor.config.stream_read_timeout_ms);
+    let question = match timeout(read_limit, recv.read_to_end(QUERY_LEN_MAX)).await {
+        Ok(Ok(question)) => question,
+        Ok(Err(_)) | Err(_) => {
+            debug!(peer = ?from, "query dropped");
+            let _ = recv.stop(VarInt::from_u32(STOP_TOO_LONG));
+            let _ = send.reset(VarInt::from_u32(STOP_TOO_LONG));
+            return;
+        }
+    };
+    let mut answer = handler(from, &question);
+    answer.truncate(acceptor.config.frame_len_max);
+    let write_limit = millis(acceptor.config.write_timeout_ms);
+    let written = timeout(write_limit, async {
+        send.write_all(&answer).await?;
+        send.finish()?;
+        Ok::<(), TransportError>(())
+    })
+    .await;
+    if !matches!(written, Ok(Ok(()))) {
+        debug!(peer = ?from, "query answer not written");
+        let _ = send.reset(VarInt::from_u32(STOP_TIMEOUT));
+    }
+}
+
 fn deliver(acceptor: &Acceptor, from: NodeId, frame: Vec<u8>) {
     let len_bytes = frame.len() as u64;
     match acceptor.delivered.try_send((from, frame)) {
@@ -587,6 +663,7 @@ struct Shared {
     closing: watch::Sender<bool>,
     runtime: tokio::runtime::Handle,
     peers: Mutex<HashMap<NodeId, Peer>>,
+    queries: Arc<OnceLock<QueryHandler>>,
 }
 
 impl Drop for Shared {
@@ -628,7 +705,9 @@ impl Transport {
             config: config.clone(),
             delivered,
             slots: Arc::new(Semaphore::new(config.connections_inbound_max)),
+            queries: Arc::new(OnceLock::new()),
         };
+        let queries = acceptor.queries.clone();
         drop(runtime.spawn(run_acceptor(acceptor)));
         let shared = Shared {
             node: identity.node_id(),
@@ -637,6 +716,7 @@ impl Transport {
             closing,
             runtime,
             peers: Mutex::new(HashMap::new()),
+            queries,
         };
         info!(node = ?shared.node, %local_addr, "peer transport bound");
         Ok((Self { shared: Arc::new(shared) }, received))
@@ -737,6 +817,39 @@ impl Transport {
         Ok(())
     }
 
+    /// Sets how this node answers peers' queries (once: later calls change nothing and return
+    /// `false`). Until then queries are refused (the stream is reset).
+    pub fn set_query_handler(&self, handler: QueryHandler) -> bool {
+        self.shared.queries.set(handler).is_ok()
+    }
+
+    /// Asks `to` at `addr` a question and returns its answer, all within `limit`: over the
+    /// peer's live connection (or a new one, honoring the reconnect backoff), one bidirectional
+    /// stream, the answer read to its end (at most `frame_len_max` bytes).
+    pub async fn query(
+        &self,
+        to: NodeId,
+        addr: SocketAddr,
+        question: &[u8],
+        limit: Duration,
+    ) -> Result<Vec<u8>, TransportError> {
+        if question.is_empty() || question.len() > QUERY_LEN_MAX {
+            return Err(TransportError::QueryLen { len_bytes: question.len(), max_bytes: QUERY_LEN_MAX });
+        }
+        let known = self.peers()?.get(&to).map(|peer| peer.link.clone()).filter(|link| link.addr == addr);
+        let link = known.unwrap_or_else(|| Arc::new(Link::new(to, addr)));
+        let dialer = &self.shared.dialer;
+        let asked = timeout(limit, async {
+            let conn = link.connection(dialer, true).await?;
+            let (mut send, mut recv) = conn.open_bi().await?;
+            send.write_all(question).await?;
+            send.finish()?;
+            Ok::<Vec<u8>, TransportError>(recv.read_to_end(dialer.config.frame_len_max).await?)
+        })
+        .await;
+        asked.map_err(|_| TransportError::QueryTimeout)?
+    }
+
     /// Drops `peer`'s queue, worker and connection (a member left). Later sends reconnect.
     pub fn forget(&self, peer: NodeId) {
         if let Ok(mut peers) = self.peers() {
@@ -823,17 +936,20 @@ enum Side {
     Client,
 }
 
-/// QUIC transport parameters. Inbound connections (server side) accept only unidirectional
-/// streams, `streams_per_connection_max` at once; outbound connections accept no streams and
-/// send keep-alives.
+/// QUIC transport parameters. Inbound connections (server side) accept unidirectional streams
+/// (frames), `streams_per_connection_max` at once, and [`QUERIES_PER_CONNECTION_MAX`]
+/// bidirectional ones (queries); outbound connections accept no streams and send keep-alives.
 fn transport_config(config: &TransportConfig, side: Side) -> Result<quinn::TransportConfig, TransportError> {
     let idle = quinn::IdleTimeout::try_from(millis(config.idle_timeout_ms))
         .map_err(|_| TransportError::Config { reason: "idle_timeout_ms is too large" })?;
-    let uni_streams = if side == Side::Server { config.streams_per_connection_max } else { 0 };
+    let (uni_streams, bidi_streams) = match side {
+        Side::Server => (config.streams_per_connection_max, QUERIES_PER_CONNECTION_MAX),
+        Side::Client => (0, 0),
+    };
     let mut transport = quinn::TransportConfig::default();
     transport
         .max_concurrent_uni_streams(VarInt::from_u32(uni_streams))
-        .max_concurrent_bidi_streams(VarInt::from_u32(0))
+        .max_concurrent_bidi_streams(VarInt::from_u32(bidi_streams))
         .max_idle_timeout(Some(idle));
     if side == Side::Client {
         transport.keep_alive_interval(Some(millis(config.keep_alive_interval_ms)));

@@ -41,7 +41,7 @@ use std::time::{Duration, SystemTime};
 
 use ratemesh::durable::SnapshotSettings;
 use ratemesh::{
-    CheckError, GossipHealth, Member, MemberStatus, Node, NodeBuilder, NodeId, Released, StartError,
+    CheckError, GossipHealth, Member, MemberStatus, Node, NodeBuilder, NodeId, Released, StartError, TopLabel,
 };
 use ratemesh_core::{Decision, KeyHash, Namespace};
 use tokio::sync::{Semaphore, watch};
@@ -326,14 +326,22 @@ impl Daemon {
         &self.metrics
     }
 
-    /// Checks `cost` hits of `key` against `target`.
+    /// Checks `cost` hits of `key` against `target`. A named policy's check is counted in the
+    /// node's top-keys sketches under `key_text` (the key as the client wrote it); inline limits
+    /// are not (they have no name to ask for).
     ///
     /// - An unlimited policy is allowed without asking the node ([`unlimited_decision`]).
     /// - A shadow-mode refusal is returned as allowed (no retry time), and counted as
     ///   `decision="shadow_refused"` in metrics.
     /// - Once shutdown began, [`CheckError::ShutDown`] (answer 503 / UNAVAILABLE: the client
     ///   should ask another node).
-    pub async fn check(&self, target: &Target, key: KeyHash, cost: u64) -> Result<Decision, CheckError> {
+    pub async fn check(
+        &self,
+        target: &Target,
+        key: KeyHash,
+        key_text: &str,
+        cost: u64,
+    ) -> Result<Decision, CheckError> {
         let Some(policy) = target.policy() else {
             self.metrics.record_unlimited(target.label());
             return Ok(unlimited_decision());
@@ -341,7 +349,13 @@ impl Daemon {
         if self.is_shutting_down() {
             return Err(CheckError::ShutDown);
         }
-        let mut decision = self.node.check_hashed(&policy, key, cost).await?;
+        let mut decision = match target {
+            Target::Named(entry) => {
+                let label = TopLabel { policy: &entry.name, key: key_text.as_bytes() };
+                self.node.check_labelled(&policy, key, cost, label).await?
+            }
+            Target::Inline(_) => self.node.check_hashed(&policy, key, cost).await?,
+        };
         let shadow_mode = target.shadow_mode();
         self.metrics.record_decision(target.label(), &decision, shadow_mode);
         if shadow_mode && !decision.allowed {

@@ -11,6 +11,9 @@
 //! | `GET /readyz` | 200 when ready (in its ring and, with `cluster.seeds`, another member live: `crate::daemon`), 503 with the reason otherwise |
 //! | `GET /v1/cluster` | members, statuses, ring shares |
 //! | `GET /v1/policies` | the configured policies |
+//! | `GET /v1/top?policy=NAME&n=20&by=refused` | the `n` (1 to [`TOP_N_MAX`], default 20) heaviest keys of a named policy by `refused` (default) or `demand` hits over the last minute at most, merged from every live member; the estimates' error bound, the window, the members that answered and those missing |
+//! | `GET /v1/stats` | this node: allowed and refused decisions per policy in 5 s slots over the last 5 minutes, sync lag, peer round-trip times, bytes held by the top-keys sketches |
+//! | `GET /` | the dashboard: one self-contained HTML page (no external assets) that polls `/v1/cluster`, `/v1/stats`, `/v1/policies` and `/v1/top` |
 //!
 //! Errors are JSON [`ErrorResponse`]s: 400 names the field, 404 an unknown policy or path, 405 a
 //! wrong method, 408 a body not received within [`BODY_READ_TIMEOUT`], 413 a body over
@@ -56,7 +59,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use prometheus_client::metrics::gauge::Gauge;
 use ratemesh::headers::insert_headers_for;
-use ratemesh::{CheckError, Released};
+use ratemesh::{CheckError, Released, TopBy};
 use ratemesh_core::{Algorithm, Decision};
 use serde::Serialize;
 use serde_json::json;
@@ -145,6 +148,9 @@ pub fn router_with(daemon: Arc<Daemon>, timeouts: Timeouts) -> Router {
         .route("/readyz", get(readyz))
         .route("/v1/cluster", get(cluster))
         .route("/v1/policies", get(policies))
+        .route("/v1/top", get(top))
+        .route("/v1/stats", get(stats))
+        .route("/", get(dashboard))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(from_fn_with_state(Arc::clone(&api), admit))
@@ -164,6 +170,9 @@ fn route_label(path: &str) -> &'static str {
         "/readyz" => "readyz",
         "/v1/cluster" => "cluster",
         "/v1/policies" => "policies",
+        "/v1/top" => "top",
+        "/v1/stats" => "stats",
+        "/" => "dashboard",
         _ => "other",
     }
 }
@@ -188,7 +197,9 @@ async fn admit(State(api): ApiState, request: Request, next: Next) -> Response {
     let route = route_label(request.uri().path());
     let pool = match route {
         "healthz" => None,
-        "metrics" | "readyz" | "cluster" | "policies" => Some(daemon.observe_permits()),
+        "metrics" | "readyz" | "cluster" | "policies" | "top" | "stats" | "dashboard" => {
+            Some(daemon.observe_permits())
+        }
         _ => Some(daemon.http_permits()),
     };
     let response = match pool.map(|pool| pool.try_acquire()).transpose() {
@@ -352,7 +363,7 @@ fn check_response(target: &Target, decision: &Decision) -> CheckResponse {
 async fn check(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let valid = parse_body(&api, &headers, body, parse_check).await?;
     let decision = within(api.timeouts.request, async {
-        Ok(api.daemon.check(&valid.target, valid.key, valid.cost).await?)
+        Ok(api.daemon.check(&valid.target, valid.key, &valid.key_text, valid.cost).await?)
     })
     .await?;
     Ok(decision_response(StatusCode::OK, &valid.target, &decision))
@@ -365,7 +376,7 @@ async fn check_batch(State(api): ApiState, headers: HeaderMap, body: Body) -> Re
     let answers = within(api.timeouts.request, async {
         let mut answers = Vec::with_capacity(checks.len());
         for check in &checks {
-            let decision = api.daemon.check(&check.target, check.key, check.cost).await?;
+            let decision = api.daemon.check(&check.target, check.key, &check.key_text, check.cost).await?;
             answers.push(check_response(&check.target, &decision));
         }
         Ok(answers)
@@ -478,7 +489,7 @@ async fn auth(State(api): ApiState, uri: Uri, headers: HeaderMap) -> Result<Resp
     let body = CheckBody { key, cost, limit: None, policy: Some(policy) };
     let valid = body.validate(&policies, &config.limits)?;
     let decision = within(api.timeouts.request, async {
-        Ok(api.daemon.check(&valid.target, valid.key, valid.cost).await?)
+        Ok(api.daemon.check(&valid.target, valid.key, &valid.key_text, valid.cost).await?)
     })
     .await?;
     let status = if decision.allowed { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
@@ -593,6 +604,151 @@ async fn policies(State(api): ApiState) -> Response {
         })
         .collect();
     json_response(StatusCode::OK, &json!({ "policies": list }))
+}
+
+/// The most keys `GET /v1/top` lists.
+pub const TOP_N_MAX: usize = 100;
+
+/// The query of `GET /v1/top`, validated.
+#[derive(Debug, PartialEq, Eq)]
+struct TopQuery {
+    policy: String,
+    n: usize,
+    by: TopBy,
+}
+
+impl TopQuery {
+    /// Parses `?policy=&n=&by=`; every refusal names its parameter (an unknown or repeated one
+    /// too). The policy must be a limited named policy of `table`.
+    fn parse(uri: &Uri, table: &PolicyTable) -> Result<TopQuery, ApiError> {
+        let (mut policy, mut n, mut by) = (None, None, None);
+        for pair in uri.query().unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let decoded = percent_encoding::percent_decode_str(&value.replace('+', " "))
+                .decode_utf8()
+                .map(|v| v.into_owned());
+            let slot = match name {
+                "policy" => &mut policy,
+                "n" => &mut n,
+                "by" => &mut by,
+                _ => {
+                    let name: String = name.chars().take(32).collect();
+                    return Err(ApiError::bad_request(&name, "unknown parameter (policy, n, by)"));
+                }
+            };
+            if slot.is_some() {
+                return Err(ApiError::bad_request(name, "given twice"));
+            }
+            *slot = Some(
+                decoded.map_err(|_| ApiError::bad_request(name, "not valid UTF-8 once percent-decoded"))?,
+            );
+        }
+        let policy = policy.ok_or_else(|| ApiError::bad_request("policy", "missing: give ?policy=NAME"))?;
+        match table.get(&policy) {
+            Some(entry) if entry.rule.policy().is_some() => {}
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "policy",
+                    format!("{policy:?} is unlimited: nothing is counted"),
+                ));
+            }
+            None => return Err(ApiError::bad_request("policy", format!("no policy named {policy:?}"))),
+        }
+        let n = match n.as_deref().map(str::parse::<usize>) {
+            None => 20,
+            Some(Ok(n)) if (1..=TOP_N_MAX).contains(&n) => n,
+            Some(_) => return Err(ApiError::bad_request("n", format!("an integer from 1 to {TOP_N_MAX}"))),
+        };
+        let by = match by.as_deref() {
+            None => TopBy::Refused,
+            Some(name) => {
+                TopBy::from_name(name).ok_or_else(|| ApiError::bad_request("by", "refused or demand"))?
+            }
+        };
+        Ok(TopQuery { policy, n, by })
+    }
+}
+
+async fn top(State(api): ApiState, uri: Uri) -> Result<Response, ApiError> {
+    let (_, table) = api.daemon.current();
+    let query = TopQuery::parse(&uri, &table)?;
+    let report = api.daemon.node().top(&query.policy, query.by, query.n).await;
+    let answer = &report.answer;
+    let keys: Vec<_> =
+        answer.entries.iter().map(|e| json!({ "key": e.key, "count": e.count, "error": e.error })).collect();
+    let missing: Vec<_> =
+        report.missing.iter().map(|m| json!({ "id": m.id.0, "reason": m.reason })).collect();
+    let config = api.daemon.node().top_config();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "policy": query.policy,
+            "by": query.by.name(),
+            "n": query.n,
+            "keys": keys,
+            "error_bound": answer.error_bound,
+            "total": answer.total,
+            "window_ms": u64::try_from(answer.window.as_millis()).unwrap_or(u64::MAX),
+            "window_max_ms": u64::try_from(config.half_window.as_millis() * 2).unwrap_or(u64::MAX),
+            "key_bytes_max": config.key_bytes_max,
+            "members": report.answered.iter().map(|id| id.0).collect::<Vec<_>>(),
+            "missing": missing,
+        }),
+    ))
+}
+
+async fn stats(State(api): ApiState) -> Response {
+    let daemon = &api.daemon;
+    let node = daemon.node().metrics();
+    let policies: Vec<_> = daemon
+        .metrics()
+        .rates()
+        .snapshot()
+        .iter()
+        .map(|(policy, slots)| {
+            json!({
+                "policy": policy,
+                "allowed": slots.iter().map(|s| s.0).collect::<Vec<_>>(),
+                "refused": slots.iter().map(|s| s.1).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let round_trips: Vec<_> = node
+        .peer_round_trips
+        .iter()
+        .map(|(peer, rtt)| json!({ "peer": peer.0, "rtt_ms": rtt.as_secs_f64() * 1000.0 }))
+        .collect();
+    let (top_bytes, _) = daemon.node().top_memory();
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "node": daemon.id().0,
+            "slot_ms": u64::try_from(crate::rates::SLOT.as_millis()).unwrap_or(u64::MAX),
+            "policies": policies,
+            "sync_lag_ms": node.sync_lag.as_secs_f64() * 1000.0,
+            "peer_round_trips": round_trips,
+            "keys": node.keys,
+            "checks_waiting": node.checks_waiting,
+            "top_sketch_bytes": top_bytes,
+        }),
+    )
+}
+
+/// The dashboard page: self-contained (inline CSS and JavaScript, no external request).
+const DASHBOARD_HTML: &str = include_str!("dashboard.html");
+
+async fn dashboard() -> Response {
+    let headers = [
+        (CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8")),
+        // Nothing but this node: the page loads no other origin's resources.
+        (
+            axum::http::header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
+            ),
+        ),
+    ];
+    (StatusCode::OK, headers, DASHBOARD_HTML).into_response()
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {

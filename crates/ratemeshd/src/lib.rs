@@ -9,8 +9,8 @@
 //!   `advertise_ip_from`: a StatefulSet pod's ordinal, a compose replica's container name).
 //! - [`daemon`]: the running [`Daemon`]: the node, the current policies (hot reload), checks
 //!   with metrics and shadow mode, readiness, shutdown.
-//! - [`metrics`]: the Prometheus metrics.
-//! - [`http`]: the HTTP API (axum); [`rls`]: the Envoy Rate Limit Service (gRPC); [`serve`]:
+//! - [`metrics`]: the Prometheus metrics; [`rates`]: recent decision rates for the dashboard.
+//! - [`http`]: the HTTP API (axum) and the dashboard page (`dashboard.html`, served at `/`); [`rls`]: the Envoy Rate Limit Service (gRPC); [`serve`]:
 //!   listeners, reload triggers, signals, graceful shutdown; [`listener`]: the listeners'
 //!   connection bound; [`logging`]: text or JSON logs with a reloadable level.
 //! - [`client`]: a minimal HTTP/1.1 client for the CLI's `check` and `cluster`.
@@ -24,6 +24,7 @@ pub mod listener;
 pub mod logging;
 pub mod metrics;
 pub mod policy;
+pub mod rates;
 pub mod rls;
 pub mod serve;
 

@@ -50,6 +50,9 @@ enum Command {
     /// Print the cluster's members, their ring shares and the ring balance, as a running node
     /// sees them.
     Cluster(ClusterArgs),
+    /// Print a policy's heaviest keys cluster-wide (refused hits or demand over the last minute
+    /// at most), as a running node merges them from every member (`GET /v1/top`).
+    Top(TopArgs),
     /// Create a cluster CA and a certificate per node, for `ca_cert_path`/`cert_path`/`key_path`.
     Certs(CertsArgs),
     /// Check a configuration file (and the RATEMESH_ environment overrides) and exit.
@@ -110,6 +113,28 @@ struct ClusterArgs {
     timeout_ms: u64,
 }
 
+#[derive(Debug, Args)]
+struct TopArgs {
+    /// The node's HTTP API address (host:port).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: String,
+    /// A configured policy's name.
+    #[arg(long)]
+    policy: String,
+    /// How many keys (1 to 100).
+    #[arg(long, default_value_t = 20)]
+    n: usize,
+    /// refused or demand.
+    #[arg(long, default_value = "refused")]
+    by: String,
+    /// Print the node's JSON answer as it is.
+    #[arg(long)]
+    json: bool,
+    /// How long to wait for the answer, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    timeout_ms: u64,
+}
+
 #[derive(Debug, Default, Args)]
 struct ServeArgs {
     /// The configuration file; without it, the embedded default (a single node on loopback).
@@ -141,6 +166,7 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => serve(&args),
         Some(Command::Check(args)) => Ok(check(&args)),
         Some(Command::Cluster(args)) => Ok(cluster(&args)),
+        Some(Command::Top(args)) => Ok(top(&args)),
         Some(Command::Certs(args)) => certs(&args),
         Some(Command::Validate(args)) => Ok(validate(&args.config)),
     };
@@ -233,11 +259,31 @@ fn check(args: &CheckArgs) -> ExitCode {
 
 /// `cluster`: `GET /v1/cluster` from a running node, as a table.
 fn cluster(args: &ClusterArgs) -> ExitCode {
-    let timeout = Duration::from_millis(args.timeout_ms);
+    get_and_print(&args.addr, "/v1/cluster", args.timeout_ms, args.json, cluster_table)
+}
+
+/// `top`: `GET /v1/top` from a running node, as a table.
+fn top(args: &TopArgs) -> ExitCode {
+    let encode = |text: &str| {
+        percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    let path = format!("/v1/top?policy={}&n={}&by={}", encode(&args.policy), args.n, encode(&args.by));
+    get_and_print(&args.addr, &path, args.timeout_ms, args.json, top_table)
+}
+
+/// GETs `path` from the node at `addr` and prints the JSON answer, as it is or through `table`.
+fn get_and_print(
+    addr: &str,
+    path: &str,
+    timeout_ms: u64,
+    as_json: bool,
+    table: fn(&serde_json::Value) -> String,
+) -> ExitCode {
+    let timeout = Duration::from_millis(timeout_ms);
     let answer = client_runtime().and_then(|runtime| {
         runtime
-            .block_on(client::request(&args.addr, "GET", "/v1/cluster", &[], &[], timeout))
-            .with_context(|| format!("asking {}", args.addr))
+            .block_on(client::request(addr, "GET", path, &[], &[], timeout))
+            .with_context(|| format!("asking {addr}"))
     });
     let json = match answer {
         Ok(response) if response.status == 200 => match response.json() {
@@ -256,12 +302,50 @@ fn cluster(args: &ClusterArgs) -> ExitCode {
             return ExitCode::from(EXIT_ERROR);
         }
     };
-    if args.json {
+    if as_json {
         println!("{}", serde_json::to_string_pretty(&json).unwrap_or_else(|_| json.to_string()));
     } else {
-        print!("{}", cluster_table(&json));
+        print!("{}", table(&json));
     }
     ExitCode::SUCCESS
+}
+
+/// The `GET /v1/top` answer as text for a person.
+fn top_table(json: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let seconds = json["window_ms"].as_u64().unwrap_or(0) as f64 / 1000.0;
+    // Writing to a String cannot fail.
+    let _ = writeln!(
+        out,
+        "policy {} by {}: last {seconds:.0} s, {} hits; estimates exceed the true count by at most {}",
+        json["policy"].as_str().unwrap_or_default(),
+        json["by"].as_str().unwrap_or_default(),
+        json["total"],
+        json["error_bound"]
+    );
+    let _ = writeln!(out, "{:>4}  {:>10}  {:>8}  key", "rank", "hits", "± max");
+    for (rank, key) in json["keys"].as_array().map(Vec::as_slice).unwrap_or_default().iter().enumerate() {
+        let text = key["key"].as_str().unwrap_or_default();
+        let _ = writeln!(out, "{:>4}  {:>10}  {:>8}  {text}", rank + 1, key["count"], key["error"]);
+    }
+    let members: Vec<String> = json["members"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|m| m.to_string())
+        .collect();
+    let _ = writeln!(out, "members answered: {}", members.join(", "));
+    for missing in json["missing"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        let _ = writeln!(
+            out,
+            "MISSING member {}: {}",
+            missing["id"],
+            missing["reason"].as_str().unwrap_or_default()
+        );
+    }
+    out
 }
 
 /// The `GET /v1/cluster` answer as text for a person.
@@ -411,6 +495,25 @@ mod tests {
         assert!(table.contains("node 1 of cluster c: ready"), "{table}");
         assert!(table.contains("127.0.0.1:1") && table.contains("50.0%"), "{table}");
         assert!(table.contains("balance 1.00"), "{table}");
+    }
+
+    #[test]
+    fn top_table_ranks_keys_and_names_missing_members() {
+        let json = serde_json::json!({
+            "policy": "api", "by": "refused", "total": 130, "error_bound": 2, "window_ms": 42_000,
+            "keys": [{"key": "abuser-a", "count": 90, "error": 0}, {"key": "user 7", "count": 40, "error": 2}],
+            "members": [1, 2], "missing": [{"id": 3, "reason": "query timed out"}],
+        });
+        let table = top_table(&json);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[0],
+            "policy api by refused: last 42 s, 130 hits; estimates exceed the true count by at most 2"
+        );
+        assert_eq!(lines[2].split_whitespace().collect::<Vec<_>>(), ["1", "90", "0", "abuser-a"]);
+        assert!(lines[3].ends_with("  user 7"), "{table}");
+        assert_eq!(lines[4], "members answered: 1, 2");
+        assert_eq!(lines[5], "MISSING member 3: query timed out");
     }
 
     #[test]

@@ -28,6 +28,8 @@ use ratemesh::durable::SnapshotMetrics;
 use ratemesh::{GossipHealth, Member, MemberStatus, Node};
 use ratemesh_core::Decision;
 
+use crate::rates::RateHistory;
+
 /// The content type of [`Metrics::encode`]'s output: OpenMetrics text, which Prometheus scrapes
 /// natively and whose samples are also valid Prometheus text-format lines.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -77,6 +79,12 @@ struct ServerLabels {
     server: &'static str,
 }
 
+/// Whether a decision was taken with remaining below 10 % of the limit (a refusal always is:
+/// nothing remains for it).
+pub fn is_near_limit(decision: &Decision) -> bool {
+    !decision.allowed || u128::from(decision.remaining) * 10 < u128::from(decision.limit)
+}
+
 /// Every value of [`DecisionLabel`], to remove a policy's series whatever its decisions were.
 const DECISION_LABELS: [DecisionLabel; 3] =
     [DecisionLabel::allowed, DecisionLabel::refused, DecisionLabel::shadow_refused];
@@ -88,6 +96,9 @@ pub struct Metrics {
     requests: Family<PolicyDecision, Counter>,
     over_limit: Family<PolicyLabels, Counter>,
     fill_ratio: Family<PolicyLabels, Histogram, fn() -> Histogram>,
+    near_limit: Family<PolicyLabels, Counter>,
+    limited_decisions: Family<PolicyLabels, Counter>,
+    rates: RateHistory,
     http_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
     http_in_flight: Gauge,
     shed: Family<ShedLabels, Counter>,
@@ -129,6 +140,20 @@ impl Metrics {
             "ratemesh_bucket_fill_ratio",
             "1 - remaining/limit of the key at decision time, by policy",
             fill_ratio.clone(),
+        );
+        let near_limit = Family::<PolicyLabels, Counter>::default();
+        registry.register(
+            "ratemesh_near_limit_decisions",
+            "Decisions taken with remaining below 10 % of the limit (refusals included), by policy: divide by \
+             ratemesh_limited_decisions for the share of decisions near the limit",
+            near_limit.clone(),
+        );
+        let limited_decisions = Family::<PolicyLabels, Counter>::default();
+        registry.register(
+            "ratemesh_limited_decisions",
+            "Decisions on a bucket (unlimited policies excluded), by policy: the denominator of \
+             ratemesh_near_limit_decisions",
+            limited_decisions.clone(),
         );
         let http_duration = Family::new_with_constructor(http_duration_histogram as fn() -> Histogram);
         registry.register(
@@ -174,6 +199,9 @@ impl Metrics {
             requests,
             over_limit,
             fill_ratio,
+            near_limit,
+            limited_decisions,
+            rates: RateHistory::default(),
             http_duration,
             http_in_flight,
             shed,
@@ -192,6 +220,7 @@ impl Metrics {
             (false, true) => DecisionLabel::shadow_refused,
         };
         self.requests.get_or_create(&PolicyDecision { policy: policy.to_owned(), decision: label }).inc();
+        self.rates.record(policy, decision.allowed);
         let labels = PolicyLabels { policy: policy.to_owned() };
         if !decision.allowed {
             self.over_limit.get_or_create(&labels).inc();
@@ -201,9 +230,14 @@ impl Metrics {
             let fill = 1.0 - (decision.remaining as f64 / decision.limit as f64);
             self.fill_ratio.get_or_create(&labels).observe(fill.clamp(0.0, 1.0));
         }
+        self.limited_decisions.get_or_create(&labels).inc();
+        if is_near_limit(decision) {
+            self.near_limit.get_or_create(&labels).inc();
+        }
     }
 
-    /// Records a check of an unlimited policy (allowed without a bucket).
+    /// Records a check of an unlimited policy (allowed without a bucket): no bucket, so it is not
+    /// a limited decision.
     pub fn record_unlimited(&self, policy: &str) {
         let labels = PolicyDecision { policy: policy.to_owned(), decision: DecisionLabel::allowed };
         self.requests.get_or_create(&labels).inc();
@@ -248,8 +282,16 @@ impl Metrics {
             }
             self.over_limit.remove(&labels);
             self.fill_ratio.remove(&labels);
+            self.near_limit.remove(&labels);
+            self.rates.forget(name);
+            self.limited_decisions.remove(&labels);
             self.shadow_errors.remove(&labels);
         }
+    }
+
+    /// The recent decision rates per policy (for the dashboard).
+    pub fn rates(&self) -> &RateHistory {
+        &self.rates
     }
 
     /// Counts a reload attempt: `result` is `applied`, `unchanged` or `refused`.

@@ -548,6 +548,8 @@ pub struct ValidCheck {
     pub target: Target,
     /// The bucket.
     pub key: KeyHash,
+    /// The key as the client wrote it (for the top-keys sketches, never for metrics).
+    pub key_text: String,
     /// Hits (0 = query).
     pub cost: u64,
 }
@@ -686,8 +688,9 @@ impl CheckBody {
     pub fn validate(&self, table: &PolicyTable, bounds: &Bounds) -> Result<ValidCheck, BodyError> {
         let key = key(self.key.as_deref(), bounds)?;
         let target = target(self.limit.as_ref(), self.policy.as_deref(), table)?;
+        let key_text = key.to_owned();
         let key = target.namespace().key(key.as_bytes());
-        Ok(ValidCheck { target, key, cost: self.cost.unwrap_or(1) })
+        Ok(ValidCheck { target, key, key_text, cost: self.cost.unwrap_or(1) })
     }
 }
 

@@ -248,7 +248,11 @@ impl RlsService {
                 response.statuses.push(no_limit_status(0));
                 continue;
             };
-            let decision = match self.daemon.check(&check.target, check.key, check.hits).await {
+            let decision = match self
+                .daemon
+                .check(&check.target, check.key, &check.key_text, check.hits)
+                .await
+            {
                 Ok(decision) => decision,
                 // Never enforced: its failure must not fail the call (see the module doc).
                 Err(error) if check.target.shadow_mode() => {
@@ -362,6 +366,8 @@ struct PlannedCheck {
     target: Target,
     /// The bucket.
     key: KeyHash,
+    /// The descriptor as `key=value,key=value` (for the top-keys sketches).
+    key_text: String,
     /// Hits to take (0: query).
     hits: u64,
 }
@@ -450,7 +456,8 @@ fn plan_descriptor(
         }
         _ => (Target::Named(Arc::clone(&matched.entry)), matched.key_hash()),
     };
-    Ok(Some(PlannedCheck { target, key, hits }))
+    let key_text = pairs.iter().map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>().join(",");
+    Ok(Some(PlannedCheck { target, key, key_text, hits }))
 }
 
 /// The requests and period of a descriptor's limit override.

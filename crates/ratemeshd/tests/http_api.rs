@@ -637,7 +637,8 @@ async fn bad_input_gets_a_clear_4xx_naming_the_field_and_the_node_keeps_serving(
 
     // Wrong paths and methods.
     assert_error(&h.get("/v1/nothing").await, 404, None, "unknown path");
-    assert_error(&h.get("/").await, 404, None, "root");
+    // The root is the dashboard page (GET only).
+    assert_error(&h.post("/", &json!({})).await, 405, None, "POST /");
     assert_error(&h.get("/v1/check").await, 405, None, "GET /v1/check");
     assert_error(&h.request("DELETE", "/v1/policies", &[], b"").await, 405, None, "DELETE /v1/policies");
     assert_error(&h.post("/metrics", &json!({})).await, 405, None, "POST /metrics");
@@ -825,7 +826,7 @@ async fn overload_is_shed_with_503_at_once_and_shutdown_refuses_checks() {
     h.daemon.begin_shutdown();
     assert!(!h.daemon.is_ready());
     let key = target.namespace().key(b"s");
-    assert_eq!(h.daemon.check(&target, key, 1).await.expect_err("refused"), CheckError::ShutDown);
+    assert_eq!(h.daemon.check(&target, key, "k", 1).await.expect_err("refused"), CheckError::ShutDown);
     h.stop().await;
 }
 

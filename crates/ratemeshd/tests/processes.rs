@@ -18,6 +18,11 @@
 //! spent to 40 remaining keep at most 40 across a graceful stop of all three processes, and lose
 //! at most the hits after the last snapshot when all three are SIGKILLed (see
 //! [`three_processes_keep_daily_quotas_across_a_full_restart_and_a_kill_of_all`]).
+//! And top keys: three abusive keys among 10 000 normal ones, checked in batches through all three
+//! nodes, come first in `GET /v1/top` (by refused hits and by demand) on every node, every count
+//! within the reported bound; bad queries are 400 naming the field; the near-limit counters add
+//! up; `ratemeshd top` prints the same ranking; a killed member is left out of the answer
+//! ([`three_processes_list_three_abusive_keys_among_ten_thousand_first_on_every_node`]).
 //!
 //! Real processes, real sockets, the daemon's own HTTP API spoken by a tiny HTTP/1.1 client over
 //! `std::net::TcpStream`. Every wait polls a condition (`/readyz`, the member view of
@@ -993,4 +998,175 @@ fn skewed_demand_is_admitted_in_proportion_to_each_nodes_demand() {
             );
         }
     }
+}
+
+/// Sends `checks` (`(key, node id)`) of cost 1 under `policy` in batches of at most
+/// `TOP_BATCH_LEN`, several batches in flight per node; returns the hits refused per key.
+fn drive_batches(
+    cluster: &Cluster,
+    policy: &str,
+    checks: &[(String, u64)],
+) -> std::collections::HashMap<String, u64> {
+    const TOP_BATCH_LEN: usize = 50;
+    const WORKERS_PER_NODE: usize = 8;
+    let mut per_node: std::collections::BTreeMap<u64, Vec<&str>> = std::collections::BTreeMap::new();
+    for (key, id) in checks {
+        per_node.entry(*id).or_default().push(key);
+    }
+    let batches: Vec<(u64, Vec<&str>)> = per_node
+        .iter()
+        .flat_map(|(id, keys)| keys.chunks(TOP_BATCH_LEN).map(|chunk| (*id, chunk.to_vec())))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let refused = std::sync::Mutex::new(std::collections::HashMap::<String, u64>::new());
+    std::thread::scope(|scope| {
+        for _ in 0..per_node.len() * WORKERS_PER_NODE {
+            scope.spawn(|| {
+                loop {
+                    let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((id, keys)) = batches.get(at) else { return };
+                    let body: Vec<Value> =
+                        keys.iter().map(|key| serde_json::json!({ "key": key, "policy": policy })).collect();
+                    let body = Value::Array(body).to_string();
+                    let response = request(cluster.http(*id), "POST", "/v1/check/batch", Some(&body))
+                        .unwrap_or_else(|e| panic!("node {id}: {e}"));
+                    assert_eq!(response.status, 200, "node {id}: {}", response.text());
+                    let answers: Vec<Value> = serde_json::from_slice(&response.body).expect("JSON answers");
+                    let mut refused = refused.lock().expect("not poisoned");
+                    for (key, answer) in keys.iter().zip(&answers) {
+                        let allowed = answer["allowed"].as_bool().expect("an \"allowed\" boolean");
+                        *refused.entry((*key).to_owned()).or_default() += u64::from(!allowed);
+                    }
+                }
+            });
+        }
+    });
+    refused.into_inner().expect("not poisoned")
+}
+
+/// `GET path` from node `id`, as JSON, requiring `status`.
+fn get_json(cluster: &Cluster, id: u64, path: &str, status: u16) -> Value {
+    let response = request(cluster.http(id), "GET", path, None).expect("answered");
+    assert_eq!(response.status, status, "{path} on node {id}: {}", response.text());
+    serde_json::from_slice(&response.body).expect("JSON answer")
+}
+
+#[test]
+fn three_processes_list_three_abusive_keys_among_ten_thousand_first_on_every_node() {
+    const NORMAL_KEYS: u64 = 10_000;
+    let _one_cluster_at_a_time = ONE_CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cluster = Cluster::start("top", 3, false);
+    cluster.wait_ready(&[1, 2, 3]);
+    cluster.wait_view(&[1, 2, 3], &[1, 2, 3], &[]);
+    let started = Instant::now();
+    // Normal keys: two checks each, on two nodes; abusive keys: 400 each over all three.
+    let abusive = ["abuser-a", "abuser-b", "abuser-c"];
+    let mut checks = Vec::new();
+    for i in 0..NORMAL_KEYS {
+        checks.push((format!("user-{i}"), i % 3 + 1));
+        checks.push((format!("user-{i}"), (i + 1) % 3 + 1));
+        if i % 25 == 0 {
+            for (a, key) in abusive.iter().enumerate() {
+                checks.push(((*key).to_owned(), (i + a as u64) % 3 + 1));
+            }
+        }
+    }
+    let mut demand = std::collections::HashMap::<String, u64>::new();
+    for (key, _) in &checks {
+        *demand.entry(key.clone()).or_default() += 1;
+    }
+    let refused = drive_batches(&cluster, "approx", &checks);
+    eprintln!("{} checks through three processes in {:?}", checks.len(), started.elapsed());
+    for key in abusive {
+        assert!(refused[key] >= 400 - approx_bound(), "{key}: refused {}", refused[key]);
+    }
+    for (by, truth) in [("refused", &refused), ("demand", &demand)] {
+        for id in 1..=3 {
+            let top = get_json(&cluster, id, &format!("/v1/top?policy=approx&n=20&by={by}"), 200);
+            assert_eq!(top["members"], serde_json::json!([1, 2, 3]), "{top}");
+            assert_eq!(top["missing"], serde_json::json!([]), "{top}");
+            let keys = top["keys"].as_array().expect("keys");
+            let mut first: Vec<&str> =
+                keys.iter().take(3).map(|k| k["key"].as_str().expect("a key")).collect();
+            first.sort_unstable();
+            assert_eq!(first, abusive, "by {by} on node {id}: {top}");
+            let bound = top["error_bound"].as_u64().expect("a bound");
+            for key in keys {
+                let (name, count) =
+                    (key["key"].as_str().expect("a key"), key["count"].as_u64().expect("a count"));
+                let true_count = truth.get(name).copied().unwrap_or(0);
+                assert!(
+                    count >= true_count && count - true_count <= bound,
+                    "{name}: {count} vs {true_count} ± {bound}"
+                );
+            }
+            assert_eq!(top["total"].as_u64(), Some(truth.values().sum::<u64>()), "by {by}: every hit once");
+            if id == 1 {
+                eprintln!("by {by}: bound {bound} of {} hits, first {}", top["total"], keys[0]);
+            }
+        }
+    }
+    // Bad input: 400 naming the field, nothing else.
+    for (path, field) in [
+        ("/v1/top", "policy"),
+        ("/v1/top?policy=nope", "policy"),
+        ("/v1/top?policy=approx&n=0", "n"),
+        ("/v1/top?policy=approx&n=101", "n"),
+        ("/v1/top?policy=approx&n=x", "n"),
+        ("/v1/top?policy=approx&by=allowed", "by"),
+        ("/v1/top?policy=approx&by=refused&by=demand", "by"),
+        ("/v1/top?policy=approx&key=x", "key"),
+    ] {
+        let error = get_json(&cluster, 2, path, 400);
+        assert_eq!(error["field"], field, "{path}: {error}");
+    }
+    // The near-limit signal: the abusive keys' decisions were near (or over) the limit.
+    let metrics = request(cluster.http(1), "GET", "/metrics", None).expect("metrics").text();
+    let sample = |name: &str, labels: &str| {
+        metrics
+            .lines()
+            .find(|line| line.starts_with(name) && line.contains(labels))
+            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} {labels} in {metrics}"))
+    };
+    let approx = "policy=\"approx\"";
+    let near = sample("ratemesh_near_limit_decisions_total", approx);
+    let total = sample("ratemesh_limited_decisions_total", approx);
+    let refused_here = sample("ratemesh_requests_total", "policy=\"approx\",decision=\"refused\"");
+    let allowed_here = sample("ratemesh_requests_total", "policy=\"approx\",decision=\"allowed\"");
+    assert_eq!(total, refused_here + allowed_here, "every decision is counted once");
+    // Refusals are near the limit, and so are the last admissions of the abusive keys; the
+    // normal keys' admissions (two hits of a hundred) are not.
+    assert!(
+        near > refused_here && near < refused_here + 3.0 * 100.0,
+        "near {near}, refused {refused_here} of {total}"
+    );
+    assert!(!metrics.contains("abuser-"), "keys are never metric labels");
+    // The CLI prints the same ranking.
+    let output = Command::new(env!("CARGO_BIN_EXE_ratemeshd"))
+        .args(["top", "--policy", "approx", "--n", "5", "--addr"])
+        .arg(cluster.http(3).to_string())
+        .output()
+        .expect("ratemeshd top runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text} {}", String::from_utf8_lossy(&output.stderr));
+    let ranked: Vec<&str> =
+        text.lines().skip(2).take(3).filter_map(|line| line.split_whitespace().nth(3)).collect();
+    let mut ranked_sorted = ranked.clone();
+    ranked_sorted.sort_unstable();
+    assert_eq!(ranked_sorted, abusive, "{text}");
+    // The dashboard page is served, self-contained.
+    let page = request(cluster.http(2), "GET", "/", None).expect("dashboard");
+    assert_eq!(page.status, 200);
+    let html = page.text();
+    assert!(html.contains("<title>ratemesh dashboard</title>"));
+    // No external resource (the browser test, tests/dashboard.sh, watches the requests too).
+    for external in ["src=", "href=\"http", "url(", "@import", "//cdn"] {
+        assert!(!html.contains(external), "{external} in the page");
+    }
+
+    // A member gone: the others answer, the missing one is reported (or already out of the view).
+    cluster.node(3).kill();
+    let top = get_json(&cluster, 1, "/v1/top?policy=approx", 200);
+    assert!(!top["members"].as_array().expect("members").contains(&serde_json::json!(3)), "{top}");
 }

@@ -1,0 +1,612 @@
+//! Who is being limited: the heaviest keys per policy over a recent window, bounded in memory.
+//!
+//! - [`SpaceSaving`] is the heavy-hitter sketch (Metwally, Agrawal, El Abbadi 2005): at most
+//!   `capacity` counters; a key without a counter takes over the smallest one, inheriting its
+//!   count as its error. Every hit costs one hash lookup and `O(log capacity)` heap steps.
+//!   **Bound:** a counted key's estimate is never below its true count and exceeds it by at most
+//!   its counter's `error`, which is at most the sketch's smallest count, which is at most
+//!   `total / capacity`; a key without a counter has a true count of at most that smallest
+//!   count. So every key whose true count exceeds `total / capacity` has a counter.
+//! - [`PolicyTop`] keeps, per policy, two sketches (demand: every hit checked; refused: hits
+//!   refused) per *half-window*; two half-windows rotate (`half_window`, 30 s by default), so a
+//!   query covers between one and two half-windows: the last minute at most.
+//! - [`TopTable`] holds the policies (at most `policies_max`; further policies are not recorded,
+//!   and counted) behind its own lock, apart from the node's core: recording never contends with
+//!   the protocol.
+//! - [`TopSummary`] is one sketch's content as it travels between members; [`merge`] joins the
+//!   summaries of every member and half-window into a [`TopAnswer`]. **Merged bound:** an
+//!   estimate is the sum over summaries of the key's count there, or of that summary's smallest
+//!   count where it has no counter; it is never below the true count and exceeds it by at most
+//!   `error_bound`, the sum of the summaries' smallest counts (each at most its `total /
+//!   capacity`).
+//!
+//! Keys are cut at `key_bytes_max` bytes (64 by default, on a UTF-8 character boundary; bytes
+//! that are not UTF-8 are replaced), so memory per counter is bounded; keys that share their first
+//! `key_bytes_max` bytes are counted as one (their estimate is an upper bound on each). Keys are
+//! never metric labels: they are only in these sketches and in the answers of
+//! [`crate::Node::top`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use ratemesh_core::Instant;
+use serde::{Deserialize, Serialize};
+
+/// Bounds of the top-keys sketches. Every field has a default ([`Default`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopConfig {
+    /// Counters per sketch (default 128). A policy holds four sketches (demand and refused, two
+    /// half-windows): at most `4 × capacity` keys.
+    pub capacity: usize,
+    /// Bytes of a key kept (default 64); longer keys are cut (see the module documentation).
+    pub key_bytes_max: usize,
+    /// Length of one half-window (default 30 s): a query covers the current half-window and the
+    /// previous one.
+    pub half_window: Duration,
+    /// Policies recorded (default 256); checks under further policies are not recorded.
+    pub policies_max: usize,
+}
+
+impl Default for TopConfig {
+    fn default() -> Self {
+        TopConfig {
+            capacity: 128,
+            key_bytes_max: 64,
+            half_window: Duration::from_secs(30),
+            policies_max: 256,
+        }
+    }
+}
+
+/// Which hits a top-keys query ranks by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TopBy {
+    /// Hits refused.
+    Refused,
+    /// Hits checked, allowed or not.
+    Demand,
+}
+
+impl TopBy {
+    /// `"refused"` or `"demand"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TopBy::Refused => "refused",
+            TopBy::Demand => "demand",
+        }
+    }
+
+    /// The kind named `name` (`refused` or `demand`).
+    pub fn from_name(name: &str) -> Option<TopBy> {
+        match name {
+            "refused" => Some(TopBy::Refused),
+            "demand" => Some(TopBy::Demand),
+            _ => None,
+        }
+    }
+}
+
+/// One counter of a sketch.
+#[derive(Clone, Debug)]
+struct Counter {
+    key: String,
+    count: u64,
+    error: u64,
+}
+
+/// A Space-Saving heavy-hitter sketch of at most `capacity` counters (see the module
+/// documentation for its bound). The counters live in slots that never move; a min-heap of slot
+/// numbers orders them by count (`position` maps a slot to its place in the heap, so moving a
+/// counter in the heap costs no hashing), and a hash table maps keys to slots. A key taking over
+/// a counter reuses the evicted key's buffers: in steady state a check allocates nothing.
+#[derive(Clone, Debug)]
+pub struct SpaceSaving {
+    capacity: usize,
+    counters: Vec<Counter>,
+    heap: Vec<usize>,
+    position: Vec<usize>,
+    index: HashMap<String, usize>,
+    total: u64,
+}
+
+impl SpaceSaving {
+    /// An empty sketch of at most `capacity` counters (at least one).
+    pub fn new(capacity: usize) -> SpaceSaving {
+        let capacity = capacity.max(1);
+        SpaceSaving {
+            capacity,
+            counters: Vec::new(),
+            heap: Vec::new(),
+            position: Vec::new(),
+            index: HashMap::new(),
+            total: 0,
+        }
+    }
+
+    /// Counts `weight` hits of `key` (already cut to its length bound).
+    pub fn add(&mut self, key: &str, weight: u64) {
+        if weight == 0 {
+            return;
+        }
+        self.total = self.total.saturating_add(weight);
+        if let Some(&slot) = self.index.get(key) {
+            self.counters[slot].count = self.counters[slot].count.saturating_add(weight);
+            self.sift_down(self.position[slot]);
+            return;
+        }
+        if self.counters.len() < self.capacity {
+            let slot = self.counters.len();
+            self.counters.push(Counter { key: key.to_owned(), count: weight, error: 0 });
+            self.index.insert(key.to_owned(), slot);
+            self.heap.push(slot);
+            self.position.push(self.heap.len() - 1);
+            self.sift_up(self.heap.len() - 1);
+            return;
+        }
+        // Full: the new key takes over the smallest counter (the heap's root).
+        let slot = self.heap[0];
+        let counter = &mut self.counters[slot];
+        let smallest = counter.count;
+        let mut indexed = match self.index.remove_entry(counter.key.as_str()) {
+            Some((indexed, _)) => indexed,
+            // Every counter's key is in the index (they change together, here and above).
+            None => String::new(),
+        };
+        indexed.clear();
+        indexed.push_str(key);
+        self.index.insert(indexed, slot);
+        counter.key.clear();
+        counter.key.push_str(key);
+        counter.count = smallest.saturating_add(weight);
+        counter.error = smallest;
+        self.sift_down(0);
+    }
+
+    /// Hits counted.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The smallest count when every counter is taken (0 before): the most by which an estimate
+    /// exceeds its key's true count, and the most a key without a counter was hit.
+    pub fn error_bound(&self) -> u64 {
+        if self.counters.len() < self.capacity { 0 } else { self.count_at(0) }
+    }
+
+    /// Counters taken.
+    pub fn len(&self) -> usize {
+        self.counters.len()
+    }
+
+    /// Whether nothing was counted.
+    pub fn is_empty(&self) -> bool {
+        self.counters.is_empty()
+    }
+
+    /// The estimate of `key`: its counter's count, or [`SpaceSaving::error_bound`] without one.
+    pub fn estimate(&self, key: &str) -> u64 {
+        self.index.get(key).map_or_else(|| self.error_bound(), |&slot| self.counters[slot].count)
+    }
+
+    /// Bytes of heap memory the sketch holds, from its allocations' capacities (the hash table
+    /// counted at one control byte and one slot per bucket).
+    pub fn heap_bytes(&self) -> usize {
+        let keys: usize = self.counters.iter().map(|counter| counter.key.capacity()).sum::<usize>()
+            + self.index.keys().map(String::capacity).sum::<usize>();
+        let table_slot = std::mem::size_of::<(String, usize)>() + 1;
+        keys + self.counters.capacity() * std::mem::size_of::<Counter>()
+            + (self.heap.capacity() + self.position.capacity()) * std::mem::size_of::<usize>()
+            + self.index.capacity() * table_slot
+    }
+
+    /// The sketch's content, for merging.
+    pub fn summary(&self) -> TopSummary {
+        let entries = self
+            .counters
+            .iter()
+            .map(|c| TopEntry { key: c.key.clone(), count: c.count, error: c.error })
+            .collect();
+        TopSummary { total: self.total, error_bound: self.error_bound(), entries }
+    }
+
+    fn count_at(&self, at: usize) -> u64 {
+        self.counters[self.heap[at]].count
+    }
+
+    fn sift_up(&mut self, mut at: usize) {
+        while at > 0 {
+            let parent = (at - 1) / 2;
+            if self.count_at(parent) <= self.count_at(at) {
+                break;
+            }
+            self.swap(at, parent);
+            at = parent;
+        }
+    }
+
+    fn sift_down(&mut self, mut at: usize) {
+        loop {
+            let (left, right) = (2 * at + 1, 2 * at + 2);
+            let mut smallest = at;
+            if left < self.heap.len() && self.count_at(left) < self.count_at(smallest) {
+                smallest = left;
+            }
+            if right < self.heap.len() && self.count_at(right) < self.count_at(smallest) {
+                smallest = right;
+            }
+            if smallest == at {
+                return;
+            }
+            self.swap(at, smallest);
+            at = smallest;
+        }
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        self.heap.swap(a, b);
+        self.position[self.heap[a]] = a;
+        self.position[self.heap[b]] = b;
+    }
+}
+
+/// One key of a [`TopSummary`] or a [`TopAnswer`]: its estimated hits and how much of that may
+/// be overestimate (the true count is in `count - error ..= count`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopEntry {
+    /// The key, cut at the length bound.
+    pub key: String,
+    /// Estimated hits (never below the true count).
+    pub count: u64,
+    /// The most by which `count` may exceed the true count.
+    pub error: u64,
+}
+
+/// One sketch's content: what a member sends when asked for its top keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopSummary {
+    /// Hits the sketch counted.
+    pub total: u64,
+    /// Its smallest count when full, else 0 ([`SpaceSaving::error_bound`]).
+    pub error_bound: u64,
+    /// Its counters.
+    pub entries: Vec<TopEntry>,
+}
+
+/// The answer to a top-keys query: the heaviest keys, best first, with the bound of the
+/// estimates and the window they cover.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopAnswer {
+    /// At most the `n` asked for, heaviest first (ties by key).
+    pub entries: Vec<TopEntry>,
+    /// No estimate exceeds its key's true count by more than this; a key not listed was hit at
+    /// most this often (or less than the last listed).
+    pub error_bound: u64,
+    /// Hits counted in the window, over every summary merged.
+    pub total: u64,
+    /// The window covered: the longest span of the merged summaries.
+    pub window: Duration,
+}
+
+/// Merges summaries (of members and half-windows) into the `n` heaviest keys; `window` is the
+/// span they cover. See the module documentation for the bound.
+pub fn merge(summaries: &[TopSummary], n: usize, window: Duration) -> TopAnswer {
+    let mut estimates: HashMap<&str, (u64, u64)> = HashMap::new();
+    for (at, summary) in summaries.iter().enumerate() {
+        for entry in &summary.entries {
+            let slot = estimates.entry(entry.key.as_str()).or_insert_with(|| {
+                // Summaries before this one that had no counter for the key: their smallest counts.
+                let absent: u64 = summaries[..at].iter().map(|s| s.error_bound).sum();
+                (absent, absent)
+            });
+            slot.0 = slot.0.saturating_add(entry.count);
+            slot.1 = slot.1.saturating_add(entry.error);
+        }
+        // Keys seen before but without a counter here.
+        let here: std::collections::HashSet<&str> = summary.entries.iter().map(|e| e.key.as_str()).collect();
+        for (key, slot) in &mut estimates {
+            if !here.contains(key) {
+                slot.0 = slot.0.saturating_add(summary.error_bound);
+                slot.1 = slot.1.saturating_add(summary.error_bound);
+            }
+        }
+    }
+    let mut entries: Vec<TopEntry> = estimates
+        .into_iter()
+        .map(|(key, (count, error))| TopEntry { key: key.to_owned(), count, error })
+        .collect();
+    entries.sort_unstable_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
+    entries.truncate(n);
+    TopAnswer {
+        entries,
+        error_bound: summaries.iter().map(|s| s.error_bound).fold(0, u64::saturating_add),
+        total: summaries.iter().map(|s| s.total).fold(0, u64::saturating_add),
+        window,
+    }
+}
+
+/// `key` cut to at most `bytes_max` bytes on a character boundary (bytes that are not UTF-8 are
+/// replaced first).
+pub fn cut_key(key: &[u8], bytes_max: usize) -> std::borrow::Cow<'_, str> {
+    let text = String::from_utf8_lossy(&key[..key.len().min(bytes_max.saturating_mul(3))]);
+    if text.len() <= bytes_max {
+        return text;
+    }
+    let mut end = bytes_max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(text[..end].to_owned())
+}
+
+/// The sketches of one half-window.
+#[derive(Clone, Debug)]
+struct HalfWindow {
+    start: Instant,
+    demand: SpaceSaving,
+    refused: SpaceSaving,
+}
+
+impl HalfWindow {
+    fn new(start: Instant, capacity: usize) -> HalfWindow {
+        HalfWindow { start, demand: SpaceSaving::new(capacity), refused: SpaceSaving::new(capacity) }
+    }
+
+    fn sketch(&self, by: TopBy) -> &SpaceSaving {
+        match by {
+            TopBy::Refused => &self.refused,
+            TopBy::Demand => &self.demand,
+        }
+    }
+}
+
+/// One policy's demand and refused sketches over two rotating half-windows.
+#[derive(Clone, Debug)]
+pub struct PolicyTop {
+    half_window_nanos: u64,
+    current: HalfWindow,
+    previous: Option<HalfWindow>,
+}
+
+impl PolicyTop {
+    /// Empty sketches starting at `now`.
+    pub fn new(now: Instant, config: &TopConfig) -> PolicyTop {
+        let half_window_nanos = ratemesh_core::duration_nanos(config.half_window).max(1);
+        PolicyTop { half_window_nanos, current: HalfWindow::new(now, config.capacity), previous: None }
+    }
+
+    /// Counts a check of `cost` hits of `key` (already cut) at `now`, refused or not.
+    pub fn record(&mut self, now: Instant, key: &str, cost: u64, refused: bool) {
+        self.rotate(now);
+        self.current.demand.add(key, cost);
+        if refused {
+            self.current.refused.add(key, cost);
+        }
+    }
+
+    /// The summaries of the half-windows still in the window at `now` (current first), and the
+    /// span they cover.
+    pub fn summaries(&mut self, now: Instant, by: TopBy) -> (Vec<TopSummary>, Duration) {
+        self.rotate(now);
+        let oldest = self.previous.as_ref().map_or(self.current.start, |previous| previous.start);
+        let window = Duration::from_nanos(now.nanos_since(oldest));
+        let mut summaries = vec![self.current.sketch(by).summary()];
+        summaries.extend(self.previous.as_ref().map(|previous| previous.sketch(by).summary()));
+        (summaries, window)
+    }
+
+    /// Bytes of heap memory held by the four sketches.
+    pub fn heap_bytes(&self) -> usize {
+        let half = |h: &HalfWindow| h.demand.heap_bytes() + h.refused.heap_bytes();
+        half(&self.current) + self.previous.as_ref().map_or(0, half)
+    }
+
+    /// Starts a new half-window once the current one is over (and forgets the previous one; both
+    /// when two half-windows passed without a hit).
+    fn rotate(&mut self, now: Instant) {
+        let elapsed = now.nanos_since(self.current.start);
+        if elapsed < self.half_window_nanos {
+            return;
+        }
+        let capacity = self.current.demand.capacity;
+        // Half-windows start on their grid, so that the window is the same whatever the traffic.
+        let start = self.current.start.add_nanos(elapsed - elapsed % self.half_window_nanos);
+        let finished = std::mem::replace(&mut self.current, HalfWindow::new(start, capacity));
+        self.previous = (elapsed < 2 * self.half_window_nanos).then_some(finished);
+    }
+}
+
+/// The policies' sketches of one node, behind a lock of their own.
+#[derive(Debug)]
+pub struct TopTable {
+    config: TopConfig,
+    policies: Mutex<HashMap<Arc<str>, PolicyTop>>,
+    /// Checks not recorded because `policies_max` policies are recorded already.
+    unrecorded: AtomicU64,
+}
+
+impl TopTable {
+    /// An empty table with `config`'s bounds.
+    pub fn new(config: TopConfig) -> TopTable {
+        TopTable { config, policies: Mutex::new(HashMap::new()), unrecorded: AtomicU64::new(0) }
+    }
+
+    /// The bounds.
+    pub fn config(&self) -> &TopConfig {
+        &self.config
+    }
+
+    /// Counts a check of `cost` hits (0, a query, counts nothing) of `key` under `policy`.
+    pub fn record(&self, now: Instant, policy: &str, key: &[u8], cost: u64, refused: bool) {
+        if cost == 0 {
+            return;
+        }
+        let key = cut_key(key, self.config.key_bytes_max);
+        let mut policies = self.lock();
+        if let Some(top) = policies.get_mut(policy) {
+            return top.record(now, &key, cost, refused);
+        }
+        if policies.len() >= self.config.policies_max {
+            self.unrecorded.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut top = PolicyTop::new(now, &self.config);
+        top.record(now, &key, cost, refused);
+        policies.insert(policy.into(), top);
+    }
+
+    /// This node's summaries of `policy` at `now` (none if nothing was recorded under it).
+    pub fn summaries(&self, now: Instant, policy: &str, by: TopBy) -> (Vec<TopSummary>, Duration) {
+        match self.lock().get_mut(policy) {
+            Some(top) => top.summaries(now, by),
+            None => (Vec::new(), Duration::ZERO),
+        }
+    }
+
+    /// Checks not recorded because the table was full of other policies.
+    pub fn unrecorded(&self) -> u64 {
+        self.unrecorded.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of heap memory held by every policy's sketches.
+    pub fn heap_bytes(&self) -> usize {
+        self.lock().values().map(PolicyTop::heap_bytes).sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, PolicyTop>> {
+        // Sketches are updated in place by plain arithmetic: a panic elsewhere leaves them usable.
+        self.policies.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The first byte of a top-keys question and answer between members: a peer of another version
+/// answers nothing this node reads (and is reported as missing).
+pub const TOP_QUERY_VERSION: u8 = 1;
+/// Summaries a member's answer may hold (two half-windows; room for a later layout).
+const SUMMARIES_PER_ANSWER_MAX: usize = 8;
+
+/// Why a member's top-keys answer was not used.
+#[derive(Debug, thiserror::Error)]
+pub enum TopQueryError {
+    /// The bytes are not a question or answer of [`TOP_QUERY_VERSION`] (a peer of another
+    /// version, or a malformed message; nothing was changed).
+    #[error("malformed or foreign-version top-keys message: {0}")]
+    Malformed(&'static str),
+}
+
+/// What a member asks another.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopQuestion {
+    /// The policy's name.
+    pub policy: String,
+    /// Demand or refused hits.
+    pub by: TopBy,
+}
+
+/// What a member answers: its summaries and the span they cover.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopReply {
+    /// The span, in nanoseconds.
+    pub window_nanos: u64,
+    /// Current half-window first.
+    pub summaries: Vec<TopSummary>,
+}
+
+/// `message` as bytes: the version, then postcard.
+pub fn encode_message<T: Serialize>(message: &T) -> Vec<u8> {
+    let mut bytes = vec![TOP_QUERY_VERSION];
+    // Serializing these plain structures into a vector cannot fail.
+    bytes.extend(postcard::to_allocvec(message).unwrap_or_default());
+    bytes
+}
+
+/// A question from its bytes.
+pub fn decode_question(bytes: &[u8]) -> Result<TopQuestion, TopQueryError> {
+    decode(bytes)
+}
+
+/// An answer from its bytes, checked against the bounds.
+pub fn decode_reply(bytes: &[u8]) -> Result<TopReply, TopQueryError> {
+    let reply: TopReply = decode(bytes)?;
+    if reply.summaries.len() > SUMMARIES_PER_ANSWER_MAX {
+        return Err(TopQueryError::Malformed("too many summaries"));
+    }
+    Ok(reply)
+}
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, TopQueryError> {
+    match bytes.split_first() {
+        Some((&TOP_QUERY_VERSION, body)) => match postcard::take_from_bytes::<T>(body) {
+            Ok((message, [])) => Ok(message),
+            Ok(_) => Err(TopQueryError::Malformed("trailing bytes")),
+            Err(_) => Err(TopQueryError::Malformed("undecodable body")),
+        },
+        Some(_) => Err(TopQueryError::Malformed("unknown version")),
+        None => Err(TopQueryError::Malformed("empty")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: u64 = 1_000_000_000;
+
+    #[test]
+    fn messages_round_trip_and_garbage_is_an_error() {
+        let question = TopQuestion { policy: "api".to_owned(), by: TopBy::Refused };
+        assert_eq!(decode_question(&encode_message(&question)).expect("round trip"), question);
+        let reply = TopReply {
+            window_nanos: 7,
+            summaries: vec![TopSummary {
+                total: 3,
+                error_bound: 1,
+                entries: vec![TopEntry { key: "k".to_owned(), count: 3, error: 1 }],
+            }],
+        };
+        assert_eq!(decode_reply(&encode_message(&reply)).expect("round trip"), reply);
+        for garbage in [&b""[..], b"\x02\x00", b"\x01\xff\xff\xff\xff\xff", b"\x01\x03api\x00\x00"] {
+            assert!(decode_question(garbage).is_err(), "{garbage:?}");
+            assert!(decode_reply(garbage).is_err(), "{garbage:?}");
+        }
+    }
+
+    #[test]
+    fn keys_are_cut_on_a_character_boundary() {
+        assert_eq!(cut_key(b"short", 64), "short");
+        assert_eq!(cut_key("ééé".as_bytes(), 3), "é");
+        assert_eq!(cut_key(b"abcdef", 4), "abcd");
+        assert_eq!(cut_key(b"a\xffb", 64), "a\u{fffd}b");
+    }
+
+    #[test]
+    fn half_windows_rotate_and_expire() {
+        let config = TopConfig { half_window: Duration::from_secs(30), ..TopConfig::default() };
+        let mut top = PolicyTop::new(Instant::ZERO, &config);
+        top.record(Instant::from_nanos(SECOND), "a", 5, true);
+        top.record(Instant::from_nanos(31 * SECOND), "b", 2, false);
+        let (summaries, window) = top.summaries(Instant::from_nanos(40 * SECOND), TopBy::Demand);
+        assert_eq!(window, Duration::from_secs(40));
+        let answer = merge(&summaries, 10, window);
+        let keys: Vec<_> = answer.entries.iter().map(|e| (e.key.as_str(), e.count)).collect();
+        assert_eq!(keys, [("a", 5), ("b", 2)]);
+        let (summaries, _) = top.summaries(Instant::from_nanos(65 * SECOND), TopBy::Refused);
+        assert!(merge(&summaries, 10, Duration::ZERO).entries.is_empty(), "a's half-window is over");
+        let (summaries, window) = top.summaries(Instant::from_nanos(200 * SECOND), TopBy::Demand);
+        assert_eq!((summaries.len(), window), (1, Duration::from_secs(20)), "both expired");
+        assert_eq!(summaries[0].total, 0);
+    }
+
+    #[test]
+    fn the_table_records_at_most_policies_max_policies() {
+        let table = TopTable::new(TopConfig { policies_max: 1, ..TopConfig::default() });
+        table.record(Instant::ZERO, "p", b"k", 1, false);
+        table.record(Instant::ZERO, "q", b"k", 1, false);
+        table.record(Instant::ZERO, "p", b"k", 0, true);
+        assert_eq!(table.unrecorded(), 1);
+        let (summaries, _) = table.summaries(Instant::ZERO, "p", TopBy::Demand);
+        assert_eq!(summaries[0].total, 1, "a query counts nothing");
+        assert!(table.summaries(Instant::ZERO, "q", TopBy::Demand).0.is_empty());
+    }
+}

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The dashboard (GET /) in a real headless browser, Debian's chromium. Run by .ci/run.
+#
+# Starts a three-node cluster of ratemeshd on loopback (the static release build the other
+# real-client scripts share, or RATEMESHD_BIN), sends checks through all three nodes (three
+# abusive keys among 600 normal ones), and then:
+#   1. `chromium --headless --dump-dom` of node 2's page must contain the members and the
+#      abusive keys once its scripts ran (virtual time budget);
+#   2. tests/dashboard/cdp_check.py drives chromium over the DevTools protocol (standard library
+#      only): no console error or warning, no exception, no request outside the node, the members
+#      live with ring shares, the abusive keys first, a chart drawn, the page refreshed itself,
+#      accessibility basics; it writes a screenshot to target/dashboard.png.
+# Installs chromium with apt-get when missing; fails, never skips.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$(dirname "$0")/.."
+root=$PWD
+
+wait_s=60
+nodes=3
+screenshot=${DASHBOARD_SCREENSHOT:-$root/target/dashboard.png}
+
+require_tools curl python3
+if ! command -v chromium >/dev/null; then
+    say "installing chromium"
+    apt_install chromium || fail "chromium is required and could not be installed"
+fi
+require_tools chromium
+
+ratemeshd_binary ${RATEMESHD_BIN:+"$RATEMESHD_BIN"}
+
+make_work
+pids=()
+chromium_pid=
+stop_all() {
+    local pid
+    for pid in "${pids[@]}" $chromium_pid; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+}
+# lib.sh's EXIT trap stops the variables' pids; these are several: stop them first.
+trap 'stop_all; lib_exit' EXIT
+
+declare -a http gossip
+for ((id = 1; id <= nodes; id++)); do
+    ratemeshd_ports
+    http[id]=$p_http
+    gossip[id]=$p_gossip
+    seeds=""
+    ((id == 1)) || seeds="\"127.0.0.1:${gossip[1]}\""
+    write_config "$work/node-$id.toml" <<TOML
+[node]
+id = $id
+
+[cluster]
+cluster_id = "dashboard"
+seeds = [$seeds]
+secret = "dashboard test: a cluster secret"
+gossip_interval_ms = 100
+
+[[policies]]
+name = "api"
+algorithm = "token_bucket"
+limit = 20
+period_ms = 86400000
+mode = "approximate"
+
+[[policies]]
+name = "login"
+algorithm = "fixed_window"
+limit = 5
+period_ms = 60000
+TOML
+    env -i PATH="$PATH" "$binary" serve --config "$work/node-$id.toml" >"$work/node-$id.log" 2>&1 &
+    pids+=($!)
+    show_at_failure "node $id log" 20 "$work/node-$id.log"
+done
+
+live_members() {
+    curl -sf --max-time 2 "http://127.0.0.1:$1/v1/cluster" |
+        python3 -c 'import json,sys; print(sum(m["status"] == "live" for m in json.load(sys.stdin)["members"]))'
+}
+three_live() { [[ $(live_members "$1") == "$nodes" ]]; }
+for ((id = 1; id <= nodes; id++)); do
+    wait_for "node $id ready" answers "http://127.0.0.1:${http[id]}/readyz" 200
+    wait_for "node $id sees $nodes live members" three_live "${http[id]}"
+done
+say "$nodes nodes live"
+
+# Load: every normal key twice, each abusive key 60 times, spread over the nodes, in batches.
+python3 - "${http[@]:1}" <<'PY' || fail "sending the checks failed"
+import json, sys, urllib.request
+ports = sys.argv[1:]
+checks = []
+for i in range(600):
+    checks += [("api", f"user-{i}"), ("api", f"user-{i}")]
+    if i % 10 == 0:
+        checks += [("api", key) for key in ("abuser-a", "abuser-b", "abuser-c") for _ in range(1)]
+for key in ("abuser-a", "abuser-b", "abuser-c"):
+    checks += [("login", key)] * 8
+for start in range(0, len(checks), 50):
+    port = ports[(start // 50) % len(ports)]
+    body = json.dumps([{"policy": p, "key": k} for p, k in checks[start:start + 50]]).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/check/batch", body, {"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200, answer.status
+print(f"{len(checks)} checks sent")
+PY
+
+page="http://127.0.0.1:${http[2]}/"
+bytes=$(curl -sf --max-time 5 "$page" | wc -c) || fail "GET / failed"
+say "GET / : $bytes bytes"
+((bytes < 32768)) || fail "the page is $bytes bytes (over 32 KiB)"
+top=$(curl -sf --max-time 5 "http://127.0.0.1:${http[3]}/v1/top?policy=api&n=3") || fail "GET /v1/top failed"
+say "GET /v1/top on node 3: $top"
+
+chromium_flags=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run
+    --no-default-browser-check --disable-background-networking --disable-component-update
+    --disable-sync --disable-extensions --metrics-recording-only --user-data-dir="$work/chromium")
+
+# 1. --dump-dom: the DOM once the page's scripts ran.
+timeout 60 chromium "${chromium_flags[@]}" --virtual-time-budget=8000 --dump-dom "$page" \
+    >"$work/dom.html" 2>"$work/chromium-dump.log" || fail "chromium --dump-dom failed: $(tail -5 "$work/chromium-dump.log")"
+for expected in abuser-a abuser-b abuser-c '(this node)' '>live<'; do
+    grep -qF -- "$expected" "$work/dom.html" || fail "the dumped DOM lacks '$expected'"
+done
+say "--dump-dom shows the members and the top keys"
+
+# 2. DevTools protocol: console, requests, content, screenshot.
+free_ports p_devtools/tcp
+chromium "${chromium_flags[@]}" --remote-debugging-port="$p_devtools" --remote-allow-origins='*' \
+    about:blank >"$work/chromium.log" 2>&1 &
+chromium_pid=$!
+show_at_failure "chromium log" 20 "$work/chromium.log"
+mkdir -p "$(dirname "$screenshot")"
+timeout 120 python3 tests/dashboard/cdp_check.py "$p_devtools" "$page" "$screenshot" "$nodes" \
+    abuser-a abuser-b abuser-c || fail "the dashboard check failed"
+[[ -s $screenshot ]] || fail "no screenshot at $screenshot"
+say "ok"

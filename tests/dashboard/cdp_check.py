@@ -1,0 +1,214 @@
+"""Loads the ratemesh dashboard in headless Chromium over the DevTools protocol and checks it.
+
+Standard library only (a minimal WebSocket client is below). Usage:
+
+    cdp_check.py DEVTOOLS_PORT PAGE_URL SCREENSHOT_PATH EXPECTED_MEMBERS KEY...
+
+Fails (exit 1, the reason on stderr) unless, within the time bound:
+- the page loads with no console error or warning, no uncaught exception, no browser log error;
+- every network request goes to the page's own origin (or is a data: URL);
+- the members table lists EXPECTED_MEMBERS members, all live, with ring shares;
+- the top-keys table lists every KEY among its first len(KEY) rows;
+- the rate chart is drawn (an <svg> per policy) and the page refreshed itself at least twice;
+- the markup keeps its accessibility basics: lang, labelled selects, header cells with scope,
+  table captions, an accessible name for every chart.
+Then writes a PNG screenshot (1280×900, a laptop screen) to SCREENSHOT_PATH.
+"""
+
+import base64
+import json
+import os
+import socket
+import struct
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+WAIT_S = 45
+
+
+class WebSocket:
+    """A minimal RFC 6455 client: text frames out (masked), whole frames in."""
+
+    def __init__(self, url):
+        parts = urllib.parse.urlparse(url)
+        self.sock = socket.create_connection((parts.hostname, parts.port), timeout=WAIT_S)
+        key = base64.b64encode(os.urandom(16)).decode()
+        request = (
+            f"GET {parts.path} HTTP/1.1\r\nHost: {parts.hostname}:{parts.port}\r\n"
+            f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        self.sock.sendall(request.encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                raise RuntimeError("websocket handshake: connection closed")
+            head += chunk
+        status = head.split(b"\r\n", 1)[0]
+        if b" 101 " not in status:
+            raise RuntimeError(f"websocket handshake refused: {status!r}")
+        self.buffer = head.split(b"\r\n\r\n", 1)[1]
+
+    def send(self, text):
+        payload = text.encode()
+        header = bytearray([0x81])
+        if len(payload) < 126:
+            header.append(0x80 | len(payload))
+        elif len(payload) < 1 << 16:
+            header.append(0x80 | 126)
+            header += struct.pack(">H", len(payload))
+        else:
+            header.append(0x80 | 127)
+            header += struct.pack(">Q", len(payload))
+        mask = os.urandom(4)
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        self.sock.sendall(bytes(header) + mask + masked)
+
+    def _read(self, n):
+        while len(self.buffer) < n:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise RuntimeError("websocket closed")
+            self.buffer += chunk
+        data, self.buffer = self.buffer[:n], self.buffer[n:]
+        return data
+
+    def recv(self):
+        message = b""
+        while True:
+            first, second = self._read(2)
+            length = second & 0x7F
+            if length == 126:
+                (length,) = struct.unpack(">H", self._read(2))
+            elif length == 127:
+                (length,) = struct.unpack(">Q", self._read(8))
+            payload = self._read(length)
+            opcode = first & 0x0F
+            if opcode == 0x8:
+                raise RuntimeError("websocket closed by the browser")
+            if opcode in (0x9, 0xA):
+                continue  # ping/pong: nothing the checker needs
+            message += payload
+            if first & 0x80:
+                return message.decode()
+
+
+class DevTools:
+    def __init__(self, ws):
+        self.ws = ws
+        self.next_id = 0
+        self.events = []
+
+    def call(self, method, **params):
+        self.next_id += 1
+        call_id = self.next_id
+        self.ws.send(json.dumps({"id": call_id, "method": method, "params": params}))
+        while True:
+            message = json.loads(self.ws.recv())
+            if message.get("id") == call_id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message.get("result", {})
+            self.events.append(message)
+
+    def evaluate(self, expression):
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"evaluating {expression!r}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+
+STATE_JS = r"""(() => {
+  // Until the page (not about:blank, not a document being replaced) is there: nothing yet.
+  if (!document.documentElement || !document.getElementById("updated")) return null;
+  const rows = (id) => Array.from(document.querySelectorAll(`#${id} tbody tr`));
+  const members = rows("members").map((r) => ({
+    id: r.cells[0].textContent, status: r.cells[1].textContent, share: r.cells[2].textContent }));
+  const keys = rows("top").map((r) => r.cells[1] ? r.cells[1].textContent : "");
+  const a11y = {
+    lang: document.documentElement.lang,
+    unlabelledSelects: Array.from(document.querySelectorAll("select"))
+      .filter((s) => !document.querySelector(`label[for="${s.id}"]`)).length,
+    headersWithoutScope: Array.from(document.querySelectorAll("thead th")).filter((th) => !th.scope).length,
+    tablesWithoutCaption: Array.from(document.querySelectorAll("table")).filter((t) => !t.caption).length,
+    unnamedCharts: Array.from(document.querySelectorAll("svg")).filter((s) => !s.getAttribute("aria-label")).length,
+  };
+  return { members, keys, charts: document.querySelectorAll("#charts svg").length,
+           updated: document.getElementById("updated").textContent, a11y };
+})()"""
+
+
+def main():
+    port, page_url, screenshot, expected_members = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    expected_keys = sys.argv[5:]
+    origin = "{0.scheme}://{0.netloc}/".format(urllib.parse.urlparse(page_url))
+    deadline = time.monotonic() + WAIT_S
+    targets = None
+    while targets is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as answer:
+                targets = [t for t in json.load(answer) if t.get("type") == "page"]
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit("chromium's DevTools endpoint did not answer")
+            time.sleep(0.2)  # the interval of a bounded poll
+    if not targets:
+        raise SystemExit("chromium has no page target")
+    tools = DevTools(WebSocket(targets[0]["webSocketDebuggerUrl"]))
+    for domain in ("Runtime", "Log", "Network", "Page"):
+        tools.call(f"{domain}.enable")
+    tools.call("Emulation.setDeviceMetricsOverride", width=1280, height=900, deviceScaleFactor=1, mobile=False)
+    tools.call("Page.navigate", url=page_url)
+
+    updates, state = set(), None
+    while True:
+        state = tools.evaluate(STATE_JS)
+        if state and state["updated"].startswith("updated "):
+            updates.add(state["updated"])
+        members_ok = state and len(state["members"]) == expected_members and all(
+            m["status"] == "live" and m["share"].endswith("%") for m in state["members"])
+        keys_ok = state and sorted(state["keys"][: len(expected_keys)]) == sorted(expected_keys)
+        if members_ok and keys_ok and state["charts"] > 0 and len(updates) >= 2:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the page did not show the cluster within {WAIT_S}s: {json.dumps(state)}")
+        time.sleep(0.25)  # the interval of a bounded poll
+    # Drain the events that arrived meanwhile.
+    tools.evaluate("1")
+
+    problems, requests = [], []
+    for event in tools.events:
+        method, params = event.get("method"), event.get("params", {})
+        if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "warning", "assert"):
+            problems.append(f"console.{params['type']}: {params.get('args')}")
+        elif method == "Runtime.exceptionThrown":
+            problems.append(f"exception: {params.get('exceptionDetails')}")
+        elif method == "Log.entryAdded" and params["entry"].get("level") in ("error", "warning"):
+            problems.append(f"log {params['entry']['level']}: {params['entry'].get('text')} {params['entry'].get('url', '')}")
+        elif method == "Network.requestWillBeSent":
+            requests.append(params["request"]["url"])
+        elif method == "Network.loadingFailed":
+            problems.append(f"request failed: {params.get('errorText')}")
+    outside = [url for url in requests if not (url.startswith(origin) or url.startswith("data:"))]
+    if outside:
+        problems.append(f"requests outside the node: {outside}")
+    a11y = state["a11y"]
+    if a11y["lang"] != "en" or any(a11y[k] for k in a11y if k != "lang"):
+        problems.append(f"accessibility basics: {a11y}")
+    if problems:
+        raise SystemExit("dashboard problems:\n  " + "\n  ".join(problems))
+
+    shot = tools.call("Page.captureScreenshot", format="png")
+    with open(screenshot, "wb") as out:
+        out.write(base64.b64decode(shot["data"]))
+    paths = sorted({urllib.parse.urlparse(url).path for url in requests})
+    print(f"dashboard ok: {len(state['members'])} members live, top keys {state['keys'][:len(expected_keys)]}, "
+          f"{state['charts']} chart(s), {len(updates)} refreshes, {len(requests)} requests, all to {origin} "
+          f"({', '.join(paths)}); screenshot {screenshot}")
+
+
+if __name__ == "__main__":
+    main()
