@@ -158,6 +158,8 @@ async fn exact_forwarded() -> ExactResult {
         let live =
             |m: &Vec<ratemesh::Member>| m.iter().filter(|m| m.status == MemberStatus::Live).count() == 2;
         tokio::time::timeout(Duration::from_secs(30), members.wait_for(live)).await.unwrap().unwrap();
+        // A seeded node serves once its join grace has passed.
+        node.wait_serving().await;
     }
     let policy = policy(Mode::Exact);
     let keys: Vec<Vec<u8>> =
