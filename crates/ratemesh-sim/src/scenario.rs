@@ -580,6 +580,12 @@ impl Scenario {
         self.policy_configs().iter().map(|config| self.parse_limit(config)).collect()
     }
 
+    /// The limit of the first policy (the only one of a `[limit]` scenario; key 0's).
+    pub fn limit(&self) -> Result<Limit, SimError> {
+        let first = self.policy_configs().first().ok_or_else(|| self.invalid("no limit".into()))?;
+        self.parse_limit(first)
+    }
+
     /// The policy of workload key `key`.
     pub fn policy_of_key(&self, key: u32) -> usize {
         key as usize % self.policy_configs().len().max(1)
