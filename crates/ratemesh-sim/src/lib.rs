@@ -8,6 +8,7 @@
 //! - [`run_scenario`]: runs every strategy of a scenario on the same seed; returns a [`Report`].
 //! - [`engine::World`]: one strategy's run: virtual time, event queue, nodes, network, faults.
 //! - [`strategy::SimNode`]: the node interface every strategy implements.
+//! - [`sweep`]: grids of scenarios from one file, worst of several seeds per point.
 //!
 //! One seed decides everything random, split into independent streams per purpose
 //! ([`rng::substream`]). There is no wall clock, no thread and no hash-map iteration anywhere: the
@@ -25,6 +26,7 @@ pub mod rng;
 pub mod scenario;
 pub mod strategy;
 pub mod svg;
+pub mod sweep;
 pub mod workload;
 
 use std::path::{Path, PathBuf};

@@ -3,7 +3,12 @@
 //! ```text
 //! ratemesh-sim <scenario.toml> [--seed N] [--strategies a,b] [--out DIR] [--log FILE] [--duration-s S]
 //! ratemesh-sim --all [DIR] [--seed N] [--strategies a,b] [--out DIR] [--duration-s S]
+//! ratemesh-sim --sweep <sweep.toml> [--point ID [--seed N]] [--jobs J] [--out FILE]
 //! ```
+//!
+//! `--sweep` runs a grid (see `ratemesh_sim::sweep`) and writes one markdown table (default
+//! `simulations/results/sweeps/<name>.md`); `--point` runs one point (every seed, or `--seed`)
+//! and prints its full tables instead.
 //!
 //! Prints the seed and every parameter first, then a table per scenario; writes
 //! `<out>/<scenario>.md` and `<out>/<scenario>.svg` (default `<out>`: `results/` beside the
@@ -17,6 +22,7 @@ use std::sync::Mutex;
 
 use anyhow::{Context, Result, bail};
 use ratemesh_sim::engine::RunOutput;
+use ratemesh_sim::sweep::{SweepFile, params_text};
 use ratemesh_sim::{Report, Scenario, StrategyKind, run_strategy, summary_markdown, svg};
 
 /// The command to reproduce the run in progress, printed if it panics.
@@ -31,6 +37,9 @@ struct Args {
     out: Option<PathBuf>,
     log: Option<PathBuf>,
     duration_s: Option<u64>,
+    sweep: Option<PathBuf>,
+    point: Option<String>,
+    jobs: usize,
 }
 
 fn main() {
@@ -48,6 +57,9 @@ fn main() {
 /// Runs what the arguments ask; `Ok(false)` when an expectation was missed.
 fn run() -> Result<bool> {
     let args = parse_args(std::env::args().skip(1))?;
+    if let Some(sweep) = &args.sweep {
+        return run_sweep_file(sweep, &args);
+    }
     if let Some(dir) = &args.all {
         return run_all(dir, &args);
     }
@@ -58,6 +70,61 @@ fn run() -> Result<bool> {
         write_results(&report, &out_dir(path, &args))?;
     }
     Ok(ok)
+}
+
+fn run_sweep_file(path: &Path, args: &Args) -> Result<bool> {
+    let sweep = SweepFile::load(path)?;
+    if let Some(id) = &args.point {
+        let point =
+            sweep.points()?.into_iter().find(|p| &p.id == id).with_context(|| format!("no point {id}"))?;
+        println!(
+            "=== sweep {} point {id}: {}\n{}",
+            sweep.name,
+            params_text(&point.params),
+            point.scenario.to_toml()
+        );
+        let seeds: Vec<u64> =
+            args.seed.map_or_else(|| (1..=sweep.block_seeds(point.block)).collect(), |s| vec![s]);
+        for seed in seeds {
+            let runs = run_all_strategies(&point.scenario, seed, None)?;
+            println!("seed {seed} at overload:\n{}", Report::new(&point.scenario, seed, &runs).text_table());
+            if let Some(below) = sweep.below(&point) {
+                let runs = run_all_strategies(&below, seed, None)?;
+                println!("seed {seed} below the limit:\n{}", Report::new(&below, seed, &runs).text_table());
+            }
+        }
+        let result = sweep.run_point(&point, args.seed)?;
+        result.violations.iter().for_each(|v| println!("BOUND MISSED: {v}"));
+        return Ok(result.violations.is_empty());
+    }
+    let started = std::time::Instant::now();
+    let total = sweep.points()?.len();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let progress = |r: &ratemesh_sim::sweep::PointResult| {
+        let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let missed =
+            if r.violations.is_empty() { String::new() } else { format!(" MISSED {}", r.violations.len()) };
+        println!(
+            "[{n}/{total} {:.0}s] {} {}{missed}",
+            started.elapsed().as_secs_f64(),
+            r.point.id,
+            params_text(&r.point.params)
+        );
+    };
+    let results = ratemesh_sim::sweep::run_sweep(&sweep, None, args.jobs, &progress)?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let out = args.out.clone().unwrap_or_else(|| ratemesh_sim::sweep::results_path(path, &sweep.name));
+    if let Some(dir) = out.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    fs::write(&out, ratemesh_sim::sweep::markdown(&sweep, path, &results, elapsed))
+        .with_context(|| format!("cannot write {}", out.display()))?;
+    let verdict = ratemesh_sim::sweep::verdict(&sweep, &results);
+    verdict.known.iter().for_each(|v| println!("known miss: {v}"));
+    verdict.unexpected.iter().for_each(|v| println!("BOUND MISSED: {v}"));
+    verdict.now_holding.iter().for_each(|v| println!("KNOWN MISS HOLDS NOW: {v}"));
+    println!("wrote {} ({} points, {elapsed:.0} s)", out.display(), results.len());
+    Ok(verdict.passes())
 }
 
 fn run_all(dir: &Path, args: &Args) -> Result<bool> {
@@ -182,13 +249,16 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args> {
                     Some(value("--duration-s")?.parse().context("--duration-s takes an integer")?);
             }
             "--all" => parsed.all = Some(PathBuf::from("simulations")),
+            "--sweep" => parsed.sweep = Some(value("--sweep")?.into()),
+            "--point" => parsed.point = Some(value("--point")?),
+            "--jobs" => parsed.jobs = value("--jobs")?.parse().context("--jobs takes an integer")?,
             "-h" | "--help" => bail!("{}", usage()),
             other if other.starts_with("--") => bail!("unknown option {other}\n{}", usage()),
             path if parsed.all.is_some() => parsed.all = Some(path.into()),
             path => parsed.scenarios.push(path.into()),
         }
     }
-    if parsed.all.is_none() && parsed.scenarios.is_empty() {
+    if parsed.all.is_none() && parsed.scenarios.is_empty() && parsed.sweep.is_none() {
         bail!("{}", usage());
     }
     Ok(parsed)
@@ -196,7 +266,8 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args> {
 
 fn usage() -> &'static str {
     "usage: ratemesh-sim <scenario.toml>... [--seed N] [--strategies a,b] [--out DIR] [--log FILE] [--duration-s S]\n       \
-     ratemesh-sim --all [DIR] [--seed N] [--strategies a,b] [--out DIR] [--duration-s S]"
+     ratemesh-sim --all [DIR] [--seed N] [--strategies a,b] [--out DIR] [--duration-s S]\n       \
+     ratemesh-sim --sweep <sweep.toml> [--point ID [--seed N]] [--jobs J] [--out FILE]"
 }
 
 fn install_panic_hook() {

@@ -121,6 +121,17 @@ impl Membership {
                     by_status[status as usize].push(ViewChange { subject, status, version: self.version });
                 }
             }
+            if let Some(forget_ms) = self.config.dead_forget_ms
+                && !by_status[Status::Dead as usize].is_empty()
+            {
+                // Forgotten with the same version: a later change of reality cancels both.
+                let changes = by_status[Status::Dead as usize]
+                    .iter()
+                    .map(|c| ViewChange { status: Status::Absent, ..*c });
+                let delay_nanos =
+                    self.delay_nanos(Status::Dead).saturating_add(forget_ms.saturating_mul(1_000_000));
+                pending.push(PendingView { observer, delay_nanos, changes: changes.collect() });
+            }
             for changes in by_status.into_iter().filter(|c| !c.is_empty()) {
                 let delay_nanos = self.delay_nanos(changes[0].status);
                 pending.push(PendingView { observer, delay_nanos, changes });
@@ -170,7 +181,10 @@ impl Membership {
     /// Whether `observer`'s view matches reality about every node.
     pub fn is_truthful(&self, observer: u32, network: &Network) -> bool {
         (0..self.nodes).all(|subject| {
-            self.belief[self.pair(observer, subject)] == self.truth(observer, subject, network)
+            let belief = self.belief[self.pair(observer, subject)];
+            let truth = self.truth(observer, subject, network);
+            // A dead member forgotten is as true as one still listed dead.
+            belief == truth || (truth == Status::Dead && belief == Status::Absent)
         })
     }
 

@@ -201,7 +201,11 @@ pub fn one_way_links(from: &[u32], to: &[u32]) -> Vec<(u32, u32)> {
 }
 
 fn link_model(config: &NetworkConfig, from: u32, to: u32) -> LinkModel {
-    let default = LinkModel { delay: config.delay.clone(), loss: config.loss, duplicate: config.duplicate };
+    let delay = match &config.zones {
+        Some(zones) if from % zones.count.max(1) != to % zones.count.max(1) => zones.between.clone(),
+        _ => config.delay.clone(),
+    };
+    let default = LinkModel { delay, loss: config.loss, duplicate: config.duplicate };
     let found = config.links.iter().find(|o| o.from.contains(&from) && o.to.contains(&to));
     let Some(o) = found else { return default };
     LinkModel {

@@ -25,6 +25,16 @@ pub struct StrategyReport {
     pub worst_window_over_admission: f64,
     /// Which second that was.
     pub worst_window_s: Option<usize>,
+    /// The worst 1-second window of any single key (every key, not only the hot ones).
+    pub worst_key_window_over_admission: f64,
+    /// Which key and second that was.
+    pub worst_key_window_at: Option<(u32, usize)>,
+    /// Hits admitted over hits the ideal admitted (1 = as the ideal; below: under-admission).
+    pub admitted_x_ideal: f64,
+    /// The worst node's `|admitted from it − ideal admitted from it|` over the key's ideal
+    /// admitted hits, over the tracked keys; with the key and node (`None`: no tracked key had an
+    /// ideal admission).
+    pub fairness: Option<(f64, u32, u32)>,
     /// The largest admitted hits of one hot key in a 1-second window, as a multiple of the limit per
     /// second.
     pub peak_rate_x_limit: f64,
@@ -48,6 +58,10 @@ pub struct StrategyReport {
     pub msgs_per_node_s_max: f64,
     /// Bytes sent per node per second, averaged over nodes.
     pub bytes_per_node_s: f64,
+    /// Messages sent per second by the whole cluster.
+    pub cluster_msgs_s: f64,
+    /// Per message kind: `(messages, bytes)` per node per second.
+    pub traffic_by_kind: Vec<(String, f64, f64)>,
     /// Message copies lost to random loss.
     pub lost: u64,
     /// Messages dropped by cut links.
@@ -66,12 +80,14 @@ impl StrategyReport {
     /// Summarises a run of `scenario`.
     pub fn from_run(scenario: &Scenario, run: &RunOutput) -> StrategyReport {
         let r = &run.recorder;
-        let limit_per_s = scenario.limit_per_s();
+        let limit_per_s = |key: usize| scenario.key_limit_per_s(key as u32);
         let key_windows = r.key_windows();
+        let (worst_key, worst_key_at) = r.worst_key_window();
         let (worst, worst_at) = std::iter::once(r.windows())
             .chain(key_windows.iter().cloned())
             .map(|windows| worst_window(&windows))
             .fold((0.0, None), |a, b| if b.1.is_some() && (a.1.is_none() || b.0 > a.0) { b } else { a });
+        let worst = if worst_key > worst { worst_key } else { worst };
         let partitions = partition_windows(scenario);
         let duration_s = scenario.duration_s as f64;
         let nodes = run.traffic.len().max(1) as f64;
@@ -86,6 +102,10 @@ impl StrategyReport {
             over_admission: over_admission(r.admitted(), r.ideal()),
             worst_window_over_admission: worst,
             worst_window_s: worst_at,
+            worst_key_window_over_admission: worst_key,
+            worst_key_window_at: worst_key_at,
+            admitted_x_ideal: if r.ideal() == 0 { 1.0 } else { r.admitted() as f64 / r.ideal() as f64 },
+            fairness: r.fairness(),
             peak_rate_x_limit: peak_rate(&key_windows, limit_per_s, |_| true).unwrap_or(0.0),
             partition_peak_rate_x_limit: peak_rate(&key_windows, limit_per_s, |w| partitions.contains(&w)),
             false_reject_rate: r.false_rejects as f64 / requests,
@@ -96,6 +116,14 @@ impl StrategyReport {
             msgs_per_node_s: msgs.iter().sum::<f64>() / nodes,
             msgs_per_node_s_max: msgs.iter().copied().fold(0.0, f64::max),
             bytes_per_node_s: bytes / nodes / duration_s,
+            cluster_msgs_s: msgs.iter().sum::<f64>(),
+            traffic_by_kind: run
+                .traffic_by_kind
+                .iter()
+                .map(|(kind, (m, b))| {
+                    ((*kind).to_owned(), *m as f64 / nodes / duration_s, *b as f64 / nodes / duration_s)
+                })
+                .collect(),
             lost: run.network.lost,
             cut: run.network.cut,
             events: run.events,
@@ -123,6 +151,11 @@ impl StrategyReport {
             Metric::FalseRejectRate => self.false_reject_rate,
             Metric::ConvergenceMaxMs => self.convergence_max_ms().unwrap_or(0.0),
             Metric::ExcessPerChangeSyncIntervals => self.excess_per_change_sync_intervals,
+            Metric::AdmittedXIdeal => self.admitted_x_ideal,
+            Metric::Fairness => self.fairness.map_or(0.0, |f| f.0),
+            Metric::BytesPerNodeS => self.bytes_per_node_s,
+            Metric::MsgsPerNodeS => self.msgs_per_node_s,
+            Metric::ClusterMsgsS => self.cluster_msgs_s,
         }
     }
 }
@@ -197,8 +230,15 @@ impl Report {
         for e in &self.expectations {
             let Some(s) = self.strategy(&e.strategy) else { continue };
             let value = s.metric(e.metric);
-            if value.is_nan() || value > e.max {
-                violations.push(format!("{}: {:?} = {value:.5} > {}", e.strategy, e.metric, e.max));
+            if let Some(max) = e.max
+                && (value.is_nan() || value > max)
+            {
+                violations.push(format!("{}: {:?} = {value:.5} > {max}", e.strategy, e.metric));
+            }
+            if let Some(min) = e.min
+                && (value.is_nan() || value < min)
+            {
+                violations.push(format!("{}: {:?} = {value:.5} < {min}", e.strategy, e.metric));
             }
         }
         violations
@@ -207,10 +247,12 @@ impl Report {
     /// A compact table for the terminal.
     pub fn text_table(&self) -> String {
         let mut out = format!(
-            "{:<16} {:>9} {:>9} {:>7} {:>8} {:>9} {:>13} {:>9} {:>10} {:>18}\n",
+            "{:<16} {:>9} {:>9} {:>8} {:>8} {:>7} {:>8} {:>9} {:>13} {:>9} {:>10} {:>18}\n",
             "strategy",
             "over-adm",
             "worst-1s",
+            "adm/ideal",
+            "fairness",
             "peak/L",
             "part/L",
             "false-rej",
@@ -222,10 +264,12 @@ impl Report {
         for s in &self.strategies {
             let _ = writeln!(
                 out,
-                "{:<16} {:>9} {:>9} {:>7.3} {:>8} {:>9} {:>13} {:>9.1} {:>10.0} {:>18}",
+                "{:<16} {:>9} {:>9} {:>8.4} {:>8} {:>7.3} {:>8} {:>9} {:>13} {:>9.1} {:>10.0} {:>18}",
                 s.strategy,
                 percent(s.over_admission),
                 percent(s.worst_window_over_admission),
+                s.admitted_x_ideal,
+                s.fairness.map_or("-".into(), |f| percent(f.0)),
                 s.peak_rate_x_limit,
                 s.partition_peak_rate_x_limit.map_or("-".into(), |p| format!("{p:.3}")),
                 percent(s.false_reject_rate),
@@ -247,19 +291,20 @@ impl Report {
             self.seed, self.limit_per_s, self.duration_s
         );
         out.push_str(
-            "| strategy | admitted | ideal | over-admission | worst 1-s window | peak rate / L | \
+            "| strategy | admitted | ideal | over-admission | worst 1-s window | fairness | peak rate / L | \
              partition peak / L | false rejects | convergence max (ms) | msgs/node/s | bytes/node/s |\n",
         );
-        out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for s in &self.strategies {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {:.1} | {:.0} |",
+                "| {} | {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {:.1} | {:.0} |",
                 s.strategy,
                 s.admitted,
                 s.ideal,
                 percent(s.over_admission),
                 percent(s.worst_window_over_admission),
+                s.fairness.map_or("–".into(), |f| percent(f.0)),
                 s.peak_rate_x_limit,
                 s.partition_peak_rate_x_limit.map_or("–".into(), |p| format!("{p:.3}")),
                 percent(s.false_reject_rate),
@@ -267,6 +312,15 @@ impl Report {
                 s.msgs_per_node_s,
                 s.bytes_per_node_s,
             );
+        }
+        out.push_str(
+            "\nTraffic by message kind (a frame counts under its first section), per node per second:\n\n",
+        );
+        out.push_str("| strategy | kind | msgs/node/s | bytes/node/s |\n|---|---|---:|---:|\n");
+        for s in &self.strategies {
+            for (kind, msgs, bytes) in &s.traffic_by_kind {
+                let _ = writeln!(out, "| {} | {kind} | {msgs:.1} | {bytes:.0} |", s.strategy);
+            }
         }
         let _ = write!(
             out,

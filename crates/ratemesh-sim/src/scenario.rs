@@ -20,6 +20,8 @@ use crate::strategy::StrategyKind;
 pub const NODES_MAX: u32 = 256;
 /// The most keys a workload may use.
 pub const KEYS_MAX: u32 = 1_000_000;
+/// The most (key, 1-second window) pairs a run may count (keys × seconds; each costs 8 bytes).
+pub const KEY_WINDOWS_MAX: u64 = 40_000_000;
 
 /// A whole scenario. See the module documentation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -43,8 +45,17 @@ pub struct Scenario {
     /// The strategies to run, by name (default: all of them).
     #[serde(default = "default_strategies")]
     pub strategies: Vec<String>,
-    /// The limit every key is under.
-    pub limit: LimitConfig,
+    /// The limit every key is under, when the scenario has one policy (else `policies`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<LimitConfig>,
+    /// Several policies: key `k` is under policy `k % policies.len()` (mixed limits). Exactly one
+    /// of `limit` and `policies` is given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<LimitConfig>,
+    /// Settings of the ratemesh nodes (`ratemesh_core::NodeConfig`); unset fields keep the core's
+    /// defaults.
+    #[serde(default)]
+    pub node: NodeSettings,
     /// The network.
     #[serde(default)]
     pub network: NetworkConfig,
@@ -82,6 +93,57 @@ pub struct LimitConfig {
     /// Bucket capacity (token bucket), burst (GCRA), queue (shaper).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u64>,
+    /// `exact` or `approximate`: the mode the `ratemesh` strategy uses for this policy (default
+    /// approximate; `ratemesh-exact` and `ratemesh-approx` force theirs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+}
+
+/// Settings of the ratemesh nodes, as in `ratemesh_core::NodeConfig` (unset: the core's default).
+/// The sync interval is the scenario's `sync_interval_ms`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSettings {
+    /// `NodeConfig::forward_timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_timeout_ms: Option<u64>,
+    /// `NodeConfig::forward_wait`, in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_wait_us: Option<u64>,
+    /// `NodeConfig::forward_batch_len_max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_batch_len_max: Option<usize>,
+    /// `NodeConfig::pending_forwards_max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_forwards_max: Option<usize>,
+    /// `NodeConfig::sync_batch_len_max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_batch_len_max: Option<usize>,
+    /// `NodeConfig::peer_silence`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_silence_ms: Option<u64>,
+    /// `NodeConfig::unacked_frames_max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unacked_frames_max: Option<usize>,
+    /// `NodeConfig::retransmit_initial`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retransmit_initial_ms: Option<u64>,
+    /// `NodeConfig::replicate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicate: Option<bool>,
+    /// `NodeConfig::ring_vnodes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_vnodes: Option<u32>,
+    /// `NodeConfig::allowance_min`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowance_min: Option<u64>,
+    /// `NodeConfig::join_grace` of a restarted or rejoined node (default: the membership's
+    /// `join_delay_ms`; nodes that start with the run have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join_grace_ms: Option<u64>,
+    /// The fallback of every policy: `local_share` (default), `fail_open` or `fail_closed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 /// The network model.
@@ -100,12 +162,32 @@ pub struct NetworkConfig {
     /// Per-link overrides; the first one that matches a link wins.
     #[serde(default)]
     pub links: Vec<LinkOverride>,
+    /// Zones: node `n` is in zone `n % count`; links inside a zone have `delay`, links between
+    /// zones `between` (link overrides still win).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zones: Option<ZonesConfig>,
 }
 
 impl Default for NetworkConfig {
     fn default() -> Self {
-        NetworkConfig { delay: DelayConfig::default(), loss: 0.0, duplicate: 0.0, links: Vec::new() }
+        NetworkConfig {
+            delay: DelayConfig::default(),
+            loss: 0.0,
+            duplicate: 0.0,
+            links: Vec::new(),
+            zones: None,
+        }
     }
+}
+
+/// Zones of a network: low delay inside, high delay between.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZonesConfig {
+    /// How many zones (node `n` is in zone `n % count`).
+    pub count: u32,
+    /// One-way delay between nodes of different zones.
+    pub between: DelayConfig,
 }
 
 /// A delay distribution. Reordering falls out of random delays.
@@ -178,6 +260,10 @@ pub struct MembershipConfig {
     /// A restart, a join or a healed link shows as `live` this long after it happens.
     #[serde(default = "default_join_delay_ms")]
     pub join_delay_ms: u64,
+    /// A member seen dead this long is forgotten (removed from the views: it no longer counts in
+    /// the cluster's size) until it comes back; default never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_forget_ms: Option<u64>,
     /// A graceful leave removes the node from the others' views this long after it happens.
     #[serde(default = "default_leave_delay_ms")]
     pub leave_delay_ms: u64,
@@ -191,6 +277,7 @@ impl Default for MembershipConfig {
     fn default() -> Self {
         MembershipConfig {
             detection_delay_ms: default_detection_delay_ms(),
+            dead_forget_ms: None,
             join_delay_ms: default_join_delay_ms(),
             leave_delay_ms: default_leave_delay_ms(),
             leave_linger_ms: default_leave_linger_ms(),
@@ -219,6 +306,14 @@ pub struct WorkloadConfig {
     /// Hits per request.
     #[serde(default = "one_u64")]
     pub cost: u64,
+    /// Every key gets `rate_x_limit` × its own limit's rate (keys drawn in proportion to their
+    /// limits; `hot_keys`, `hot_share` and `tail_zipf` are ignored): per-key overload or underload.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_key: bool,
+    /// A fixed total arrival rate in requests per second, instead of `rate_x_limit` × the limit of
+    /// key 0 (not with `per_key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_per_s: Option<f64>,
     /// How arrivals are spread over the nodes.
     #[serde(default)]
     pub demand: DemandConfig,
@@ -315,6 +410,22 @@ pub enum FaultConfig {
         /// Receivers that do not get them.
         to: Vec<u32>,
     },
+    /// Crash churn: every `every_ms` from `start_ms` until `end_ms`, the next node of `nodes`
+    /// (round robin; default all nodes from the last one down) crashes (its state is lost) and
+    /// restarts `down_ms` later as a new incarnation.
+    CrashChurn {
+        /// First crash.
+        start_ms: u64,
+        /// No crash at or after this.
+        end_ms: u64,
+        /// Time between crashes.
+        every_ms: u64,
+        /// Time a node stays down.
+        down_ms: u64,
+        /// The nodes that take turns.
+        #[serde(default)]
+        nodes: Vec<u32>,
+    },
     /// Membership churn: every `every_ms` from `start_ms` until `end_ms`, the next node of `nodes`
     /// (round robin; default all nodes from the last one down) leaves and joins again `down_ms`
     /// later.
@@ -386,7 +497,11 @@ pub struct Expectation {
     /// The metric.
     pub metric: Metric,
     /// Its largest accepted value.
-    pub max: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+    /// Its smallest accepted value (e.g. `admitted_x_ideal`: under-admission).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<f64>,
 }
 
 /// A metric of [`crate::StrategyReport`] that an [`Expectation`] can bound.
@@ -405,6 +520,17 @@ pub enum Metric {
     FalseRejectRate,
     /// Longest convergence after a heal in ms (infinite when one never converged).
     ConvergenceMaxMs,
+    /// Hits admitted over hits the ideal admitted (under-admission: below 1).
+    AdmittedXIdeal,
+    /// The worst node's `|admitted from it − ideal admitted from it|` over the ideal's admitted
+    /// hits of the key, over the overloaded tracked keys (0 when none is overloaded).
+    Fairness,
+    /// Bytes sent per node per second.
+    BytesPerNodeS,
+    /// Messages sent per node per second.
+    MsgsPerNodeS,
+    /// Messages sent per second by the whole cluster.
+    ClusterMsgsS,
     /// Hits admitted beyond the ideal, per membership change, in sync intervals of the limit
     /// (`max(0, admitted − ideal) / (changes × limit per second × sync interval)`): exact mode's
     /// bound is one interval per ownership change.
@@ -441,23 +567,59 @@ impl Scenario {
         seed_override.or(self.seed).unwrap_or_else(|| crate::rng::seed_from_name(&self.name))
     }
 
-    /// The validated limit.
+    /// The policies' limit configurations: `policies`, or the one `limit`.
+    pub fn policy_configs(&self) -> &[LimitConfig] {
+        match &self.limit {
+            Some(limit) if self.policies.is_empty() => std::slice::from_ref(limit),
+            _ => &self.policies,
+        }
+    }
+
+    /// The validated limit of every policy, in order.
+    pub fn limits(&self) -> Result<Vec<Limit>, SimError> {
+        self.policy_configs().iter().map(|config| self.parse_limit(config)).collect()
+    }
+
+    /// The limit of the first policy (the only one of a `[limit]` scenario; key 0's).
     pub fn limit(&self) -> Result<Limit, SimError> {
-        let algorithm = Algorithm::from_name(&self.limit.algorithm)
+        let first = self.policy_configs().first().ok_or_else(|| self.invalid("no limit".into()))?;
+        self.parse_limit(first)
+    }
+
+    /// The policy of workload key `key`.
+    pub fn policy_of_key(&self, key: u32) -> usize {
+        key as usize % self.policy_configs().len().max(1)
+    }
+
+    /// The mode of policy `index` for the `ratemesh` strategy (approximate unless it says exact).
+    pub fn policy_mode_exact(&self, index: usize) -> bool {
+        self.policy_configs().get(index).and_then(|p| p.mode.as_deref()) == Some("exact")
+    }
+
+    fn parse_limit(&self, config: &LimitConfig) -> Result<Limit, SimError> {
+        let algorithm = Algorithm::from_name(&config.algorithm)
             .filter(|a| *a != Algorithm::Concurrency)
-            .ok_or_else(|| self.invalid(format!("unsupported algorithm {:?}", self.limit.algorithm)))?;
-        let mut spec = LimitSpec::new(
-            algorithm,
-            self.limit.limit,
-            core::time::Duration::from_millis(self.limit.period_ms),
-        );
-        spec.burst = self.limit.burst;
+            .ok_or_else(|| self.invalid(format!("unsupported algorithm {:?}", config.algorithm)))?;
+        let mut spec =
+            LimitSpec::new(algorithm, config.limit, core::time::Duration::from_millis(config.period_ms));
+        spec.burst = config.burst;
+        if let Some(mode) = &config.mode
+            && mode != "exact"
+            && mode != "approximate"
+        {
+            return Err(self.invalid(format!("policy mode {mode:?} is neither exact nor approximate")));
+        }
         Ok(Limit::new(spec)?)
     }
 
-    /// The limit's rate in hits per second.
+    /// The rate of key 0's limit in hits per second (the unit of `rate_x_limit`).
     pub fn limit_per_s(&self) -> f64 {
-        self.limit.limit as f64 * 1000.0 / self.limit.period_ms.max(1) as f64
+        self.policy_configs().first().map_or(0.0, limit_config_per_s)
+    }
+
+    /// The rate of workload key `key`'s limit in hits per second.
+    pub fn key_limit_per_s(&self, key: u32) -> f64 {
+        self.policy_configs().get(self.policy_of_key(key)).map_or(0.0, limit_config_per_s)
     }
 
     /// How many times the membership changes during the run (each crash, restart, leave, join,
@@ -470,7 +632,8 @@ impl Scenario {
                 FaultConfig::Crash { restart_after_ms, .. } => 1 + u64::from(restart_after_ms.is_some()),
                 FaultConfig::Leave { rejoin_after_ms, .. } => 1 + u64::from(rejoin_after_ms.is_some()),
                 FaultConfig::Partition { .. } | FaultConfig::OneWay { .. } => 2,
-                FaultConfig::Churn { start_ms, end_ms: churn_end_ms, every_ms, .. } => {
+                FaultConfig::Churn { start_ms, end_ms: churn_end_ms, every_ms, .. }
+                | FaultConfig::CrashChurn { start_ms, end_ms: churn_end_ms, every_ms, .. } => {
                     let stop_ms = (*churn_end_ms).min(end_ms);
                     2 * stop_ms.saturating_sub(*start_ms).div_ceil((*every_ms).max(1))
                 }
@@ -496,20 +659,50 @@ impl Scenario {
         if self.duration_s == 0 || self.sync_interval_ms == 0 {
             return Err(self.invalid("duration_s and sync_interval_ms must be positive".into()));
         }
-        let limit = self.limit()?;
-        let tat = matches!(
-            limit.algorithm(),
-            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucketShaper
-        );
+        if self.limit.is_some() != self.policies.is_empty() {
+            return Err(self.invalid("give either [limit] or [[policies]], not both or neither".into()));
+        }
+        let tat = self.limits()?.iter().all(|limit| {
+            matches!(
+                limit.algorithm(),
+                Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucketShaper
+            )
+        });
         if let Some(s) = self.strategy_kinds()?.into_iter().find(|s| s.needs_tat_limit() && !tat) {
             return Err(
                 self.invalid(format!("strategy {} needs a token bucket, GCRA or shaper limit", s.name()))
             );
         }
+        self.validate_node()?;
         self.validate_network()?;
         self.validate_clock()?;
         self.validate_workload()?;
         self.faults.iter().try_for_each(|fault| self.validate_fault(fault))
+    }
+
+    fn validate_node(&self) -> Result<(), SimError> {
+        let fallback = self.node.fallback.as_deref().unwrap_or("local_share");
+        if !["local_share", "fail_open", "fail_closed"].contains(&fallback) {
+            return Err(self.invalid(format!(
+                "node.fallback {fallback:?} is not local_share, fail_open or fail_closed"
+            )));
+        }
+        if self.node.ring_vnodes == Some(0) {
+            return Err(self.invalid("node.ring_vnodes must be positive".into()));
+        }
+        let windows = self.duration_s.saturating_add(2);
+        if windows.saturating_mul(u64::from(self.workload.keys)) > KEY_WINDOWS_MAX {
+            return Err(self
+                .invalid(format!("keys × duration_s must stay below {KEY_WINDOWS_MAX} (per-key windows)")));
+        }
+        for e in &self.expect {
+            if e.max.is_none() && e.min.is_none() {
+                return Err(
+                    self.invalid(format!("expect {:?} of {} has neither max nor min", e.metric, e.strategy))
+                );
+            }
+        }
+        Ok(())
     }
 
     fn validate_network(&self) -> Result<(), SimError> {
@@ -517,6 +710,12 @@ impl Scenario {
         self.probability("network.loss", n.loss)?;
         self.probability("network.duplicate", n.duplicate)?;
         self.delay("network.delay", &n.delay)?;
+        if let Some(zones) = &n.zones {
+            if zones.count == 0 {
+                return Err(self.invalid("network.zones.count must be positive".into()));
+            }
+            self.delay("network.zones.between", &zones.between)?;
+        }
         for link in &n.links {
             self.nodes_in_range("network.links", link.from.iter().chain(&link.to))?;
             link.delay.as_ref().map_or(Ok(()), |d| self.delay("network.links.delay", d))?;
@@ -554,6 +753,11 @@ impl Scenario {
         {
             return Err(self.invalid("workload.on_off needs on_ms + off_ms > 0".into()));
         }
+        if let Some(rate) = w.rate_per_s
+            && (!rate.is_finite() || rate < 0.0 || w.per_key)
+        {
+            return Err(self.invalid("workload.rate_per_s must be finite, ≥ 0 and not with per_key".into()));
+        }
         if let DemandConfig::Skewed { node, share } = w.demand {
             self.nodes_in_range("workload.demand", [node].iter())?;
             self.probability("workload.demand.share", share)?;
@@ -572,7 +776,8 @@ impl Scenario {
                 self.interval(*start_ms, *end_ms)?;
                 self.nodes_in_range("one_way", from.iter().chain(to))
             }
-            FaultConfig::Churn { start_ms, end_ms, every_ms, nodes, .. } => {
+            FaultConfig::Churn { start_ms, end_ms, every_ms, nodes, .. }
+            | FaultConfig::CrashChurn { start_ms, end_ms, every_ms, nodes, .. } => {
                 self.interval(*start_ms, *end_ms)?;
                 if *every_ms == 0 {
                     return Err(self.invalid("churn.every_ms must be positive".into()));
@@ -631,6 +836,10 @@ impl Scenario {
     fn invalid(&self, message: String) -> SimError {
         SimError::Invalid { name: self.name.clone(), message }
     }
+}
+
+fn limit_config_per_s(config: &LimitConfig) -> f64 {
+    config.limit as f64 * 1000.0 / config.period_ms.max(1) as f64
 }
 
 fn default_strategies() -> Vec<String> {

@@ -31,7 +31,8 @@ pub struct Workload {
     base_rate: f64,
     duration_nanos: u64,
     now_nanos: u64,
-    /// Cumulative weights of the tail keys (indices `hot_keys..keys`).
+    /// Cumulative weights of the tail keys (indices `hot_keys..keys`); with a per-key workload,
+    /// of every key (its limit's rate).
     tail_cdf: Vec<f64>,
     time_rng: SimRng,
     key_rng: SimRng,
@@ -42,8 +43,19 @@ impl Workload {
     /// The workload of `scenario`, drawing from sub-streams of `seed`.
     pub fn new(scenario: &Scenario, seed: u64) -> Workload {
         let config = scenario.workload.clone();
-        let base_rate = config.rate_x_limit * scenario.limit_per_s() / 1e9;
-        let tail_cdf = zipf_cdf(config.keys - config.hot_keys, config.tail_zipf);
+        let (base_rate, tail_cdf) = if config.per_key {
+            let mut total = 0.0;
+            let cdf: Vec<f64> = (0..config.keys)
+                .map(|key| {
+                    total += scenario.key_limit_per_s(key);
+                    total
+                })
+                .collect();
+            (config.rate_x_limit * total / 1e9, cdf)
+        } else {
+            let rate_per_s = config.rate_per_s.unwrap_or(config.rate_x_limit * scenario.limit_per_s());
+            (rate_per_s / 1e9, zipf_cdf(config.keys - config.hot_keys, config.tail_zipf))
+        };
         Workload {
             config,
             nodes: scenario.nodes,
@@ -121,6 +133,10 @@ impl Workload {
     }
 
     fn pick_key(&mut self) -> u32 {
+        if self.config.per_key {
+            let u = unit(&mut self.key_rng) * self.tail_cdf.last().copied().unwrap_or(1.0);
+            return self.tail_cdf.partition_point(|c| *c <= u).min(self.tail_cdf.len() - 1) as u32;
+        }
         let hot = self.tail_cdf.is_empty() || unit(&mut self.key_rng) < self.config.hot_share;
         if hot {
             return below(&mut self.key_rng, u64::from(self.config.hot_keys)) as u32;

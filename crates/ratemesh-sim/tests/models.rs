@@ -141,5 +141,5 @@ fn the_format_reference_in_the_readme_is_a_valid_scenario() {
     let block =
         text.split("```toml\n").nth(1).and_then(|rest| rest.split("```").next()).expect("a toml block");
     let scenario = Scenario::from_toml(block, "readme").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(scenario.faults.len(), 5);
+    assert_eq!(scenario.faults.len(), 6);
 }

@@ -7,7 +7,7 @@ use ratemesh_sim::network::{Network, one_way_links, partition_links};
 use ratemesh_sim::scenario::{DelayConfig, MembershipConfig, NetworkConfig};
 
 fn network(loss: f64, duplicate: f64, delay: DelayConfig, nodes: u32) -> Network {
-    Network::new(&NetworkConfig { delay, loss, duplicate, links: Vec::new() }, nodes, 42)
+    Network::new(&NetworkConfig { delay, loss, duplicate, links: Vec::new(), zones: None }, nodes, 42)
 }
 
 const UNIFORM_1_20: DelayConfig = DelayConfig::Uniform { min_ms: 1.0, max_ms: 20.0 };
@@ -130,6 +130,7 @@ fn clock_offset_and_drift_follow_the_formula() {
 fn membership() -> Membership {
     let config = MembershipConfig {
         detection_delay_ms: 2000,
+        dead_forget_ms: None,
         join_delay_ms: 500,
         leave_delay_ms: 100,
         leave_linger_ms: 0,

@@ -46,6 +46,15 @@ pub(super) fn schedule(scenario: &Scenario) -> Vec<(u64, FaultEvent)> {
                 events.push((ms(*start_ms), FaultEvent::CutStart { id, links: one_way_links(from, to) }));
                 events.push((ms(*end_ms), FaultEvent::CutEnd { id }));
             }
+            FaultConfig::CrashChurn { start_ms, end_ms, every_ms, down_ms, nodes } => {
+                let nodes: Vec<u32> =
+                    if nodes.is_empty() { (0..scenario.nodes).rev().collect() } else { nodes.clone() };
+                let crashes = (*start_ms..*end_ms).step_by(*every_ms as usize);
+                for (turn, at_ms) in crashes.enumerate() {
+                    let node = NodeTarget::Id(nodes[turn % nodes.len()]);
+                    events.push((ms(at_ms), FaultEvent::Crash { node, restart_after_ms: Some(*down_ms) }));
+                }
+            }
             FaultConfig::Churn { start_ms, end_ms, every_ms, down_ms, nodes } => {
                 let nodes: Vec<u32> =
                     if nodes.is_empty() { (0..scenario.nodes).rev().collect() } else { nodes.clone() };

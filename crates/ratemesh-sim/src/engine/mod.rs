@@ -14,7 +14,7 @@ mod queue;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use ratemesh_core::{Instant, KeyHash, Limit, Namespace};
+use ratemesh_core::{Instant, KeyHash, Namespace};
 
 use self::convergence::Convergence;
 use self::faults::FaultEvent;
@@ -29,7 +29,7 @@ use crate::network::{Network, NetworkStats, NodeTraffic};
 use crate::oracle::Oracle;
 use crate::rng::{SimRng, substream, substream_seed, unit};
 use crate::scenario::Scenario;
-use crate::strategy::{Check, NodeSetup, Outgoing, SimNode, StrategyKind, Verdict};
+use crate::strategy::{Check, NodeSetup, Outgoing, PolicyTable, SimNode, StrategyKind, Verdict};
 use crate::workload::{Arrival, Workload};
 
 /// How long after the end of a run checks still pending may be decided.
@@ -68,6 +68,8 @@ enum Phase {
 struct PendingCheck {
     at_nanos: u64,
     key: u32,
+    /// The node the client sent it to.
+    origin: u32,
     cost: u64,
     ideal: bool,
 }
@@ -99,6 +101,8 @@ pub struct RunOutput {
     pub unconverged: u32,
     /// Traffic sent per node.
     pub traffic: Vec<NodeTraffic>,
+    /// Messages and bytes sent, by message kind ([`StrategyKind::message_kind`]).
+    pub traffic_by_kind: BTreeMap<&'static str, (u64, u64)>,
     /// Network counters.
     pub network: NetworkStats,
     /// Events processed.
@@ -112,8 +116,9 @@ pub struct World<'a> {
     scenario: &'a Scenario,
     strategy: StrategyKind,
     seed: u64,
-    limit: Limit,
+    policies: Rc<PolicyTable>,
     keys: Vec<KeyHash>,
+    traffic_by_kind: BTreeMap<&'static str, (u64, u64)>,
     now: u64,
     events: u64,
     queue: EventQueue<Event>,
@@ -139,13 +144,18 @@ impl<'a> World<'a> {
         seed: u64,
         sink: Option<LogSink<'a>>,
     ) -> Result<World<'a>, SimError> {
-        let limit = scenario.limit()?;
+        let limits = scenario.limits()?;
+        let keys: Vec<KeyHash> = (0..scenario.workload.keys).map(key_hash).collect();
+        let exact = (0..limits.len()).map(|i| scenario.policy_mode_exact(i)).collect();
+        let policy_of = |key: u32| scenario.policy_of_key(key);
+        let policies = Rc::new(PolicyTable::new(limits.clone(), exact, &keys, policy_of));
         let mut clock_rng = substream(seed, "clock", 0);
         let slots = (0..scenario.nodes).map(|_| new_slot(scenario, &mut clock_rng)).collect();
         Ok(World {
             strategy,
             seed,
-            keys: (0..scenario.workload.keys).map(key_hash).collect(),
+            keys,
+            traffic_by_kind: BTreeMap::new(),
             now: 0,
             events: 0,
             queue: EventQueue::new(scenario.bounds.queue_len_max),
@@ -153,14 +163,19 @@ impl<'a> World<'a> {
             network: Network::new(&scenario.network, scenario.nodes, seed),
             membership: Membership::new(scenario.nodes, scenario.membership.clone()),
             workload: Workload::new(scenario, seed),
-            oracle: Oracle::new(limit.clone(), scenario.workload.keys),
-            recorder: Recorder::new(scenario.duration_nanos(), scenario.workload.hot_keys),
+            oracle: Oracle::new(limits, scenario.workload.keys, policy_of),
+            recorder: Recorder::new(
+                scenario.duration_nanos(),
+                tracked_keys(scenario),
+                scenario.workload.keys,
+                scenario.nodes,
+            ),
             convergence: Convergence::default(),
             faults_rng: substream(seed, "faults", 0),
             next_check_id: 0,
             pending_total: 0,
             log: EventLog::new(sink),
-            limit,
+            policies,
             scenario,
         })
     }
@@ -236,6 +251,7 @@ impl<'a> World<'a> {
             convergence_nanos: self.convergence.done_nanos.clone(),
             unconverged,
             traffic: self.network.traffic().to_vec(),
+            traffic_by_kind: std::mem::take(&mut self.traffic_by_kind),
             network: self.network.stats(),
             events: self.events,
             digest: self.log.digest(),
@@ -252,7 +268,7 @@ impl<'a> World<'a> {
         let ideal = self.oracle.admit(arrival.key, arrival.cost, arrival.at_nanos);
         let Some(node) = self.route(arrival.node) else {
             self.log.line(format_args!("{} A n- k{} i{} -> R", self.now, arrival.key, u8::from(ideal)));
-            self.recorder.record(arrival.at_nanos, arrival.key, arrival.cost, ideal, false);
+            self.recorder.record(arrival.at_nanos, arrival.key, arrival.node, arrival.cost, ideal, false);
             return Ok(());
         };
         let id = self.next_check_id;
@@ -272,10 +288,23 @@ impl<'a> World<'a> {
         match verdict {
             Verdict::Allowed | Verdict::Refused => {
                 let admitted = verdict == Verdict::Allowed;
-                self.recorder.record(arrival.at_nanos, arrival.key, arrival.cost, ideal, admitted);
+                self.recorder.record(
+                    arrival.at_nanos,
+                    arrival.key,
+                    arrival.node,
+                    arrival.cost,
+                    ideal,
+                    admitted,
+                );
             }
             Verdict::Pending => {
-                let check = PendingCheck { at_nanos: self.now, key: arrival.key, cost: arrival.cost, ideal };
+                let check = PendingCheck {
+                    at_nanos: self.now,
+                    key: arrival.key,
+                    origin: arrival.node,
+                    cost: arrival.cost,
+                    ideal,
+                };
                 self.add_pending(node, id, check)?;
             }
         }
@@ -310,7 +339,7 @@ impl<'a> World<'a> {
         };
         self.pending_total -= 1;
         self.log.line(format_args!("{} D n{node} #{id} {}", self.now, if allowed { 'A' } else { 'R' }));
-        self.recorder.record(check.at_nanos, check.key, check.cost, check.ideal, allowed);
+        self.recorder.record(check.at_nanos, check.key, check.origin, check.cost, check.ideal, allowed);
     }
 
     /// Checks still pending on `node` are refused (the client got no answer).
@@ -319,7 +348,7 @@ impl<'a> World<'a> {
         self.pending_total -= pending.len();
         for (id, check) in pending {
             self.log.line(format_args!("{} D n{node} #{id} lost", self.now));
-            self.recorder.record(check.at_nanos, check.key, check.cost, check.ideal, false);
+            self.recorder.record(check.at_nanos, check.key, check.origin, check.cost, check.ideal, false);
         }
     }
 
@@ -343,6 +372,9 @@ impl<'a> World<'a> {
             self.log.line(format_args!("{} S n{from}>n{} {len}B {hash:016x} unknown", self.now, out.to));
             return Ok(());
         }
+        let kind = self.traffic_by_kind.entry(self.strategy.message_kind(&out.bytes)).or_default();
+        kind.0 += 1;
+        kind.1 += len as u64;
         let fate = self.network.send(from, out.to, len);
         let mut text = String::new();
         fate.deliveries().for_each(|d| text.push_str(&format!("+{d}")));
@@ -471,9 +503,14 @@ impl<'a> World<'a> {
         let setup = NodeSetup {
             id: node,
             incarnation: slot.incarnation,
-            limit: self.limit.clone(),
+            policies: Rc::clone(&self.policies),
+            settings: self.scenario.node.clone(),
             sync_interval_ms: self.scenario.sync_interval_ms,
-            join_grace_ms: if slot.incarnation == 1 { 0 } else { self.scenario.membership.join_delay_ms },
+            join_grace_ms: if slot.incarnation == 1 {
+                0
+            } else {
+                self.scenario.node.join_grace_ms.unwrap_or(self.scenario.membership.join_delay_ms)
+            },
             seed: substream_seed(self.seed, "node", u64::from(node) << 32 | slot.incarnation),
             now: local,
         };
@@ -502,6 +539,13 @@ impl<'a> World<'a> {
     fn local_now(&self, node: u32) -> Instant {
         self.slots[node as usize].clock.local(self.now)
     }
+}
+
+/// Keys tracked one by one (bins for the plot and peak rates, per node for fairness): the hot keys,
+/// or with a per-key workload the first keys.
+fn tracked_keys(scenario: &Scenario) -> u32 {
+    let w = &scenario.workload;
+    if w.per_key { w.keys } else { w.hot_keys }
 }
 
 fn new_slot(scenario: &Scenario, rng: &mut SimRng) -> Slot {

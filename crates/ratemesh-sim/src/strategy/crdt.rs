@@ -10,11 +10,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use ratemesh_core::{Instant, KeyHash, Limit};
+use ratemesh_core::{Instant, KeyHash};
 
 use super::codec::{self, BATCH_LEN_MAX, Counters, Message};
 use super::ring::{RING_VNODES, Ring};
-use super::{Check, NodeSetup, Outgoing, SimNode, Ticker, Verdict, View, interval_nanos};
+use super::{Check, NodeSetup, Outgoing, PolicyTable, SimNode, Ticker, Verdict, View, interval_nanos};
 
 #[derive(Clone, Debug)]
 struct Counter {
@@ -27,8 +27,9 @@ struct Counter {
 #[derive(Debug)]
 pub struct Crdt {
     id: u32,
-    capacity: u64,
-    interval_nanos: u64,
+    /// Capacity and nanoseconds per hit of each policy.
+    params: Vec<(u64, u64)>,
+    policies: std::rc::Rc<PolicyTable>,
     live: Vec<u32>,
     ring: Ring,
     counters: BTreeMap<KeyHash, Counter>,
@@ -41,11 +42,11 @@ pub struct Crdt {
 impl Crdt {
     /// A node alone in its view until the first membership event.
     pub fn new(setup: NodeSetup) -> Crdt {
-        let limit: &Limit = &setup.limit;
+        let params = setup.policies.limits.iter().map(|l| (l.capacity(), interval_nanos(l))).collect();
         Crdt {
             id: setup.id,
-            capacity: limit.capacity(),
-            interval_nanos: interval_nanos(limit),
+            params,
+            policies: setup.policies,
             live: vec![setup.id],
             ring: Ring::new(&[setup.id], RING_VNODES),
             counters: BTreeMap::new(),
@@ -109,8 +110,9 @@ impl SimNode for Crdt {
             start: now,
             forfeit: 0,
         });
-        let tokens = Crdt::tokens(self.capacity, self.interval_nanos, counter, now);
-        let allowed = check.cost <= self.capacity && tokens >= i128::from(check.cost.max(1));
+        let (capacity, interval) = self.params[self.policies.index(check.key)];
+        let tokens = Crdt::tokens(capacity, interval, counter, now);
+        let allowed = check.cost <= capacity && tokens >= i128::from(check.cost.max(1));
         if allowed && check.cost > 0 {
             *counter.counts.entry(self.id).or_default() += check.cost;
             self.changed.insert(check.key);

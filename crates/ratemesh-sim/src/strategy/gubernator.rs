@@ -11,17 +11,19 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use rand::SeedableRng;
-use ratemesh_core::{Bucket, CoreRng, Instant, KeyHash, Limit, Snapshot};
+use std::rc::Rc;
+
+use ratemesh_core::{Bucket, CoreRng, Instant, KeyHash, Snapshot};
 
 use super::codec::{self, BATCH_LEN_MAX, Message};
 use super::ring::{RING_VNODES, Ring};
-use super::{Check, NodeSetup, Outgoing, SimNode, Ticker, Verdict, View};
+use super::{Check, NodeSetup, Outgoing, PolicyTable, SimNode, Ticker, Verdict, View};
 
 /// One Gubernator-style node. See the module documentation.
 #[derive(Debug)]
 pub struct Gubernator {
     id: u32,
-    limit: Limit,
+    policies: Rc<PolicyTable>,
     rng: CoreRng,
     live: Vec<u32>,
     ring: Ring,
@@ -50,7 +52,7 @@ impl Gubernator {
             outbox: VecDeque::new(),
             ticker: Ticker::new(setup.now, setup.sync_interval_ms, setup.seed),
             malformed: 0,
-            limit: setup.limit,
+            policies: setup.policies,
         }
     }
 
@@ -60,9 +62,10 @@ impl Gubernator {
 
     /// The owner applies hits from a non-owner: no debt, clamped at what is left.
     fn apply_hits(&mut self, key: KeyHash, hits: u64, now: Instant) {
-        let bucket = self.buckets.entry(key).or_insert_with(|| Bucket::new(&self.limit, now));
-        let remaining = bucket.check(&self.limit, 0, now, &mut self.rng).remaining;
-        bucket.force(&self.limit, hits.min(remaining), now);
+        let limit = self.policies.limit(key);
+        let bucket = self.buckets.entry(key).or_insert_with(|| Bucket::new(limit, now));
+        let remaining = bucket.check(limit, 0, now, &mut self.rng).remaining;
+        bucket.force(limit, hits.min(remaining), now);
         self.dirty.insert(key);
     }
 
@@ -101,7 +104,7 @@ impl Gubernator {
     }
 
     fn overwrite(&mut self, key: KeyHash, backlog_nanos: u64, now: Instant) {
-        if let Ok(bucket) = Bucket::import(&self.limit, Snapshot::Tat { backlog_nanos }, now) {
+        if let Ok(bucket) = Bucket::import(self.policies.limit(key), Snapshot::Tat { backlog_nanos }, now) {
             self.buckets.insert(key, bucket);
         }
     }
@@ -110,8 +113,9 @@ impl Gubernator {
 impl SimNode for Gubernator {
     fn handle_check(&mut self, now: Instant, check: Check) -> Verdict {
         let owned = self.owns(check.key);
-        let bucket = self.buckets.entry(check.key).or_insert_with(|| Bucket::new(&self.limit, now));
-        let allowed = bucket.check(&self.limit, check.cost, now, &mut self.rng).allowed;
+        let limit = self.policies.limit(check.key);
+        let bucket = self.buckets.entry(check.key).or_insert_with(|| Bucket::new(limit, now));
+        let allowed = bucket.check(limit, check.cost, now, &mut self.rng).allowed;
         if allowed && check.cost > 0 {
             if owned {
                 self.dirty.insert(check.key);

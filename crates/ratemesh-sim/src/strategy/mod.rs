@@ -12,6 +12,9 @@ mod ratemesh;
 pub mod ring;
 mod static_split;
 
+use std::collections::HashMap;
+use std::rc::Rc;
+
 use ratemesh_core::{Instant, KeyHash, Limit, Mode};
 
 pub use crdt::Crdt;
@@ -20,6 +23,45 @@ pub use ratemesh::Ratemesh;
 pub use static_split::StaticSplit;
 
 use crate::error::SimError;
+use crate::scenario::NodeSettings;
+
+/// The policies of a run and which key is under which (looked up by key hash, never iterated).
+#[derive(Clone, Debug)]
+pub struct PolicyTable {
+    /// Every policy's limit, in scenario order.
+    pub limits: Vec<Limit>,
+    /// Whether the `ratemesh` strategy runs policy `i` in exact mode.
+    pub exact: Vec<bool>,
+    by_key: HashMap<KeyHash, usize>,
+}
+
+impl PolicyTable {
+    /// `limits`, with `keys[i]` under policy `policy_of(i)`.
+    pub fn new(
+        limits: Vec<Limit>,
+        exact: Vec<bool>,
+        keys: &[KeyHash],
+        policy_of: impl Fn(u32) -> usize,
+    ) -> PolicyTable {
+        let by_key = keys.iter().enumerate().map(|(i, key)| (*key, policy_of(i as u32))).collect();
+        PolicyTable { limits, exact, by_key }
+    }
+
+    /// One policy for every key.
+    pub fn single(limit: Limit) -> PolicyTable {
+        PolicyTable { limits: vec![limit], exact: vec![false], by_key: HashMap::new() }
+    }
+
+    /// The policy index of `key` (keys outside the workload: policy 0).
+    pub fn index(&self, key: KeyHash) -> usize {
+        self.by_key.get(&key).copied().unwrap_or(0)
+    }
+
+    /// The limit of `key`.
+    pub fn limit(&self, key: KeyHash) -> &Limit {
+        &self.limits[self.index(key)]
+    }
+}
 
 /// A client's check, as the simulator hands it to a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,7 +157,9 @@ pub struct NodeSetup {
     /// 1 at start; +1 per restart or rejoin.
     pub incarnation: u64,
     /// The limit of every key.
-    pub limit: Limit,
+    pub policies: Rc<PolicyTable>,
+    /// Node settings (the ratemesh strategies; the baselines ignore them).
+    pub settings: NodeSettings,
     /// The sync period.
     pub sync_interval_ms: u64,
     /// How long a (re)started node takes no client checks (0 at the start of a run).
@@ -139,6 +183,8 @@ pub enum StrategyKind {
     RatemeshExact,
     /// `ratemesh_core::Node` in approximate mode (local decisions from owner grants).
     RatemeshApprox,
+    /// `ratemesh_core::Node`, each policy in its own `mode` (default approximate).
+    Ratemesh,
 }
 
 impl StrategyKind {
@@ -151,6 +197,17 @@ impl StrategyKind {
         StrategyKind::RatemeshApprox,
     ];
 
+    /// Every strategy a scenario may name (`ALL` plus `ratemesh`, which runs each policy in its own
+    /// mode).
+    pub const KNOWN: [StrategyKind; 6] = [
+        StrategyKind::Gubernator,
+        StrategyKind::Crdt,
+        StrategyKind::Static,
+        StrategyKind::RatemeshExact,
+        StrategyKind::RatemeshApprox,
+        StrategyKind::Ratemesh,
+    ];
+
     /// The name used in scenario files, on the command line and in reports.
     pub const fn name(self) -> &'static str {
         match self {
@@ -159,12 +216,13 @@ impl StrategyKind {
             StrategyKind::Static => "static",
             StrategyKind::RatemeshExact => "ratemesh-exact",
             StrategyKind::RatemeshApprox => "ratemesh-approx",
+            StrategyKind::Ratemesh => "ratemesh",
         }
     }
 
     /// The strategy called `name`.
     pub fn from_name(name: &str) -> Result<StrategyKind, SimError> {
-        StrategyKind::ALL
+        StrategyKind::KNOWN
             .into_iter()
             .find(|s| s.name() == name)
             .ok_or_else(|| SimError::UnknownStrategy(name.into()))
@@ -172,7 +230,7 @@ impl StrategyKind {
 
     /// The known names, comma-separated (for messages).
     pub fn known_names() -> String {
-        StrategyKind::ALL.map(StrategyKind::name).join(", ")
+        StrategyKind::KNOWN.map(StrategyKind::name).join(", ")
     }
 
     /// Whether the strategy needs a limit of the token bucket family (token bucket, GCRA, shaper).
@@ -186,8 +244,25 @@ impl StrategyKind {
             StrategyKind::Gubernator => Box::new(Gubernator::new(setup)),
             StrategyKind::Crdt => Box::new(Crdt::new(setup)),
             StrategyKind::Static => Box::new(StaticSplit::new(setup)),
-            StrategyKind::RatemeshExact => Box::new(Ratemesh::new(setup, Mode::Exact)),
-            StrategyKind::RatemeshApprox => Box::new(Ratemesh::new(setup, Mode::Approximate)),
+            StrategyKind::RatemeshExact => Box::new(Ratemesh::new(setup, Some(Mode::Exact))),
+            StrategyKind::RatemeshApprox => Box::new(Ratemesh::new(setup, Some(Mode::Approximate))),
+            StrategyKind::Ratemesh => Box::new(Ratemesh::new(setup, None)),
+        }
+    }
+
+    /// The kind of one message this strategy sent, for traffic accounting: the core frame's first
+    /// section (`ratemesh_core::wire::frame_kind`), or the baseline message's variant.
+    pub fn message_kind(self, bytes: &[u8]) -> &'static str {
+        match self {
+            StrategyKind::RatemeshExact | StrategyKind::RatemeshApprox | StrategyKind::Ratemesh => {
+                ratemesh_core::wire::frame_kind(bytes).unwrap_or("malformed")
+            }
+            _ => match codec::decode(bytes) {
+                Some(codec::Message::Hits(_)) => "hits",
+                Some(codec::Message::Globals(_)) => "globals",
+                Some(codec::Message::Counters(_)) => "counters",
+                None => "malformed",
+            },
         }
     }
 }

@@ -10,30 +10,42 @@ use ratemesh_core::{
     NodeConfig, NodeId, Policy, RequestId,
 };
 
-use super::{Check, NodeSetup, Outgoing, SimNode, Verdict, View};
+use super::{Check, NodeSetup, Outgoing, PolicyTable, SimNode, Verdict, View};
+use crate::scenario::NodeSettings;
 
 /// One ratemesh node driven by the simulator.
 #[derive(Debug)]
 pub struct Ratemesh {
     node: Node,
-    policy: Arc<Policy>,
+    /// Every policy of the run, with its mode and the scenario's fallback.
+    policies: Vec<Arc<Policy>>,
+    table: std::rc::Rc<PolicyTable>,
     decided: VecDeque<(u64, bool)>,
     left: bool,
 }
 
 impl Ratemesh {
-    /// A node of `setup` enforcing the scenario's limit in `mode` with [`Fallback::LocalShare`].
-    pub fn new(setup: NodeSetup, mode: Mode) -> Ratemesh {
-        let config = NodeConfig {
-            sync_interval: Duration::from_millis(setup.sync_interval_ms),
-            // A restarted node serves once the others' views include it (the membership model's
-            // join delay), as the library waits for gossip to spread.
-            join_grace: Duration::from_millis(setup.join_grace_ms),
-            ..NodeConfig::default()
-        };
+    /// A node of `setup` enforcing the scenario's policies in `mode` (`None`: each policy's own
+    /// mode), with the scenario's node settings and fallback.
+    pub fn new(setup: NodeSetup, mode: Option<Mode>) -> Ratemesh {
+        let config = node_config(&setup.settings, setup.sync_interval_ms, setup.join_grace_ms);
         let node = Node::new(NodeId(u64::from(setup.id)), setup.incarnation, config, setup.seed, setup.now);
-        let policy = Arc::new(Policy { limit: setup.limit, mode, fallback: Fallback::LocalShare });
-        Ratemesh { node, policy, decided: VecDeque::new(), left: false }
+        let fallback = match setup.settings.fallback.as_deref() {
+            Some("fail_open") => Fallback::FailOpen,
+            Some("fail_closed") => Fallback::FailClosed,
+            _ => Fallback::LocalShare,
+        };
+        let table = setup.policies;
+        let policies = table
+            .limits
+            .iter()
+            .zip(&table.exact)
+            .map(|(limit, exact)| {
+                let own = if *exact { Mode::Exact } else { Mode::Approximate };
+                Arc::new(Policy { limit: limit.clone(), mode: mode.unwrap_or(own), fallback })
+            })
+            .collect();
+        Ratemesh { node, policies, table, decided: VecDeque::new(), left: false }
     }
 
     /// The wrapped core node (for tests that inspect its counters).
@@ -47,7 +59,7 @@ impl SimNode for Ratemesh {
         let request = CheckRequest {
             id: RequestId(check.id),
             key: check.key,
-            policy: Arc::clone(&self.policy),
+            policy: Arc::clone(&self.policies[self.table.index(check.key)]),
             cost: check.cost,
         };
         match self.node.handle_check(now, request) {
@@ -113,5 +125,29 @@ impl SimNode for Ratemesh {
 
     fn is_serving(&self, now: Instant) -> bool {
         self.node.is_serving(now)
+    }
+}
+
+/// The core's configuration with the scenario's settings over its defaults.
+fn node_config(settings: &NodeSettings, sync_interval_ms: u64, join_grace_ms: u64) -> NodeConfig {
+    let defaults = NodeConfig::default();
+    let ms = |value: Option<u64>, default: Duration| value.map_or(default, Duration::from_millis);
+    NodeConfig {
+        sync_interval: Duration::from_millis(sync_interval_ms),
+        forward_batch_len_max: settings.forward_batch_len_max.unwrap_or(defaults.forward_batch_len_max),
+        forward_wait: settings.forward_wait_us.map_or(defaults.forward_wait, Duration::from_micros),
+        forward_timeout: ms(settings.forward_timeout_ms, defaults.forward_timeout),
+        pending_forwards_max: settings.pending_forwards_max.unwrap_or(defaults.pending_forwards_max),
+        sync_batch_len_max: settings.sync_batch_len_max.unwrap_or(defaults.sync_batch_len_max),
+        peer_silence: ms(settings.peer_silence_ms, defaults.peer_silence),
+        unacked_frames_max: settings.unacked_frames_max.unwrap_or(defaults.unacked_frames_max),
+        retransmit_initial: ms(settings.retransmit_initial_ms, defaults.retransmit_initial),
+        replicate: settings.replicate.unwrap_or(defaults.replicate),
+        ring_vnodes: settings.ring_vnodes.unwrap_or(defaults.ring_vnodes),
+        allowance_min: settings.allowance_min.unwrap_or(defaults.allowance_min),
+        // A restarted node serves once the others' views include it (the membership model's
+        // join delay), as the library waits for gossip to spread.
+        join_grace: Duration::from_millis(join_grace_ms),
+        ..defaults
     }
 }

@@ -5,16 +5,19 @@
 use std::collections::BTreeMap;
 
 use rand::SeedableRng;
+use std::rc::Rc;
+
 use ratemesh_core::{Bucket, CoreRng, Instant, KeyHash, Limit, LimitSpec};
 
 use super::ring::{RING_VNODES, Ring};
-use super::{Check, NodeSetup, Outgoing, SimNode, Verdict, View};
+use super::{Check, NodeSetup, Outgoing, PolicyTable, SimNode, Verdict, View};
 
 /// One node of the static split. See the module documentation.
 #[derive(Debug)]
 pub struct StaticSplit {
-    spec: LimitSpec,
-    share: Limit,
+    policies: Rc<PolicyTable>,
+    /// Each policy's limit divided by the live members.
+    shares: Vec<Limit>,
     rng: CoreRng,
     ring: Ring,
     buckets: BTreeMap<KeyHash, Bucket>,
@@ -24,8 +27,8 @@ impl StaticSplit {
     /// A node alone in its view (the whole limit) until the first membership event.
     pub fn new(setup: NodeSetup) -> StaticSplit {
         StaticSplit {
-            spec: setup.limit.spec().clone(),
-            share: setup.limit,
+            shares: setup.policies.limits.clone(),
+            policies: setup.policies,
             rng: CoreRng::seed_from_u64(setup.seed),
             ring: Ring::new(&[setup.id], RING_VNODES),
             buckets: BTreeMap::new(),
@@ -43,8 +46,9 @@ impl StaticSplit {
 
 impl SimNode for StaticSplit {
     fn handle_check(&mut self, now: Instant, check: Check) -> Verdict {
-        let bucket = self.buckets.entry(check.key).or_insert_with(|| Bucket::new(&self.share, now));
-        if bucket.check(&self.share, check.cost, now, &mut self.rng).allowed {
+        let share = &self.shares[self.policies.index(check.key)];
+        let bucket = self.buckets.entry(check.key).or_insert_with(|| Bucket::new(share, now));
+        if bucket.check(share, check.cost, now, &mut self.rng).allowed {
             Verdict::Allowed
         } else {
             Verdict::Refused
@@ -55,8 +59,10 @@ impl SimNode for StaticSplit {
 
     fn handle_membership(&mut self, _now: Instant, view: &View) {
         let members = view.live.len().max(1) as u64;
-        if let Some(share) = StaticSplit::share_of(&self.spec, members) {
-            self.share = share;
+        for (share, limit) in self.shares.iter_mut().zip(&self.policies.limits) {
+            if let Some(new) = StaticSplit::share_of(limit.spec(), members) {
+                *share = new;
+            }
         }
         self.ring = Ring::new(&view.live, RING_VNODES);
     }
