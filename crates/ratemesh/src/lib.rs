@@ -21,6 +21,8 @@
 //!   certificates, node names in certificates, the admission rule, certificate files.
 //! - [`transport`]: [`Transport`], QUIC peers (quinn) that send the core's frames to members and
 //!   deliver frames whose sender is authenticated by its certificate.
+//! - [`usage`]: refunds ([`Node::refund`]), charges after the fact ([`Node::charge`]) and
+//!   all-or-nothing checks across limits ([`Node::check_all`]).
 
 pub mod calendar;
 pub mod dns;
@@ -34,6 +36,7 @@ pub mod node;
 pub mod security;
 pub mod seeds;
 pub mod transport;
+pub mod usage;
 
 pub use calendar::{Calendar, CalendarPolicy, CalendarUnit};
 pub use durable::{FileStateStore, StateStore};
@@ -42,7 +45,8 @@ pub use gossip::{GossipHealth, GossipLimits, GossipStats};
 pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};
 pub use membership::{Member, MemberStatus};
 pub use node::{CheckError, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released, StartError};
-pub use ratemesh_core::NodeId;
+pub use ratemesh_core::{Adjustment, NodeId};
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};
 pub use transport::{Received, Transport, TransportConfig, TransportError, TransportStats};
+pub use usage::{AdjustError, GroupCheck, GroupDecision};

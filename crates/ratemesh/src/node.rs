@@ -726,6 +726,18 @@ impl Node {
         key: KeyHash,
         cost: u64,
     ) -> Result<Decision, CheckError> {
+        self.decide_with(|core, id, now| {
+            core.handle_check(now, CheckRequest { id, key, policy: policy.clone(), cost })
+        })
+        .await
+    }
+
+    /// Runs one client input (`input` hands it to the core under the lock, with a fresh request
+    /// id and the node's `now`) and waits for its decision when the core answers later.
+    pub(crate) async fn decide_with(
+        &self,
+        input: impl FnOnce(&mut ratemesh_core::Node, RequestId, ratemesh_core::Instant) -> CheckOutcome,
+    ) -> Result<Decision, CheckError> {
         let waiter = {
             let mut state = self.shared.lock_state();
             if state.leaving {
@@ -734,8 +746,7 @@ impl Node {
             let now = self.shared.now();
             let id = RequestId(state.next_request);
             state.next_request = state.next_request.wrapping_add(1);
-            let request = CheckRequest { id, key, policy: policy.clone(), cost };
-            let outcome = state.core.handle_check(now, request);
+            let outcome = input(&mut state.core, id, now);
             let waiter = match outcome {
                 CheckOutcome::Decided(decision) => Err(Ok(decision)),
                 CheckOutcome::Unavailable => Err(Err(CheckError::Joining)),

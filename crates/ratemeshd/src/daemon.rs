@@ -41,7 +41,8 @@ use std::time::{Duration, SystemTime};
 
 use ratemesh::durable::SnapshotSettings;
 use ratemesh::{
-    CheckError, GossipHealth, Member, MemberStatus, Node, NodeBuilder, NodeId, Released, StartError,
+    AdjustError, Adjustment, CheckError, GossipHealth, GroupCheck, Member, MemberStatus, Node, NodeBuilder,
+    NodeId, Released, StartError,
 };
 use ratemesh_core::{Decision, KeyHash, Namespace};
 use tokio::sync::{Semaphore, watch};
@@ -52,7 +53,7 @@ use crate::config::{
     NodeSection,
 };
 use crate::metrics::Metrics;
-use crate::policy::{PolicyTable, Target, ValidRelease};
+use crate::policy::{PolicyTable, Target, ValidCheck, ValidRelease};
 
 /// How many probe keys estimate the ring's shares (`GET /v1/cluster`, `ratemeshd cluster`):
 /// enough for a share to within about 1 %, cheap enough for a request.
@@ -349,6 +350,68 @@ impl Daemon {
             decision.retry_after = None;
         }
         Ok(decision)
+    }
+
+    /// Returns `hits` to `key`'s bucket (a negative cost), at the key's owner. The decision says
+    /// whether a cost-1 check would pass afterwards.
+    pub async fn refund(&self, target: &Target, key: KeyHash, hits: u64) -> Result<Decision, AdjustError> {
+        self.adjust(target, key, Adjustment::Refund, hits).await
+    }
+
+    /// Applies `hits` to `key`'s bucket unconditionally (it may go into debt), at the key's owner.
+    /// The decision says whether a cost-1 check would pass now, and when it will.
+    pub async fn charge(&self, target: &Target, key: KeyHash, hits: u64) -> Result<Decision, AdjustError> {
+        self.adjust(target, key, Adjustment::Charge, hits).await
+    }
+
+    async fn adjust(
+        &self,
+        target: &Target,
+        key: KeyHash,
+        adjustment: Adjustment,
+        hits: u64,
+    ) -> Result<Decision, AdjustError> {
+        let Some(policy) = target.policy() else { return Ok(unlimited_decision()) };
+        if self.is_shutting_down() {
+            return Err(AdjustError::ShutDown);
+        }
+        let mut decision = self.node.adjust_hashed(&policy, key, adjustment, hits).await?;
+        if target.shadow_mode() && !decision.allowed {
+            decision.allowed = true;
+            decision.retry_after = None;
+        }
+        Ok(decision)
+    }
+
+    /// Checks every one of `checks`, all or nothing (see [`Node::check_all`]); an unlimited
+    /// policy always passes, and a shadow-mode policy is checked on its own (it never refuses).
+    /// The decisions are in the order of `checks`.
+    pub async fn check_all(&self, checks: &[ValidCheck]) -> Result<(bool, Vec<Decision>), CheckError> {
+        if self.is_shutting_down() {
+            return Err(CheckError::ShutDown);
+        }
+        let grouped = |check: &&ValidCheck| check.target.policy().is_some() && !check.target.shadow_mode();
+        let group: Vec<GroupCheck> = checks
+            .iter()
+            .filter(grouped)
+            .filter_map(|check| {
+                Some(GroupCheck { policy: check.target.policy()?, key: check.key, cost: check.cost })
+            })
+            .collect();
+        let answer = self.node.check_all(&group).await?;
+        let mut group_decisions = answer.decisions.into_iter();
+        let mut decisions = Vec::with_capacity(checks.len());
+        for check in checks {
+            let decision = match grouped(&check) {
+                true => group_decisions.next().unwrap_or_else(unlimited_decision),
+                false => self.check(&check.target, check.key, check.cost).await?,
+            };
+            if grouped(&check) {
+                self.metrics.record_decision(check.target.label(), &decision, false);
+            }
+            decisions.push(decision);
+        }
+        Ok((answer.allowed, decisions))
     }
 
     /// Gives back a concurrency lease.

@@ -56,7 +56,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use prometheus_client::metrics::gauge::Gauge;
 use ratemesh::headers::insert_headers_for;
-use ratemesh::{CheckError, Released};
+use ratemesh::{AdjustError, CheckError, Released};
 use ratemesh_core::{Algorithm, Decision};
 use serde::Serialize;
 use serde_json::json;
@@ -65,8 +65,8 @@ use crate::config::{Bounds, Rule, fallback_name, mode_name};
 use crate::daemon::{Daemon, RING_PROBES};
 use crate::metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, status_name};
 use crate::policy::{
-    BodyError, CheckBody, CheckResponse, ErrorResponse, PolicyTable, Target, parse_check, parse_check_batch,
-    parse_release,
+    BodyError, CheckBody, CheckResponse, ErrorResponse, PolicyTable, Target, ValidCheck, parse_charge,
+    parse_check, parse_check_all, parse_check_batch, parse_release,
 };
 
 /// The JSON content type of every answer but `/metrics`.
@@ -138,6 +138,8 @@ pub fn router_with(daemon: Arc<Daemon>, timeouts: Timeouts) -> Router {
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/check/batch", post(check_batch))
+        .route("/v1/check/all", post(check_all))
+        .route("/v1/charge", post(charge))
         .route("/v1/release", post(release))
         .route("/v1/auth", get(auth))
         .route("/metrics", get(metrics))
@@ -157,6 +159,8 @@ fn route_label(path: &str) -> &'static str {
     match path {
         "/v1/check" => "check",
         "/v1/check/batch" => "check_batch",
+        "/v1/check/all" => "check_all",
+        "/v1/charge" => "charge",
         "/v1/release" => "release",
         "/v1/auth" => "auth",
         "/metrics" => "metrics",
@@ -249,6 +253,16 @@ impl From<BodyError> for ApiError {
     fn from(error: BodyError) -> Self {
         let status = StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
         ApiError { status, body: ErrorResponse::from(&error) }
+    }
+}
+
+impl From<AdjustError> for ApiError {
+    fn from(error: AdjustError) -> Self {
+        match error {
+            // Validation refuses these before they reach the node.
+            AdjustError::Concurrency => ApiError::bad_request("policy", error),
+            _ => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("{error}: ask another node"), None),
+        }
     }
 }
 
@@ -351,11 +365,40 @@ fn check_response(target: &Target, decision: &Decision) -> CheckResponse {
 
 async fn check(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let valid = parse_body(&api, &headers, body, parse_check).await?;
+    let decision = within(api.timeouts.request, decide(&api, &valid)).await?;
+    Ok(decision_response(StatusCode::OK, &valid.target, &decision))
+}
+
+/// One check's decision: a refund when its cost was negative.
+async fn decide(api: &Api, check: &ValidCheck) -> Result<Decision, ApiError> {
+    match check.refund {
+        true => Ok(api.daemon.refund(&check.target, check.key, check.cost).await?),
+        false => Ok(api.daemon.check(&check.target, check.key, check.cost).await?),
+    }
+}
+
+async fn charge(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let valid = parse_body(&api, &headers, body, parse_charge).await?;
     let decision = within(api.timeouts.request, async {
-        Ok(api.daemon.check(&valid.target, valid.key, valid.cost).await?)
+        Ok(api.daemon.charge(&valid.target, valid.key, valid.cost).await?)
     })
     .await?;
     Ok(decision_response(StatusCode::OK, &valid.target, &decision))
+}
+
+/// The answer of `POST /v1/check/all`: whether the group passed, and one answer per check.
+#[derive(Serialize)]
+struct GroupResponse {
+    allowed: bool,
+    results: Vec<CheckResponse>,
+}
+
+async fn check_all(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let checks = parse_body(&api, &headers, body, parse_check_all).await?;
+    let (allowed, decisions) =
+        within(api.timeouts.request, async { Ok(api.daemon.check_all(&checks).await?) }).await?;
+    let results = checks.iter().zip(&decisions).map(|(check, d)| check_response(&check.target, d)).collect();
+    Ok(json_response(StatusCode::OK, &GroupResponse { allowed, results }))
 }
 
 async fn check_batch(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
@@ -365,7 +408,7 @@ async fn check_batch(State(api): ApiState, headers: HeaderMap, body: Body) -> Re
     let answers = within(api.timeouts.request, async {
         let mut answers = Vec::with_capacity(checks.len());
         for check in &checks {
-            let decision = api.daemon.check(&check.target, check.key, check.cost).await?;
+            let decision = decide(&api, check).await?;
             answers.push(check_response(&check.target, &decision));
         }
         Ok(answers)
@@ -475,7 +518,7 @@ async fn auth(State(api): ApiState, uri: Uri, headers: HeaderMap) -> Result<Resp
         Some(Ok(cost)) => Some(cost),
         Some(Err(e)) => return Err(ApiError::bad_request("cost", format!("not an unsigned integer ({e})"))),
     };
-    let body = CheckBody { key, cost, limit: None, policy: Some(policy) };
+    let body = CheckBody { key, cost: cost.map(Into::into), limit: None, policy: Some(policy) };
     let valid = body.validate(&policies, &config.limits)?;
     let decision = within(api.timeouts.request, async {
         Ok(api.daemon.check(&valid.target, valid.key, valid.cost).await?)

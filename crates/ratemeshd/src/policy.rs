@@ -357,7 +357,77 @@ pub struct CheckBody {
     /// The client's key (required; 1 to `key_bytes_max` bytes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    /// Hits (default 1; 0 asks whether a hit would pass without taking one).
+    /// Hits (default 1; 0 asks whether a hit would pass without taking one; below 0 returns
+    /// that many hits: a refund).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostJson>,
+    /// An inline limit (exactly one of `limit` and `policy`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<LimitBody>,
+    /// A configured policy's name (exactly one of `limit` and `policy`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+}
+
+/// A check's cost in JSON: hits to take (0 to `u64::MAX`) or, negative, hits to give back (a
+/// refund, down to `-u64::MAX`... as far as JSON integers reach: `i64::MIN`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CostJson {
+    /// Hits to take.
+    Take(u64),
+    /// Hits to give back.
+    Refund(u64),
+}
+
+impl From<u64> for CostJson {
+    fn from(hits: u64) -> Self {
+        CostJson::Take(hits)
+    }
+}
+
+impl Serialize for CostJson {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match *self {
+            CostJson::Take(hits) => serializer.serialize_u64(hits),
+            CostJson::Refund(hits) => serializer.serialize_i128(-i128::from(hits)),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CostJson {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = CostJson;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an integer: hits to take, or below 0 hits to refund")
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<CostJson, E> {
+                Ok(CostJson::Take(value))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<CostJson, E> {
+                match u64::try_from(value) {
+                    Ok(hits) => Ok(CostJson::Take(hits)),
+                    Err(_) => Ok(CostJson::Refund(value.unsigned_abs())),
+                }
+            }
+        }
+        deserializer.deserialize_i64(Visitor)
+    }
+}
+
+/// The body of `POST /v1/charge`: `{"key": "user:42", "policy": "tokens", "cost": 1234}` (or an
+/// inline `limit`): `cost` hits applied unconditionally (the bucket may go into debt).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChargeBody {
+    /// The client's key (required).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Hits to apply (required).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<u64>,
     /// An inline limit (exactly one of `limit` and `policy`).
@@ -548,7 +618,20 @@ pub struct ValidCheck {
     pub target: Target,
     /// The bucket.
     pub key: KeyHash,
-    /// Hits (0 = query).
+    /// Hits (0 = query); with `refund`, hits to give back.
+    pub cost: u64,
+    /// A refund (the JSON cost was negative): `cost` hits go back to the bucket.
+    pub refund: bool,
+}
+
+/// A validated charge.
+#[derive(Clone, Debug)]
+pub struct ValidCharge {
+    /// What it counts against (never a concurrency limit).
+    pub target: Target,
+    /// The bucket.
+    pub key: KeyHash,
+    /// Hits to apply.
     pub cost: u64,
 }
 
@@ -686,8 +769,39 @@ impl CheckBody {
     pub fn validate(&self, table: &PolicyTable, bounds: &Bounds) -> Result<ValidCheck, BodyError> {
         let key = key(self.key.as_deref(), bounds)?;
         let target = target(self.limit.as_ref(), self.policy.as_deref(), table)?;
+        let (cost, refund) = match self.cost.unwrap_or(CostJson::Take(1)) {
+            CostJson::Take(hits) => (hits, false),
+            CostJson::Refund(hits) => (hits, true),
+        };
+        if refund && is_concurrency(&target) {
+            return Err(invalid(
+                "cost",
+                "a negative cost (refund) does not apply to a concurrency limit: release the lease \
+                 (POST /v1/release)",
+            ));
+        }
         let key = target.namespace().key(key.as_bytes());
-        Ok(ValidCheck { target, key, cost: self.cost.unwrap_or(1) })
+        Ok(ValidCheck { target, key, cost, refund })
+    }
+}
+
+/// Whether `target` is a concurrency limit (leases, not hits).
+fn is_concurrency(target: &Target) -> bool {
+    target.policy().is_some_and(|policy| policy.limit.algorithm() == Algorithm::Concurrency)
+}
+
+impl ChargeBody {
+    /// Validates the charge: `cost` is required, the target counts hits.
+    pub fn validate(&self, table: &PolicyTable, bounds: &Bounds) -> Result<ValidCharge, BodyError> {
+        let key = key(self.key.as_deref(), bounds)?;
+        let target = target(self.limit.as_ref(), self.policy.as_deref(), table)?;
+        let cost = self.cost.ok_or_else(|| invalid("cost", "missing: the hits to charge"))?;
+        if is_concurrency(&target) {
+            let field = if self.limit.is_some() { "limit.algorithm" } else { "policy" };
+            return Err(invalid(field, "a charge does not apply to a concurrency limit (it counts leases)"));
+        }
+        let key = target.namespace().key(key.as_bytes());
+        Ok(ValidCharge { target, key, cost })
     }
 }
 
@@ -757,6 +871,28 @@ pub fn parse_check_batch(
         .enumerate()
         .map(|(index, check)| check.validate(table, bounds).map_err(|error| error.in_batch(index)))
         .collect()
+}
+
+/// Parses and validates the body of `POST /v1/charge`.
+pub fn parse_charge(body: &[u8], table: &PolicyTable, bounds: &Bounds) -> Result<ValidCharge, BodyError> {
+    from_json::<ChargeBody>(body, bounds)?.validate(table, bounds)
+}
+
+/// Parses and validates the body of `POST /v1/check/all`: a batch like `POST /v1/check/batch`
+/// (at most `batch_len_max`), without refunds (a group takes hits).
+pub fn parse_check_all(
+    body: &[u8],
+    table: &PolicyTable,
+    bounds: &Bounds,
+) -> Result<Vec<ValidCheck>, BodyError> {
+    let checks = parse_check_batch(body, table, bounds)?;
+    match checks.iter().position(|check| check.refund) {
+        Some(index) => Err(invalid(
+            format!("[{index}].cost"),
+            "a negative cost (refund) has no place in an all-or-nothing group",
+        )),
+        None => Ok(checks),
+    }
 }
 
 /// Parses and validates the body of `POST /v1/release`.

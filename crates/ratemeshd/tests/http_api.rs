@@ -549,7 +549,7 @@ async fn bad_input_gets_a_clear_4xx_naming_the_field_and_the_node_keeps_serving(
         ("binary, not UTF-8", vec![0xff, 0xfe, 0x00, 0x01], 400, None),
         ("key of the wrong type", br#"{"key": 5, "policy": "free"}"#.to_vec(), 400, Some("key")),
         ("cost of the wrong type", br#"{"key": "a", "policy": "free", "cost": "1"}"#.to_vec(), 400, Some("cost")),
-        ("negative cost", br#"{"key": "a", "policy": "free", "cost": -1}"#.to_vec(), 400, Some("cost")),
+        ("cost below i64", br#"{"key": "a", "policy": "free", "cost": -9223372036854775809}"#.to_vec(), 400, Some("cost")),
         ("fractional cost", br#"{"key": "a", "policy": "free", "cost": 1.5}"#.to_vec(), 400, Some("cost")),
         ("cost beyond u64", br#"{"key": "a", "policy": "free", "cost": 18446744073709551616}"#.to_vec(), 400, Some("cost")),
         ("cost beyond f64", br#"{"key": "a", "policy": "free", "cost": 1e400}"#.to_vec(), 400, Some("cost")),
@@ -1175,5 +1175,84 @@ async fn calendar_windows_reset_at_the_next_boundary() {
     assert_error(&h.post("/v1/check", &bad).await, 400, Some("limit.time_zone"), "unknown zone");
     let bad = json!({"key": "m", "limit": {"algorithm": "token_bucket", "limit": 2, "window": "day"}});
     assert_error(&h.post("/v1/check", &bad).await, 400, Some("limit.algorithm"), "calendar token bucket");
+    h.stop().await;
+}
+
+/// `remaining` of `key` under `policy`, by a query.
+async fn remaining_of(h: &Harness, policy: &str, key: &str) -> Value {
+    let r = h.post("/v1/check", &json!({"key": key, "policy": policy, "cost": 0})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    json_of(&r)["remaining"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_charges_and_groups_answer_and_bad_ones_change_nothing() {
+    let h = Harness::standard("usage").await;
+    // A refund returns hits, never above the capacity (3 of an hour's token bucket).
+    for _ in 0..3 {
+        h.post("/v1/check", &json!({"key": "r", "policy": "token_bucket"})).await;
+    }
+    assert_eq!(remaining_of(&h, "token_bucket", "r").await, json!(0));
+    let r = h.post("/v1/check", &json!({"key": "r", "policy": "token_bucket", "cost": -2})).await;
+    assert_eq!((r.status, json_of(&r)["remaining"].clone()), (200, json!(2)), "{}", r.text());
+    let r = h.post("/v1/check", &json!({"key": "r", "policy": "token_bucket", "cost": -50})).await;
+    assert_eq!(json_of(&r)["remaining"], json!(3), "never above the capacity");
+    // A charge goes into debt: 3 hits a hour, a charge of 9 owes 6 (two hours) and the next hit.
+    let r = h.post("/v1/charge", &json!({"key": "c", "policy": "token_bucket", "cost": 9})).await;
+    let charged = json_of(&r);
+    assert_eq!((r.status, charged["allowed"].clone()), (200, json!(false)), "{charged}");
+    let retry_ms = charged["retry_after_ms"].as_u64().expect("a retry time");
+    assert!((2 * 3_600_000 + 1_199_000..=2 * 3_600_000 + 1_200_000).contains(&retry_ms), "{charged}");
+    assert_eq!(remaining_of(&h, "token_bucket", "c").await, json!(0));
+    // All or nothing: the spent third key refuses the group, the first two keep their hits.
+    let group = json!([
+        {"key": "g1", "policy": "token_bucket"},
+        {"key": "g2", "policy": "gcra"},
+        {"key": "c", "policy": "token_bucket"},
+    ]);
+    let r = h.post("/v1/check/all", &group).await;
+    let answer = json_of(&r);
+    assert_eq!((r.status, answer["allowed"].clone()), (200, json!(false)), "{answer}");
+    let allowed: Vec<Value> =
+        answer["results"].as_array().expect("results").iter().map(|a| a["allowed"].clone()).collect();
+    assert_eq!(allowed.len(), 3, "{answer}");
+    assert_eq!(allowed[2], json!(false), "{answer}");
+    assert_eq!(remaining_of(&h, "token_bucket", "g1").await, json!(3), "g1 untouched");
+    assert_eq!(remaining_of(&h, "gcra", "g2").await, json!(3), "g2 untouched");
+    let r = h
+        .post(
+            "/v1/check/all",
+            &json!([{"key": "g1", "policy": "token_bucket"}, {"key": "g2", "policy": "gcra"}]),
+        )
+        .await;
+    assert_eq!(json_of(&r)["allowed"], json!(true), "{}", r.text());
+    assert_eq!(remaining_of(&h, "token_bucket", "g1").await, json!(2), "a passing group takes its hits");
+
+    // Bad input: a clear 4xx naming the field, and nothing changed.
+    let lease = h.post("/v1/check", &json!({"key": "l", "policy": "concurrency"})).await;
+    assert_eq!(json_of(&lease)["remaining"], json!(2), "{}", lease.text());
+    let r = h.post("/v1/check", &json!({"key": "l", "policy": "concurrency", "cost": -1})).await;
+    assert_error(&r, 400, Some("cost"), "a refund on a concurrency policy");
+    assert_eq!(remaining_of(&h, "concurrency", "l").await, json!(2), "the lease is still held");
+    let r = h.post("/v1/charge", &json!({"key": "r", "policy": "token_bucket"})).await;
+    assert_error(&r, 400, Some("cost"), "a charge without a cost");
+    let r = h.post("/v1/charge", &json!({"key": "r", "policy": "token_bucket", "cost": -1})).await;
+    assert_error(&r, 400, Some("cost"), "a negative charge");
+    let r = h.post("/v1/charge", &json!({"key": "l", "policy": "concurrency", "cost": 1})).await;
+    assert_error(&r, 400, Some("policy"), "a charge on a concurrency policy");
+    let r = h.post("/v1/charge", &json!({"key": "r", "policy": "nope", "cost": 1})).await;
+    assert_error(&r, 404, Some("policy"), "a charge of an unknown policy");
+    let r = h.post("/v1/charge", &json!({"policy": "token_bucket", "cost": 1})).await;
+    assert_error(&r, 400, Some("key"), "a charge without a key");
+    assert_eq!(remaining_of(&h, "token_bucket", "r").await, json!(3), "no bad charge took anything");
+    let long: Vec<Value> = (0..11).map(|_| json!({"key": "g1", "policy": "token_bucket"})).collect();
+    let r = h.post("/v1/check/all", &Value::Array(long)).await;
+    assert_error(&r, 400, Some("[10]"), "a group over batch_len_max");
+    let r = h.post("/v1/check/all", &json!([{"key": "g1", "policy": "token_bucket", "cost": -1}])).await;
+    assert_error(&r, 400, Some("[0].cost"), "a refund in a group");
+    let r = h.post("/v1/check/all", &json!([{"key": "g1", "policy": "nope"}])).await;
+    assert_error(&r, 404, Some("[0].policy"), "a group with an unknown policy");
+    assert_eq!(remaining_of(&h, "token_bucket", "g1").await, json!(2), "no bad group took anything");
+    assert_still_serving(&h).await;
     h.stop().await;
 }

@@ -299,7 +299,7 @@ fn wrong_types_name_the_field() {
 
 #[test]
 fn negative_and_huge_numbers_name_the_field() {
-    bad_check(r#"{"key": "k", "policy": "api", "cost": -1}"#, "cost");
+    bad_check(r#"{"key": "k", "policy": "api", "cost": -9223372036854775809}"#, "cost");
     bad_check(r#"{"key": "k", "policy": "api", "cost": 18446744073709551616}"#, "cost");
     bad_check(r#"{"key": "k", "policy": "api", "cost": 1e400}"#, "cost");
     bad_check(
@@ -416,7 +416,7 @@ fn batches_are_bounded_and_name_the_item() {
     let bad = batch(&[item, r#"{"key": "", "policy": "api"}"#]);
     let error = parse_check_batch(bad.as_bytes(), &table, &bounds).expect_err("bad item");
     assert_eq!(error.field(), Some("[1].key"), "{error}");
-    let typed = batch(&[item, item, r#"{"key": "k", "policy": "api", "cost": -1}"#]);
+    let typed = batch(&[item, item, r#"{"key": "k", "policy": "api", "cost": "1"}"#]);
     let error = parse_check_batch(typed.as_bytes(), &table, &bounds).expect_err("bad item");
     assert_eq!(error.field(), Some("[2].cost"), "{error}");
     let unknown = batch(&[r#"{"key": "k", "policy": "nope"}"#]);
@@ -533,4 +533,42 @@ fn bodies_serialize_for_clients() {
     let json = serde_json::to_string(&release).expect("serializes");
     assert!(json.contains(r#""lease":"3""#), "{json}");
     assert!(parse_release(json.as_bytes(), &table(), &bounds()).is_ok());
+}
+
+#[test]
+fn a_negative_cost_is_a_refund_except_under_a_concurrency_limit() {
+    let refund = check(r#"{"key": "k", "policy": "api", "cost": -3}"#).expect("valid");
+    assert_eq!((refund.cost, refund.refund), (3, true));
+    let message = bad_check(r#"{"key": "k", "policy": "leases", "cost": -1}"#, "cost");
+    assert!(message.contains("concurrency"), "{message}");
+    let taken = check(r#"{"key": "k", "policy": "api", "cost": 3}"#).expect("valid");
+    assert_eq!((taken.cost, taken.refund), (3, false));
+}
+
+#[test]
+fn a_charge_needs_a_cost_and_a_limit_that_counts_hits() {
+    let charge = |body: &str| parse_charge(body.as_bytes(), &table(), &bounds());
+    let valid = charge(r#"{"key": "k", "policy": "api", "cost": 30}"#).expect("valid");
+    assert_eq!(valid.cost, 30);
+    let missing = charge(r#"{"key": "k", "policy": "api"}"#).expect_err("no cost");
+    assert_eq!((missing.field(), missing.http_status()), (Some("cost"), 400), "{missing}");
+    let negative = charge(r#"{"key": "k", "policy": "api", "cost": -1}"#).expect_err("negative");
+    assert_eq!(negative.field(), Some("cost"), "{negative}");
+    let leases = charge(r#"{"key": "k", "policy": "leases", "cost": 1}"#).expect_err("concurrency");
+    assert_eq!(leases.field(), Some("policy"), "{leases}");
+    let unknown = charge(r#"{"key": "k", "policy": "nope", "cost": 1}"#).expect_err("unknown");
+    assert_eq!((unknown.field(), unknown.http_status()), (Some("policy"), 404), "{unknown}");
+}
+
+#[test]
+fn an_all_or_nothing_group_takes_no_refunds_and_keeps_the_batch_bound() {
+    let bounds = Bounds { batch_len_max: 2, ..Bounds::default() };
+    let all = |body: &str| parse_check_all(body.as_bytes(), &table(), &bounds);
+    let item = r#"{"key": "k", "policy": "api"}"#;
+    assert_eq!(all(&format!("[{item},{item}]")).expect("valid").len(), 2);
+    let long = all(&format!("[{item},{item},{item}]")).expect_err("too long");
+    assert_eq!(long.field(), Some("[2]"), "{long}");
+    let refund =
+        all(&format!(r#"[{item},{{"key": "k", "policy": "api", "cost": -1}}]"#)).expect_err("refund");
+    assert_eq!(refund.field(), Some("[1].cost"), "{refund}");
 }
