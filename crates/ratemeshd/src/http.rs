@@ -2,8 +2,10 @@
 //!
 //! | route | answer |
 //! | --- | --- |
-//! | `POST /v1/check` | 200, [`CheckResponse`] JSON and the rate-limit headers |
+//! | `POST /v1/check` | 200, [`CheckResponse`] JSON and the rate-limit headers (a negative `cost` is a refund) |
 //! | `POST /v1/check/batch` | 200, a JSON array of [`CheckResponse`], in request order |
+//! | `POST /v1/check/all` | 200, `{"allowed": bool, "results": [CheckResponse...]}`: all or nothing ([`ratemesh::Node::check_all`]) |
+//! | `POST /v1/charge` | 200, [`CheckResponse`] for the next request after `cost` hits applied unconditionally |
 //! | `POST /v1/release` | 200, `{"released": true}` (ended here), `false` (this node owns the key and the lease was not held: released already or expired), or `null` with `"owner"` (sent to the owning member) |
 //! | `GET /v1/auth` | 200 when allowed, 429 when not, with the rate-limit headers (nginx `auth_request`, Traefik forwardAuth) |
 //! | `GET /metrics` | Prometheus (OpenMetrics) text |
@@ -22,7 +24,8 @@
 //! # Bounds
 //!
 //! Every request holds an in-flight permit while it is served, from one of two pools: the API's
-//! routes (`/v1/check`, `/v1/check/batch`, `/v1/release`, `/v1/auth`, and unknown paths) from
+//! routes (`/v1/check`, `/v1/check/batch`, `/v1/check/all`, `/v1/charge`, `/v1/release`,
+//! `/v1/auth`, and unknown paths) from
 //! [`Daemon::http_permits`], the observation routes (`/metrics`, `/readyz`, `/v1/cluster`,
 //! `/v1/policies`) from the small [`Daemon::observe_permits`], so that an overloaded API stays
 //! observable and scrapes cannot crowd out checks. `/healthz` (liveness: it does nothing) needs
