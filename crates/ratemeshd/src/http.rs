@@ -521,7 +521,7 @@ async fn auth(State(api): ApiState, uri: Uri, headers: HeaderMap) -> Result<Resp
         Some(Ok(cost)) => Some(cost),
         Some(Err(e)) => return Err(ApiError::bad_request("cost", format!("not an unsigned integer ({e})"))),
     };
-    let body = CheckBody { key, cost: cost.map(Into::into), limit: None, policy: Some(policy) };
+    let body = CheckBody { key, cost: cost.map(Into::into), limit: None, policy: Some(policy), tier: None };
     let valid = body.validate(&policies, &config.limits)?;
     let decision = within(api.timeouts.request, async {
         Ok(api.daemon.check(&valid.target, valid.key, valid.cost).await?)
@@ -618,6 +618,11 @@ async fn policies(State(api): ApiState) -> Response {
                     item["mode"] = json!(mode_name(policy.mode));
                     item["fallback"] = json!(fallback_name(policy.fallback));
                 }
+            }
+            if !entry.tiers.is_empty() || !entry.overrides.is_empty() {
+                let tiers: Vec<_> = entry.tiers.keys().collect();
+                item["tiers"] = json!(tiers);
+                item["overrides"] = json!(entry.overrides.len());
             }
             if let Some(envoy) = &entry.envoy {
                 let descriptors: Vec<_> = envoy

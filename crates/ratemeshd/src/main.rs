@@ -200,6 +200,7 @@ fn check(args: &CheckArgs) -> ExitCode {
         cost: args.cost.map(Into::into),
         limit,
         policy: args.policy.clone(),
+        tier: None,
     };
     let answer = serde_json::to_vec(&body).context("encoding the request").and_then(|body| {
         let timeout = Duration::from_millis(args.timeout_ms);

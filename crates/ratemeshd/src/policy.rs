@@ -18,7 +18,7 @@
 //! collide. Within a namespace, the key of an Envoy match starts with the byte `0xFF`, which no
 //! UTF-8 key can: the keys of `/v1/check` and of Envoy descriptors never collide either.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,6 +56,52 @@ pub struct PolicyEntry {
     pub envoy: Option<EnvoyPattern>,
     /// The namespace of its buckets (from its name).
     pub namespace: Namespace,
+    /// Per-key overrides, by key: each its own entry (same name, its own limit and buckets).
+    pub overrides: BTreeMap<String, Arc<PolicyEntry>>,
+    /// Named tiers, by name: each its own entry (same name, its own limit and buckets).
+    pub tiers: BTreeMap<String, Arc<PolicyEntry>>,
+}
+
+impl PolicyEntry {
+    /// The entry of `policy`, a variant (override or tier, `kind`) of this limited entry: the
+    /// same name (metrics labels never carry keys), buckets in a namespace of the variant's
+    /// limit (a key moved to another limit starts afresh there; two variants of equal limits
+    /// share buckets).
+    pub fn variant(&self, kind: &str, policy: Arc<Policy>) -> PolicyEntry {
+        let spec = policy.limit.spec();
+        let namespace = format!(
+            "{}#{kind}:{}:{}/{}ns:{:?}",
+            self.name,
+            spec.algorithm.name(),
+            spec.limit,
+            spec.period.as_nanos(),
+            spec.burst
+        );
+        PolicyEntry {
+            name: self.name.clone(),
+            rule: Rule::Limited(policy),
+            shadow_mode: self.shadow_mode,
+            envoy: None,
+            namespace: Namespace::new(namespace.as_bytes()),
+            overrides: BTreeMap::new(),
+            tiers: BTreeMap::new(),
+        }
+    }
+
+    /// The entry a check of `key` (asking for `tier`, if any) runs under: the key's override,
+    /// else the tier, else this one. An unknown tier is an error naming `tier`.
+    pub fn resolve(self: &Arc<Self>, key: &str, tier: Option<&str>) -> Result<Arc<PolicyEntry>, BodyError> {
+        if let Some(entry) = self.overrides.get(key) {
+            return Ok(Arc::clone(entry));
+        }
+        match tier {
+            None => Ok(Arc::clone(self)),
+            Some(tier) => self.tiers.get(tier).cloned().ok_or_else(|| {
+                let known: Vec<&str> = self.tiers.keys().map(String::as_str).collect();
+                invalid("tier", format!("policy {:?} has no tier {tier:?} (tiers: {known:?})", self.name))
+            }),
+        }
+    }
 }
 
 /// The policies of one configuration, by name and by Envoy descriptor path.
@@ -181,13 +227,26 @@ impl PolicyTable {
                 }
             }
             table.by_name.insert(policy.name.clone(), index);
-            table.entries.push(Arc::new(PolicyEntry {
+            let mut entry = PolicyEntry {
                 name: policy.name.clone(),
                 rule: policy.rule.clone(),
                 shadow_mode: policy.shadow_mode,
                 envoy: policy.envoy.clone(),
                 namespace: Namespace::new(policy.name.as_bytes()),
-            }));
+                overrides: BTreeMap::new(),
+                tiers: BTreeMap::new(),
+            };
+            let variants = |kind: &str, list: &BTreeMap<String, Arc<Policy>>| {
+                let of = |(name, p): (&String, &Arc<Policy>)| {
+                    (name.clone(), Arc::new(entry.variant(kind, Arc::clone(p))))
+                };
+                list.iter().map(of).collect::<BTreeMap<_, _>>()
+            };
+            let (overrides, tiers) =
+                (variants("override", &policy.overrides), variants("tier", &policy.tiers));
+            entry.overrides = overrides;
+            entry.tiers = tiers;
+            table.entries.push(Arc::new(entry));
         }
         table
     }
@@ -367,6 +426,9 @@ pub struct CheckBody {
     /// A configured policy's name (exactly one of `limit` and `policy`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
+    /// One of the policy's `tiers` (a key's override still wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
 }
 
 /// A check's cost in JSON: hits to take (0 to `u64::MAX`) or, negative, hits to give back (a
@@ -436,6 +498,9 @@ pub struct ChargeBody {
     /// A configured policy's name (exactly one of `limit` and `policy`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
+    /// One of the policy's `tiers` (a key's override still wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
 }
 
 /// An inline limit: `{"algorithm": "token_bucket", "limit": 100, "period_ms": 1000, "burst": 100,
@@ -739,6 +804,22 @@ impl LimitBody {
     }
 }
 
+/// The target of a check of `key`: as [`target`] names it, then the key's override or the
+/// `tier` asked for (a tier needs a policy).
+fn resolved_target(
+    limit: Option<&LimitBody>,
+    policy: Option<&str>,
+    tier: Option<&str>,
+    key: &str,
+    table: &PolicyTable,
+) -> Result<Target, BodyError> {
+    match target(limit, policy, table)? {
+        Target::Named(entry) => Ok(Target::Named(entry.resolve(key, tier)?)),
+        Target::Inline(_) if tier.is_some() => Err(invalid("tier", "tiers belong to configured policies")),
+        inline => Ok(inline),
+    }
+}
+
 /// The target named by exactly one of `limit` and `policy`.
 fn target(limit: Option<&LimitBody>, policy: Option<&str>, table: &PolicyTable) -> Result<Target, BodyError> {
     match (limit, policy) {
@@ -768,7 +849,8 @@ impl CheckBody {
     /// Validates the check against the configured policies and bounds.
     pub fn validate(&self, table: &PolicyTable, bounds: &Bounds) -> Result<ValidCheck, BodyError> {
         let key = key(self.key.as_deref(), bounds)?;
-        let target = target(self.limit.as_ref(), self.policy.as_deref(), table)?;
+        let target =
+            resolved_target(self.limit.as_ref(), self.policy.as_deref(), self.tier.as_deref(), key, table)?;
         let (cost, refund) = match self.cost.unwrap_or(CostJson::Take(1)) {
             CostJson::Take(hits) => (hits, false),
             CostJson::Refund(hits) => (hits, true),
@@ -794,7 +876,8 @@ impl ChargeBody {
     /// Validates the charge: `cost` is required, the target counts hits.
     pub fn validate(&self, table: &PolicyTable, bounds: &Bounds) -> Result<ValidCharge, BodyError> {
         let key = key(self.key.as_deref(), bounds)?;
-        let target = target(self.limit.as_ref(), self.policy.as_deref(), table)?;
+        let target =
+            resolved_target(self.limit.as_ref(), self.policy.as_deref(), self.tier.as_deref(), key, table)?;
         let cost = self.cost.ok_or_else(|| invalid("cost", "missing: the hits to charge"))?;
         if is_concurrency(&target) {
             let field = if self.limit.is_some() { "limit.algorithm" } else { "policy" };

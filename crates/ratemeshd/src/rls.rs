@@ -440,6 +440,8 @@ fn plan_descriptor(
                 shadow_mode: matched.entry.shadow_mode,
                 envoy: None,
                 namespace: matched.entry.namespace,
+                overrides: Default::default(),
+                tiers: Default::default(),
             };
             let mut bucket_key = matched.bucket_key.clone();
             bucket_key.push(OVERRIDE_TAG);

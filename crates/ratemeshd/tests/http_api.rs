@@ -1256,3 +1256,37 @@ async fn refunds_charges_and_groups_answer_and_bad_ones_change_nothing() {
     assert_still_serving(&h).await;
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_and_tiers_govern_their_keys() {
+    let config = format!(
+        "{BASE}\n[[policies]]\nname = \"plans\"\nalgorithm = \"token_bucket\"\nlimit = 2\nperiod_ms = 3600000\n\
+         overrides = [{{ key = \"customer:acme\", limit = 5 }}]\ntiers = [{{ name = \"pro\", limit = 4 }}]\n"
+    );
+    let h = Harness::start("variants", &config).await;
+    let passes = |key: &'static str, tier: Option<&'static str>| {
+        let h = &h;
+        async move {
+            let mut body = json!({"key": key, "policy": "plans"});
+            if let Some(tier) = tier {
+                body["tier"] = json!(tier);
+            }
+            let mut passed = 0;
+            for _ in 0..8 {
+                let r = h.post("/v1/check", &body).await;
+                assert_eq!(r.status, 200, "{}", r.text());
+                passed += u64::from(json_of(&r)["allowed"] == json!(true));
+            }
+            passed
+        }
+    };
+    assert_eq!(passes("customer:other", None).await, 2, "the policy's limit");
+    assert_eq!(passes("customer:acme", None).await, 5, "the key's override");
+    assert_eq!(passes("customer:pro", Some("pro")).await, 4, "the tier asked for");
+    assert_eq!(passes("customer:acme", Some("pro")).await, 0, "the override wins, and it is spent");
+    let r = h.post("/v1/check", &json!({"key": "k", "policy": "plans", "tier": "gold"})).await;
+    assert_error(&r, 400, Some("tier"), "an unknown tier");
+    let metrics = h.get("/metrics").await.text();
+    assert!(!metrics.contains("customer:acme"), "metric labels never carry override keys");
+    h.stop().await;
+}

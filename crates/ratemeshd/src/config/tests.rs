@@ -633,3 +633,25 @@ fn the_id_and_advertised_ip_may_come_from_the_environment() {
         2,
     );
 }
+
+#[test]
+fn overrides_and_tiers_are_validated_like_limits() {
+    let good = POLICY.to_owned()
+        + "overrides = [{ key = \"customer:acme\", limit = 1000 }]\ntiers = [{ name = \"pro\", limit = 500, burst = 600 }]\n";
+    let config = parse(&good).expect("valid");
+    let policy = &config.policies[0];
+    assert_eq!(policy.overrides["customer:acme"].limit.spec().limit, 1000);
+    assert_eq!(policy.tiers["pro"].limit.spec().burst, Some(600));
+    refused(&(POLICY.to_owned() + "overrides = [{ limit = 5 }]\n"), "policies[0].overrides[0].key", 6);
+    refused(
+        &(POLICY.to_owned() + "tiers = [{ name = \"pro\", limit = 0 }]\n"),
+        "policies[0].tiers[0].limit",
+        6,
+    );
+    let duplicate = POLICY.to_owned() + "overrides = [{ key = \"a\" }, { key = \"a\", limit = 5 }]\n";
+    refused(&duplicate, "policies[0].overrides[1].key", 6);
+    refused(&(POLICY.to_owned() + "tiers = [{ key = \"pro\" }]\n"), "policies[0].tiers[0].key", 6);
+    let calendar =
+        "[[policies]]\nname = \"daily\"\nwindow = \"day\"\nlimit = 5\ntiers = [{ name = \"pro\" }]\n";
+    refused(calendar, "policies[0].tiers", 5);
+}

@@ -572,3 +572,43 @@ fn an_all_or_nothing_group_takes_no_refunds_and_keeps_the_batch_bound() {
         all(&format!(r#"[{item},{{"key": "k", "policy": "api", "cost": -1}}]"#)).expect_err("refund");
     assert_eq!(refund.field(), Some("[1].cost"), "{refund}");
 }
+
+const VARIANTS: &str = r#"
+[[policies]]
+name = "plans"
+algorithm = "token_bucket"
+limit = 10
+period_ms = 60000
+overrides = [{ key = "customer:acme", limit = 100, burst = 200 }]
+tiers = [{ name = "pro", limit = 50 }, { name = "slow", period_ms = 120000 }]
+"#;
+
+fn variants_table() -> PolicyTable {
+    let config = Config::parse(VARIANTS, "variants.toml").expect("valid");
+    PolicyTable::from_config(&config)
+}
+
+#[test]
+fn overrides_and_tiers_choose_their_own_limit_and_buckets() {
+    let table = variants_table();
+    let check = |body: &str| parse_check(body.as_bytes(), &table, &bounds());
+    let limit_of = |check: &ValidCheck| check.target.policy().expect("limited").limit.spec().clone();
+    let base = check(r#"{"key": "customer:other", "policy": "plans"}"#).expect("valid");
+    assert_eq!((limit_of(&base).limit, limit_of(&base).burst), (10, None));
+    let acme = check(r#"{"key": "customer:acme", "policy": "plans"}"#).expect("valid");
+    assert_eq!((limit_of(&acme).limit, limit_of(&acme).burst), (100, Some(200)));
+    let pro = check(r#"{"key": "customer:other", "policy": "plans", "tier": "pro"}"#).expect("valid");
+    assert_eq!(limit_of(&pro).limit, 50);
+    let slow = check(r#"{"key": "customer:other", "policy": "plans", "tier": "slow"}"#).expect("valid");
+    assert_eq!((limit_of(&slow).limit, limit_of(&slow).period), (10, Duration::from_secs(120)));
+    // The override wins over the tier; each limit has its own buckets; labels stay the policy's.
+    let acme_pro = check(r#"{"key": "customer:acme", "policy": "plans", "tier": "pro"}"#).expect("valid");
+    assert_eq!(limit_of(&acme_pro).limit, 100);
+    assert_ne!(base.key, pro.key);
+    assert_ne!(base.key, acme.key);
+    assert!([&base, &acme, &pro].iter().all(|c| c.target.label() == "plans"));
+    let unknown = check(r#"{"key": "k", "policy": "plans", "tier": "gold"}"#).expect_err("unknown tier");
+    assert_eq!((unknown.field(), unknown.http_status()), (Some("tier"), 400), "{unknown}");
+    let inline = r#"{"key": "k", "limit": {"algorithm": "gcra", "limit": 1, "period_ms": 1}, "tier": "pro"}"#;
+    assert_eq!(check(inline).expect_err("inline tier").field(), Some("tier"));
+}
