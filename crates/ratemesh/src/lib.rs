@@ -44,7 +44,10 @@ pub use gossip::{GossipHealth, GossipLimits, GossipStats};
 #[cfg(feature = "tower")]
 pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};
 pub use membership::{Member, MemberStatus};
-pub use node::{CheckError, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released, StartError};
+pub use node::{
+    CheckError, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released, SHARED_VALUE_BYTES_MAX,
+    SHARED_VALUES_MAX, SharedValuesError, StartError,
+};
 pub use ratemesh_core::{Adjustment, NodeId};
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};

@@ -610,13 +610,21 @@ pub struct AuthSection {
     pub policy_header: String,
     /// `key_header`: the header carrying the key (default `X-RateLimit-Key`), stored lowercase.
     pub key_header: String,
+    /// `admin_token`: the bearer token of the admin API (`PUT`/`DELETE /v1/overrides/...`:
+    /// `Authorization: Bearer <token>`), at least 16 bytes; without one the admin API refuses
+    /// every change (403).
+    pub admin_token: Option<SecretString>,
 }
+
+/// The shortest accepted `[auth] admin_token`.
+pub const ADMIN_TOKEN_BYTES_MIN: usize = 16;
 
 impl Default for AuthSection {
     fn default() -> Self {
         AuthSection {
             policy_header: AUTH_POLICY_HEADER_DEFAULT.to_owned(),
             key_header: AUTH_KEY_HEADER_DEFAULT.to_owned(),
+            admin_token: None,
         }
     }
 }
@@ -1429,9 +1437,21 @@ impl Ctx<'_> {
                 ),
             )),
         };
+        let admin_token = match &raw.auth.admin_token {
+            None => None,
+            Some(v) if v.value.len() < ADMIN_TOKEN_BYTES_MIN || v.value.trim() != v.value => {
+                return Err(self.invalid(
+                    "auth.admin_token",
+                    &v.at,
+                    format!("use at least {ADMIN_TOKEN_BYTES_MIN} bytes, without surrounding spaces"),
+                ));
+            }
+            Some(v) => Some(SecretString::new(v.value.clone())),
+        };
         Ok(AuthSection {
             policy_header: header("auth.policy_header", &raw.auth.policy_header, AUTH_POLICY_HEADER_DEFAULT)?,
             key_header: header("auth.key_header", &raw.auth.key_header, AUTH_KEY_HEADER_DEFAULT)?,
+            admin_token,
         })
     }
 

@@ -13,6 +13,8 @@
 //! | `GET /readyz` | 200 when ready (in its ring and, with `cluster.seeds`, another member live: `crate::daemon`), 503 with the reason otherwise |
 //! | `GET /v1/cluster` | members, statuses, ring shares |
 //! | `GET /v1/policies` | the configured policies |
+//! | `PUT`, `DELETE /v1/overrides/{policy}/{key}` | a live override set or deleted cluster-wide (`crate::overrides`; `Authorization: Bearer` the `[auth] admin_token`: 403 without one configured, 401 when missing or wrong) |
+//! | `GET /v1/overrides/{policy}` | the live overrides of a policy |
 //!
 //! Errors are JSON [`ErrorResponse`]s: 400 names the field, 404 an unknown policy or path, 405 a
 //! wrong method, 408 a body not received within [`BODY_READ_TIMEOUT`], 413 a body over
@@ -51,12 +53,13 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use axum::extract::Path;
 use axum::extract::{Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use prometheus_client::metrics::gauge::Gauge;
 use ratemesh::headers::insert_headers_for;
 use ratemesh::{AdjustError, CheckError, Released};
@@ -65,8 +68,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::config::{Bounds, Rule, fallback_name, mode_name};
-use crate::daemon::{Daemon, RING_PROBES};
+use crate::daemon::{AdminError, Daemon, RING_PROBES};
 use crate::metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, status_name};
+use crate::overrides::{OVERRIDE_KEY_BYTES_MAX, OverrideError};
 use crate::policy::{
     BodyError, CheckBody, CheckResponse, ErrorResponse, PolicyTable, Target, ValidCheck, parse_charge,
     parse_check, parse_check_all, parse_check_batch, parse_release,
@@ -143,6 +147,8 @@ pub fn router_with(daemon: Arc<Daemon>, timeouts: Timeouts) -> Router {
         .route("/v1/check/batch", post(check_batch))
         .route("/v1/check/all", post(check_all))
         .route("/v1/charge", post(charge))
+        .route("/v1/overrides/{policy}", get(list_overrides))
+        .route("/v1/overrides/{policy}/{key}", put(put_override).delete(delete_override))
         .route("/v1/release", post(release))
         .route("/v1/auth", get(auth))
         .route("/metrics", get(metrics))
@@ -171,6 +177,8 @@ fn route_label(path: &str) -> &'static str {
         "/readyz" => "readyz",
         "/v1/cluster" => "cluster",
         "/v1/policies" => "policies",
+        // Never the policy or the key of the path.
+        p if p.starts_with("/v1/overrides/") => "overrides",
         _ => "other",
     }
 }
@@ -387,6 +395,103 @@ async fn charge(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<
     })
     .await?;
     Ok(decision_response(StatusCode::OK, &valid.target, &decision))
+}
+
+/// The body of `PUT /v1/overrides/{policy}/{key}`: the override's limit (each defaults to the
+/// policy's).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OverrideBody {
+    limit: Option<u64>,
+    burst: Option<u64>,
+    period_ms: Option<u64>,
+}
+
+/// Refuses an admin request without the configured token (`Authorization: Bearer <token>`):
+/// 403 when none is configured (the admin API is off), 401 when it is missing or wrong.
+fn authorize(api: &Api, headers: &HeaderMap) -> Result<(), ApiError> {
+    let (config, _) = api.daemon.current();
+    let Some(token) = &config.auth.admin_token else {
+        let message = "the admin API is off: set [auth] admin_token (or RATEMESH_AUTH_ADMIN_TOKEN)";
+        return Err(ApiError::new(StatusCode::FORBIDDEN, message, Some("authorization")));
+    };
+    let given = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let given = given.and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    // Compared in constant time for equal lengths: the token is not guessed byte by byte.
+    let expected = token.expose().as_bytes();
+    let same = given.len() == expected.len()
+        && given.bytes().zip(expected).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0;
+    match same {
+        true => Ok(()),
+        false => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authorization: missing or wrong admin token (Authorization: Bearer <token>)",
+            Some("authorization"),
+        )),
+    }
+}
+
+impl From<AdminError> for ApiError {
+    fn from(error: AdminError) -> Self {
+        match &error {
+            AdminError::UnknownPolicy(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, error.to_string(), Some("policy"))
+            }
+            AdminError::Invalid { field, .. } => {
+                let field = field.clone();
+                ApiError::new(StatusCode::BAD_REQUEST, error.to_string(), Some(&field))
+            }
+            AdminError::Table(OverrideError::Full) => {
+                ApiError::new(StatusCode::CONFLICT, error.to_string(), None)
+            }
+            AdminError::Table(OverrideError::TooLong) => ApiError::bad_request("key", error),
+        }
+    }
+}
+
+/// The path's key, checked like a check's.
+fn override_key(key: &str) -> Result<(), ApiError> {
+    match key.len() {
+        0 => Err(ApiError::bad_request("key", "must not be empty")),
+        n if n > OVERRIDE_KEY_BYTES_MAX => Err(ApiError::bad_request(
+            "key",
+            format!("{n} bytes, at most {OVERRIDE_KEY_BYTES_MAX} for a live override"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+async fn put_override(
+    State(api): ApiState,
+    Path((policy, key)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    authorize(&api, &headers)?;
+    override_key(&key)?;
+    let parse = |bytes: &[u8], _: &PolicyTable, bounds: &Bounds| {
+        crate::policy::from_json_body::<OverrideBody>(bytes, bounds)
+    };
+    let values = parse_body(&api, &headers, body, parse).await?;
+    let written =
+        api.daemon.set_override(&policy, &key, Some((values.limit, values.burst, values.period_ms)))?;
+    Ok(json_response(StatusCode::OK, &written))
+}
+
+async fn delete_override(
+    State(api): ApiState,
+    Path((policy, key)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&api, &headers)?;
+    override_key(&key)?;
+    let written = api.daemon.set_override(&policy, &key, None)?;
+    Ok(json_response(StatusCode::OK, &written))
+}
+
+async fn list_overrides(State(api): ApiState, Path(policy): Path<String>) -> Result<Response, ApiError> {
+    let overrides = api.daemon.overrides_of(&policy)?;
+    Ok(json_response(StatusCode::OK, &json!({ "policy": policy, "overrides": overrides })))
 }
 
 /// The answer of `POST /v1/check/all`: whether the group passed, and one answer per check.

@@ -904,6 +904,11 @@ impl ReleaseBody {
     }
 }
 
+/// Deserializes a JSON body of any type, as [`from_json`] (for the admin API's bodies).
+pub fn from_json_body<T: DeserializeOwned>(body: &[u8], bounds: &Bounds) -> Result<T, BodyError> {
+    from_json(body, bounds)
+}
+
 /// Deserializes a JSON body, naming the field of a type or value error by its path.
 fn from_json<T: DeserializeOwned>(body: &[u8], bounds: &Bounds) -> Result<T, BodyError> {
     if body.len() > bounds.http_body_bytes_max {

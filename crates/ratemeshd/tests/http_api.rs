@@ -1290,3 +1290,93 @@ async fn overrides_and_tiers_govern_their_keys() {
     assert!(!metrics.contains("customer:acme"), "metric labels never carry override keys");
     h.stop().await;
 }
+
+const ADMIN_TOKEN: &str = "http-api test admin token";
+
+/// A bad admin request: method, path, headers, body, the status and the field expected.
+type AdminCase<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], &'a [u8], u16, Option<&'a str>);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_overrides_need_the_token_govern_checks_and_survive_a_restart_with_a_data_dir() {
+    let dir = std::env::temp_dir().join(format!("ratemeshd-http-overrides-data-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let policies = "[[policies]]\nname = \"plans\"\nalgorithm = \"token_bucket\"\nlimit = 2\nperiod_ms = 3600000\n\n\
+                    [[policies]]\nname = \"daily\"\nwindow = \"day\"\nlimit = 2\n";
+    let without_token = format!("{BASE}\n{policies}");
+    let h = Harness::start("overrides-off", &without_token).await;
+    let r = h.request("PUT", "/v1/overrides/plans/k", &[], br#"{"limit": 5}"#).await;
+    assert_error(&r, 403, Some("authorization"), "no admin token configured");
+    h.stop().await;
+
+    let config = format!(
+        "{BASE}\n[node]\ndata_dir = {:?}\n\n[auth]\nadmin_token = \"{ADMIN_TOKEN}\"\n\n{policies}",
+        dir.display().to_string()
+    );
+    let h = Harness::start("overrides", &config).await;
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let admin = [("Authorization", bearer.as_str())];
+    let cases: [AdminCase; 7] = [
+        ("PUT", "/v1/overrides/plans/k", &[], br#"{"limit": 5}"#, 401, Some("authorization")),
+        (
+            "PUT",
+            "/v1/overrides/plans/k",
+            &[("Authorization", "Bearer wrong token of some length")],
+            br#"{"limit": 5}"#,
+            401,
+            Some("authorization"),
+        ),
+        ("DELETE", "/v1/overrides/plans/k", &[], b"", 401, Some("authorization")),
+        ("PUT", "/v1/overrides/nope/k", &admin, br#"{"limit": 5}"#, 404, Some("policy")),
+        ("PUT", "/v1/overrides/plans/k", &admin, br#"{"limit": 0}"#, 400, Some("limit")),
+        ("PUT", "/v1/overrides/plans/k", &admin, br#"{"colour": 1}"#, 400, None),
+        ("PUT", "/v1/overrides/daily/k", &admin, br#"{"limit": 5}"#, 400, Some("policy")),
+    ];
+    for (method, path, headers, body, status, field) in cases {
+        let r = h.request(method, path, headers, body).await;
+        assert_error(&r, status, field, &format!("{method} {path} {}", String::from_utf8_lossy(body)));
+    }
+    let listed = json_of(&h.get("/v1/overrides/plans").await);
+    assert_eq!(listed["overrides"], json!([]), "nothing changed: {listed}");
+    assert_error(&h.get("/v1/overrides/nope").await, 404, Some("policy"), "list of an unknown policy");
+
+    let r = h.request("PUT", "/v1/overrides/plans/customer:acme", &admin, br#"{"limit": 5}"#).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let passes = |key: &'static str| {
+        let h = &h;
+        async move {
+            let mut passed = 0;
+            for _ in 0..8 {
+                let r = h.post("/v1/check", &json!({"key": key, "policy": "plans"})).await;
+                passed += u64::from(json_of(&r)["allowed"] == json!(true));
+            }
+            passed
+        }
+    };
+    assert_eq!(passes("customer:acme").await, 5, "the live override governs its key");
+    assert_eq!(passes("customer:other").await, 2, "other keys keep the policy's limit");
+    let listed = json_of(&h.get("/v1/overrides/plans").await);
+    assert_eq!(listed["overrides"][0]["limit"], json!(5), "{listed}");
+    assert!(!h.get("/metrics").await.text().contains("customer:acme"), "never in metric labels");
+    h.stop().await;
+
+    // A restart reads the table back from the data directory.
+    let h = Harness::start("overrides-again", &config).await;
+    let listed = json_of(&h.get("/v1/overrides/plans").await);
+    assert_eq!(listed["overrides"][0]["key"], json!("customer:acme"), "{listed}");
+    let r = h.request("DELETE", "/v1/overrides/plans/customer:acme", &admin, b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(json_of(&h.get("/v1/overrides/plans").await)["overrides"], json!([]));
+    assert_eq!(passes_after_delete(&h).await, 2, "deleted: the policy's limit again");
+    h.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Checks of `customer:acme` under `plans` (its own bucket under the policy's limit).
+async fn passes_after_delete(h: &Harness) -> u64 {
+    let mut passed = 0;
+    for _ in 0..8 {
+        let r = h.post("/v1/check", &json!({"key": "customer:acme", "policy": "plans"})).await;
+        passed += u64::from(json_of(&r)["allowed"] == json!(true));
+    }
+    passed
+}

@@ -43,6 +43,8 @@ const LIMIT: u64 = 100;
 /// The bound of every wait (cluster formation, failure detection, a rejoin). Debug builds on a
 /// loaded two-core machine are slow to start; detection itself takes about a second.
 const WAIT: Duration = Duration::from_secs(60);
+/// The admin API's token of every node.
+const ADMIN_TOKEN: &str = "processes test: the admin token";
 /// The charge test's policies (`exact_fast`, `approx_fast`): 5 per 2 s, one hit every 400 ms, so
 /// that a debt is paid back within seconds.
 const FAST_LIMIT: u64 = 5;
@@ -337,6 +339,9 @@ quic = "{quic}"
 [log]
 level = "info"
 
+[auth]
+admin_token = "{ADMIN_TOKEN}"
+
 [[policies]]
 name = "exact"
 algorithm = "token_bucket"
@@ -416,13 +421,24 @@ impl Response {
 /// (or chunked encoding), then the client closes first, so that no server port is left in
 /// TIME_WAIT (a restarted node binds the same ports).
 fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> std::io::Result<Response> {
+    request_with(addr, method, path, "", body)
+}
+
+/// [`request`] with `headers` (each line ending in CRLF) added to the head.
+fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: Option<&str>,
+) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     stream.set_nodelay(true)?;
     let body = body.unwrap_or("");
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes())?;
@@ -953,6 +969,83 @@ fn three_processes_refund_charge_and_check_all_or_nothing() {
         assert_eq!(remaining(&cluster, 3, "exact", b), before_b - 2);
     }
 
+    for node in &mut cluster.nodes {
+        node.assert_running();
+    }
+}
+
+/// How many of 20 checks of `key` under `policy` node `addr` admits (a fresh key each time).
+fn admits(addr: SocketAddr, policy: &str, key: &str) -> u64 {
+    (0..20).map(|_| u64::from(check(addr, policy, key, 1).0)).sum()
+}
+
+#[test]
+fn a_live_override_set_on_one_node_governs_every_node_and_survives_a_restart() {
+    let _one_cluster_at_a_time = ONE_CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cluster = Cluster::start("overrides", 3, false);
+    let all = [1, 2, 3];
+    cluster.wait_ready(&all);
+    cluster.wait_view(&all, &all, &[]);
+    let auth = format!("Authorization: Bearer {ADMIN_TOKEN}\r\n");
+    let put = |addr: SocketAddr, key: &str, limit: u64| {
+        let body = serde_json::json!({ "limit": limit }).to_string();
+        let r = request_with(addr, "PUT", &format!("/v1/overrides/exact/{key}"), &auth, Some(&body))
+            .expect("answered");
+        assert_eq!(r.status, 200, "{}", r.text());
+    };
+    let limit_on = |addr: SocketAddr, key: &str| {
+        let body = serde_json::json!({ "key": key, "policy": "exact", "cost": 0 }).to_string();
+        let r = request(addr, "POST", "/v1/check", Some(&body)).expect("answered");
+        let answer: Value = serde_json::from_slice(&r.body).expect("JSON");
+        answer["limit"].as_u64()
+    };
+    // Without the token: refused, nothing set.
+    let r = request(cluster.http(2), "PUT", "/v1/overrides/exact/tenant:acme", Some(r#"{"limit": 7}"#))
+        .expect("answered");
+    assert_eq!(r.status, 401, "{}", r.text());
+
+    let set_at = Instant::now();
+    put(cluster.http(1), "tenant:acme", 7);
+    let mut delays = Vec::new();
+    for id in all {
+        let addr = cluster.http(id);
+        cluster.wait_for(&format!("node {id} applies the override"), || {
+            limit_on(addr, "tenant:acme") == Some(7)
+        });
+        delays.push(set_at.elapsed().as_millis());
+    }
+    eprintln!("override set on node 1 applied by nodes 1, 2, 3 after {delays:?} ms");
+    // It governs checks on every node: the cluster admits 7 of the key, exactly (exact mode).
+    let admitted = cluster.admitted("exact", "tenant:acme", 10, &all);
+    assert_eq!(admitted, 7, "the override's limit, cluster-wide");
+    assert_eq!(admits(cluster.http(2), "exact", "tenant:other"), 20, "other keys keep the policy's limit");
+
+    // Node 3 restarts (no data directory): it learns the override from the others.
+    cluster.node(3).kill();
+    cluster.wait_view(&[1, 2], &[1, 2], &[3]);
+    cluster.node(3).start();
+    cluster.wait_ready(&[3]);
+    cluster.wait_view(&all, &all, &[]);
+    let restarted_at = Instant::now();
+    let addr = cluster.http(3);
+    cluster.wait_for("restarted node 3 applies the override", || limit_on(addr, "tenant:acme") == Some(7));
+    eprintln!(
+        "restarted node 3 applied the override {} ms after it was ready",
+        restarted_at.elapsed().as_millis()
+    );
+    let listed = request(addr, "GET", "/v1/overrides/exact", None).expect("answered");
+    let listed: Value = serde_json::from_slice(&listed.body).expect("JSON");
+    assert_eq!(listed["overrides"][0]["key"], "tenant:acme", "{listed}");
+
+    // A deletion on node 3 reaches the others too.
+    let r = request_with(addr, "DELETE", "/v1/overrides/exact/tenant:acme", &auth, None).expect("answered");
+    assert_eq!(r.status, 200, "{}", r.text());
+    for id in all {
+        let addr = cluster.http(id);
+        cluster.wait_for(&format!("node {id} drops the override"), || {
+            limit_on(addr, "tenant:acme") == Some(LIMIT)
+        });
+    }
     for node in &mut cluster.nodes {
         node.assert_running();
     }

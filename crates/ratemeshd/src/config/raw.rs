@@ -114,6 +114,7 @@ pub(super) struct RawLog {
 pub(super) struct RawAuth {
     pub(super) policy_header: Option<Val<String>>,
     pub(super) key_header: Option<Val<String>>,
+    pub(super) admin_token: Option<Val<String>>,
 }
 
 /// One `[[policies]]` entry.
