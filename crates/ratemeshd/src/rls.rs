@@ -28,8 +28,11 @@
 //!
 //! A descriptor's own `hits_addend` when it is set (0 is a query: is there room for one more hit,
 //! without taking it); otherwise the request's `hits_addend`, where 0 (unset in proto3) means 1.
-//! Refunds are not supported: a descriptor with `is_negative_hits` is answered as a query (nothing
-//! counted, nothing given back), which never admits more than the limit.
+//! A descriptor with `is_negative_hits` is a refund of its hits (`hits_addend`, else the
+//! request's): they go back to the bucket at the key's owner, never above the capacity (see
+//! `POST /v1/check` with a negative cost); its status is the answer a one-hit check would get
+//! afterwards. A refund under a concurrency limit is `INVALID_ARGUMENT` (leases are released, not
+//! refunded).
 //!
 //! ## Limit override
 //!
@@ -92,7 +95,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use http::HeaderMap;
-use ratemesh_core::{Decision, KeyHash, Limit, LimitSpec, Policy};
+use ratemesh_core::{Algorithm, Decision, KeyHash, Limit, LimitSpec, Policy};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tonic::transport::server::TcpIncoming;
@@ -248,7 +251,15 @@ impl RlsService {
                 response.statuses.push(no_limit_status(0));
                 continue;
             };
-            let decision = match self.daemon.check(&check.target, check.key, check.hits).await {
+            let decided = match check.refund {
+                true => {
+                    self.daemon.refund(&check.target, check.key, check.hits).await.map_err(|e| e.to_string())
+                }
+                false => {
+                    self.daemon.check(&check.target, check.key, check.hits).await.map_err(|e| e.to_string())
+                }
+            };
+            let decision = match decided {
                 Ok(decision) => decision,
                 // Never enforced: its failure must not fail the call (see the module doc).
                 Err(error) if check.target.shadow_mode() => {
@@ -362,8 +373,10 @@ struct PlannedCheck {
     target: Target,
     /// The bucket.
     key: KeyHash,
-    /// Hits to take (0: query).
+    /// Hits to take (0: query), or to give back.
     hits: u64,
+    /// `is_negative_hits`: a refund of `hits`.
+    refund: bool,
 }
 
 /// Validates `request` and resolves every descriptor: `None` for a descriptor that matches no
@@ -414,11 +427,19 @@ fn plan_descriptor(
     let Some(matched) = policies.match_descriptor(domain, &pairs) else {
         return Ok(None);
     };
-    let hits = match (descriptor.is_negative_hits, descriptor.hits_addend) {
-        (true, _) => 0,
-        (false, Some(hits)) => hits.value,
-        (false, None) => request_hits,
+    let hits = match descriptor.hits_addend {
+        Some(hits) => hits.value,
+        None => request_hits,
     };
+    let refund = descriptor.is_negative_hits;
+    let concurrency =
+        matched.entry.rule.policy().is_some_and(|p| p.limit.algorithm() == Algorithm::Concurrency);
+    if refund && concurrency {
+        return Err(Status::invalid_argument(format!(
+            "descriptors[{index}].is_negative_hits: a refund does not apply to a concurrency limit (policy {:?})",
+            matched.entry.name
+        )));
+    }
     let (target, key) = match (&matched.entry.rule, override_limit) {
         (Rule::Limited(policy), Some((requests, period))) => {
             let spec = LimitSpec::new(policy.limit.algorithm(), requests, period);
@@ -452,7 +473,7 @@ fn plan_descriptor(
         }
         _ => (Target::Named(Arc::clone(&matched.entry)), matched.key_hash()),
     };
-    Ok(Some(PlannedCheck { target, key, hits }))
+    Ok(Some(PlannedCheck { target, key, hits, refund }))
 }
 
 /// The requests and period of a descriptor's limit override.

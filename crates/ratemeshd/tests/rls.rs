@@ -63,6 +63,15 @@ descriptors = [{ key = "path", value = "/healthz" }]
 unlimited = true
 
 [[policies]]
+name = "jobs"
+domain = "edge"
+descriptors = [{ key = "job" }]
+algorithm = "concurrency"
+limit = 2
+period_ms = 60000
+mode = "exact"
+
+[[policies]]
 name = "tuning"
 domain = "edge"
 descriptors = [{ key = "tenant" }]
@@ -296,12 +305,12 @@ async fn hits_addend_zero_queries_and_larger_values_take_that_many() {
     assert_eq!(overall(&response), Code::OverLimit);
     let response = rls.ok(request("edge", vec![ip("10.0.0.4")])).await;
     assert_eq!((overall(&response), remaining(&response)), (Code::Ok, 2));
-    // A refund is answered as a query.
+    // A refund gives its hit back.
     let mut refund = ip("10.0.0.4");
     refund.is_negative_hits = true;
     refund.hits_addend = Some(UInt64Value { value: 1 });
     let response = rls.ok(request("edge", vec![refund])).await;
-    assert_eq!(remaining(&response), 2);
+    assert_eq!(remaining(&response), 3);
     rls.stop().await;
 }
 
@@ -387,7 +396,10 @@ async fn malformed_requests_are_invalid_arguments_and_count_nothing() {
     let too_many = vec![ip("10.0.0.1"); DESCRIPTORS_MAX + 1];
     let deep = vec![ip("10.0.0.1"), descriptor(&[("k", "v"); ENTRIES_MAX + 1])];
     let empty = vec![ip("10.0.0.1"), descriptor(&[])];
+    let mut lease_refund = descriptor(&[("job", "nightly")]);
+    lease_refund.is_negative_hits = true;
     let cases = [
+        (request("edge", vec![ip("10.0.0.1"), lease_refund]), "descriptors[1].is_negative_hits"),
         (request("edge", too_many), "descriptors"),
         (request("edge", deep), "descriptors[1].entries"),
         (request("edge", empty), "descriptors[1].entries"),
