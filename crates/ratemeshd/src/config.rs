@@ -264,6 +264,8 @@ pub struct Config {
     pub log: LogSection,
     /// `[auth]`: where `GET /v1/auth` finds the policy and key when the query has none.
     pub auth: AuthSection,
+    /// `[rls]`: the Envoy Rate Limit Service.
+    pub rls: RlsSection,
     /// `[[policies]]`, in file order; names unique, Envoy descriptor paths unique per domain.
     pub policies: Vec<PolicyConfig>,
 }
@@ -614,6 +616,16 @@ pub struct AuthSection {
     /// `Authorization: Bearer <token>`), at least 16 bytes; without one the admin API refuses
     /// every change (403).
     pub admin_token: Option<SecretString>,
+}
+
+/// `[rls]`: the Envoy Rate Limit Service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RlsSection {
+    /// `all_or_nothing_domains`: domains whose requests are all or nothing: when a descriptor is
+    /// over its limit, the hits the request's other descriptors took are given back (as
+    /// `POST /v1/check/all`). Default none: every descriptor counts on its own, like Envoy's
+    /// ratelimit service.
+    pub all_or_nothing_domains: Vec<String>,
 }
 
 /// The shortest accepted `[auth] admin_token`.
@@ -1007,8 +1019,28 @@ impl Ctx<'_> {
         let limits = self.bounds(raw)?;
         let log = self.log(raw)?;
         let auth = self.auth_section(raw)?;
+        let rls = self.rls(raw)?;
         let policies = self.policies(&raw.policies)?;
-        Ok(Config { node, cluster, listen, limits, log, auth, policies })
+        Ok(Config { node, cluster, listen, limits, log, auth, rls, policies })
+    }
+
+    fn rls(&self, raw: &RawConfig) -> Result<RlsSection, ConfigError> {
+        let mut domains = Vec::new();
+        for (i, v) in raw.rls.all_or_nothing_domains.iter().flatten().enumerate() {
+            if v.value.is_empty()
+                || v.value.len() > NAME_BYTES_MAX
+                || v.value.contains(char::is_whitespace)
+                || v.value.contains('!')
+            {
+                return Err(self.invalid(
+                    format!("rls.all_or_nothing_domains[{i}]"),
+                    &v.at,
+                    format!("{:?}: a domain of 1 to {NAME_BYTES_MAX} bytes without spaces", v.value),
+                ));
+            }
+            domains.push(v.value.clone());
+        }
+        Ok(RlsSection { all_or_nothing_domains: domains })
     }
 
     fn node(&self, raw: &RawConfig) -> Result<NodeSection, ConfigError> {

@@ -91,7 +91,7 @@ pub enum ReloadError {
     #[error(transparent)]
     Invalid(#[from] ConfigError),
     /// The file changes settings that only a restart applies.
-    #[error("not applied: {} can only change with a restart (reloadable: policies, log.level, auth, limits.http_body_bytes_max, limits.batch_len_max, limits.key_bytes_max)", fields.join(", "))]
+    #[error("not applied: {} can only change with a restart (reloadable: policies, log.level, auth, rls, limits.http_body_bytes_max, limits.batch_len_max, limits.key_bytes_max)", fields.join(", "))]
     RestartRequired {
         /// The fields that changed.
         fields: Vec<&'static str>,
@@ -793,7 +793,8 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
             fields.push(field);
         }
     };
-    let Config { node, cluster, listen, limits, log, auth, policies: _ } = running;
+    // [rls] is reloadable: nothing to compare.
+    let Config { node, cluster, listen, limits, log, auth, rls: _, policies: _ } = running;
 
     let NodeSection { id, id_from, incarnation, data_dir, snapshot_interval, snapshot_period_min } = node;
     let b = &new.node;

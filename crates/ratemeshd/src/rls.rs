@@ -34,6 +34,14 @@
 //! afterwards. A refund under a concurrency limit is `INVALID_ARGUMENT` (leases are released, not
 //! refunded).
 //!
+//! ## All or nothing
+//!
+//! A domain listed in `[rls] all_or_nothing_domains` answers each request all or nothing: its
+//! descriptors' checks run as one group (`Daemon::check_all`, as `POST /v1/check/all`), so when
+//! one descriptor is over its limit the hits the others took are given back (the statuses before
+//! it show the answer to the give-back, those after it a query's). Other domains count every
+//! descriptor on its own, like envoyproxy/ratelimit. Refund descriptors run on their own.
+//!
 //! ## Limit override
 //!
 //! A descriptor's `limit` ({`requests_per_unit`, `unit`}) replaces the matched policy's limit for
@@ -105,7 +113,7 @@ use tracing::debug;
 use crate::config::{Rule, limit_error_field, limit_error_message};
 use crate::daemon::Daemon;
 use crate::listener::{FirstBytes, LimitedIncoming};
-use crate::policy::{PolicyEntry, PolicyTable, Target};
+use crate::policy::{PolicyEntry, PolicyTable, Target, ValidCheck};
 
 /// The most descriptors in one request. Envoy sends one per matching rate-limit action set of a
 /// route (a handful); 64 leaves room for generous configurations and bounds the work per call.
@@ -241,8 +249,12 @@ impl RlsService {
     /// The decisions of one request.
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         // One policy table for the whole request, even if a reload swaps it meanwhile.
-        let (_, policies) = self.daemon.current();
+        let (config, policies) = self.daemon.current();
         let plans = plan(&policies, request)?;
+        let mut decided = match config.rls.all_or_nothing_domains.contains(&request.domain) {
+            true => self.all_or_nothing(&plans).await?,
+            false => vec![None; plans.len()],
+        };
         let mut response = RateLimitResponse { overall_code: Code::Ok.into(), ..Default::default() };
         // The most restrictive limited descriptor so far: (index into plans, its decision).
         let mut tightest: Option<(usize, Decision)> = None;
@@ -251,15 +263,16 @@ impl RlsService {
                 response.statuses.push(no_limit_status(0));
                 continue;
             };
-            let decided = match check.refund {
-                true => {
+            let outcome = match (decided[index].take(), check.refund) {
+                (Some(decision), _) => Ok(decision),
+                (None, true) => {
                     self.daemon.refund(&check.target, check.key, check.hits).await.map_err(|e| e.to_string())
                 }
-                false => {
+                (None, false) => {
                     self.daemon.check(&check.target, check.key, check.hits).await.map_err(|e| e.to_string())
                 }
             };
-            let decision = match decided {
+            let decision = match outcome {
                 Ok(decision) => decision,
                 // Never enforced: its failure must not fail the call (see the module doc).
                 Err(error) if check.target.shadow_mode() => {
@@ -291,6 +304,36 @@ impl RlsService {
             response.response_headers_to_add = envoy_headers(check.target.label(), period, &decision);
         }
         Ok(response)
+    }
+}
+
+impl RlsService {
+    /// The decisions of a request of an all-or-nothing domain (`[rls] all_or_nothing_domains`):
+    /// its checks (refunds aside, which run on their own) as one group, so that when one is over
+    /// its limit the others' hits are given back (`Daemon::check_all`).
+    async fn all_or_nothing(&self, plans: &[Option<PlannedCheck>]) -> Result<Vec<Option<Decision>>, Status> {
+        let grouped: Vec<usize> =
+            (0..plans.len()).filter(|&i| plans[i].as_ref().is_some_and(|check| !check.refund)).collect();
+        let checks: Vec<ValidCheck> = grouped
+            .iter()
+            .filter_map(|&i| plans[i].as_ref())
+            .map(|check| ValidCheck {
+                target: check.target.clone(),
+                key: check.key,
+                cost: check.hits,
+                refund: false,
+            })
+            .collect();
+        let (_, decisions) = self
+            .daemon
+            .check_all(&checks)
+            .await
+            .map_err(|error| Status::unavailable(format!("cannot decide: {error}")))?;
+        let mut decided = vec![None; plans.len()];
+        for (index, decision) in grouped.into_iter().zip(decisions) {
+            decided[index] = Some(decision);
+        }
+        Ok(decided)
     }
 }
 

@@ -62,6 +62,27 @@ domain = "edge"
 descriptors = [{ key = "path", value = "/healthz" }]
 unlimited = true
 
+[rls]
+all_or_nothing_domains = ["strict"]
+
+[[policies]]
+name = "strict-per-ip"
+domain = "strict"
+descriptors = [{ key = "remote_address" }]
+algorithm = "token_bucket"
+limit = 3
+period_ms = 3600000
+mode = "exact"
+
+[[policies]]
+name = "strict-per-path"
+domain = "strict"
+descriptors = [{ key = "path" }]
+algorithm = "token_bucket"
+limit = 1
+period_ms = 3600000
+mode = "exact"
+
 [[policies]]
 name = "jobs"
 domain = "edge"
@@ -599,5 +620,33 @@ async fn connections_beyond_the_bound_are_closed_at_once() {
     let metrics = rls.daemon().metrics().encode().expect("metrics encode");
     assert!(metrics.contains(r#"ratemesh_connections_refused_total{server="grpc"} 1"#), "{metrics}");
     drop(second);
+    rls.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_all_or_nothing_domain_gives_back_the_hits_of_a_refused_request() {
+    let rls = Rls::start().await;
+    let both = || vec![ip("10.0.0.9"), descriptor(&[("path", "/upload")])];
+    let response = rls.ok(request("strict", both())).await;
+    let left: Vec<_> = response.statuses.iter().map(|s| s.limit_remaining).collect();
+    assert_eq!((overall(&response), left), (Code::Ok, vec![2, 0]));
+    // The path is spent: the request is refused, and the address keeps its hits.
+    for _ in 0..3 {
+        let response = rls.ok(request("strict", both())).await;
+        assert_eq!(overall(&response), Code::OverLimit);
+        assert_eq!(code(&response.statuses[1]), Code::OverLimit);
+    }
+    let alone = rls.ok(request("strict", vec![ip("10.0.0.9")])).await;
+    assert_eq!(
+        alone.statuses[0].limit_remaining, 1,
+        "2 left before, one taken now: none by the refused requests"
+    );
+    // Another domain counts every descriptor on its own, like Envoy's ratelimit service.
+    let edge = || vec![ip("10.0.0.9"), descriptor(&[("remote_address", "10.0.0.9"), ("path", "/login")])];
+    rls.ok(request("edge", edge())).await;
+    rls.ok(request("edge", edge())).await;
+    let refused = rls.ok(request("edge", edge())).await;
+    assert_eq!(overall(&refused), Code::OverLimit);
+    assert_eq!(refused.statuses[0].limit_remaining, 0, "edge: the address's hits were taken");
     rls.stop().await;
 }

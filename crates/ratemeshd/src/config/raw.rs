@@ -41,7 +41,15 @@ pub(super) struct RawConfig {
     pub(super) limits: RawLimits,
     pub(super) log: RawLog,
     pub(super) auth: RawAuth,
+    pub(super) rls: RawRls,
     pub(super) policies: Vec<Spanned<RawPolicy>>,
+}
+
+/// `[rls]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawRls {
+    pub(super) all_or_nothing_domains: Option<Vec<Val<String>>>,
 }
 
 /// `[node]`.

@@ -514,7 +514,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 37);
+    assert_eq!(names.len(), 38);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.
@@ -654,4 +654,16 @@ fn overrides_and_tiers_are_validated_like_limits() {
     let calendar =
         "[[policies]]\nname = \"daily\"\nwindow = \"day\"\nlimit = 5\ntiers = [{ name = \"pro\" }]\n";
     refused(calendar, "policies[0].tiers", 5);
+}
+
+#[test]
+fn all_or_nothing_domains_are_plain_names() {
+    let config = parse("[rls]\nall_or_nothing_domains = [\"edge\", \"envoy.api\"]\n").expect("valid");
+    assert_eq!(config.rls.all_or_nothing_domains, ["edge", "envoy.api"]);
+    refused(
+        "[rls]\nall_or_nothing_domains = [\"edge\", \"two words\"]\n",
+        "rls.all_or_nothing_domains[1]",
+        2,
+    );
+    assert!(parse("").expect("valid").rls.all_or_nothing_domains.is_empty(), "none by default");
 }
