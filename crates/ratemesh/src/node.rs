@@ -126,7 +126,9 @@ pub enum StartError {
 }
 
 /// The most values one node publishes under one prefix ([`Node::publish_shared_values`]): with
-/// ratemesh's own three, well within the default `GossipLimits::keys_per_node_max` (32).
+/// ratemesh's own three, well within the default `GossipLimits::keys_per_node_max` (32). A
+/// cluster that lowers that bound must keep it above 3 plus what its members publish: members
+/// refuse gossip about entries with more keys.
 pub const SHARED_VALUES_MAX: usize = 16;
 /// The longest shared value, in bytes (the default `GossipLimits::value_len_max` is 1024).
 pub const SHARED_VALUE_BYTES_MAX: usize = 1000;
