@@ -27,9 +27,9 @@ pub use limit::{
     SLIDING_LOG_LIMIT_MAX,
 };
 pub use node::{
-    CheckOutcome, CheckRequest, DeliveryStats, DurableKey, Event, Fallback, LeavePlan, MemberView, Mode,
-    Node, NodeConfig, NodeId, NodeStats, Policy, RING_VNODES_DEFAULT, RequestId, RestoreStats, Ring,
-    Transmit,
+    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, DeliveryStats, DurableKey, Event, Fallback,
+    LeavePlan, MemberView, Mode, Node, NodeConfig, NodeId, NodeStats, Policy, RING_VNODES_DEFAULT, RequestId,
+    RestoreStats, Ring, Transmit,
 };
 pub use store::{KeyExtra, Store, StoreConfig, StoreStats};
 pub use time::{Instant, duration_nanos};

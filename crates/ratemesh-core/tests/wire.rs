@@ -9,8 +9,9 @@ use proptest::option;
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use ratemesh_core::wire::{
-    Body, CalendarWire, Decided, DecisionWire, FRAME_LEN_MAX_DEFAULT, ForwardCheck, Frame, Grant, KeyState,
-    LimitWire, Release, Report, SnapshotWire, WIRE_VERSION, WireError, WireMode, decode, encode,
+    Adjust, AdjustKind, Body, CalendarWire, Decided, DecisionWire, FRAME_LEN_MAX_DEFAULT, ForwardCheck,
+    Frame, Grant, KeyState, LimitWire, Release, Report, SnapshotWire, WIRE_VERSION, WireError, WireMode,
+    decode, encode,
 };
 use ratemesh_core::{
     Algorithm, CONCURRENCY_LIMIT_MAX, Decision, LeaseId, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX,
@@ -179,6 +180,10 @@ fn body() -> impl Strategy<Value = Body> {
     let key_state = || {
         (key(), limit_wire(), snapshot_wire()).prop_map(|(key, limit, state)| KeyState { key, limit, state })
     };
+    let kind = prop_oneof![Just(AdjustKind::Refund), Just(AdjustKind::Charge)];
+    let mode_again = prop_oneof![Just(WireMode::Exact), Just(WireMode::Approximate)];
+    let adjust = (int(), key(), limit(), kind, int(), mode_again)
+        .prop_map(|(id, key, limit, kind, hits, mode)| Adjust { id, key, limit, kind, hits, mode });
     (
         vec(forward, 0..VEC_LEN),
         vec(decided, 0..VEC_LEN),
@@ -187,8 +192,9 @@ fn body() -> impl Strategy<Value = Body> {
         vec(key_state(), 0..VEC_LEN),
         vec(key_state(), 0..VEC_LEN),
         vec(release, 0..VEC_LEN),
+        vec(adjust, 0..VEC_LEN),
     )
-        .prop_map(|(forward, decided, report, grant, handoff, replica, release)| Body {
+        .prop_map(|(forward, decided, report, grant, handoff, replica, release, adjust)| Body {
             forward,
             decided,
             report,
@@ -196,6 +202,7 @@ fn body() -> impl Strategy<Value = Body> {
             handoff,
             replica,
             release,
+            adjust,
         })
 }
 
@@ -828,6 +835,38 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
             },
             "03070102030002020001040a8094ebdc030105000006010c0000000000000000000000000000000000e807",
         ),
+        (
+            Frame {
+                from: 8,
+                incarnation: 1,
+                seq: 3,
+                ack: 0,
+                sack: 0,
+                una: 3,
+                body: Body {
+                    adjust: vec![
+                        Adjust {
+                            id: 9,
+                            key: 13,
+                            limit: gcra_wire(),
+                            kind: AdjustKind::Refund,
+                            hits: 4,
+                            mode: WireMode::Exact,
+                        },
+                        Adjust {
+                            id: 10,
+                            key: 13,
+                            limit: gcra_wire(),
+                            kind: AdjustKind::Charge,
+                            hits: 300,
+                            mode: WireMode::Approximate,
+                        },
+                    ],
+                    ..Body::default()
+                },
+            },
+            "03080103000003020001040a8094ebdc03010500000802090d000000000000000000000000000000000004000a0d0000000000000000000000000000000001ac0201",
+        ),
     ]
 }
 
@@ -949,11 +988,24 @@ fn decisions_saturate_beyond_u64_nanos() {
     assert_eq!(wire.retry_after_nanos, Some(u64::MAX));
 }
 
+/// An adjustment naming a limit past the frame's table is refused, like any other item.
+#[test]
+fn adjustments_name_limits_of_the_table() {
+    let adjust = golden_frames().into_iter().find(|(frame, _)| !frame.body.adjust.is_empty());
+    let (frame, _) = adjust.expect("the adjust frame");
+    let mut bytes = enc(&frame);
+    // The first item's limit index is the byte after its 16 key bytes: point it past the table.
+    let key_at = bytes.windows(16).position(|w| w == 13u128.to_le_bytes()).expect("the key");
+    bytes[key_at + 16] = 5;
+    assert_eq!(decode(&bytes, MAX), Err(WireError::LimitIndex { index: 5, len: 1 }));
+}
+
 /// (b) The compact form has one encoding too: a limit table with an entry nobody uses, an empty
 /// section, or an index past the table is refused.
 #[test]
 fn tables_and_sections_have_one_encoding() {
-    let (frame, _) = golden_frames().pop().expect("the replica frame");
+    let replica = golden_frames().into_iter().find(|(frame, _)| !frame.body.replica.is_empty());
+    let (frame, _) = replica.expect("the replica frame");
     let bytes = enc(&frame);
     // version, 6 header varints, section count 2, Limits tag 0 with one entry (11 bytes of gcra),
     // then Replica tag 6 with one state.

@@ -23,6 +23,8 @@
 //!   over the last minute, in bounded heavy-hitter sketches ([`Node::top`] merges the members').
 //! - [`transport`]: [`Transport`], QUIC peers (quinn) that send the core's frames to members and
 //!   deliver frames whose sender is authenticated by its certificate.
+//! - [`usage`]: refunds ([`Node::refund`]), charges after the fact ([`Node::charge`]) and
+//!   all-or-nothing checks across limits ([`Node::check_all`]).
 
 pub mod calendar;
 pub mod dns;
@@ -37,6 +39,7 @@ pub mod security;
 pub mod seeds;
 pub mod top;
 pub mod transport;
+pub mod usage;
 
 pub use calendar::{Calendar, CalendarPolicy, CalendarUnit};
 pub use durable::{FileStateStore, StateStore};
@@ -45,11 +48,12 @@ pub use gossip::{GossipHealth, GossipLimits, GossipStats};
 pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};
 pub use membership::{Member, MemberStatus};
 pub use node::{
-    CheckError, MissingMember, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released, StartError, TopLabel,
-    TopReport,
+    CheckError, MissingMember, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released, SHARED_VALUE_BYTES_MAX,
+    SHARED_VALUES_MAX, SharedValuesError, StartError, TopLabel, TopReport,
 };
-pub use ratemesh_core::NodeId;
+pub use ratemesh_core::{Adjustment, NodeId};
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};
 pub use top::{TopAnswer, TopBy, TopConfig, TopEntry};
 pub use transport::{Received, Transport, TransportConfig, TransportError, TransportStats};
+pub use usage::{AdjustError, GroupCheck, GroupDecision};

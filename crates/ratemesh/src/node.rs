@@ -176,6 +176,40 @@ pub enum StartError {
     },
 }
 
+/// The most values one node publishes under one prefix ([`Node::publish_shared_values`]): with
+/// ratemesh's own three, well within the default `GossipLimits::keys_per_node_max` (32). A
+/// cluster that lowers that bound must keep it above 3 plus what its members publish: members
+/// refuse gossip about entries with more keys.
+pub const SHARED_VALUES_MAX: usize = 16;
+/// The longest shared value, in bytes (the default `GossipLimits::value_len_max` is 1024).
+pub const SHARED_VALUE_BYTES_MAX: usize = 1000;
+
+/// Why [`Node::publish_shared_values`] published nothing. The caller is at fault, except for
+/// `NotRunning`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SharedValuesError {
+    /// The prefix does not start with `app.` (ratemesh's own keys start with `ratemesh.`) or is
+    /// longer than 64 bytes.
+    #[error("shared value prefixes start with \"app.\" and have at most 64 bytes")]
+    Prefix,
+    /// More values than [`SHARED_VALUES_MAX`].
+    #[error("{len} values, at most {SHARED_VALUES_MAX} are published")]
+    TooMany {
+        /// How many were given.
+        len: usize,
+    },
+    /// A value longer than [`SHARED_VALUE_BYTES_MAX`].
+    #[error("a value of {len} bytes, at most {SHARED_VALUE_BYTES_MAX} are published")]
+    TooLong {
+        /// Its length.
+        len: usize,
+    },
+    /// Gossip is not running (shut down, or being restarted): retry.
+    #[error("gossip is not running")]
+    NotRunning,
+}
+
 /// What a [`Node::release`] did with the lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Released {
@@ -826,6 +860,18 @@ impl Node {
         key: KeyHash,
         cost: u64,
     ) -> Result<Decision, CheckError> {
+        self.decide_with(|core, id, now| {
+            core.handle_check(now, CheckRequest { id, key, policy: policy.clone(), cost })
+        })
+        .await
+    }
+
+    /// Runs one client input (`input` hands it to the core under the lock, with a fresh request
+    /// id and the node's `now`) and waits for its decision when the core answers later.
+    pub(crate) async fn decide_with(
+        &self,
+        input: impl FnOnce(&mut ratemesh_core::Node, RequestId, ratemesh_core::Instant) -> CheckOutcome,
+    ) -> Result<Decision, CheckError> {
         let waiter = {
             let mut state = self.shared.lock_state();
             if state.leaving {
@@ -834,8 +880,7 @@ impl Node {
             let now = self.shared.now();
             let id = RequestId(state.next_request);
             state.next_request = state.next_request.wrapping_add(1);
-            let request = CheckRequest { id, key, policy: policy.clone(), cost };
-            let outcome = state.core.handle_check(now, request);
+            let outcome = input(&mut state.core, id, now);
             let waiter = match outcome {
                 CheckOutcome::Decided(decision) => Err(Ok(decision)),
                 CheckOutcome::Unavailable => Err(Err(CheckError::Joining)),
@@ -953,6 +998,60 @@ impl Node {
     pub fn owners_of_hashed(&self, keys: &[KeyHash]) -> Vec<Option<NodeId>> {
         let state = self.shared.lock_state();
         keys.iter().map(|&key| state.core.owner_of(key)).collect()
+    }
+
+    /// Publishes `values` in this node's gossip state under `prefix` (keys `prefix0`, `prefix1`,
+    /// …): every member reads them within a few gossip rounds ([`Node::shared_values`]). Keys of
+    /// an earlier, longer publication are set empty (ratemesh gossips no deletions). Gossip is
+    /// sealed: a value is authenticated as the cluster's, not as one member's. Refused (nothing
+    /// published) for a prefix outside `app.`, more than [`SHARED_VALUES_MAX`] values or a value
+    /// over [`SHARED_VALUE_BYTES_MAX`] bytes.
+    pub async fn publish_shared_values(
+        &self,
+        prefix: &str,
+        values: &[String],
+    ) -> Result<(), SharedValuesError> {
+        if !prefix.starts_with("app.") || prefix.len() > 64 {
+            return Err(SharedValuesError::Prefix);
+        }
+        if values.len() > SHARED_VALUES_MAX {
+            return Err(SharedValuesError::TooMany { len: values.len() });
+        }
+        if let Some(value) = values.iter().find(|v| v.len() > SHARED_VALUE_BYTES_MAX) {
+            return Err(SharedValuesError::TooLong { len: value.len() });
+        }
+        let Some(chitchat) = self.shared.chitchat() else { return Err(SharedValuesError::NotRunning) };
+        let mut chitchat = chitchat.lock().await;
+        let state = chitchat.self_node_state();
+        for slot in 0..SHARED_VALUES_MAX {
+            let key = format!("{prefix}{slot}");
+            match values.get(slot) {
+                Some(value) => state.set(key, value.clone()),
+                None if state.get(&key).is_some_and(|v| !v.is_empty()) => state.set(key, String::new()),
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The non-empty values published under `prefix` by every member gossip knows (this node
+    /// included; earlier runs of restarted members too, until gossip forgets them), by member.
+    pub async fn shared_values(&self, prefix: &str) -> Vec<(NodeId, Vec<String>)> {
+        let Some(chitchat) = self.shared.chitchat() else { return Vec::new() };
+        let chitchat = chitchat.lock().await;
+        let mut found = Vec::new();
+        for (id, state) in chitchat.node_states() {
+            let Some(node) = crate::membership::parse_node_id(&id.node_id) else { continue };
+            let values: Vec<String> = (0..SHARED_VALUES_MAX)
+                .filter_map(|slot| state.get(&format!("{prefix}{slot}")))
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if !values.is_empty() {
+                found.push((node, values));
+            }
+        }
+        found
     }
 
     /// Whether gossip runs, or was restarted after it ended (the daemon is not ready then).
@@ -1210,6 +1309,11 @@ impl Shared {
     /// Refuses new client checks and announces the leave in gossip. Returns how long to keep
     /// owning while peers learn of it (a few gossip rounds, growing with the log of the cluster's
     /// size: epidemic dissemination), or `None` when a shutdown already began.
+    /// The running chitchat instance, if any.
+    fn chitchat(&self) -> Option<Arc<tokio::sync::Mutex<chitchat::Chitchat>>> {
+        self.gossip.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(ChitchatHandle::chitchat)
+    }
+
     async fn announce_leave(&self) -> Option<Duration> {
         let members = {
             let mut state = self.lock_state();

@@ -35,8 +35,8 @@ use ratemesh::gossip::check::{check_against, summarize};
 use ratemesh::gossip::seal::{GossipKeys, Opener, Sealer};
 use ratemesh_core::wire::{FRAME_LEN_MAX_DEFAULT, decode, encode};
 use ratemesh_core::{
-    Algorithm, CheckRequest, CoreRng, Fallback, Limit, LimitSpec, MemberView, Mode, Namespace, NodeConfig,
-    NodeId, Policy, RequestId,
+    AdjustRequest, Adjustment, Algorithm, CheckRequest, CoreRng, Fallback, Limit, LimitSpec, MemberView,
+    Mode, Namespace, NodeConfig, NodeId, Policy, RequestId,
 };
 use tokio::sync::mpsc;
 use wire::{DigestEntry, Id, Op};
@@ -371,7 +371,8 @@ async fn the_gossip_path_survives_mutated_and_random_input() {
 // ---------------------------------------------------------------------------------------------
 // Peer frames.
 
-/// Frames that three cores exchange for checks of every mode, with deliveries and timers.
+/// Frames that three cores exchange for checks, refunds and charges of every mode, with
+/// deliveries and timers.
 fn frame_corpus() -> Vec<(NodeId, Vec<u8>)> {
     let ids = [NodeId(1), NodeId(2), NodeId(3)];
     let mut now = ratemesh_core::Instant::from_millis(1);
@@ -401,6 +402,11 @@ fn frame_corpus() -> Vec<(NodeId, Vec<u8>)> {
             let key = namespace.key(format!("key-{}-{i}", round % 7).as_bytes());
             let request = CheckRequest { id: RequestId(round), key, policy: Arc::clone(policy), cost: 1 };
             let _ = node.handle_check(now, request);
+            // Refunds and charges too: their own section of the frame.
+            let adjustment = if round % 2 == 0 { Adjustment::Refund } else { Adjustment::Charge };
+            let adjust =
+                AdjustRequest { id: RequestId(round), key, policy: Arc::clone(policy), adjustment, hits: 1 };
+            let _ = node.handle_adjust(now, adjust);
         }
         for node in &mut nodes {
             node.handle_timeout(now);
@@ -428,6 +434,11 @@ fn the_peer_frame_decoder_survives_mutated_and_random_input() {
     let mut rng = rng("frames");
     let corpus = frame_corpus();
     assert!(corpus.len() > 100, "the cores exchanged frames: {}", corpus.len());
+    let with_adjustments = corpus
+        .iter()
+        .filter(|(_, bytes)| decode(bytes, FRAME_LEN_MAX_DEFAULT).is_ok_and(|f| !f.body.adjust.is_empty()))
+        .count();
+    assert!(with_adjustments > 0, "the corpus has frames with refunds and charges");
     for (_, bytes) in &corpus {
         let frame = decode(bytes, FRAME_LEN_MAX_DEFAULT).expect("a sent frame decodes");
         assert_eq!(&encode(&frame, FRAME_LEN_MAX_DEFAULT).unwrap(), bytes, "canonical");

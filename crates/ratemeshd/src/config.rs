@@ -30,6 +30,7 @@ mod raw;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -48,7 +49,7 @@ use toml::Spanned;
 use zeroize::Zeroizing;
 
 pub use env::{ENV_PREFIX, variable_name as env_variable_name, variable_names as env_variable_names};
-use raw::{At, PolicyStarts, RawConfig, RawDescriptor, RawListen, RawPolicy, Val};
+use raw::{At, PolicyStarts, RawConfig, RawDescriptor, RawListen, RawPolicy, RawVariant, Val};
 
 use crate::policy::INLINE_LABEL;
 
@@ -263,6 +264,8 @@ pub struct Config {
     pub log: LogSection,
     /// `[auth]`: where `GET /v1/auth` finds the policy and key when the query has none.
     pub auth: AuthSection,
+    /// `[rls]`: the Envoy Rate Limit Service.
+    pub rls: RlsSection,
     /// `[[policies]]`, in file order; names unique, Envoy descriptor paths unique per domain.
     pub policies: Vec<PolicyConfig>,
 }
@@ -609,13 +612,31 @@ pub struct AuthSection {
     pub policy_header: String,
     /// `key_header`: the header carrying the key (default `X-RateLimit-Key`), stored lowercase.
     pub key_header: String,
+    /// `admin_token`: the bearer token of the admin API (`PUT`/`DELETE /v1/overrides/...`:
+    /// `Authorization: Bearer <token>`), at least 16 bytes; without one the admin API refuses
+    /// every change (403).
+    pub admin_token: Option<SecretString>,
 }
+
+/// `[rls]`: the Envoy Rate Limit Service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RlsSection {
+    /// `all_or_nothing_domains`: domains whose requests are all or nothing: when a descriptor is
+    /// over its limit, the hits the request's other descriptors took are given back (as
+    /// `POST /v1/check/all`). Default none: every descriptor counts on its own, like Envoy's
+    /// ratelimit service.
+    pub all_or_nothing_domains: Vec<String>,
+}
+
+/// The shortest accepted `[auth] admin_token`.
+pub const ADMIN_TOKEN_BYTES_MIN: usize = 16;
 
 impl Default for AuthSection {
     fn default() -> Self {
         AuthSection {
             policy_header: AUTH_POLICY_HEADER_DEFAULT.to_owned(),
             key_header: AUTH_KEY_HEADER_DEFAULT.to_owned(),
+            admin_token: None,
         }
     }
 }
@@ -675,7 +696,16 @@ pub struct PolicyConfig {
     pub rule: Rule,
     /// `shadow_mode`: decisions are counted and reported in metrics, but every request is allowed.
     pub shadow_mode: bool,
+    /// `overrides = [{ key, limit, burst, period_ms }]`: per-key limits (a limited policy only),
+    /// by key. A key's override wins over a check's `tier`.
+    pub overrides: BTreeMap<String, Arc<Policy>>,
+    /// `tiers = [{ name, limit, burst, period_ms }]`: named limits a check may ask for with
+    /// `"tier"` (a limited policy only), by name.
+    pub tiers: BTreeMap<String, Arc<Policy>>,
 }
+
+/// The most overrides, and the most tiers, of one policy in the file.
+pub const VARIANTS_MAX: usize = 10_000;
 
 /// What a policy enforces.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -989,8 +1019,28 @@ impl Ctx<'_> {
         let limits = self.bounds(raw)?;
         let log = self.log(raw)?;
         let auth = self.auth_section(raw)?;
+        let rls = self.rls(raw)?;
         let policies = self.policies(&raw.policies)?;
-        Ok(Config { node, cluster, listen, limits, log, auth, policies })
+        Ok(Config { node, cluster, listen, limits, log, auth, rls, policies })
+    }
+
+    fn rls(&self, raw: &RawConfig) -> Result<RlsSection, ConfigError> {
+        let mut domains = Vec::new();
+        for (i, v) in raw.rls.all_or_nothing_domains.iter().flatten().enumerate() {
+            if v.value.is_empty()
+                || v.value.len() > NAME_BYTES_MAX
+                || v.value.contains(char::is_whitespace)
+                || v.value.contains('!')
+            {
+                return Err(self.invalid(
+                    format!("rls.all_or_nothing_domains[{i}]"),
+                    &v.at,
+                    format!("{:?}: a domain of 1 to {NAME_BYTES_MAX} bytes without spaces", v.value),
+                ));
+            }
+            domains.push(v.value.clone());
+        }
+        Ok(RlsSection { all_or_nothing_domains: domains })
     }
 
     fn node(&self, raw: &RawConfig) -> Result<NodeSection, ConfigError> {
@@ -1419,9 +1469,21 @@ impl Ctx<'_> {
                 ),
             )),
         };
+        let admin_token = match &raw.auth.admin_token {
+            None => None,
+            Some(v) if v.value.len() < ADMIN_TOKEN_BYTES_MIN || v.value.trim() != v.value => {
+                return Err(self.invalid(
+                    "auth.admin_token",
+                    &v.at,
+                    format!("use at least {ADMIN_TOKEN_BYTES_MIN} bytes, without surrounding spaces"),
+                ));
+            }
+            Some(v) => Some(SecretString::new(v.value.clone())),
+        };
         Ok(AuthSection {
             policy_header: header("auth.policy_header", &raw.auth.policy_header, AUTH_POLICY_HEADER_DEFAULT)?,
             key_header: header("auth.key_header", &raw.auth.key_header, AUTH_KEY_HEADER_DEFAULT)?,
+            admin_token,
         })
     }
 
@@ -1516,7 +1578,87 @@ impl Ctx<'_> {
             Rule::Limited(Arc::new(self.limited(i, p, &table)?))
         };
         let shadow_mode = p.shadow_mode.as_ref().is_some_and(|v| v.value);
-        Ok(PolicyConfig { name, envoy, rule, shadow_mode })
+        let overrides = self.variants(i, "overrides", p.overrides.as_ref(), &rule)?;
+        let tiers = self.variants(i, "tiers", p.tiers.as_ref(), &rule)?;
+        Ok(PolicyConfig { name, envoy, rule, shadow_mode, overrides, tiers })
+    }
+
+    /// A policy's `overrides` (named by `key`) or `tiers` (named by `name`): each its own limit
+    /// under the policy's algorithm, mode and fallback; `limit` and `period_ms` default to the
+    /// policy's, `burst` to the policy's when `limit` is not given (else the algorithm's default).
+    fn variants(
+        &self,
+        i: usize,
+        list: &str,
+        raw: Option<&Val<Vec<Spanned<RawVariant>>>>,
+        rule: &Rule,
+    ) -> Result<BTreeMap<String, Arc<Policy>>, ConfigError> {
+        let mut variants = BTreeMap::new();
+        let Some(raw) = raw else { return Ok(variants) };
+        let field = format!("policies[{i}].{list}");
+        let Rule::Limited(base) = rule else {
+            return Err(self.invalid(
+                field,
+                &raw.at,
+                "applies to a limited policy only (not calendar or unlimited)",
+            ));
+        };
+        if raw.value.len() > VARIANTS_MAX {
+            return Err(self.invalid(field, &raw.at, format!("more than {VARIANTS_MAX} entries")));
+        }
+        let name_field = if list == "overrides" { "key" } else { "name" };
+        for (j, spanned) in raw.value.iter().enumerate() {
+            let v = spanned.get_ref();
+            let at = At::File(spanned.span());
+            let sub = |name: &str| format!("{field}[{j}].{name}");
+            let (named, other) = if list == "overrides" { (&v.key, &v.name) } else { (&v.name, &v.key) };
+            if let Some(other) = other {
+                let other_name = if list == "overrides" { "name" } else { "key" };
+                return Err(self.invalid(
+                    sub(other_name),
+                    &other.at,
+                    format!("{list} are named by {name_field}"),
+                ));
+            }
+            let name = match named {
+                None => return Err(self.invalid(sub(name_field), &at, "missing")),
+                Some(n) if n.value.is_empty() || n.value.len() > NAME_BYTES_MAX => {
+                    return Err(self.invalid(
+                        sub(name_field),
+                        &n.at,
+                        format!("must be 1 to {NAME_BYTES_MAX} bytes"),
+                    ));
+                }
+                Some(n) if variants.contains_key(&n.value) => {
+                    return Err(self.invalid(
+                        sub(name_field),
+                        &n.at,
+                        format!("duplicate {name_field} {:?}", n.value),
+                    ));
+                }
+                Some(n) => n.value.clone(),
+            };
+            let spec = base.limit.spec();
+            let limit = v.limit.as_ref().map_or(spec.limit, |l| l.value);
+            let burst = match (&v.burst, &v.limit) {
+                (Some(b), _) => Some(b.value),
+                (None, Some(_)) => None,
+                (None, None) => spec.burst,
+            };
+            let period = v.period_ms.as_ref().map_or(spec.period, |p| Duration::from_millis(p.value));
+            let variant = LimitSpec { limit, burst, period, ..spec.clone() };
+            let limit = Limit::new(variant).map_err(|error| {
+                let name = limit_error_field(&error);
+                let v_at = match name {
+                    "period_ms" => v.period_ms.as_ref(),
+                    "burst" => v.burst.as_ref(),
+                    _ => v.limit.as_ref(),
+                };
+                self.invalid(sub(name), v_at.map_or(&at, |v| &v.at), limit_error_message(&error))
+            })?;
+            variants.insert(name, Arc::new(Policy { limit, ..Policy::clone(base) }));
+        }
+        Ok(variants)
     }
 
     fn limited(&self, i: usize, p: &RawPolicy, table: &At) -> Result<Policy, ConfigError> {

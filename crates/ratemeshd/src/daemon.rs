@@ -41,18 +41,21 @@ use std::time::{Duration, SystemTime};
 
 use ratemesh::durable::SnapshotSettings;
 use ratemesh::{
-    CheckError, GossipHealth, Member, MemberStatus, Node, NodeBuilder, NodeId, Released, StartError, TopLabel,
+    AdjustError, Adjustment, CheckError, GossipHealth, GroupCheck, Member, MemberStatus, Node, NodeBuilder,
+    NodeId, Released, StartError, TopLabel,
 };
 use ratemesh_core::{Decision, KeyHash, Namespace};
 use tokio::sync::{Semaphore, watch};
 use tracing::{info, warn};
 
+use crate::config::Rule;
 use crate::config::{
     AuthSection, Bounds, ClusterSection, Config, ConfigError, ListenSection, LogLevel, LogSection,
     NodeSection,
 };
 use crate::metrics::Metrics;
-use crate::policy::{PolicyTable, Target, ValidRelease};
+use crate::overrides::{LiveOverride, LiveTable, OverrideError};
+use crate::policy::{PolicyTable, Target, ValidCheck, ValidRelease};
 
 /// How many probe keys estimate the ring's shares (`GET /v1/cluster`, `ratemeshd cluster`):
 /// enough for a share to within about 1 %, cheap enough for a request.
@@ -88,7 +91,7 @@ pub enum ReloadError {
     #[error(transparent)]
     Invalid(#[from] ConfigError),
     /// The file changes settings that only a restart applies.
-    #[error("not applied: {} can only change with a restart (reloadable: policies, log.level, auth, limits.http_body_bytes_max, limits.batch_len_max, limits.key_bytes_max)", fields.join(", "))]
+    #[error("not applied: {} can only change with a restart (reloadable: policies, log.level, auth, rls, limits.http_body_bytes_max, limits.batch_len_max, limits.key_bytes_max)", fields.join(", "))]
     RestartRequired {
         /// The fields that changed.
         fields: Vec<&'static str>,
@@ -198,6 +201,28 @@ pub struct Daemon {
     close_tx: watch::Sender<bool>,
     log_level: watch::Sender<LogLevel>,
     reloads: watch::Sender<u64>,
+    /// Live per-key overrides (`crate::overrides`), and the chunks last published in gossip.
+    live: Mutex<(LiveTable, Vec<String>)>,
+}
+
+/// Why a live override was not written or listed. Nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// No such policy (404).
+    #[error("policy: no policy named {0:?}")]
+    UnknownPolicy(String),
+    /// The policy is not a plain limit (calendar or unlimited), or the override's values do not
+    /// make a valid limit under it (400, naming the field).
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The field at fault.
+        field: String,
+        /// Why.
+        message: String,
+    },
+    /// The table is full, or the entry too long (409 / 400).
+    #[error(transparent)]
+    Table(#[from] OverrideError),
 }
 
 impl Daemon {
@@ -249,7 +274,14 @@ impl Daemon {
             info!(data_dir = %dir.display(), "durable quotas: snapshots kept in the data directory");
         }
         let node = builder.start().await?;
-        let policies = Arc::new(PolicyTable::from_config(&config));
+        let live = match &config.node.data_dir {
+            Some(dir) => LiveTable::load(dir).unwrap_or_else(|error| {
+                warn!(%error, "live overrides not read back: starting without them (gossip brings them again)");
+                LiveTable::default()
+            }),
+            None => LiveTable::default(),
+        };
+        let policies = Arc::new(PolicyTable::new(&live.apply(&config.policies)));
         info!(
             node = identity.id.0,
             policies = policies.len(),
@@ -263,7 +295,7 @@ impl Daemon {
         let (close_tx, _) = watch::channel(false);
         let (log_level, _) = watch::channel(config.log.level);
         let (reloads, _) = watch::channel(0);
-        Ok(Arc::new(Daemon {
+        let daemon = Arc::new(Daemon {
             metrics: Metrics::new(node.clone()),
             node,
             current: RwLock::new(Current { config: Arc::new(config), policies }),
@@ -276,7 +308,129 @@ impl Daemon {
             close_tx,
             log_level,
             reloads,
-        }))
+            live: Mutex::new((live, Vec::new())),
+        });
+        daemon.spawn_override_sync();
+        Ok(daemon)
+    }
+
+    /// Merges the other members' live overrides and republishes this node's table, every
+    /// [`crate::overrides::SYNC_INTERVAL`], until the daemon is dropped or shuts down.
+    fn spawn_override_sync(self: &Arc<Self>) {
+        let daemon = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::overrides::SYNC_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(daemon) = daemon.upgrade() else { return };
+                if daemon.is_shutting_down() {
+                    return;
+                }
+                daemon.sync_overrides().await;
+            }
+        });
+    }
+
+    /// One round of [`Daemon::spawn_override_sync`].
+    async fn sync_overrides(&self) {
+        let published = self.node.shared_values(crate::overrides::GOSSIP_PREFIX).await;
+        let incoming: Vec<LiveOverride> = published
+            .iter()
+            .filter(|(member, _)| *member != self.id())
+            .flat_map(|(_, chunks)| chunks.iter().flat_map(|chunk| LiveTable::parse_chunk(chunk)))
+            .collect();
+        let changed = self.lock_live().0.merge(incoming);
+        if changed {
+            self.overrides_changed();
+        }
+        let chunks = {
+            let live = self.lock_live();
+            let chunks = live.0.chunks();
+            (chunks != live.1).then_some(chunks)
+        };
+        if let Some(chunks) = chunks {
+            match self.node.publish_shared_values(crate::overrides::GOSSIP_PREFIX, &chunks).await {
+                Ok(()) => self.lock_live().1 = chunks,
+                Err(error) => warn!(%error, "live overrides not published (retried next round)"),
+            }
+        }
+    }
+
+    fn lock_live(&self) -> MutexGuard<'_, (LiveTable, Vec<String>)> {
+        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// After the live table changed: rebuilds the policy table and writes the data directory's
+    /// file.
+    fn overrides_changed(&self) {
+        let _source = self.lock_source();
+        let (config, _) = self.current();
+        let live = self.lock_live().0.clone();
+        let policies = Arc::new(PolicyTable::new(&live.apply(&config.policies)));
+        {
+            let mut current = self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            current.policies = policies;
+        }
+        if let Some(dir) = &config.node.data_dir
+            && let Err(error) = live.save(dir)
+        {
+            warn!(%error, "live overrides not written to the data directory");
+        }
+    }
+
+    /// Sets (`Some`: limit, burst, period in ms) or deletes (`None`) the live override of `key`
+    /// under `policy`, on every node within a few gossip rounds.
+    pub fn set_override(
+        &self,
+        policy: &str,
+        key: &str,
+        values: Option<(Option<u64>, Option<u64>, Option<u64>)>,
+    ) -> Result<LiveOverride, AdminError> {
+        let (config, table) = self.current();
+        if table.get(policy).is_none() {
+            return Err(AdminError::UnknownPolicy(policy.to_owned()));
+        }
+        let file_entry = config.policies.iter().find(|p| p.name == policy);
+        let Some(Rule::Limited(base)) = file_entry.map(|p| &p.rule) else {
+            let message = "live overrides apply to limited policies only (not calendar or unlimited)";
+            return Err(AdminError::Invalid { field: "policy".to_owned(), message: message.to_owned() });
+        };
+        let (limit, burst, period_ms) = values.unwrap_or_default();
+        if values.is_some() {
+            crate::overrides::variant_policy(base, limit, burst, period_ms).map_err(|error| {
+                AdminError::Invalid {
+                    field: crate::config::limit_error_field(&error).to_owned(),
+                    message: crate::config::limit_error_message(&error),
+                }
+            })?;
+        }
+        let now_ms =
+            SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let written = {
+            let mut live = self.lock_live();
+            let entry = LiveOverride {
+                policy: policy.to_owned(),
+                key: key.to_owned(),
+                limit,
+                burst,
+                period_ms,
+                deleted: values.is_none(),
+                version_ms: live.0.next_version_ms(now_ms),
+                writer: self.id().0,
+            };
+            live.0.put(entry.clone())?;
+            entry
+        };
+        self.overrides_changed();
+        Ok(written)
+    }
+
+    /// The live overrides of `policy`.
+    pub fn overrides_of(&self, policy: &str) -> Result<Vec<LiveOverride>, AdminError> {
+        let (_, table) = self.current();
+        table.get(policy).ok_or_else(|| AdminError::UnknownPolicy(policy.to_owned()))?;
+        Ok(self.lock_live().0.of_policy(policy).cloned().collect())
     }
 
     /// The ratemesh node.
@@ -363,6 +517,68 @@ impl Daemon {
             decision.retry_after = None;
         }
         Ok(decision)
+    }
+
+    /// Returns `hits` to `key`'s bucket (a negative cost), at the key's owner. The decision says
+    /// whether a cost-1 check would pass afterwards.
+    pub async fn refund(&self, target: &Target, key: KeyHash, hits: u64) -> Result<Decision, AdjustError> {
+        self.adjust(target, key, Adjustment::Refund, hits).await
+    }
+
+    /// Applies `hits` to `key`'s bucket unconditionally (it may go into debt), at the key's owner.
+    /// The decision says whether a cost-1 check would pass now, and when it will.
+    pub async fn charge(&self, target: &Target, key: KeyHash, hits: u64) -> Result<Decision, AdjustError> {
+        self.adjust(target, key, Adjustment::Charge, hits).await
+    }
+
+    async fn adjust(
+        &self,
+        target: &Target,
+        key: KeyHash,
+        adjustment: Adjustment,
+        hits: u64,
+    ) -> Result<Decision, AdjustError> {
+        let Some(policy) = target.policy() else { return Ok(unlimited_decision()) };
+        if self.is_shutting_down() {
+            return Err(AdjustError::ShutDown);
+        }
+        let mut decision = self.node.adjust_hashed(&policy, key, adjustment, hits).await?;
+        if target.shadow_mode() && !decision.allowed {
+            decision.allowed = true;
+            decision.retry_after = None;
+        }
+        Ok(decision)
+    }
+
+    /// Checks every one of `checks`, all or nothing (see [`Node::check_all`]); an unlimited
+    /// policy always passes, and a shadow-mode policy is checked on its own (it never refuses).
+    /// The decisions are in the order of `checks`.
+    pub async fn check_all(&self, checks: &[ValidCheck]) -> Result<(bool, Vec<Decision>), CheckError> {
+        if self.is_shutting_down() {
+            return Err(CheckError::ShutDown);
+        }
+        let grouped = |check: &&ValidCheck| check.target.policy().is_some() && !check.target.shadow_mode();
+        let group: Vec<GroupCheck> = checks
+            .iter()
+            .filter(grouped)
+            .filter_map(|check| {
+                Some(GroupCheck { policy: check.target.policy()?, key: check.key, cost: check.cost })
+            })
+            .collect();
+        let answer = self.node.check_all(&group).await?;
+        let mut group_decisions = answer.decisions.into_iter();
+        let mut decisions = Vec::with_capacity(checks.len());
+        for check in checks {
+            let decision = match grouped(&check) {
+                true => group_decisions.next().unwrap_or_else(unlimited_decision),
+                false => self.check(&check.target, check.key, &check.key_text, check.cost).await?,
+            };
+            if grouped(&check) {
+                self.metrics.record_decision(check.target.label(), &decision, false);
+            }
+            decisions.push(decision);
+        }
+        Ok((answer.allowed, decisions))
     }
 
     /// Gives back a concurrency lease.
@@ -541,7 +757,7 @@ impl Daemon {
         if !fields.is_empty() {
             return Err(ReloadError::RestartRequired { fields });
         }
-        let policies = Arc::new(PolicyTable::from_config(&config));
+        let policies = Arc::new(PolicyTable::new(&self.lock_live().0.apply(&config.policies)));
         let removed: Vec<&str> = running_policies
             .iter()
             .map(|entry| entry.name.as_str())
@@ -591,7 +807,8 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
             fields.push(field);
         }
     };
-    let Config { node, cluster, listen, limits, log, auth, policies: _ } = running;
+    // [rls] is reloadable: nothing to compare.
+    let Config { node, cluster, listen, limits, log, auth, rls: _, policies: _ } = running;
 
     let NodeSection { id, id_from, incarnation, data_dir, snapshot_interval, snapshot_period_min } = node;
     let b = &new.node;
@@ -654,7 +871,7 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     differs("log.format", *format != new.log.format);
 
     // Read by each auth request: reloadable.
-    let AuthSection { policy_header: _, key_header: _ } = auth;
+    let AuthSection { policy_header: _, key_header: _, admin_token: _ } = auth;
     fields
 }
 

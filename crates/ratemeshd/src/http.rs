@@ -2,8 +2,10 @@
 //!
 //! | route | answer |
 //! | --- | --- |
-//! | `POST /v1/check` | 200, [`CheckResponse`] JSON and the rate-limit headers |
+//! | `POST /v1/check` | 200, [`CheckResponse`] JSON and the rate-limit headers (a negative `cost` is a refund) |
 //! | `POST /v1/check/batch` | 200, a JSON array of [`CheckResponse`], in request order |
+//! | `POST /v1/check/all` | 200, `{"allowed": bool, "results": [CheckResponse...]}`: all or nothing ([`ratemesh::Node::check_all`]) |
+//! | `POST /v1/charge` | 200, [`CheckResponse`] for the next request after `cost` hits applied unconditionally |
 //! | `POST /v1/release` | 200, `{"released": true}` (ended here), `false` (this node owns the key and the lease was not held: released already or expired), or `null` with `"owner"` (sent to the owning member) |
 //! | `GET /v1/auth` | 200 when allowed, 429 when not, with the rate-limit headers (nginx `auth_request`, Traefik forwardAuth) |
 //! | `GET /metrics` | Prometheus (OpenMetrics) text |
@@ -14,6 +16,8 @@
 //! | `GET /v1/top?policy=NAME&n=20&by=refused` | the `n` (1 to [`TOP_N_MAX`], default 20) heaviest keys of a named policy by `refused` (default) or `demand` hits over the last minute at most, merged from every live member; the estimates' error bound, the window, the members that answered and those missing |
 //! | `GET /v1/stats` | this node: allowed and refused decisions per policy in 5 s slots over the last 5 minutes, sync lag, peer round-trip times, bytes held by the top-keys sketches |
 //! | `GET /` | the dashboard: one self-contained HTML page (no external assets) that polls `/v1/cluster`, `/v1/stats`, `/v1/policies` and `/v1/top` |
+//! | `PUT`, `DELETE /v1/overrides/{policy}/{key}` | a live override set or deleted cluster-wide (`crate::overrides`; `Authorization: Bearer` the `[auth] admin_token`: 403 without one configured, 401 when missing or wrong) |
+//! | `GET /v1/overrides/{policy}` | the live overrides of a policy |
 //!
 //! Errors are JSON [`ErrorResponse`]s: 400 names the field, 404 an unknown policy or path, 405 a
 //! wrong method, 408 a body not received within [`BODY_READ_TIMEOUT`], 413 a body over
@@ -25,7 +29,8 @@
 //! # Bounds
 //!
 //! Every request holds an in-flight permit while it is served, from one of two pools: the API's
-//! routes (`/v1/check`, `/v1/check/batch`, `/v1/release`, `/v1/auth`, and unknown paths) from
+//! routes (`/v1/check`, `/v1/check/batch`, `/v1/check/all`, `/v1/charge`, `/v1/release`,
+//! `/v1/auth`, and unknown paths) from
 //! [`Daemon::http_permits`], the observation routes (`/metrics`, `/readyz`, `/v1/cluster`,
 //! `/v1/policies`) from the small [`Daemon::observe_permits`], so that an overloaded API stays
 //! observable and scrapes cannot crowd out checks. `/healthz` (liveness: it does nothing) needs
@@ -51,25 +56,27 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use axum::extract::Path;
 use axum::extract::{Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use prometheus_client::metrics::gauge::Gauge;
 use ratemesh::headers::insert_headers_for;
-use ratemesh::{CheckError, Released, TopBy};
+use ratemesh::{AdjustError, CheckError, Released, TopBy};
 use ratemesh_core::{Algorithm, Decision};
 use serde::Serialize;
 use serde_json::json;
 
 use crate::config::{Bounds, Rule, fallback_name, mode_name};
-use crate::daemon::{Daemon, RING_PROBES};
+use crate::daemon::{AdminError, Daemon, RING_PROBES};
 use crate::metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, status_name};
+use crate::overrides::{OVERRIDE_KEY_BYTES_MAX, OverrideError};
 use crate::policy::{
-    BodyError, CheckBody, CheckResponse, ErrorResponse, PolicyTable, Target, parse_check, parse_check_batch,
-    parse_release,
+    BodyError, CheckBody, CheckResponse, ErrorResponse, PolicyTable, Target, ValidCheck, parse_charge,
+    parse_check, parse_check_all, parse_check_batch, parse_release,
 };
 
 /// The JSON content type of every answer but `/metrics`.
@@ -141,6 +148,10 @@ pub fn router_with(daemon: Arc<Daemon>, timeouts: Timeouts) -> Router {
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/check/batch", post(check_batch))
+        .route("/v1/check/all", post(check_all))
+        .route("/v1/charge", post(charge))
+        .route("/v1/overrides/{policy}", get(list_overrides))
+        .route("/v1/overrides/{policy}/{key}", put(put_override).delete(delete_override))
         .route("/v1/release", post(release))
         .route("/v1/auth", get(auth))
         .route("/metrics", get(metrics))
@@ -163,6 +174,8 @@ fn route_label(path: &str) -> &'static str {
     match path {
         "/v1/check" => "check",
         "/v1/check/batch" => "check_batch",
+        "/v1/check/all" => "check_all",
+        "/v1/charge" => "charge",
         "/v1/release" => "release",
         "/v1/auth" => "auth",
         "/metrics" => "metrics",
@@ -173,6 +186,8 @@ fn route_label(path: &str) -> &'static str {
         "/v1/top" => "top",
         "/v1/stats" => "stats",
         "/" => "dashboard",
+        // Never the policy or the key of the path.
+        p if p.starts_with("/v1/overrides/") => "overrides",
         _ => "other",
     }
 }
@@ -260,6 +275,16 @@ impl From<BodyError> for ApiError {
     fn from(error: BodyError) -> Self {
         let status = StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
         ApiError { status, body: ErrorResponse::from(&error) }
+    }
+}
+
+impl From<AdjustError> for ApiError {
+    fn from(error: AdjustError) -> Self {
+        match error {
+            // Validation refuses these before they reach the node.
+            AdjustError::Concurrency => ApiError::bad_request("policy", error),
+            _ => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("{error}: ask another node"), None),
+        }
     }
 }
 
@@ -362,11 +387,137 @@ fn check_response(target: &Target, decision: &Decision) -> CheckResponse {
 
 async fn check(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let valid = parse_body(&api, &headers, body, parse_check).await?;
+    let decision = within(api.timeouts.request, decide(&api, &valid)).await?;
+    Ok(decision_response(StatusCode::OK, &valid.target, &decision))
+}
+
+/// One check's decision: a refund when its cost was negative.
+async fn decide(api: &Api, check: &ValidCheck) -> Result<Decision, ApiError> {
+    match check.refund {
+        true => Ok(api.daemon.refund(&check.target, check.key, check.cost).await?),
+        false => Ok(api.daemon.check(&check.target, check.key, &check.key_text, check.cost).await?),
+    }
+}
+
+async fn charge(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let valid = parse_body(&api, &headers, body, parse_charge).await?;
     let decision = within(api.timeouts.request, async {
-        Ok(api.daemon.check(&valid.target, valid.key, &valid.key_text, valid.cost).await?)
+        Ok(api.daemon.charge(&valid.target, valid.key, valid.cost).await?)
     })
     .await?;
     Ok(decision_response(StatusCode::OK, &valid.target, &decision))
+}
+
+/// The body of `PUT /v1/overrides/{policy}/{key}`: the override's limit (each defaults to the
+/// policy's).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OverrideBody {
+    limit: Option<u64>,
+    burst: Option<u64>,
+    period_ms: Option<u64>,
+}
+
+/// Refuses an admin request without the configured token (`Authorization: Bearer <token>`):
+/// 403 when none is configured (the admin API is off), 401 when it is missing or wrong.
+fn authorize(api: &Api, headers: &HeaderMap) -> Result<(), ApiError> {
+    let (config, _) = api.daemon.current();
+    let Some(token) = &config.auth.admin_token else {
+        let message = "the admin API is off: set [auth] admin_token (or RATEMESH_AUTH_ADMIN_TOKEN)";
+        return Err(ApiError::new(StatusCode::FORBIDDEN, message, Some("authorization")));
+    };
+    let given = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let given = given.and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    // Compared in constant time for equal lengths: the token is not guessed byte by byte.
+    let expected = token.expose().as_bytes();
+    let same = given.len() == expected.len()
+        && given.bytes().zip(expected).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0;
+    match same {
+        true => Ok(()),
+        false => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authorization: missing or wrong admin token (Authorization: Bearer <token>)",
+            Some("authorization"),
+        )),
+    }
+}
+
+impl From<AdminError> for ApiError {
+    fn from(error: AdminError) -> Self {
+        match &error {
+            AdminError::UnknownPolicy(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, error.to_string(), Some("policy"))
+            }
+            AdminError::Invalid { field, .. } => {
+                let field = field.clone();
+                ApiError::new(StatusCode::BAD_REQUEST, error.to_string(), Some(&field))
+            }
+            AdminError::Table(OverrideError::Full) => {
+                ApiError::new(StatusCode::CONFLICT, error.to_string(), None)
+            }
+            AdminError::Table(OverrideError::TooLong) => ApiError::bad_request("key", error),
+        }
+    }
+}
+
+/// The path's key, checked like a check's.
+fn override_key(key: &str) -> Result<(), ApiError> {
+    match key.len() {
+        0 => Err(ApiError::bad_request("key", "must not be empty")),
+        n if n > OVERRIDE_KEY_BYTES_MAX => Err(ApiError::bad_request(
+            "key",
+            format!("{n} bytes, at most {OVERRIDE_KEY_BYTES_MAX} for a live override"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+async fn put_override(
+    State(api): ApiState,
+    Path((policy, key)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    authorize(&api, &headers)?;
+    override_key(&key)?;
+    let parse = |bytes: &[u8], _: &PolicyTable, bounds: &Bounds| {
+        crate::policy::from_json_body::<OverrideBody>(bytes, bounds)
+    };
+    let values = parse_body(&api, &headers, body, parse).await?;
+    let written =
+        api.daemon.set_override(&policy, &key, Some((values.limit, values.burst, values.period_ms)))?;
+    Ok(json_response(StatusCode::OK, &written))
+}
+
+async fn delete_override(
+    State(api): ApiState,
+    Path((policy, key)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&api, &headers)?;
+    override_key(&key)?;
+    let written = api.daemon.set_override(&policy, &key, None)?;
+    Ok(json_response(StatusCode::OK, &written))
+}
+
+async fn list_overrides(State(api): ApiState, Path(policy): Path<String>) -> Result<Response, ApiError> {
+    let overrides = api.daemon.overrides_of(&policy)?;
+    Ok(json_response(StatusCode::OK, &json!({ "policy": policy, "overrides": overrides })))
+}
+
+/// The answer of `POST /v1/check/all`: whether the group passed, and one answer per check.
+#[derive(Serialize)]
+struct GroupResponse {
+    allowed: bool,
+    results: Vec<CheckResponse>,
+}
+
+async fn check_all(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let checks = parse_body(&api, &headers, body, parse_check_all).await?;
+    let (allowed, decisions) =
+        within(api.timeouts.request, async { Ok(api.daemon.check_all(&checks).await?) }).await?;
+    let results = checks.iter().zip(&decisions).map(|(check, d)| check_response(&check.target, d)).collect();
+    Ok(json_response(StatusCode::OK, &GroupResponse { allowed, results }))
 }
 
 async fn check_batch(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
@@ -376,7 +527,7 @@ async fn check_batch(State(api): ApiState, headers: HeaderMap, body: Body) -> Re
     let answers = within(api.timeouts.request, async {
         let mut answers = Vec::with_capacity(checks.len());
         for check in &checks {
-            let decision = api.daemon.check(&check.target, check.key, &check.key_text, check.cost).await?;
+            let decision = decide(&api, check).await?;
             answers.push(check_response(&check.target, &decision));
         }
         Ok(answers)
@@ -486,7 +637,7 @@ async fn auth(State(api): ApiState, uri: Uri, headers: HeaderMap) -> Result<Resp
         Some(Ok(cost)) => Some(cost),
         Some(Err(e)) => return Err(ApiError::bad_request("cost", format!("not an unsigned integer ({e})"))),
     };
-    let body = CheckBody { key, cost, limit: None, policy: Some(policy) };
+    let body = CheckBody { key, cost: cost.map(Into::into), limit: None, policy: Some(policy), tier: None };
     let valid = body.validate(&policies, &config.limits)?;
     let decision = within(api.timeouts.request, async {
         Ok(api.daemon.check(&valid.target, valid.key, &valid.key_text, valid.cost).await?)
@@ -583,6 +734,11 @@ async fn policies(State(api): ApiState) -> Response {
                     item["mode"] = json!(mode_name(policy.mode));
                     item["fallback"] = json!(fallback_name(policy.fallback));
                 }
+            }
+            if !entry.tiers.is_empty() || !entry.overrides.is_empty() {
+                let tiers: Vec<_> = entry.tiers.keys().collect();
+                item["tiers"] = json!(tiers);
+                item["overrides"] = json!(entry.overrides.len());
             }
             if let Some(envoy) = &entry.envoy {
                 let descriptors: Vec<_> = envoy

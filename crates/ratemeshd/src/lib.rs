@@ -23,6 +23,7 @@ pub mod identity;
 pub mod listener;
 pub mod logging;
 pub mod metrics;
+pub mod overrides;
 pub mod policy;
 pub mod rates;
 pub mod rls;

@@ -221,7 +221,13 @@ fn check(args: &CheckArgs) -> ExitCode {
         mode: args.mode.clone(),
         fallback: args.fallback.clone(),
     });
-    let body = CheckBody { key: Some(args.key.clone()), cost: args.cost, limit, policy: args.policy.clone() };
+    let body = CheckBody {
+        key: Some(args.key.clone()),
+        cost: args.cost.map(Into::into),
+        limit,
+        policy: args.policy.clone(),
+        tier: None,
+    };
     let answer = serde_json::to_vec(&body).context("encoding the request").and_then(|body| {
         let timeout = Duration::from_millis(args.timeout_ms);
         client_runtime()?

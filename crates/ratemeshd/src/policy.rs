@@ -18,7 +18,7 @@
 //! collide. Within a namespace, the key of an Envoy match starts with the byte `0xFF`, which no
 //! UTF-8 key can: the keys of `/v1/check` and of Envoy descriptors never collide either.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,6 +56,52 @@ pub struct PolicyEntry {
     pub envoy: Option<EnvoyPattern>,
     /// The namespace of its buckets (from its name).
     pub namespace: Namespace,
+    /// Per-key overrides, by key: each its own entry (same name, its own limit and buckets).
+    pub overrides: BTreeMap<String, Arc<PolicyEntry>>,
+    /// Named tiers, by name: each its own entry (same name, its own limit and buckets).
+    pub tiers: BTreeMap<String, Arc<PolicyEntry>>,
+}
+
+impl PolicyEntry {
+    /// The entry of `policy`, a variant (override or tier, `kind`) of this limited entry: the
+    /// same name (metrics labels never carry keys), buckets in a namespace of the variant's
+    /// limit (a key moved to another limit starts afresh there; two variants of equal limits
+    /// share buckets).
+    pub fn variant(&self, kind: &str, policy: Arc<Policy>) -> PolicyEntry {
+        let spec = policy.limit.spec();
+        let namespace = format!(
+            "{}#{kind}:{}:{}/{}ns:{:?}",
+            self.name,
+            spec.algorithm.name(),
+            spec.limit,
+            spec.period.as_nanos(),
+            spec.burst
+        );
+        PolicyEntry {
+            name: self.name.clone(),
+            rule: Rule::Limited(policy),
+            shadow_mode: self.shadow_mode,
+            envoy: None,
+            namespace: Namespace::new(namespace.as_bytes()),
+            overrides: BTreeMap::new(),
+            tiers: BTreeMap::new(),
+        }
+    }
+
+    /// The entry a check of `key` (asking for `tier`, if any) runs under: the key's override,
+    /// else the tier, else this one. An unknown tier is an error naming `tier`.
+    pub fn resolve(self: &Arc<Self>, key: &str, tier: Option<&str>) -> Result<Arc<PolicyEntry>, BodyError> {
+        if let Some(entry) = self.overrides.get(key) {
+            return Ok(Arc::clone(entry));
+        }
+        match tier {
+            None => Ok(Arc::clone(self)),
+            Some(tier) => self.tiers.get(tier).cloned().ok_or_else(|| {
+                let known: Vec<&str> = self.tiers.keys().map(String::as_str).collect();
+                invalid("tier", format!("policy {:?} has no tier {tier:?} (tiers: {known:?})", self.name))
+            }),
+        }
+    }
 }
 
 /// The policies of one configuration, by name and by Envoy descriptor path.
@@ -181,13 +227,26 @@ impl PolicyTable {
                 }
             }
             table.by_name.insert(policy.name.clone(), index);
-            table.entries.push(Arc::new(PolicyEntry {
+            let mut entry = PolicyEntry {
                 name: policy.name.clone(),
                 rule: policy.rule.clone(),
                 shadow_mode: policy.shadow_mode,
                 envoy: policy.envoy.clone(),
                 namespace: Namespace::new(policy.name.as_bytes()),
-            }));
+                overrides: BTreeMap::new(),
+                tiers: BTreeMap::new(),
+            };
+            let variants = |kind: &str, list: &BTreeMap<String, Arc<Policy>>| {
+                let of = |(name, p): (&String, &Arc<Policy>)| {
+                    (name.clone(), Arc::new(entry.variant(kind, Arc::clone(p))))
+                };
+                list.iter().map(of).collect::<BTreeMap<_, _>>()
+            };
+            let (overrides, tiers) =
+                (variants("override", &policy.overrides), variants("tier", &policy.tiers));
+            entry.overrides = overrides;
+            entry.tiers = tiers;
+            table.entries.push(Arc::new(entry));
         }
         table
     }
@@ -357,7 +416,80 @@ pub struct CheckBody {
     /// The client's key (required; 1 to `key_bytes_max` bytes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    /// Hits (default 1; 0 asks whether a hit would pass without taking one).
+    /// Hits (default 1; 0 asks whether a hit would pass without taking one; below 0 returns
+    /// that many hits: a refund).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostJson>,
+    /// An inline limit (exactly one of `limit` and `policy`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<LimitBody>,
+    /// A configured policy's name (exactly one of `limit` and `policy`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// One of the policy's `tiers` (a key's override still wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+}
+
+/// A check's cost in JSON: hits to take (0 to `u64::MAX`) or, negative, hits to give back (a
+/// refund, down to `-u64::MAX`... as far as JSON integers reach: `i64::MIN`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CostJson {
+    /// Hits to take.
+    Take(u64),
+    /// Hits to give back.
+    Refund(u64),
+}
+
+impl From<u64> for CostJson {
+    fn from(hits: u64) -> Self {
+        CostJson::Take(hits)
+    }
+}
+
+impl Serialize for CostJson {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match *self {
+            CostJson::Take(hits) => serializer.serialize_u64(hits),
+            CostJson::Refund(hits) => serializer.serialize_i128(-i128::from(hits)),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CostJson {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = CostJson;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an integer: hits to take, or below 0 hits to refund")
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<CostJson, E> {
+                Ok(CostJson::Take(value))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<CostJson, E> {
+                match u64::try_from(value) {
+                    Ok(hits) => Ok(CostJson::Take(hits)),
+                    Err(_) => Ok(CostJson::Refund(value.unsigned_abs())),
+                }
+            }
+        }
+        deserializer.deserialize_i64(Visitor)
+    }
+}
+
+/// The body of `POST /v1/charge`: `{"key": "user:42", "policy": "tokens", "cost": 1234}` (or an
+/// inline `limit`): `cost` hits applied unconditionally (the bucket may go into debt).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChargeBody {
+    /// The client's key (required).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Hits to apply (required).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<u64>,
     /// An inline limit (exactly one of `limit` and `policy`).
@@ -366,6 +498,9 @@ pub struct CheckBody {
     /// A configured policy's name (exactly one of `limit` and `policy`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
+    /// One of the policy's `tiers` (a key's override still wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
 }
 
 /// An inline limit: `{"algorithm": "token_bucket", "limit": 100, "period_ms": 1000, "burst": 100,
@@ -550,7 +685,20 @@ pub struct ValidCheck {
     pub key: KeyHash,
     /// The key as the client wrote it (for the top-keys sketches, never for metrics).
     pub key_text: String,
-    /// Hits (0 = query).
+    /// Hits (0 = query); with `refund`, hits to give back.
+    pub cost: u64,
+    /// A refund (the JSON cost was negative): `cost` hits go back to the bucket.
+    pub refund: bool,
+}
+
+/// A validated charge.
+#[derive(Clone, Debug)]
+pub struct ValidCharge {
+    /// What it counts against (never a concurrency limit).
+    pub target: Target,
+    /// The bucket.
+    pub key: KeyHash,
+    /// Hits to apply.
     pub cost: u64,
 }
 
@@ -658,6 +806,22 @@ impl LimitBody {
     }
 }
 
+/// The target of a check of `key`: as [`target`] names it, then the key's override or the
+/// `tier` asked for (a tier needs a policy).
+fn resolved_target(
+    limit: Option<&LimitBody>,
+    policy: Option<&str>,
+    tier: Option<&str>,
+    key: &str,
+    table: &PolicyTable,
+) -> Result<Target, BodyError> {
+    match target(limit, policy, table)? {
+        Target::Named(entry) => Ok(Target::Named(entry.resolve(key, tier)?)),
+        Target::Inline(_) if tier.is_some() => Err(invalid("tier", "tiers belong to configured policies")),
+        inline => Ok(inline),
+    }
+}
+
 /// The target named by exactly one of `limit` and `policy`.
 fn target(limit: Option<&LimitBody>, policy: Option<&str>, table: &PolicyTable) -> Result<Target, BodyError> {
     match (limit, policy) {
@@ -687,10 +851,43 @@ impl CheckBody {
     /// Validates the check against the configured policies and bounds.
     pub fn validate(&self, table: &PolicyTable, bounds: &Bounds) -> Result<ValidCheck, BodyError> {
         let key = key(self.key.as_deref(), bounds)?;
-        let target = target(self.limit.as_ref(), self.policy.as_deref(), table)?;
+        let target =
+            resolved_target(self.limit.as_ref(), self.policy.as_deref(), self.tier.as_deref(), key, table)?;
+        let (cost, refund) = match self.cost.unwrap_or(CostJson::Take(1)) {
+            CostJson::Take(hits) => (hits, false),
+            CostJson::Refund(hits) => (hits, true),
+        };
+        if refund && is_concurrency(&target) {
+            return Err(invalid(
+                "cost",
+                "a negative cost (refund) does not apply to a concurrency limit: release the lease \
+                 (POST /v1/release)",
+            ));
+        }
         let key_text = key.to_owned();
         let key = target.namespace().key(key.as_bytes());
-        Ok(ValidCheck { target, key, key_text, cost: self.cost.unwrap_or(1) })
+        Ok(ValidCheck { target, key, key_text, cost, refund })
+    }
+}
+
+/// Whether `target` is a concurrency limit (leases, not hits).
+fn is_concurrency(target: &Target) -> bool {
+    target.policy().is_some_and(|policy| policy.limit.algorithm() == Algorithm::Concurrency)
+}
+
+impl ChargeBody {
+    /// Validates the charge: `cost` is required, the target counts hits.
+    pub fn validate(&self, table: &PolicyTable, bounds: &Bounds) -> Result<ValidCharge, BodyError> {
+        let key = key(self.key.as_deref(), bounds)?;
+        let target =
+            resolved_target(self.limit.as_ref(), self.policy.as_deref(), self.tier.as_deref(), key, table)?;
+        let cost = self.cost.ok_or_else(|| invalid("cost", "missing: the hits to charge"))?;
+        if is_concurrency(&target) {
+            let field = if self.limit.is_some() { "limit.algorithm" } else { "policy" };
+            return Err(invalid(field, "a charge does not apply to a concurrency limit (it counts leases)"));
+        }
+        let key = target.namespace().key(key.as_bytes());
+        Ok(ValidCharge { target, key, cost })
     }
 }
 
@@ -708,6 +905,11 @@ impl ReleaseBody {
         let key = target.namespace().key(key.as_bytes());
         Ok(ValidRelease { policy, target, key, lease })
     }
+}
+
+/// Deserializes a JSON body of any type, as [`from_json`] (for the admin API's bodies).
+pub fn from_json_body<T: DeserializeOwned>(body: &[u8], bounds: &Bounds) -> Result<T, BodyError> {
+    from_json(body, bounds)
 }
 
 /// Deserializes a JSON body, naming the field of a type or value error by its path.
@@ -760,6 +962,28 @@ pub fn parse_check_batch(
         .enumerate()
         .map(|(index, check)| check.validate(table, bounds).map_err(|error| error.in_batch(index)))
         .collect()
+}
+
+/// Parses and validates the body of `POST /v1/charge`.
+pub fn parse_charge(body: &[u8], table: &PolicyTable, bounds: &Bounds) -> Result<ValidCharge, BodyError> {
+    from_json::<ChargeBody>(body, bounds)?.validate(table, bounds)
+}
+
+/// Parses and validates the body of `POST /v1/check/all`: a batch like `POST /v1/check/batch`
+/// (at most `batch_len_max`), without refunds (a group takes hits).
+pub fn parse_check_all(
+    body: &[u8],
+    table: &PolicyTable,
+    bounds: &Bounds,
+) -> Result<Vec<ValidCheck>, BodyError> {
+    let checks = parse_check_batch(body, table, bounds)?;
+    match checks.iter().position(|check| check.refund) {
+        Some(index) => Err(invalid(
+            format!("[{index}].cost"),
+            "a negative cost (refund) has no place in an all-or-nothing group",
+        )),
+        None => Ok(checks),
+    }
 }
 
 /// Parses and validates the body of `POST /v1/release`.

@@ -28,8 +28,19 @@
 //!
 //! A descriptor's own `hits_addend` when it is set (0 is a query: is there room for one more hit,
 //! without taking it); otherwise the request's `hits_addend`, where 0 (unset in proto3) means 1.
-//! Refunds are not supported: a descriptor with `is_negative_hits` is answered as a query (nothing
-//! counted, nothing given back), which never admits more than the limit.
+//! A descriptor with `is_negative_hits` is a refund of its hits (`hits_addend`, else the
+//! request's): they go back to the bucket at the key's owner, never above the capacity (see
+//! `POST /v1/check` with a negative cost); its status is the answer a one-hit check would get
+//! afterwards. A refund under a concurrency limit is `INVALID_ARGUMENT` (leases are released, not
+//! refunded).
+//!
+//! ## All or nothing
+//!
+//! A domain listed in `[rls] all_or_nothing_domains` answers each request all or nothing: its
+//! descriptors' checks run as one group (`Daemon::check_all`, as `POST /v1/check/all`), so when
+//! one descriptor is over its limit the hits the others took are given back (the statuses before
+//! it show the answer to the give-back, those after it a query's). Other domains count every
+//! descriptor on its own, like envoyproxy/ratelimit. Refund descriptors run on their own.
 //!
 //! ## Limit override
 //!
@@ -92,7 +103,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use http::HeaderMap;
-use ratemesh_core::{Decision, KeyHash, Limit, LimitSpec, Policy};
+use ratemesh_core::{Algorithm, Decision, KeyHash, Limit, LimitSpec, Policy};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tonic::transport::server::TcpIncoming;
@@ -102,7 +113,7 @@ use tracing::debug;
 use crate::config::{Rule, limit_error_field, limit_error_message};
 use crate::daemon::Daemon;
 use crate::listener::{FirstBytes, LimitedIncoming};
-use crate::policy::{PolicyEntry, PolicyTable, Target};
+use crate::policy::{PolicyEntry, PolicyTable, Target, ValidCheck};
 
 /// The most descriptors in one request. Envoy sends one per matching rate-limit action set of a
 /// route (a handful); 64 leaves room for generous configurations and bounds the work per call.
@@ -238,8 +249,12 @@ impl RlsService {
     /// The decisions of one request.
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         // One policy table for the whole request, even if a reload swaps it meanwhile.
-        let (_, policies) = self.daemon.current();
+        let (config, policies) = self.daemon.current();
         let plans = plan(&policies, request)?;
+        let mut decided = match config.rls.all_or_nothing_domains.contains(&request.domain) {
+            true => self.all_or_nothing(&plans).await?,
+            false => vec![None; plans.len()],
+        };
         let mut response = RateLimitResponse { overall_code: Code::Ok.into(), ..Default::default() };
         // The most restrictive limited descriptor so far: (index into plans, its decision).
         let mut tightest: Option<(usize, Decision)> = None;
@@ -248,11 +263,18 @@ impl RlsService {
                 response.statuses.push(no_limit_status(0));
                 continue;
             };
-            let decision = match self
-                .daemon
-                .check(&check.target, check.key, &check.key_text, check.hits)
-                .await
-            {
+            let outcome = match (decided[index].take(), check.refund) {
+                (Some(decision), _) => Ok(decision),
+                (None, true) => {
+                    self.daemon.refund(&check.target, check.key, check.hits).await.map_err(|e| e.to_string())
+                }
+                (None, false) => self
+                    .daemon
+                    .check(&check.target, check.key, &check.key_text, check.hits)
+                    .await
+                    .map_err(|e| e.to_string()),
+            };
+            let decision = match outcome {
                 Ok(decision) => decision,
                 // Never enforced: its failure must not fail the call (see the module doc).
                 Err(error) if check.target.shadow_mode() => {
@@ -284,6 +306,37 @@ impl RlsService {
             response.response_headers_to_add = envoy_headers(check.target.label(), period, &decision);
         }
         Ok(response)
+    }
+}
+
+impl RlsService {
+    /// The decisions of a request of an all-or-nothing domain (`[rls] all_or_nothing_domains`):
+    /// its checks (refunds aside, which run on their own) as one group, so that when one is over
+    /// its limit the others' hits are given back (`Daemon::check_all`).
+    async fn all_or_nothing(&self, plans: &[Option<PlannedCheck>]) -> Result<Vec<Option<Decision>>, Status> {
+        let grouped: Vec<usize> =
+            (0..plans.len()).filter(|&i| plans[i].as_ref().is_some_and(|check| !check.refund)).collect();
+        let checks: Vec<ValidCheck> = grouped
+            .iter()
+            .filter_map(|&i| plans[i].as_ref())
+            .map(|check| ValidCheck {
+                target: check.target.clone(),
+                key: check.key,
+                key_text: check.key_text.clone(),
+                cost: check.hits,
+                refund: false,
+            })
+            .collect();
+        let (_, decisions) = self
+            .daemon
+            .check_all(&checks)
+            .await
+            .map_err(|error| Status::unavailable(format!("cannot decide: {error}")))?;
+        let mut decided = vec![None; plans.len()];
+        for (index, decision) in grouped.into_iter().zip(decisions) {
+            decided[index] = Some(decision);
+        }
+        Ok(decided)
     }
 }
 
@@ -368,8 +421,10 @@ struct PlannedCheck {
     key: KeyHash,
     /// The descriptor as `key=value,key=value` (for the top-keys sketches).
     key_text: String,
-    /// Hits to take (0: query).
+    /// Hits to take (0: query), or to give back.
     hits: u64,
+    /// `is_negative_hits`: a refund of `hits`.
+    refund: bool,
 }
 
 /// Validates `request` and resolves every descriptor: `None` for a descriptor that matches no
@@ -420,11 +475,19 @@ fn plan_descriptor(
     let Some(matched) = policies.match_descriptor(domain, &pairs) else {
         return Ok(None);
     };
-    let hits = match (descriptor.is_negative_hits, descriptor.hits_addend) {
-        (true, _) => 0,
-        (false, Some(hits)) => hits.value,
-        (false, None) => request_hits,
+    let hits = match descriptor.hits_addend {
+        Some(hits) => hits.value,
+        None => request_hits,
     };
+    let refund = descriptor.is_negative_hits;
+    let concurrency =
+        matched.entry.rule.policy().is_some_and(|p| p.limit.algorithm() == Algorithm::Concurrency);
+    if refund && concurrency {
+        return Err(Status::invalid_argument(format!(
+            "descriptors[{index}].is_negative_hits: a refund does not apply to a concurrency limit (policy {:?})",
+            matched.entry.name
+        )));
+    }
     let (target, key) = match (&matched.entry.rule, override_limit) {
         (Rule::Limited(policy), Some((requests, period))) => {
             let spec = LimitSpec::new(policy.limit.algorithm(), requests, period);
@@ -446,6 +509,8 @@ fn plan_descriptor(
                 shadow_mode: matched.entry.shadow_mode,
                 envoy: None,
                 namespace: matched.entry.namespace,
+                overrides: Default::default(),
+                tiers: Default::default(),
             };
             let mut bucket_key = matched.bucket_key.clone();
             bucket_key.push(OVERRIDE_TAG);
@@ -457,7 +522,7 @@ fn plan_descriptor(
         _ => (Target::Named(Arc::clone(&matched.entry)), matched.key_hash()),
     };
     let key_text = pairs.iter().map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>().join(",");
-    Ok(Some(PlannedCheck { target, key, key_text, hits }))
+    Ok(Some(PlannedCheck { target, key, key_text, hits, refund }))
 }
 
 /// The requests and period of a descriptor's limit override.

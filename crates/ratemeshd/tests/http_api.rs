@@ -549,7 +549,7 @@ async fn bad_input_gets_a_clear_4xx_naming_the_field_and_the_node_keeps_serving(
         ("binary, not UTF-8", vec![0xff, 0xfe, 0x00, 0x01], 400, None),
         ("key of the wrong type", br#"{"key": 5, "policy": "free"}"#.to_vec(), 400, Some("key")),
         ("cost of the wrong type", br#"{"key": "a", "policy": "free", "cost": "1"}"#.to_vec(), 400, Some("cost")),
-        ("negative cost", br#"{"key": "a", "policy": "free", "cost": -1}"#.to_vec(), 400, Some("cost")),
+        ("cost below i64", br#"{"key": "a", "policy": "free", "cost": -9223372036854775809}"#.to_vec(), 400, Some("cost")),
         ("fractional cost", br#"{"key": "a", "policy": "free", "cost": 1.5}"#.to_vec(), 400, Some("cost")),
         ("cost beyond u64", br#"{"key": "a", "policy": "free", "cost": 18446744073709551616}"#.to_vec(), 400, Some("cost")),
         ("cost beyond f64", br#"{"key": "a", "policy": "free", "cost": 1e400}"#.to_vec(), 400, Some("cost")),
@@ -1177,4 +1177,207 @@ async fn calendar_windows_reset_at_the_next_boundary() {
     let bad = json!({"key": "m", "limit": {"algorithm": "token_bucket", "limit": 2, "window": "day"}});
     assert_error(&h.post("/v1/check", &bad).await, 400, Some("limit.algorithm"), "calendar token bucket");
     h.stop().await;
+}
+
+/// `remaining` of `key` under `policy`, by a query.
+async fn remaining_of(h: &Harness, policy: &str, key: &str) -> Value {
+    let r = h.post("/v1/check", &json!({"key": key, "policy": policy, "cost": 0})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    json_of(&r)["remaining"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_charges_and_groups_answer_and_bad_ones_change_nothing() {
+    let h = Harness::standard("usage").await;
+    // A refund returns hits, never above the capacity (3 of an hour's token bucket).
+    for _ in 0..3 {
+        h.post("/v1/check", &json!({"key": "r", "policy": "token_bucket"})).await;
+    }
+    assert_eq!(remaining_of(&h, "token_bucket", "r").await, json!(0));
+    let r = h.post("/v1/check", &json!({"key": "r", "policy": "token_bucket", "cost": -2})).await;
+    assert_eq!((r.status, json_of(&r)["remaining"].clone()), (200, json!(2)), "{}", r.text());
+    let r = h.post("/v1/check", &json!({"key": "r", "policy": "token_bucket", "cost": -50})).await;
+    assert_eq!(json_of(&r)["remaining"], json!(3), "never above the capacity");
+    // A charge goes into debt: 3 hits a hour, a charge of 9 owes 6 (two hours) and the next hit.
+    let r = h.post("/v1/charge", &json!({"key": "c", "policy": "token_bucket", "cost": 9})).await;
+    let charged = json_of(&r);
+    assert_eq!((r.status, charged["allowed"].clone()), (200, json!(false)), "{charged}");
+    let retry_ms = charged["retry_after_ms"].as_u64().expect("a retry time");
+    assert!((2 * 3_600_000 + 1_199_000..=2 * 3_600_000 + 1_200_000).contains(&retry_ms), "{charged}");
+    assert_eq!(remaining_of(&h, "token_bucket", "c").await, json!(0));
+    // All or nothing: the spent third key refuses the group, the first two keep their hits.
+    let group = json!([
+        {"key": "g1", "policy": "token_bucket"},
+        {"key": "g2", "policy": "gcra"},
+        {"key": "c", "policy": "token_bucket"},
+    ]);
+    let r = h.post("/v1/check/all", &group).await;
+    let answer = json_of(&r);
+    assert_eq!((r.status, answer["allowed"].clone()), (200, json!(false)), "{answer}");
+    let allowed: Vec<Value> =
+        answer["results"].as_array().expect("results").iter().map(|a| a["allowed"].clone()).collect();
+    assert_eq!(allowed.len(), 3, "{answer}");
+    assert_eq!(allowed[2], json!(false), "{answer}");
+    assert_eq!(remaining_of(&h, "token_bucket", "g1").await, json!(3), "g1 untouched");
+    assert_eq!(remaining_of(&h, "gcra", "g2").await, json!(3), "g2 untouched");
+    let r = h
+        .post(
+            "/v1/check/all",
+            &json!([{"key": "g1", "policy": "token_bucket"}, {"key": "g2", "policy": "gcra"}]),
+        )
+        .await;
+    assert_eq!(json_of(&r)["allowed"], json!(true), "{}", r.text());
+    assert_eq!(remaining_of(&h, "token_bucket", "g1").await, json!(2), "a passing group takes its hits");
+
+    // Bad input: a clear 4xx naming the field, and nothing changed.
+    let lease = h.post("/v1/check", &json!({"key": "l", "policy": "concurrency"})).await;
+    assert_eq!(json_of(&lease)["remaining"], json!(2), "{}", lease.text());
+    let r = h.post("/v1/check", &json!({"key": "l", "policy": "concurrency", "cost": -1})).await;
+    assert_error(&r, 400, Some("cost"), "a refund on a concurrency policy");
+    assert_eq!(remaining_of(&h, "concurrency", "l").await, json!(2), "the lease is still held");
+    let r = h.post("/v1/charge", &json!({"key": "r", "policy": "token_bucket"})).await;
+    assert_error(&r, 400, Some("cost"), "a charge without a cost");
+    let r = h.post("/v1/charge", &json!({"key": "r", "policy": "token_bucket", "cost": -1})).await;
+    assert_error(&r, 400, Some("cost"), "a negative charge");
+    let r = h.post("/v1/charge", &json!({"key": "l", "policy": "concurrency", "cost": 1})).await;
+    assert_error(&r, 400, Some("policy"), "a charge on a concurrency policy");
+    let r = h.post("/v1/charge", &json!({"key": "r", "policy": "nope", "cost": 1})).await;
+    assert_error(&r, 404, Some("policy"), "a charge of an unknown policy");
+    let r = h.post("/v1/charge", &json!({"policy": "token_bucket", "cost": 1})).await;
+    assert_error(&r, 400, Some("key"), "a charge without a key");
+    assert_eq!(remaining_of(&h, "token_bucket", "r").await, json!(3), "no bad charge took anything");
+    let long: Vec<Value> = (0..11).map(|_| json!({"key": "g1", "policy": "token_bucket"})).collect();
+    let r = h.post("/v1/check/all", &Value::Array(long)).await;
+    assert_error(&r, 400, Some("[10]"), "a group over batch_len_max");
+    let r = h.post("/v1/check/all", &json!([{"key": "g1", "policy": "token_bucket", "cost": -1}])).await;
+    assert_error(&r, 400, Some("[0].cost"), "a refund in a group");
+    let r = h.post("/v1/check/all", &json!([{"key": "g1", "policy": "nope"}])).await;
+    assert_error(&r, 404, Some("[0].policy"), "a group with an unknown policy");
+    assert_eq!(remaining_of(&h, "token_bucket", "g1").await, json!(2), "no bad group took anything");
+    assert_still_serving(&h).await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_and_tiers_govern_their_keys() {
+    let config = format!(
+        "{BASE}\n[[policies]]\nname = \"plans\"\nalgorithm = \"token_bucket\"\nlimit = 2\nperiod_ms = 3600000\n\
+         overrides = [{{ key = \"customer:acme\", limit = 5 }}]\ntiers = [{{ name = \"pro\", limit = 4 }}]\n"
+    );
+    let h = Harness::start("variants", &config).await;
+    let passes = |key: &'static str, tier: Option<&'static str>| {
+        let h = &h;
+        async move {
+            let mut body = json!({"key": key, "policy": "plans"});
+            if let Some(tier) = tier {
+                body["tier"] = json!(tier);
+            }
+            let mut passed = 0;
+            for _ in 0..8 {
+                let r = h.post("/v1/check", &body).await;
+                assert_eq!(r.status, 200, "{}", r.text());
+                passed += u64::from(json_of(&r)["allowed"] == json!(true));
+            }
+            passed
+        }
+    };
+    assert_eq!(passes("customer:other", None).await, 2, "the policy's limit");
+    assert_eq!(passes("customer:acme", None).await, 5, "the key's override");
+    assert_eq!(passes("customer:pro", Some("pro")).await, 4, "the tier asked for");
+    assert_eq!(passes("customer:acme", Some("pro")).await, 0, "the override wins, and it is spent");
+    let r = h.post("/v1/check", &json!({"key": "k", "policy": "plans", "tier": "gold"})).await;
+    assert_error(&r, 400, Some("tier"), "an unknown tier");
+    let metrics = h.get("/metrics").await.text();
+    assert!(!metrics.contains("customer:acme"), "metric labels never carry override keys");
+    h.stop().await;
+}
+
+const ADMIN_TOKEN: &str = "http-api test admin token";
+
+/// A bad admin request: method, path, headers, body, the status and the field expected.
+type AdminCase<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], &'a [u8], u16, Option<&'a str>);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_overrides_need_the_token_govern_checks_and_survive_a_restart_with_a_data_dir() {
+    let dir = std::env::temp_dir().join(format!("ratemeshd-http-overrides-data-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let policies = "[[policies]]\nname = \"plans\"\nalgorithm = \"token_bucket\"\nlimit = 2\nperiod_ms = 3600000\n\n\
+                    [[policies]]\nname = \"daily\"\nwindow = \"day\"\nlimit = 2\n";
+    let without_token = format!("{BASE}\n{policies}");
+    let h = Harness::start("overrides-off", &without_token).await;
+    let r = h.request("PUT", "/v1/overrides/plans/k", &[], br#"{"limit": 5}"#).await;
+    assert_error(&r, 403, Some("authorization"), "no admin token configured");
+    h.stop().await;
+
+    let config = format!(
+        "{BASE}\n[node]\ndata_dir = {:?}\n\n[auth]\nadmin_token = \"{ADMIN_TOKEN}\"\n\n{policies}",
+        dir.display().to_string()
+    );
+    let h = Harness::start("overrides", &config).await;
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let admin = [("Authorization", bearer.as_str())];
+    let cases: [AdminCase; 7] = [
+        ("PUT", "/v1/overrides/plans/k", &[], br#"{"limit": 5}"#, 401, Some("authorization")),
+        (
+            "PUT",
+            "/v1/overrides/plans/k",
+            &[("Authorization", "Bearer wrong token of some length")],
+            br#"{"limit": 5}"#,
+            401,
+            Some("authorization"),
+        ),
+        ("DELETE", "/v1/overrides/plans/k", &[], b"", 401, Some("authorization")),
+        ("PUT", "/v1/overrides/nope/k", &admin, br#"{"limit": 5}"#, 404, Some("policy")),
+        ("PUT", "/v1/overrides/plans/k", &admin, br#"{"limit": 0}"#, 400, Some("limit")),
+        ("PUT", "/v1/overrides/plans/k", &admin, br#"{"colour": 1}"#, 400, None),
+        ("PUT", "/v1/overrides/daily/k", &admin, br#"{"limit": 5}"#, 400, Some("policy")),
+    ];
+    for (method, path, headers, body, status, field) in cases {
+        let r = h.request(method, path, headers, body).await;
+        assert_error(&r, status, field, &format!("{method} {path} {}", String::from_utf8_lossy(body)));
+    }
+    let listed = json_of(&h.get("/v1/overrides/plans").await);
+    assert_eq!(listed["overrides"], json!([]), "nothing changed: {listed}");
+    assert_error(&h.get("/v1/overrides/nope").await, 404, Some("policy"), "list of an unknown policy");
+
+    let r = h.request("PUT", "/v1/overrides/plans/customer:acme", &admin, br#"{"limit": 5}"#).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let passes = |key: &'static str| {
+        let h = &h;
+        async move {
+            let mut passed = 0;
+            for _ in 0..8 {
+                let r = h.post("/v1/check", &json!({"key": key, "policy": "plans"})).await;
+                passed += u64::from(json_of(&r)["allowed"] == json!(true));
+            }
+            passed
+        }
+    };
+    assert_eq!(passes("customer:acme").await, 5, "the live override governs its key");
+    assert_eq!(passes("customer:other").await, 2, "other keys keep the policy's limit");
+    let listed = json_of(&h.get("/v1/overrides/plans").await);
+    assert_eq!(listed["overrides"][0]["limit"], json!(5), "{listed}");
+    assert!(!h.get("/metrics").await.text().contains("customer:acme"), "never in metric labels");
+    h.stop().await;
+
+    // A restart reads the table back from the data directory.
+    let h = Harness::start("overrides-again", &config).await;
+    let listed = json_of(&h.get("/v1/overrides/plans").await);
+    assert_eq!(listed["overrides"][0]["key"], json!("customer:acme"), "{listed}");
+    let r = h.request("DELETE", "/v1/overrides/plans/customer:acme", &admin, b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(json_of(&h.get("/v1/overrides/plans").await)["overrides"], json!([]));
+    assert_eq!(passes_after_delete(&h).await, 2, "deleted: the policy's limit again");
+    h.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Checks of `customer:acme` under `plans` (its own bucket under the policy's limit).
+async fn passes_after_delete(h: &Harness) -> u64 {
+    let mut passed = 0;
+    for _ in 0..8 {
+        let r = h.post("/v1/check", &json!({"key": "customer:acme", "policy": "plans"})).await;
+        passed += u64::from(json_of(&r)["allowed"] == json!(true));
+    }
+    passed
 }

@@ -62,6 +62,36 @@ domain = "edge"
 descriptors = [{ key = "path", value = "/healthz" }]
 unlimited = true
 
+[rls]
+all_or_nothing_domains = ["strict"]
+
+[[policies]]
+name = "strict-per-ip"
+domain = "strict"
+descriptors = [{ key = "remote_address" }]
+algorithm = "token_bucket"
+limit = 3
+period_ms = 3600000
+mode = "exact"
+
+[[policies]]
+name = "strict-per-path"
+domain = "strict"
+descriptors = [{ key = "path" }]
+algorithm = "token_bucket"
+limit = 1
+period_ms = 3600000
+mode = "exact"
+
+[[policies]]
+name = "jobs"
+domain = "edge"
+descriptors = [{ key = "job" }]
+algorithm = "concurrency"
+limit = 2
+period_ms = 60000
+mode = "exact"
+
 [[policies]]
 name = "tuning"
 domain = "edge"
@@ -296,12 +326,12 @@ async fn hits_addend_zero_queries_and_larger_values_take_that_many() {
     assert_eq!(overall(&response), Code::OverLimit);
     let response = rls.ok(request("edge", vec![ip("10.0.0.4")])).await;
     assert_eq!((overall(&response), remaining(&response)), (Code::Ok, 2));
-    // A refund is answered as a query.
+    // A refund gives its hit back.
     let mut refund = ip("10.0.0.4");
     refund.is_negative_hits = true;
     refund.hits_addend = Some(UInt64Value { value: 1 });
     let response = rls.ok(request("edge", vec![refund])).await;
-    assert_eq!(remaining(&response), 2);
+    assert_eq!(remaining(&response), 3);
     rls.stop().await;
 }
 
@@ -387,7 +417,10 @@ async fn malformed_requests_are_invalid_arguments_and_count_nothing() {
     let too_many = vec![ip("10.0.0.1"); DESCRIPTORS_MAX + 1];
     let deep = vec![ip("10.0.0.1"), descriptor(&[("k", "v"); ENTRIES_MAX + 1])];
     let empty = vec![ip("10.0.0.1"), descriptor(&[])];
+    let mut lease_refund = descriptor(&[("job", "nightly")]);
+    lease_refund.is_negative_hits = true;
     let cases = [
+        (request("edge", vec![ip("10.0.0.1"), lease_refund]), "descriptors[1].is_negative_hits"),
         (request("edge", too_many), "descriptors"),
         (request("edge", deep), "descriptors[1].entries"),
         (request("edge", empty), "descriptors[1].entries"),
@@ -587,5 +620,33 @@ async fn connections_beyond_the_bound_are_closed_at_once() {
     let metrics = rls.daemon().metrics().encode().expect("metrics encode");
     assert!(metrics.contains(r#"ratemesh_connections_refused_total{server="grpc"} 1"#), "{metrics}");
     drop(second);
+    rls.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_all_or_nothing_domain_gives_back_the_hits_of_a_refused_request() {
+    let rls = Rls::start().await;
+    let both = || vec![ip("10.0.0.9"), descriptor(&[("path", "/upload")])];
+    let response = rls.ok(request("strict", both())).await;
+    let left: Vec<_> = response.statuses.iter().map(|s| s.limit_remaining).collect();
+    assert_eq!((overall(&response), left), (Code::Ok, vec![2, 0]));
+    // The path is spent: the request is refused, and the address keeps its hits.
+    for _ in 0..3 {
+        let response = rls.ok(request("strict", both())).await;
+        assert_eq!(overall(&response), Code::OverLimit);
+        assert_eq!(code(&response.statuses[1]), Code::OverLimit);
+    }
+    let alone = rls.ok(request("strict", vec![ip("10.0.0.9")])).await;
+    assert_eq!(
+        alone.statuses[0].limit_remaining, 1,
+        "2 left before, one taken now: none by the refused requests"
+    );
+    // Another domain counts every descriptor on its own, like Envoy's ratelimit service.
+    let edge = || vec![ip("10.0.0.9"), descriptor(&[("remote_address", "10.0.0.9"), ("path", "/login")])];
+    rls.ok(request("edge", edge())).await;
+    rls.ok(request("edge", edge())).await;
+    let refused = rls.ok(request("edge", edge())).await;
+    assert_eq!(overall(&refused), Code::OverLimit);
+    assert_eq!(refused.statuses[0].limit_remaining, 0, "edge: the address's hits were taken");
     rls.stop().await;
 }

@@ -74,6 +74,33 @@ pub struct CheckRequest {
     pub cost: u64,
 }
 
+/// What a client's adjustment does to a key's bucket, at the key's owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Adjustment {
+    /// Returns hits admitted earlier (work that failed, an estimate above the real cost). The
+    /// bucket never rises above its capacity; window algorithms take the hits from the current
+    /// window first (then, for the sliding window counter, the previous one).
+    Refund,
+    /// Applies hits unconditionally (the real cost, known after the work): the bucket may go
+    /// into debt, which later requests pay back.
+    Charge,
+}
+
+/// A client's refund or charge, decided by the key's owner.
+#[derive(Clone, Debug)]
+pub struct AdjustRequest {
+    /// Chosen by the caller; echoed in [`Event::Decided`].
+    pub id: RequestId,
+    /// The bucket.
+    pub key: KeyHash,
+    /// The limit and its mode.
+    pub policy: Arc<Policy>,
+    /// Refund or charge.
+    pub adjustment: Adjustment,
+    /// Hits.
+    pub hits: u64,
+}
+
 /// The immediate result of [`crate::Node::handle_check`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CheckOutcome {

@@ -14,6 +14,8 @@ pub(super) struct PendingForward {
     pub(super) key: KeyHash,
     pub(super) policy: Arc<Policy>,
     pub(super) cost: u64,
+    /// A refund or charge of `cost` hits rather than a check.
+    pub(super) adjustment: Option<Adjustment>,
     pub(super) deadline: Instant,
     /// The owner it went to: only its answer counts.
     pub(super) owner: NodeId,
@@ -71,6 +73,7 @@ impl Node {
                 key: request.key,
                 policy: request.policy,
                 cost: request.cost,
+                adjustment: None,
                 deadline,
                 owner,
             },
@@ -90,7 +93,7 @@ impl Node {
     /// How long a check forwarded to `owner` waits for its answer: a round trip and two
     /// retransmission timeouts (a lost forward or a lost answer is survived), bounded by
     /// `forward_timeout` (also the wait before any round trip to `owner` was measured).
-    fn forward_wait_nanos(&self, owner: NodeId) -> u64 {
+    pub(super) fn forward_wait_nanos(&self, owner: NodeId) -> u64 {
         let bound = duration_nanos(self.config.forward_timeout);
         match (self.peers.srtt_nanos(owner), self.peers.rto_nanos(owner)) {
             (Some(srtt), Some(rto)) => {
@@ -224,7 +227,9 @@ impl Node {
             let Some(pending) = self.pending.remove(&id) else { continue };
             self.stats.forward_timeouts += 1;
             let owner = self.ring.owner(pending.key).unwrap_or(self.id);
-            let decision = if owner == self.id {
+            let decision = if let Some(adjustment) = pending.adjustment {
+                self.adjust_anywhere(owner, &pending.policy, pending.key, adjustment, pending.cost, now)
+            } else if owner == self.id {
                 self.decide_as_owner(&pending.policy, pending.key, pending.cost, now)
             } else {
                 let decision =

@@ -35,6 +35,7 @@
 //! authoritative view; the new owner joins them conservatively, never starting from a full bucket.
 //! A graceful leave is a phase of the node itself (`leave.rs`).
 
+mod adjust;
 mod api;
 mod exact;
 mod follower;
@@ -51,8 +52,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use indexmap::IndexSet;
 
 pub use api::{
-    CheckOutcome, CheckRequest, Event, Fallback, MemberView, Mode, NodeConfig, NodeId, Policy, RequestId,
-    Transmit,
+    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, Event, Fallback, MemberView, Mode, NodeConfig,
+    NodeId, Policy, RequestId, Transmit,
 };
 pub use leave::LeavePlan;
 pub use peers::DeliveryStats;
@@ -341,8 +342,9 @@ impl Node {
     /// Takes bytes from peer `from`. Malformed input is counted and dropped, never a panic.
     pub fn handle_frame(&mut self, now: Instant, from: NodeId, bytes: &[u8]) {
         if let Ok(Some((order, body))) = self.peers.receive(from, bytes, now) {
-            let Body { forward, decided, report, grant, handoff, replica, release } = body;
+            let Body { forward, decided, report, grant, handoff, replica, release, adjust } = body;
             self.on_forward(from, forward, now);
+            self.on_adjust(from, adjust, now);
             self.on_decided(from, decided, now);
             self.on_reports(from, order, report, now);
             self.on_grants(from, order, grant, now);

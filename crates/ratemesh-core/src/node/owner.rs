@@ -232,9 +232,11 @@ impl Node {
                     bucket.join(&limit, seed.into(), now).ok()?;
                 }
                 // Hits admitted without an allowance (by the fallback) are debited, with the debt
-                // capped at one capacity.
-                bucket.force(&limit, report.uncovered, now);
-                bucket.cap_debt(&limit, now);
+                // capped at one capacity (only then: a client's charge is a debt owed in full).
+                if report.uncovered > 0 {
+                    bucket.force(&limit, report.uncovered, now);
+                    bucket.cap_debt(&limit, now);
+                }
                 bucket.refund(&limit, report.refunded, now);
                 let p = participant(&mut meta.participants, from, report.epoch, now);
                 // Only what it still holds can come back (a void allowance is gone already). An
@@ -402,7 +404,7 @@ impl Node {
 
 /// The refusal of a side of a partition whose share of the limit rounds to nothing (a limit
 /// below the node count): retry after a period.
-fn zero_share(policy: &Policy) -> Decision {
+pub(super) fn zero_share(policy: &Policy) -> Decision {
     let period = duration_nanos(policy.limit.spec().period);
     Decision::admitted_blind(policy.limit.reported_limit()).refused_for(Some(period.max(1)))
 }

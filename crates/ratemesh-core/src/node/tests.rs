@@ -461,3 +461,116 @@ fn a_daily_key_spread_over_the_nodes_admits_its_whole_limit_despite_timeouts() {
         assert_eq!(allowed, 100, "{mode:?}, gap {gap_us} us");
     }
 }
+
+impl Cluster {
+    /// Checks at `node` until the key refuses for a few sync intervals (allowances come and go
+    /// in approximate mode); the hits that passed.
+    fn exhaust(&mut self, node: u64, k: KeyHash, policy: &Arc<Policy>) -> u64 {
+        let mut passed = 0;
+        let mut idle_rounds = 0;
+        while idle_rounds < 6 {
+            let round = self.admit(node, k, policy, 4);
+            passed += round;
+            idle_rounds = if round == 0 { idle_rounds + 1 } else { 0 };
+            self.run_for(Duration::from_millis(50));
+        }
+        passed
+    }
+
+    /// Applies an adjustment at `node` and returns its decision (waiting for the owner's answer).
+    fn adjust(
+        &mut self,
+        node: u64,
+        k: KeyHash,
+        policy: &Arc<Policy>,
+        adjustment: Adjustment,
+        hits: u64,
+    ) -> Decision {
+        let now = self.now;
+        let id = RequestId(9_000_000 + self.sent);
+        let request = AdjustRequest { id, key: k, policy: policy.clone(), adjustment, hits };
+        let outcome = self.node(node).handle_adjust(now, request);
+        self.drain();
+        match outcome {
+            CheckOutcome::Decided(decision) => decision,
+            CheckOutcome::Pending => {
+                // The owner's answer, or the fallback's by the forward's deadline.
+                for _ in 0..300 {
+                    self.run_for(Duration::from_millis(5));
+                    if let Some(&(_, decision)) =
+                        self.decided.iter().rev().find(|(answered, _)| *answered == id)
+                    {
+                        return decision;
+                    }
+                }
+                panic!("no decision for the adjustment at node {node}")
+            }
+            CheckOutcome::Unavailable => panic!("node {node} is unavailable"),
+        }
+    }
+}
+
+#[test]
+fn a_refund_through_a_follower_returns_exactly_its_hits_and_never_more_than_the_capacity() {
+    for mode in [Mode::Exact, Mode::Approximate] {
+        let mut cluster = Cluster::new(3);
+        // 1 hit per 100 s: nothing refills during the test.
+        let spec = LimitSpec::new(Algorithm::TokenBucket, 1, Duration::from_secs(100)).with_burst(10);
+        let policy = Arc::new(Policy {
+            limit: Limit::new(spec).expect("valid"),
+            mode,
+            fallback: Fallback::LocalShare,
+        });
+        let k = key_owned_by(1, &[1, 2, 3]);
+        assert_eq!(cluster.exhaust(2, k, &policy), 10, "{mode:?}: the burst passes");
+        let refunded = cluster.adjust(3, k, &policy, Adjustment::Refund, 4);
+        assert!(refunded.allowed, "{mode:?}: {refunded:?}");
+        assert_eq!(cluster.exhaust(3, k, &policy), 4, "{mode:?}: exactly the refund passes");
+        // A refund above what was used fills the bucket, no more.
+        cluster.adjust(2, k, &policy, Adjustment::Refund, 1_000);
+        assert_eq!(cluster.exhaust(2, k, &policy), 10, "{mode:?}: never above the capacity");
+    }
+}
+
+#[test]
+fn a_charge_puts_the_key_into_debt_at_the_owner_and_the_charging_node() {
+    for mode in [Mode::Exact, Mode::Approximate] {
+        let mut cluster = Cluster::new(3);
+        // 10 per second, burst 10: a charge of 30 on a full bucket owes 20, two seconds.
+        let policy = policy(mode, 10, 10);
+        let k = key_owned_by(1, &[1, 2, 3]);
+        let charged = cluster.adjust(2, k, &policy, Adjustment::Charge, 30);
+        assert!(!charged.allowed, "{mode:?}: {charged:?}");
+        let retry = charged.retry_after.expect("a retry time");
+        // Debt of 20 hits at 100 ms each, and one more interval for the next hit itself.
+        assert!(
+            retry > Duration::from_millis(2_090) && retry <= Duration::from_millis(2_100),
+            "{mode:?}: {retry:?}"
+        );
+        for node in 1..=3 {
+            assert_eq!(cluster.admit(node, k, &policy, 3), 0, "{mode:?}: node {node} refuses");
+        }
+        cluster.run_for(Duration::from_millis(1_900));
+        for node in 1..=3 {
+            assert_eq!(cluster.admit(node, k, &policy, 1), 0, "{mode:?}: node {node} still in debt");
+        }
+        cluster.run_for(Duration::from_millis(500));
+        let passed: u64 = (1..=3).map(|node| cluster.admit(node, k, &policy, 1)).sum();
+        assert!(passed >= 2, "{mode:?}: the debt is paid back ({passed} passed)");
+    }
+}
+
+#[test]
+fn a_charge_without_the_owner_is_reported_and_debited_later() {
+    let mut cluster = Cluster::new(3);
+    let policy = policy(Mode::Exact, 10, 10);
+    let k = key_owned_by(1, &[1, 2, 3]);
+    cluster.cut = vec![(NodeId(2), NodeId(1)), (NodeId(1), NodeId(2))];
+    // The owner falls silent for node 2 once its silence bound passes.
+    cluster.run_for(Duration::from_millis(400));
+    let here = cluster.adjust(2, k, &policy, Adjustment::Charge, 10);
+    assert!(!here.allowed, "the charging node counts it: {here:?}");
+    cluster.cut.clear();
+    cluster.run_for(Duration::from_millis(300));
+    assert_eq!(cluster.admit(3, k, &policy, 5), 0, "the owner debited the charge");
+}

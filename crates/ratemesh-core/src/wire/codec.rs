@@ -10,8 +10,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Body, CalendarWire, Decided, ForwardCheck, Frame, Grant, KeyState, LimitWire, Release, Report,
-    SnapshotWire, WireError, WireMode,
+    Adjust, AdjustKind, Body, CalendarWire, Decided, ForwardCheck, Frame, Grant, KeyState, LimitWire,
+    Release, Report, SnapshotWire, WireError, WireMode,
 };
 use crate::limit::Algorithm;
 
@@ -38,6 +38,8 @@ enum Section {
     Handoff(Vec<StateItem>),
     Replica(Vec<StateItem>),
     Release(Vec<ReleaseItem>),
+    /// Added last: frames without adjustments keep their bytes.
+    Adjust(Vec<AdjustItem>),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -97,6 +99,16 @@ struct ReleaseItem {
     key: [u8; 16],
     limit: u32,
     lease: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct AdjustItem {
+    id: u64,
+    key: [u8; 16],
+    limit: u32,
+    kind: AdjustKind,
+    hits: u64,
+    mode: WireMode,
 }
 
 /// The limits of one frame being encoded, in order of first use.
@@ -184,6 +196,18 @@ impl FrameWire {
             .iter()
             .map(|r| ReleaseItem { key: key_bytes(r.key), limit: table.index(&r.limit), lease: r.lease })
             .collect();
+        let adjust: Vec<AdjustItem> = body
+            .adjust
+            .iter()
+            .map(|a| AdjustItem {
+                id: a.id,
+                key: key_bytes(a.key),
+                limit: table.index(&a.limit),
+                kind: a.kind,
+                hits: a.hits,
+                mode: a.mode,
+            })
+            .collect();
         let limits: Vec<LimitCode> = table.0.iter().map(LimitCode::from_limit).collect();
         // Sections in a fixed order, the empty ones left out.
         let candidates = [
@@ -195,6 +219,7 @@ impl FrameWire {
             (handoff.is_empty(), Section::Handoff(handoff)),
             (replica.is_empty(), Section::Replica(replica)),
             (release.is_empty(), Section::Release(release)),
+            (adjust.is_empty(), Section::Adjust(adjust)),
         ];
         let sections = candidates.into_iter().filter(|(empty, _)| !empty).map(|(_, s)| s).collect();
         FrameWire {
@@ -238,6 +263,10 @@ impl FrameWire {
                 Section::Release(items) => {
                     body.release =
                         items.into_iter().map(|i| i.into_release(&limits)).collect::<Result<_, _>>()?;
+                }
+                Section::Adjust(items) => {
+                    body.adjust =
+                        items.into_iter().map(|i| i.into_adjust(&limits)).collect::<Result<_, _>>()?;
                 }
             }
         }
@@ -335,6 +364,19 @@ impl StateItem {
 impl ReleaseItem {
     fn into_release(self, limits: &Limits) -> Result<Release, WireError> {
         Ok(Release { key: u128::from_le_bytes(self.key), limit: limits.get(self.limit)?, lease: self.lease })
+    }
+}
+
+impl AdjustItem {
+    fn into_adjust(self, limits: &Limits) -> Result<Adjust, WireError> {
+        Ok(Adjust {
+            id: self.id,
+            key: u128::from_le_bytes(self.key),
+            limit: limits.get(self.limit)?,
+            kind: self.kind,
+            hits: self.hits,
+            mode: self.mode,
+        })
     }
 }
 

@@ -133,6 +133,8 @@ pub struct Body {
     pub replica: Vec<KeyState>,
     /// Concurrency leases to release at the owner.
     pub release: Vec<Release>,
+    /// Refunds and charges for the owner of their keys, answered in `decided` by `id`.
+    pub adjust: Vec<Adjust>,
 }
 
 impl Body {
@@ -150,6 +152,7 @@ impl Body {
             + self.handoff.len()
             + self.replica.len()
             + self.release.len()
+            + self.adjust.len()
     }
 
     /// Appends what `other` says (section by section, in order).
@@ -161,10 +164,11 @@ impl Body {
         self.handoff.append(&mut other.handoff);
         self.replica.append(&mut other.replica);
         self.release.append(&mut other.release);
+        self.adjust.append(&mut other.adjust);
     }
 
     /// The name of its first non-empty section (`forward`, `decided`, `report`, `grant`,
-    /// `handoff`, `replica`, `release`), or `heartbeat`: for traffic accounting.
+    /// `handoff`, `replica`, `release`, `adjust`), or `heartbeat`: for traffic accounting.
     pub fn kind(&self) -> &'static str {
         let sections = [
             ("forward", self.forward.is_empty()),
@@ -174,6 +178,7 @@ impl Body {
             ("handoff", self.handoff.is_empty()),
             ("replica", self.replica.is_empty()),
             ("release", self.release.is_empty()),
+            ("adjust", self.adjust.is_empty()),
         ];
         sections.into_iter().find(|(_, empty)| !empty).map_or("heartbeat", |(name, _)| name)
     }
@@ -452,6 +457,33 @@ pub struct Release {
     pub limit: LimitWire,
     /// The lease.
     pub lease: u64,
+}
+
+/// What an [`Adjust`] does to the owner's bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AdjustKind {
+    /// Returns hits (never above the capacity).
+    Refund,
+    /// Applies hits unconditionally (the bucket may go into debt).
+    Charge,
+}
+
+/// A refund or a charge sent to the owner of its key (added in wire version 3 as a section of
+/// its own; answered by a [`Decided`] with the same `id`: the decision a cost-1 check would get).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adjust {
+    /// Chosen by the sender to match the answer.
+    pub id: u64,
+    /// The bucket.
+    pub key: u128,
+    /// The limit.
+    pub limit: LimitWire,
+    /// Refund or charge.
+    pub kind: AdjustKind,
+    /// Hits.
+    pub hits: u64,
+    /// The key's mode.
+    pub mode: WireMode,
 }
 
 /// A key's state, handed over or replicated.

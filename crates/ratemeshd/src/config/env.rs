@@ -58,7 +58,7 @@ type Locate = fn(&mut RawConfig) -> Slot<'_>;
 
 /// Every overridable field, as `section.field`, with where it lives. The variable's name is
 /// derived from the field's ([`variable_name`]), so the two cannot drift apart.
-const OVERRIDES: [(&str, Locate); 36] = [
+const OVERRIDES: [(&str, Locate); 38] = [
     ("node.id", |raw| Slot::Number(&mut raw.node.id)),
     ("node.id_from", |raw| Slot::Text(&mut raw.node.id_from)),
     ("node.incarnation", |raw| Slot::Number(&mut raw.node.incarnation)),
@@ -95,6 +95,8 @@ const OVERRIDES: [(&str, Locate); 36] = [
     ("log.level", |raw| Slot::Text(&mut raw.log.level)),
     ("auth.policy_header", |raw| Slot::Text(&mut raw.auth.policy_header)),
     ("auth.key_header", |raw| Slot::Text(&mut raw.auth.key_header)),
+    ("auth.admin_token", |raw| Slot::Text(&mut raw.auth.admin_token)),
+    ("rls.all_or_nothing_domains", |raw| Slot::List(&mut raw.rls.all_or_nothing_domains)),
 ];
 
 /// The variable that overrides `field` (`cluster.seeds` → `RATEMESH_CLUSTER_SEEDS`).

@@ -41,7 +41,15 @@ pub(super) struct RawConfig {
     pub(super) limits: RawLimits,
     pub(super) log: RawLog,
     pub(super) auth: RawAuth,
+    pub(super) rls: RawRls,
     pub(super) policies: Vec<Spanned<RawPolicy>>,
+}
+
+/// `[rls]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawRls {
+    pub(super) all_or_nothing_domains: Option<Vec<Val<String>>>,
 }
 
 /// `[node]`.
@@ -114,6 +122,7 @@ pub(super) struct RawLog {
 pub(super) struct RawAuth {
     pub(super) policy_header: Option<Val<String>>,
     pub(super) key_header: Option<Val<String>>,
+    pub(super) admin_token: Option<Val<String>>,
 }
 
 /// One `[[policies]]` entry.
@@ -134,6 +143,20 @@ pub(super) struct RawPolicy {
     pub(super) fallback: Option<Val<String>>,
     pub(super) shadow_mode: Option<Val<bool>>,
     pub(super) unlimited: Option<Val<bool>>,
+    pub(super) overrides: Option<Val<Vec<Spanned<RawVariant>>>>,
+    pub(super) tiers: Option<Val<Vec<Spanned<RawVariant>>>>,
+}
+
+/// One per-key override (`key`) or named tier (`name`) of a policy: its own limit, burst and
+/// period, the policy's algorithm, mode and fallback.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawVariant {
+    pub(super) key: Option<Val<String>>,
+    pub(super) name: Option<Val<String>>,
+    pub(super) limit: Option<Val<u64>>,
+    pub(super) burst: Option<Val<u64>>,
+    pub(super) period_ms: Option<Val<u64>>,
 }
 
 /// One entry of a policy's Envoy descriptor path.

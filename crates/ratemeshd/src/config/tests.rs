@@ -514,7 +514,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 36);
+    assert_eq!(names.len(), 38);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.
@@ -632,4 +632,38 @@ fn the_id_and_advertised_ip_may_come_from_the_environment() {
         "listen.advertise_ip_from",
         2,
     );
+}
+
+#[test]
+fn overrides_and_tiers_are_validated_like_limits() {
+    let good = POLICY.to_owned()
+        + "overrides = [{ key = \"customer:acme\", limit = 1000 }]\ntiers = [{ name = \"pro\", limit = 500, burst = 600 }]\n";
+    let config = parse(&good).expect("valid");
+    let policy = &config.policies[0];
+    assert_eq!(policy.overrides["customer:acme"].limit.spec().limit, 1000);
+    assert_eq!(policy.tiers["pro"].limit.spec().burst, Some(600));
+    refused(&(POLICY.to_owned() + "overrides = [{ limit = 5 }]\n"), "policies[0].overrides[0].key", 6);
+    refused(
+        &(POLICY.to_owned() + "tiers = [{ name = \"pro\", limit = 0 }]\n"),
+        "policies[0].tiers[0].limit",
+        6,
+    );
+    let duplicate = POLICY.to_owned() + "overrides = [{ key = \"a\" }, { key = \"a\", limit = 5 }]\n";
+    refused(&duplicate, "policies[0].overrides[1].key", 6);
+    refused(&(POLICY.to_owned() + "tiers = [{ key = \"pro\" }]\n"), "policies[0].tiers[0].key", 6);
+    let calendar =
+        "[[policies]]\nname = \"daily\"\nwindow = \"day\"\nlimit = 5\ntiers = [{ name = \"pro\" }]\n";
+    refused(calendar, "policies[0].tiers", 5);
+}
+
+#[test]
+fn all_or_nothing_domains_are_plain_names() {
+    let config = parse("[rls]\nall_or_nothing_domains = [\"edge\", \"envoy.api\"]\n").expect("valid");
+    assert_eq!(config.rls.all_or_nothing_domains, ["edge", "envoy.api"]);
+    refused(
+        "[rls]\nall_or_nothing_domains = [\"edge\", \"two words\"]\n",
+        "rls.all_or_nothing_domains[1]",
+        2,
+    );
+    assert!(parse("").expect("valid").rls.all_or_nothing_domains.is_empty(), "none by default");
 }

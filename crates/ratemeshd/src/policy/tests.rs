@@ -299,7 +299,7 @@ fn wrong_types_name_the_field() {
 
 #[test]
 fn negative_and_huge_numbers_name_the_field() {
-    bad_check(r#"{"key": "k", "policy": "api", "cost": -1}"#, "cost");
+    bad_check(r#"{"key": "k", "policy": "api", "cost": -9223372036854775809}"#, "cost");
     bad_check(r#"{"key": "k", "policy": "api", "cost": 18446744073709551616}"#, "cost");
     bad_check(r#"{"key": "k", "policy": "api", "cost": 1e400}"#, "cost");
     bad_check(
@@ -416,7 +416,7 @@ fn batches_are_bounded_and_name_the_item() {
     let bad = batch(&[item, r#"{"key": "", "policy": "api"}"#]);
     let error = parse_check_batch(bad.as_bytes(), &table, &bounds).expect_err("bad item");
     assert_eq!(error.field(), Some("[1].key"), "{error}");
-    let typed = batch(&[item, item, r#"{"key": "k", "policy": "api", "cost": -1}"#]);
+    let typed = batch(&[item, item, r#"{"key": "k", "policy": "api", "cost": "1"}"#]);
     let error = parse_check_batch(typed.as_bytes(), &table, &bounds).expect_err("bad item");
     assert_eq!(error.field(), Some("[2].cost"), "{error}");
     let unknown = batch(&[r#"{"key": "k", "policy": "nope"}"#]);
@@ -533,4 +533,82 @@ fn bodies_serialize_for_clients() {
     let json = serde_json::to_string(&release).expect("serializes");
     assert!(json.contains(r#""lease":"3""#), "{json}");
     assert!(parse_release(json.as_bytes(), &table(), &bounds()).is_ok());
+}
+
+#[test]
+fn a_negative_cost_is_a_refund_except_under_a_concurrency_limit() {
+    let refund = check(r#"{"key": "k", "policy": "api", "cost": -3}"#).expect("valid");
+    assert_eq!((refund.cost, refund.refund), (3, true));
+    let message = bad_check(r#"{"key": "k", "policy": "leases", "cost": -1}"#, "cost");
+    assert!(message.contains("concurrency"), "{message}");
+    let taken = check(r#"{"key": "k", "policy": "api", "cost": 3}"#).expect("valid");
+    assert_eq!((taken.cost, taken.refund), (3, false));
+}
+
+#[test]
+fn a_charge_needs_a_cost_and_a_limit_that_counts_hits() {
+    let charge = |body: &str| parse_charge(body.as_bytes(), &table(), &bounds());
+    let valid = charge(r#"{"key": "k", "policy": "api", "cost": 30}"#).expect("valid");
+    assert_eq!(valid.cost, 30);
+    let missing = charge(r#"{"key": "k", "policy": "api"}"#).expect_err("no cost");
+    assert_eq!((missing.field(), missing.http_status()), (Some("cost"), 400), "{missing}");
+    let negative = charge(r#"{"key": "k", "policy": "api", "cost": -1}"#).expect_err("negative");
+    assert_eq!(negative.field(), Some("cost"), "{negative}");
+    let leases = charge(r#"{"key": "k", "policy": "leases", "cost": 1}"#).expect_err("concurrency");
+    assert_eq!(leases.field(), Some("policy"), "{leases}");
+    let unknown = charge(r#"{"key": "k", "policy": "nope", "cost": 1}"#).expect_err("unknown");
+    assert_eq!((unknown.field(), unknown.http_status()), (Some("policy"), 404), "{unknown}");
+}
+
+#[test]
+fn an_all_or_nothing_group_takes_no_refunds_and_keeps_the_batch_bound() {
+    let bounds = Bounds { batch_len_max: 2, ..Bounds::default() };
+    let all = |body: &str| parse_check_all(body.as_bytes(), &table(), &bounds);
+    let item = r#"{"key": "k", "policy": "api"}"#;
+    assert_eq!(all(&format!("[{item},{item}]")).expect("valid").len(), 2);
+    let long = all(&format!("[{item},{item},{item}]")).expect_err("too long");
+    assert_eq!(long.field(), Some("[2]"), "{long}");
+    let refund =
+        all(&format!(r#"[{item},{{"key": "k", "policy": "api", "cost": -1}}]"#)).expect_err("refund");
+    assert_eq!(refund.field(), Some("[1].cost"), "{refund}");
+}
+
+const VARIANTS: &str = r#"
+[[policies]]
+name = "plans"
+algorithm = "token_bucket"
+limit = 10
+period_ms = 60000
+overrides = [{ key = "customer:acme", limit = 100, burst = 200 }]
+tiers = [{ name = "pro", limit = 50 }, { name = "slow", period_ms = 120000 }]
+"#;
+
+fn variants_table() -> PolicyTable {
+    let config = Config::parse(VARIANTS, "variants.toml").expect("valid");
+    PolicyTable::from_config(&config)
+}
+
+#[test]
+fn overrides_and_tiers_choose_their_own_limit_and_buckets() {
+    let table = variants_table();
+    let check = |body: &str| parse_check(body.as_bytes(), &table, &bounds());
+    let limit_of = |check: &ValidCheck| check.target.policy().expect("limited").limit.spec().clone();
+    let base = check(r#"{"key": "customer:other", "policy": "plans"}"#).expect("valid");
+    assert_eq!((limit_of(&base).limit, limit_of(&base).burst), (10, None));
+    let acme = check(r#"{"key": "customer:acme", "policy": "plans"}"#).expect("valid");
+    assert_eq!((limit_of(&acme).limit, limit_of(&acme).burst), (100, Some(200)));
+    let pro = check(r#"{"key": "customer:other", "policy": "plans", "tier": "pro"}"#).expect("valid");
+    assert_eq!(limit_of(&pro).limit, 50);
+    let slow = check(r#"{"key": "customer:other", "policy": "plans", "tier": "slow"}"#).expect("valid");
+    assert_eq!((limit_of(&slow).limit, limit_of(&slow).period), (10, Duration::from_secs(120)));
+    // The override wins over the tier; each limit has its own buckets; labels stay the policy's.
+    let acme_pro = check(r#"{"key": "customer:acme", "policy": "plans", "tier": "pro"}"#).expect("valid");
+    assert_eq!(limit_of(&acme_pro).limit, 100);
+    assert_ne!(base.key, pro.key);
+    assert_ne!(base.key, acme.key);
+    assert!([&base, &acme, &pro].iter().all(|c| c.target.label() == "plans"));
+    let unknown = check(r#"{"key": "k", "policy": "plans", "tier": "gold"}"#).expect_err("unknown tier");
+    assert_eq!((unknown.field(), unknown.http_status()), (Some("tier"), 400), "{unknown}");
+    let inline = r#"{"key": "k", "limit": {"algorithm": "gcra", "limit": 1, "period_ms": 1}, "tier": "pro"}"#;
+    assert_eq!(check(inline).expect_err("inline tier").field(), Some("tier"));
 }

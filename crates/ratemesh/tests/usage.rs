@@ -1,0 +1,54 @@
+//! Refunds, charges and all-or-nothing checks through the library, on a cluster of three real
+//! nodes on loopback: from a node that does not own the key, typed errors for what does not apply.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use ratemesh::{AdjustError, GroupCheck, NodeId};
+use ratemesh_core::{Algorithm, LimitSpec, Mode};
+use std::time::Duration;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_charges_and_groups_through_a_follower() {
+    let nodes = start_cluster(3).await;
+    let (owner, follower) = (&nodes[0].node, &nodes[1].node);
+    let policy = hourly_bucket("usage", 10, Mode::Exact);
+    let key = key_owned_by(follower, &policy, owner.id());
+
+    // A charge takes everything; a refund gives back exactly its hits, never above the capacity.
+    let charged = follower.charge(&policy, &key, 10).await.unwrap();
+    assert_eq!((charged.allowed, charged.remaining), (false, 0));
+    let refunded = follower.refund(&policy, &key, 4).await.unwrap();
+    assert_eq!((refunded.allowed, refunded.remaining), (true, 4));
+    let full = follower.refund(&policy, &key, 1_000).await.unwrap();
+    assert_eq!(full.remaining, 10, "never above the capacity");
+
+    // A group whose last check refuses takes nothing from the others.
+    let spent = key_owned_by(follower, &policy, NodeId(3));
+    follower.charge(&policy, &spent, 10).await.unwrap();
+    let other = hourly_bucket("usage-other", 5, Mode::Exact);
+    let group = [
+        GroupCheck::new(&policy, &key, 2),
+        GroupCheck::new(&other, b"tenant", 1),
+        GroupCheck::new(&policy, &spent, 1),
+    ];
+    let answer = follower.check_all(&group).await.unwrap();
+    assert_eq!((answer.allowed, answer.refused_at, answer.decisions.len()), (false, Some(2), 3));
+    assert_eq!(owner.check(&policy, &key, 0).await.unwrap().remaining, 10);
+    assert_eq!(follower.check(&other, b"tenant", 0).await.unwrap().remaining, 5);
+    let answer = follower.check_all(&group[..2]).await.unwrap();
+    assert!(answer.allowed && answer.refused_at.is_none());
+    assert_eq!(owner.check(&policy, &key, 0).await.unwrap().remaining, 8);
+
+    // Leases are not hits: a typed error, nothing sent.
+    let spec = LimitSpec::new(Algorithm::Concurrency, 2, Duration::from_secs(60));
+    let leases = support::policy("usage-leases", spec, Mode::Exact);
+    assert_eq!(follower.refund(&leases, b"job", 1).await, Err(AdjustError::Concurrency));
+    assert_eq!(follower.charge(&leases, b"job", 1).await, Err(AdjustError::Concurrency));
+
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
