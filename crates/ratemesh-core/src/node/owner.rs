@@ -35,6 +35,9 @@ use crate::wire::WireMode;
 
 /// Hits an allowance holds beyond the expected demand.
 const NEED_SLACK: u64 = 2;
+/// The fewest hits of refill over two horizons that a contended key's credit shares (below, the
+/// refill goes first come, first served).
+const CREDIT_REFILL_MIN: u64 = 4;
 /// How many sync intervals ahead contention is judged over.
 const CONTENTION_INTERVALS: u64 = 4;
 
@@ -610,13 +613,16 @@ impl SizingContext {
     /// The rate a node with `demand_per_s` gets of the key's refill while the key is contended
     /// and its stock is down to what a couple of horizons refill; `None` otherwise (then checks
     /// on the bucket go first come, first served, and grants as their targets say). Window
-    /// algorithms (no refill before their window ends) and keys refilling less than a hit per
-    /// couple of horizons are never metered.
+    /// algorithms (no refill before their window ends) and keys refilling fewer than
+    /// [`CREDIT_REFILL_MIN`] hits per two horizons are never metered.
     fn credit_rate(&self, pool: &Pool, demand_per_s: u64) -> Option<keys::CreditRate> {
         // The stock (a burst) goes first come, first served, as one limiter would give it. A key
-        // that refills less than a hit in that span has no flow to share (a daily quota).
+        // that refills only a few hits in that span has no flow worth sharing (a daily quota, a
+        // 10/s key): credit in whole hits would refuse more than it shares.
         let metering_nanos = 2 * self.horizon_nanos;
-        let refill = metering_nanos.checked_div(pool.refill_nanos_per_hit).filter(|&hits| hits > 0)?;
+        let refill = metering_nanos
+            .checked_div(pool.refill_nanos_per_hit)
+            .filter(|&hits| hits >= CREDIT_REFILL_MIN)?;
         // Never while the bucket is more than a quarter full: hits a node's credit refuses stay in the
         // bucket, and a full bucket would lose the refill (nobody else may take it meanwhile).
         let stock_max = refill.saturating_add(1).min(pool.capacity / 4);
