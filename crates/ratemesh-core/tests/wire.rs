@@ -1060,13 +1060,45 @@ fn bytes_per_item() {
     let forward_all = one(Body { forward, ..Body::default() });
     let decided_one = one(Body { decided: decided[..1].to_vec(), ..Body::default() });
     let decided_all = one(Body { decided, ..Body::default() });
+    let report: Vec<Report> = keys()
+        .map(|key| Report {
+            key,
+            limit: gcra_wire(),
+            epoch: 0x1234,
+            holding: 12,
+            granted_seen: 4_000,
+            uncovered: 0,
+            returned: 0,
+            refunded: 0,
+            demand_per_s: 240,
+            seed: None,
+        })
+        .collect();
+    let grant: Vec<Grant> = keys()
+        .map(|key| Grant {
+            key,
+            epoch: 0x1234,
+            state: SnapshotWire::Tat { backlog_nanos: 40_000_000 },
+            grant: 12,
+            hold_max: 15,
+            contended: false,
+            expires_in_nanos: None,
+        })
+        .collect();
+    let report_one = one(Body { report: report[..1].to_vec(), ..Body::default() });
+    let report_all = one(Body { report, ..Body::default() });
+    let grant_one = one(Body { grant: grant[..1].to_vec(), ..Body::default() });
+    let grant_all = one(Body { grant, ..Body::default() });
     let heartbeat = one(Body::default());
     let per = |all: usize, one: usize| (all - one) as f64 / 99.0;
     println!(
         "heartbeat {heartbeat} B; forwarded check {:.1} B each (one alone: {forward_one} B); answer {:.1} B \
-         each (one alone: {decided_one} B)",
+         each (one alone: {decided_one} B); report {:.1} B each (one alone: {report_one} B); grant {:.1} B \
+         each (one alone: {grant_one} B)",
         per(forward_all, forward_one),
-        per(decided_all, decided_one)
+        per(decided_all, decided_one),
+        per(report_all, report_one),
+        per(grant_all, grant_one)
     );
     // A shared limit is written once: a check costs its id, key, index, cost and mode.
     assert!(per(forward_all, forward_one) < 24.0);
