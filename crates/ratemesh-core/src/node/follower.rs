@@ -137,7 +137,12 @@ impl Node {
                 }
                 let imported = Bucket::import(&limit, grant.state.into(), now).ok()?;
                 let expires_at = grant.expires_in_nanos.map_or(Instant::MAX, |left| now.add_nanos(left));
-                follower.granted_seen = follower.granted_seen.saturating_add(grant.grant);
+                // Only grants of this epoch are in the owner's ledger of it: an allowance offered
+                // to this node as a forwarder (epoch 0) is reported as held, not as seen, or the
+                // owner would take it for grants of this epoch no longer in flight.
+                if grant.epoch == follower.epoch {
+                    follower.granted_seen = follower.granted_seen.saturating_add(grant.grant);
+                }
                 follower.allowance.add(grant.grant, expires_at, now);
                 follower.local = None;
                 if order <= follower.grant_order {
