@@ -348,8 +348,8 @@ impl Node {
             self.on_decided(from, decided, now);
             self.on_reports(from, order, report, now);
             self.on_grants(from, order, grant, now);
-            self.on_states(handoff, false, now);
-            self.on_states(replica, true, now);
+            self.on_states(from, handoff, false, now);
+            self.on_states(from, replica, true, now);
             self.on_release(release, now);
         }
         // An acknowledgement may complete a leave's drain.

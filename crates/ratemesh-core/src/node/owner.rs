@@ -298,7 +298,13 @@ impl Node {
 
     /// Joins state from a key's (previous) owner: a handoff when ownership moved, or a replica
     /// kept in case the owner fails. Joining is conservative and idempotent either way.
-    pub(super) fn on_states(&mut self, states: Vec<KeyState>, replica: bool, now: Instant) {
+    ///
+    /// A handoff of a key this node does not own (it handed its keys over already: it is
+    /// leaving, or its view moved on) is passed on to the owner in its view, joined with what it
+    /// holds — unless that owner is the sender — so that when several members leave at once a
+    /// state handed to one that has left already still reaches the key's owner.
+    pub(super) fn on_states(&mut self, from: NodeId, states: Vec<KeyState>, replica: bool, now: Instant) {
+        let mut pass_on: BTreeMap<NodeId, Vec<KeyState>> = BTreeMap::new();
         for state in states {
             let Ok(limit) = state.limit.to_limit() else {
                 self.stats.items_refused += 1;
@@ -325,6 +331,24 @@ impl Node {
             }
             if owned && self.config.replicate {
                 self.replicas_due.insert(key);
+            }
+            let owner = self.ring.owner(key).filter(|&o| o != self.id && o != from);
+            if let (Some(owner), false) = (owner, replica || owned) {
+                let exported = self.keys.update(key, &limit, |bucket, _| bucket.export(now));
+                if let Some(exported) = exported {
+                    let limit = LimitWire::from_limit(&limit);
+                    pass_on.entry(owner).or_default().push(KeyState {
+                        key: key.0,
+                        limit,
+                        state: exported.into(),
+                    });
+                }
+            }
+        }
+        for (owner, states) in pass_on {
+            self.stats.handoffs_sent += states.len() as u64;
+            for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
+                self.send(owner, Body { handoff: chunk.to_vec(), ..Body::default() }, now);
             }
         }
     }
