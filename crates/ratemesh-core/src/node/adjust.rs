@@ -111,7 +111,7 @@ impl Node {
             || KeyMeta::new(policy.clone(), true),
             |bucket, meta| {
                 meta.owned = true;
-                bucket.hold(&limit, meta.held(now).min(limit.capacity()), now);
+                owner::hold_outstanding(bucket, &limit, meta, now);
                 match adjustment {
                     Adjustment::Refund => bucket.refund(&limit, hits, now),
                     Adjustment::Charge => bucket.force(&limit, hits, now),

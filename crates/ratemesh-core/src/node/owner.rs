@@ -345,7 +345,12 @@ impl Node {
                 }
             }
         }
-        for (owner, states) in pass_on {
+        self.send_handoffs(pass_on, now);
+    }
+
+    /// Sends key states to their owners as handoffs, batched.
+    fn send_handoffs(&mut self, handoffs: BTreeMap<NodeId, Vec<KeyState>>, now: Instant) {
+        for (owner, states) in handoffs {
             self.stats.handoffs_sent += states.len() as u64;
             for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
                 self.send(owner, Body { handoff: chunk.to_vec(), ..Body::default() }, now);
@@ -420,12 +425,7 @@ impl Node {
                 self.dirty.insert(key);
             }
         }
-        for (owner, states) in handoffs {
-            self.stats.handoffs_sent += states.len() as u64;
-            for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
-                self.send(owner, Body { handoff: chunk.to_vec(), ..Body::default() }, now);
-            }
-        }
+        self.send_handoffs(handoffs, now);
     }
 }
 
@@ -451,7 +451,7 @@ fn first_come(
 }
 
 /// Keeps what holders hold counted as in use (the module documentation says what and why).
-fn hold_outstanding(bucket: &mut Bucket, limit: &Limit, meta: &KeyMeta, now: Instant) {
+pub(super) fn hold_outstanding(bucket: &mut Bucket, limit: &Limit, meta: &KeyMeta, now: Instant) {
     bucket.hold(limit, meta.held(now).min(limit.capacity()), now);
 }
 
