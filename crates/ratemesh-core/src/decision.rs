@@ -42,6 +42,7 @@ impl Decision {
     }
 
     /// An admission with nothing known about the state (a fail-open fallback).
+    #[cfg_attr(not(feature = "std"), allow(dead_code))]
     pub(crate) fn admitted_blind(limit: u64) -> Self {
         Decision::new(true, limit, limit, 0)
     }

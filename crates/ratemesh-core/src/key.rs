@@ -62,6 +62,7 @@ pub type KeyHasherBuilder = core::hash::BuildHasherDefault<KeyHasher>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prelude::*;
 
     /// Golden vectors: these values are part of the cluster protocol. If this test fails, nodes of
     /// this build would disagree with older nodes about every key's owner. The values were checked

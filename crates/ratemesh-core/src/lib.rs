@@ -9,11 +9,35 @@
 //! - [`Store`]: many buckets, bounded by `keys_max`, with TTL expiry and counted eviction.
 //! - [`Node`]: the cluster node state machine (ownership, exact and approximate modes, handoff).
 //! - [`wire`]: versioned peer messages, encoded with postcard, decoded with a size bound.
+//!
+//! The crate is `#![no_std]` (with `alloc`): its own code cannot name a clock, a thread, a socket
+//! or a file, which is the core's purity rule checked by the compiler. The `std` feature (on by
+//! default) adds what needs a dependency built on `std`: the consistent-hash [`Ring`] (over the
+//! `hashring` crate) and with it the cluster [`Node`]. `cargo build -p ratemesh-core
+//! --no-default-features` (a step of `.ci/run`) builds the rest without `std` anywhere in its graph.
+
+#![no_std]
+
+extern crate alloc;
+#[cfg(test)]
+extern crate std;
+
+/// What the standard prelude would bring: the core's modules `use crate::prelude::*`. Without
+/// `std` the node, the main user of some of these, is not built.
+#[allow(unused_imports)]
+mod prelude {
+    pub(crate) use alloc::borrow::ToOwned;
+    pub(crate) use alloc::boxed::Box;
+    pub(crate) use alloc::string::{String, ToString};
+    pub(crate) use alloc::vec::Vec;
+    pub(crate) use alloc::{format, vec};
+}
 
 mod algorithm;
 mod decision;
 mod key;
 mod limit;
+#[cfg(feature = "std")]
 mod node;
 mod store;
 mod time;
@@ -23,9 +47,10 @@ pub use algorithm::{Bucket, CoreRng, Snapshot, SnapshotMismatch};
 pub use decision::{Decision, LeaseId};
 pub use key::{KeyHash, KeyHasher, KeyHasherBuilder, Namespace};
 pub use limit::{
-    Algorithm, CONCURRENCY_LIMIT_MAX, CalendarWindow, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX,
-    SLIDING_LOG_LIMIT_MAX,
+    Algorithm, CONCURRENCY_LIMIT_MAX, CalendarWindow, Limit, LimitError, LimitParameter, LimitSpec,
+    PERIOD_NANOS_MAX, SLIDING_LOG_LIMIT_MAX,
 };
+#[cfg(feature = "std")]
 pub use node::{
     AdjustRequest, Adjustment, CheckOutcome, CheckRequest, DeliveryStats, DurableKey, Event, Fallback,
     LeavePlan, MemberView, Mode, Node, NodeConfig, NodeId, NodeStats, Policy, RING_VNODES_DEFAULT, RequestId,

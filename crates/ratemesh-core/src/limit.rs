@@ -3,6 +3,7 @@
 //! A [`LimitSpec`] is what a user writes (policy file, HTTP body, builder). [`Limit::new`] checks it
 //! and precomputes what the hot path needs, so that a decision is integer arithmetic only.
 
+use core::fmt;
 use core::time::Duration;
 
 use crate::algorithm::{CalendarParams, LeaseParams, LogParams, TatParams, WindowParams};
@@ -129,6 +130,41 @@ impl LimitSpec {
     }
 }
 
+/// The parameter of a [`LimitSpec`] that a [`LimitError`] is about, so that a driver can name the
+/// field its users wrote (`period_ms`, a TOML line) without reading the error's text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LimitParameter {
+    /// `limit`: hits per period (or leases).
+    Limit,
+    /// `period`: the window, refill period or lease lifetime.
+    Period,
+    /// `burst`: the bucket's capacity (token bucket, GCRA) or the shaper's queue.
+    Burst,
+    /// `delay`: the shaper's hits admitted without waiting.
+    Delay,
+    /// `calendar`: the calendar window of a fixed window.
+    Window,
+}
+
+impl LimitParameter {
+    /// The parameter's name in [`LimitSpec`].
+    pub fn name(self) -> &'static str {
+        match self {
+            LimitParameter::Limit => "limit",
+            LimitParameter::Period => "period",
+            LimitParameter::Burst => "burst",
+            LimitParameter::Delay => "delay",
+            LimitParameter::Window => "window",
+        }
+    }
+}
+
+impl fmt::Display for LimitParameter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Why a [`LimitSpec`] is not a valid limit. Caused by the caller's input; nothing was changed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LimitError {
@@ -139,15 +175,15 @@ pub enum LimitError {
     #[error("period must be longer than zero")]
     ZeroPeriod,
     /// `burst` is zero where a capacity of zero would refuse everything.
-    #[error("burst must be at least 1 for {0}")]
-    ZeroBurst(&'static str),
+    #[error("burst must be at least 1 for {}", .0.name())]
+    ZeroBurst(Algorithm),
     /// A parameter was given to an algorithm that has no use for it.
-    #[error("{parameter} does not apply to {algorithm}")]
+    #[error("{parameter} does not apply to {}", .algorithm.name())]
     NotApplicable {
-        /// The parameter's name.
-        parameter: &'static str,
-        /// The algorithm's name.
-        algorithm: &'static str,
+        /// The parameter.
+        parameter: LimitParameter,
+        /// The algorithm.
+        algorithm: Algorithm,
     },
     /// `delay` is larger than the shaper's `burst`.
     #[error("delay ({delay}) must not exceed burst ({burst})")]
@@ -172,11 +208,27 @@ pub enum LimitError {
     /// A value so large that the state it implies cannot be represented.
     #[error("{parameter} is too large (at most {max})")]
     TooLarge {
-        /// The parameter's name.
-        parameter: &'static str,
-        /// The largest accepted value.
+        /// The parameter.
+        parameter: LimitParameter,
+        /// The largest accepted value (for the period: in nanoseconds).
         max: u64,
     },
+}
+
+impl LimitError {
+    /// The parameter the error is about.
+    pub fn parameter(&self) -> LimitParameter {
+        match self {
+            LimitError::ZeroLimit | LimitError::RateTooHigh { .. } => LimitParameter::Limit,
+            LimitError::ZeroPeriod => LimitParameter::Period,
+            LimitError::ZeroBurst(_) => LimitParameter::Burst,
+            LimitError::DelayAboveBurst { .. } => LimitParameter::Delay,
+            LimitError::Calendar(_) => LimitParameter::Window,
+            LimitError::NotApplicable { parameter, .. } | LimitError::TooLarge { parameter, .. } => {
+                *parameter
+            }
+        }
+    }
 }
 
 /// The most hits a sliding window log keeps per key: its memory is O(limit).
@@ -223,12 +275,11 @@ impl Limit {
             return Err(LimitError::ZeroPeriod);
         }
         if period_nanos > PERIOD_NANOS_MAX {
-            return Err(LimitError::TooLarge { parameter: "period", max: PERIOD_NANOS_MAX });
+            return Err(LimitError::TooLarge { parameter: LimitParameter::Period, max: PERIOD_NANOS_MAX });
         }
-        let name = spec.algorithm.name();
-        let reject = |parameter| LimitError::NotApplicable { parameter, algorithm: name };
+        let reject = |parameter| LimitError::NotApplicable { parameter, algorithm: spec.algorithm };
         if spec.delay.is_some() && spec.algorithm != Algorithm::LeakyBucketShaper {
-            return Err(reject("delay"));
+            return Err(reject(LimitParameter::Delay));
         }
         if let Some(window) = spec.calendar {
             return calendar_kind(&spec, window, period_nanos).map(|kind| Limit { spec, kind });
@@ -241,19 +292,19 @@ impl Limit {
             }
             Algorithm::SlidingWindowLog => {
                 no_burst(&spec, reject)?;
-                at_most("limit", spec.limit, SLIDING_LOG_LIMIT_MAX)?;
+                at_most(LimitParameter::Limit, spec.limit, SLIDING_LOG_LIMIT_MAX)?;
                 Kind::Log(LogParams { period_nanos, limit: spec.limit })
             }
             Algorithm::Concurrency => {
                 no_burst(&spec, reject)?;
-                at_most("limit", spec.limit, CONCURRENCY_LIMIT_MAX)?;
+                at_most(LimitParameter::Limit, spec.limit, CONCURRENCY_LIMIT_MAX)?;
                 Kind::Leases(LeaseParams { lease_nanos: period_nanos, limit: spec.limit })
             }
             Algorithm::TokenBucket | Algorithm::Gcra => {
                 let default_burst = if spec.algorithm == Algorithm::Gcra { 1 } else { spec.limit };
                 let capacity = spec.burst.unwrap_or(default_burst);
                 if capacity == 0 {
-                    return Err(LimitError::ZeroBurst(name));
+                    return Err(LimitError::ZeroBurst(spec.algorithm));
                 }
                 tat_kind(&spec, period_nanos, capacity, 0, capacity)?
             }
@@ -315,21 +366,21 @@ fn calendar_kind(spec: &LimitSpec, window: CalendarWindow, period_nanos: u64) ->
     if spec.algorithm != Algorithm::FixedWindow {
         return Err(LimitError::Calendar("only a fixed window can be calendar-aligned"));
     }
-    no_burst(spec, |parameter| LimitError::NotApplicable { parameter, algorithm: "fixed_window" })?;
+    no_burst(spec, |parameter| LimitError::NotApplicable { parameter, algorithm: Algorithm::FixedWindow })?;
     if window.end <= window.start || window.end.nanos_since(window.start) != period_nanos {
         return Err(LimitError::Calendar("the period must be the window's length (end − start > 0)"));
     }
     Ok(Kind::Calendar(CalendarParams { limit: spec.limit, start: window.start, end: window.end }))
 }
 
-fn no_burst(spec: &LimitSpec, reject: impl FnOnce(&'static str) -> LimitError) -> Result<(), LimitError> {
+fn no_burst(spec: &LimitSpec, reject: impl FnOnce(LimitParameter) -> LimitError) -> Result<(), LimitError> {
     match spec.burst {
-        Some(_) => Err(reject("burst")),
+        Some(_) => Err(reject(LimitParameter::Burst)),
         None => Ok(()),
     }
 }
 
-fn at_most(parameter: &'static str, value: u64, max: u64) -> Result<(), LimitError> {
+fn at_most(parameter: LimitParameter, value: u64, max: u64) -> Result<(), LimitError> {
     if value > max {
         return Err(LimitError::TooLarge { parameter, max });
     }
@@ -352,7 +403,7 @@ fn tat_kind(
     // every theoretical arrival time far from saturation.
     let capacity_max = PERIOD_NANOS_MAX / interval_nanos;
     // The error reports the largest `burst` accepted, which the shaper's hit in service lowers.
-    at_most("burst", burst, capacity_max - in_service)?;
+    at_most(LimitParameter::Burst, burst, capacity_max - in_service)?;
     let capacity = burst + in_service;
     let reported_limit = spec.limit;
     Ok(Kind::Tat(TatParams { interval_nanos, capacity, delay_free, reported_limit }))

@@ -42,8 +42,8 @@ use ratemesh::durable::SnapshotSettings;
 use ratemesh::security::{CLUSTER_SECRET_LEN_MIN, PemSource, ProvidedCerts};
 use ratemesh::{Calendar, CalendarPolicy, CalendarUnit, ClusterSecret, ClusterSecurity, SecurityError, Seed};
 use ratemesh_core::{
-    Algorithm, Fallback, Limit, LimitError, LimitSpec, Mode, NodeConfig, NodeId, PERIOD_NANOS_MAX, Policy,
-    StoreConfig,
+    Algorithm, Fallback, Limit, LimitError, LimitParameter, LimitSpec, Mode, NodeConfig, NodeId,
+    PERIOD_NANOS_MAX, Policy, StoreConfig,
 };
 use toml::Spanned;
 use zeroize::Zeroizing;
@@ -893,20 +893,12 @@ pub(crate) fn algorithm_names() -> String {
 /// The user-facing field a [`LimitError`] is about (`limit`, `period_ms`, `burst` or `delay`), so
 /// that the error can name it; the checks themselves stay in `Limit::new`.
 pub(crate) fn limit_error_field(error: &LimitError) -> &'static str {
-    match error {
-        LimitError::ZeroLimit | LimitError::RateTooHigh { .. } => "limit",
-        LimitError::ZeroPeriod => "period_ms",
-        LimitError::ZeroBurst(_) => "burst",
-        LimitError::Calendar(_) => "window",
-        LimitError::DelayAboveBurst { .. } => "delay",
-        LimitError::NotApplicable { parameter, .. } | LimitError::TooLarge { parameter, .. } => {
-            match *parameter {
-                "period" => "period_ms",
-                "burst" => "burst",
-                "delay" => "delay",
-                _ => "limit",
-            }
-        }
+    match error.parameter() {
+        LimitParameter::Limit => "limit",
+        LimitParameter::Period => "period_ms",
+        LimitParameter::Burst => "burst",
+        LimitParameter::Delay => "delay",
+        LimitParameter::Window => "window",
     }
 }
 
@@ -915,7 +907,7 @@ pub(crate) fn limit_error_field(error: &LimitError) -> &'static str {
 pub(crate) fn limit_error_message(error: &LimitError) -> String {
     const NANOS_PER_MS: u64 = 1_000_000;
     match error {
-        LimitError::TooLarge { parameter: "period", max } => {
+        LimitError::TooLarge { parameter: LimitParameter::Period, max } => {
             format!("period_ms is too large (at most {} ms, 100 years)", max / NANOS_PER_MS)
         }
         LimitError::RateTooHigh { limit, period_nanos } => {

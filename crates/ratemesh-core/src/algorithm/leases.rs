@@ -1,6 +1,7 @@
 //! Concurrency limit: leases held at once, each expiring if its holder never releases it.
 
 use crate::decision::{Decision, LeaseId};
+use crate::prelude::*;
 use crate::time::Instant;
 
 /// One lease: who holds how many slots until when.

@@ -11,7 +11,8 @@
 //! ([`Log::coarsen`]: the same merging, down to half its entries), which may refuse a little
 //! earlier than an exact log would, never later.
 
-use std::collections::VecDeque;
+use crate::prelude::*;
+use alloc::collections::VecDeque;
 
 use crate::decision::Decision;
 use crate::time::Instant;

@@ -3,6 +3,7 @@
 //! Every operation takes `now`; a `now` earlier than one the bucket has already seen is treated
 //! as no time passing. Arithmetic saturates and never panics, whatever the inputs.
 
+use crate::prelude::*;
 mod calendar;
 mod leases;
 mod log;

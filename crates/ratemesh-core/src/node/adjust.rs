@@ -7,7 +7,8 @@
 //! was lost after the owner applied it counts twice: conservative). A refund is dropped then:
 //! nobody knows whether the owner applied it, and returning it twice would over-admit.
 
-use std::sync::Arc;
+use crate::prelude::*;
+use alloc::sync::Arc;
 
 use super::*;
 use crate::wire::{Adjust, AdjustKind, WireMode};

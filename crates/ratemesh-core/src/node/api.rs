@@ -1,7 +1,8 @@
 //! The node's inputs, outputs and configuration.
 
+use crate::prelude::*;
+use alloc::sync::Arc;
 use core::time::Duration;
-use std::sync::Arc;
 
 use crate::decision::Decision;
 use crate::key::KeyHash;

@@ -2,7 +2,8 @@
 //! that no allowance covers), answered later, or decided by the fallback when the owner does not
 //! answer in time.
 
-use std::sync::Arc;
+use crate::prelude::*;
+use alloc::sync::Arc;
 
 use super::*;
 use crate::wire::WireMode;
@@ -82,7 +83,7 @@ impl Node {
         let batch = self.outbox.entry(owner).or_default();
         batch.push(check);
         if batch.len() >= self.config.forward_batch_len_max {
-            let batch = std::mem::take(batch);
+            let batch = core::mem::take(batch);
             self.send_forwards(owner, batch, now);
         } else if self.flush_at.is_none() {
             self.flush_at = Some(now.add_duration(self.config.forward_wait));
@@ -106,7 +107,7 @@ impl Node {
 
     pub(super) fn flush_forwards(&mut self, now: Instant) {
         self.flush_at = None;
-        let outbox = std::mem::take(&mut self.outbox);
+        let outbox = core::mem::take(&mut self.outbox);
         for (owner, batch) in outbox.into_iter().filter(|(_, b)| !b.is_empty()) {
             self.send_forwards(owner, batch, now);
         }
@@ -194,7 +195,7 @@ impl Node {
         let limit = meta.policy.limit.clone();
         self.keys
             .update(key, &limit, |_, meta| {
-                meta.follower.as_mut().map_or(0, |f| std::mem::take(&mut f.refused_unasked))
+                meta.follower.as_mut().map_or(0, |f| core::mem::take(&mut f.refused_unasked))
             })
             .unwrap_or(0)
     }

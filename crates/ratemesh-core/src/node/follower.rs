@@ -1,8 +1,9 @@
 //! The follower side: deciding from allowances, forwarding what only the owner can decide, the
 //! fallback, reporting, applying grants.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use crate::prelude::*;
+use alloc::collections::BTreeMap;
+use alloc::sync::Arc;
 
 use super::owner::{admitted_from_allowance, need_for, refused_until_grant};
 use super::*;
@@ -197,7 +198,7 @@ impl Node {
         // what it holds, and may want it back.
         let keepalive = 4 * duration_nanos(self.config.sync_interval);
         let mut batches: BTreeMap<NodeId, Vec<Report>> = BTreeMap::new();
-        for key in std::mem::take(&mut self.dirty) {
+        for key in core::mem::take(&mut self.dirty) {
             let owner = self.ring.owner(key).unwrap_or(self.id);
             if owner == self.id {
                 continue;
@@ -286,9 +287,9 @@ pub(super) fn take_report(
         epoch: follower.epoch,
         holding: follower.allowance.live(now),
         granted_seen: follower.granted_seen,
-        uncovered: std::mem::take(&mut follower.uncovered),
-        returned: std::mem::take(&mut follower.returned),
-        refunded: std::mem::take(&mut follower.refunded),
+        uncovered: core::mem::take(&mut follower.uncovered),
+        returned: core::mem::take(&mut follower.returned),
+        refunded: core::mem::take(&mut follower.refunded),
         demand_per_s,
         seed,
     };

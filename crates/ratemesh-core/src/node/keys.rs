@@ -1,7 +1,8 @@
 //! What a node keeps per key beyond its bucket: the policy, and the role-specific bookkeeping of
 //! approximate mode (a follower's allowance and unreported hits, an owner's participants).
 
-use std::sync::Arc;
+use crate::prelude::*;
+use alloc::sync::Arc;
 
 use super::api::{NodeId, Policy};
 use crate::algorithm::Bucket;
@@ -384,13 +385,13 @@ impl DemandMeter {
         let left = (self.hits - hits as f64).max(0.0);
         let per_second = left * core::f64::consts::LN_2 * 1e9 / half_life_nanos.max(1) as f64;
         // Saturating float-to-int conversion: NaN is impossible (hits ≥ 0), huge values clamp.
-        per_second.ceil() as u64
+        libm::ceil(per_second) as u64
     }
 
     fn decay(&mut self, now: Instant, half_life_nanos: u64) {
         let elapsed = now.nanos_since(self.updated_at);
         self.updated_at = self.updated_at.max(now);
-        self.hits *= (-(elapsed as f64) / half_life_nanos.max(1) as f64).exp2();
+        self.hits *= libm::exp2(-(elapsed as f64) / half_life_nanos.max(1) as f64);
         if self.hits < 1e-3 {
             self.hits = 0.0;
         }

@@ -9,6 +9,7 @@
 //! drains until every frame to a reachable peer is acknowledged (bounded by
 //! [`LeavePlan::drain_for`]) and emits [`Event::Left`]: the driver may stop it.
 
+use crate::prelude::*;
 use core::time::Duration;
 
 use super::*;

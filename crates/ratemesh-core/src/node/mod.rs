@@ -35,6 +35,7 @@
 //! authoritative view; the new owner joins them conservatively, never starting from a full bucket.
 //! A graceful leave is a phase of the node itself (`leave.rs`).
 
+use crate::prelude::*;
 mod adjust;
 mod api;
 mod exact;
@@ -47,7 +48,9 @@ mod persist;
 mod ring;
 mod share;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use hashbrown::HashMap;
 
 use indexmap::IndexSet;
 
@@ -509,14 +512,14 @@ impl Node {
         let pending = self.outgoing.entry(to).or_default();
         pending.append(body);
         if pending.items() >= self.config.sync_batch_len_max.max(1) {
-            let full = std::mem::take(pending);
+            let full = core::mem::take(pending);
             self.transmit_body(to, full, now);
         }
     }
 
     /// Sends what inputs queued for each peer, one frame per peer.
     fn flush_out(&mut self, now: Instant) {
-        for (to, body) in std::mem::take(&mut self.outgoing) {
+        for (to, body) in core::mem::take(&mut self.outgoing) {
             self.transmit_body(to, body, now);
         }
     }

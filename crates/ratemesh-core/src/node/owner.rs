@@ -27,8 +27,9 @@
 //!   key is contended it decides from an allowance sized like anybody's, so that it takes its fair
 //!   share, not whatever arrives first.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use crate::prelude::*;
+use alloc::collections::BTreeMap;
+use alloc::sync::Arc;
 
 use super::*;
 use crate::wire::WireMode;
@@ -285,7 +286,7 @@ impl Node {
     /// since (sized like any holder's while the key is contended, given back when not).
     pub(super) fn refresh_own_allowances(&mut self, now: Instant) {
         let sizing = self.sizing_context(self.id, now);
-        for key in std::mem::take(&mut self.own_due) {
+        for key in core::mem::take(&mut self.own_due) {
             let Some(meta) = self.keys.extra(key).filter(|m| m.owned) else { continue };
             let policy = meta.policy.clone();
             let Some(limit) = self.owner_limit(&policy) else { continue };
@@ -362,7 +363,7 @@ impl Node {
     /// so that an owner's crash loses at most one interval.
     pub(super) fn send_replicas(&mut self, now: Instant) {
         let mut batches: BTreeMap<NodeId, Vec<KeyState>> = BTreeMap::new();
-        for key in std::mem::take(&mut self.replicas_due) {
+        for key in core::mem::take(&mut self.replicas_due) {
             let Some(successor) = self.ring.successor(key).filter(|&s| s != self.id) else { continue };
             let Some(meta) = self.keys.extra(key).filter(|meta| meta.owned) else { continue };
             let limit = LimitWire::from_limit(&meta.policy.limit);
@@ -394,7 +395,7 @@ impl Node {
                     // them; the own allowance goes back into it: the new owner receives no hit
                     // counted that nobody will admit.
                     meta.participants.clear();
-                    let own = std::mem::take(&mut meta.own).live(now);
+                    let own = core::mem::take(&mut meta.own).live(now);
                     bucket.refund(&meta.policy.limit, own, now);
                     meta.own_contended = false;
                     meta.follower().follow(owner, epoch);

@@ -22,7 +22,8 @@
 //! (RFC 6298: `srtt`, `rttvar`, `rto = srtt + 4 rttvar`); forwarded checks and allowances are sized
 //! from them.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use crate::prelude::*;
+use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::api::{NodeId, Transmit};
 use crate::time::Instant;

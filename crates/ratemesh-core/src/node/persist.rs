@@ -17,8 +17,9 @@
 //!   At start a node knows only itself and owns every key; the handoff of the first membership
 //!   view then moves each key to its owner, where the states of every node that wrote one meet.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use crate::prelude::*;
+use alloc::collections::BTreeMap;
+use alloc::sync::Arc;
 
 use super::*;
 use crate::algorithm::Snapshot;

@@ -53,6 +53,7 @@ pub(super) fn apportion(limit: &Limit, ranks: &[usize], n: usize) -> Option<Limi
 
 #[cfg(test)]
 mod tests {
+    use crate::prelude::*;
     use core::time::Duration;
 
     use super::*;
@@ -76,7 +77,7 @@ mod tests {
         let n = 10;
         // 7 | 3: the owner's side enforces its ranks' share, each cut-off node its own.
         let owner_side: Vec<usize> = (0..7).collect();
-        let rates: u64 = std::iter::once(apportion(&limit, &owner_side, n))
+        let rates: u64 = core::iter::once(apportion(&limit, &owner_side, n))
             .chain((7..10).map(|r| apportion(&limit, &[r], n)))
             .map(|l| l.map_or(0, |l| l.spec().limit))
             .sum();

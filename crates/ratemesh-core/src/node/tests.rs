@@ -1,9 +1,11 @@
 //! Node tests on a tiny in-memory cluster: plain queues and a shared clock, stepped to the next
 //! delivery or timer (in the spirit of quinn-proto's `Pair`). Faults are edits to the queues.
 
+use crate::prelude::*;
+use alloc::collections::BTreeMap;
+use alloc::sync::Arc;
 use core::time::Duration;
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::println;
 
 use super::*;
 use crate::limit::Algorithm;

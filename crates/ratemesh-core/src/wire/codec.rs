@@ -7,6 +7,7 @@
 //! bytes. Algorithms are codes: their position in [`Algorithm::ALL`] (a new algorithm is added at
 //! the end).
 
+use crate::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::{

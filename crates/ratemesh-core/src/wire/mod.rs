@@ -16,6 +16,7 @@
 //! then validated when they are turned into core types ([`LimitWire::to_limit`]). Only the canonical
 //! encoding (the bytes [`encode`] produces) decodes: a frame has exactly one byte representation.
 
+use crate::prelude::*;
 use core::time::Duration;
 
 use serde::{Deserialize, Serialize};

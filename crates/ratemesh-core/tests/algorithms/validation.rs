@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use ratemesh_core::{
-    Algorithm, CONCURRENCY_LIMIT_MAX, Limit, LimitError, LimitSpec, PERIOD_NANOS_MAX, SLIDING_LOG_LIMIT_MAX,
+    Algorithm, CONCURRENCY_LIMIT_MAX, Limit, LimitError, LimitParameter, LimitSpec, PERIOD_NANOS_MAX,
+    SLIDING_LOG_LIMIT_MAX,
 };
 
 use crate::edges::parse_spec;
@@ -19,12 +20,26 @@ fn check_spec(spec: LimitSpec, expect: Result<(), LimitError>) {
     assert_eq!(got, expect, "{spec:?}");
 }
 
-fn not_applicable(parameter: &'static str, algorithm: &'static str) -> Result<(), LimitError> {
+fn not_applicable(parameter: &str, algorithm: &str) -> Result<(), LimitError> {
+    let parameter = parameter_named(parameter);
+    let algorithm = Algorithm::from_name(algorithm).expect("an algorithm's name");
     Err(LimitError::NotApplicable { parameter, algorithm })
 }
 
-fn too_large(parameter: &'static str, max: u64) -> Result<(), LimitError> {
-    Err(LimitError::TooLarge { parameter, max })
+fn too_large(parameter: &str, max: u64) -> Result<(), LimitError> {
+    Err(LimitError::TooLarge { parameter: parameter_named(parameter), max })
+}
+
+/// The parameter by its name, and the name is what `LimitParameter::name` says.
+fn parameter_named(name: &str) -> LimitParameter {
+    let all = [
+        LimitParameter::Limit,
+        LimitParameter::Period,
+        LimitParameter::Burst,
+        LimitParameter::Delay,
+        LimitParameter::Window,
+    ];
+    all.into_iter().find(|p| p.name() == name).expect("a parameter's name")
 }
 
 #[test]
@@ -51,8 +66,8 @@ fn parameters_that_do_not_apply() {
 
 #[test]
 fn bursts_and_delays() {
-    check("token_bucket 3/1s burst=0", Err(LimitError::ZeroBurst("token_bucket")));
-    check("gcra 3/1s burst=0", Err(LimitError::ZeroBurst("gcra")));
+    check("token_bucket 3/1s burst=0", Err(LimitError::ZeroBurst(Algorithm::TokenBucket)));
+    check("gcra 3/1s burst=0", Err(LimitError::ZeroBurst(Algorithm::Gcra)));
     // nginx's default is burst=0: one at a time.
     check("leaky_bucket 3/1s burst=0", Ok(()));
     check("leaky_bucket 3/1s burst=0 delay=0", Ok(()));

@@ -1,36 +1,26 @@
-//! A plain consistent-hash ring for the baselines: sorted virtual nodes hashed with XXH3.
+//! The baselines' key placement: the core's [`ratemesh_core::Ring`] (the very ring the ratemesh
+//! node places keys on), addressed by the simulator's `u32` member ids. One ring in the project:
+//! a baseline and ratemesh assign every key of a run to the same owner.
 
-use ratemesh_core::KeyHash;
-use xxhash_rust::xxh3::xxh3_64;
+use ratemesh_core::{KeyHash, NodeId, RING_VNODES_DEFAULT};
 
-/// Virtual nodes per member on the baselines' rings.
-pub const RING_VNODES: u32 = 64;
+/// Virtual nodes per member on the baselines' rings: the node's default.
+pub const RING_VNODES: u32 = RING_VNODES_DEFAULT;
 
 /// Owners of keys among a set of members.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Ring {
-    points: Vec<(u64, u32)>,
-}
+#[derive(Clone, Debug)]
+pub struct Ring(ratemesh_core::Ring);
 
 impl Ring {
     /// The ring of `members` with `vnodes` points each.
     pub fn new(members: &[u32], vnodes: u32) -> Ring {
-        let mut points: Vec<(u64, u32)> =
-            members.iter().flat_map(|&m| (0..vnodes).map(move |v| (point(m, v), m))).collect();
-        points.sort_unstable();
-        Ring { points }
+        let ids: Vec<NodeId> = members.iter().map(|&m| NodeId(u64::from(m))).collect();
+        Ring(ratemesh_core::Ring::new(&ids, vnodes))
     }
 
-    /// The member owning `key`: the first point at or after the key's hash, wrapping around.
+    /// The member owning `key` (`None` on an empty ring).
     pub fn owner(&self, key: KeyHash) -> Option<u32> {
-        let at = self.points.partition_point(|p| p.0 < key.low64());
-        self.points.get(at).or(self.points.first()).map(|p| p.1)
+        // Every member was a `u32`: the conversion back cannot fail.
+        self.0.owner(key).and_then(|node| u32::try_from(node.0).ok())
     }
-}
-
-fn point(member: u32, vnode: u32) -> u64 {
-    let mut bytes = [0u8; 8];
-    bytes[..4].copy_from_slice(&member.to_le_bytes());
-    bytes[4..].copy_from_slice(&vnode.to_le_bytes());
-    xxh3_64(&bytes)
 }
