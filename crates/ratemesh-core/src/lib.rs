@@ -52,9 +52,9 @@ pub use limit::{
 };
 #[cfg(feature = "std")]
 pub use node::{
-    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, DeliveryStats, DurableKey, Event, Fallback,
-    LeavePlan, MemberView, Mode, Node, NodeConfig, NodeId, NodeStats, Policy, RING_VNODES_DEFAULT, RequestId,
-    RestoreStats, Ring, Transmit,
+    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, DeliveryStats, DurableKey, Event, FRAME_LEN_MIN,
+    Fallback, LeavePlan, MemberView, Mode, Node, NodeConfig, NodeConfigError, NodeId, NodeStats, Policy,
+    RING_VNODES_DEFAULT, RequestId, RestoreStats, Ring, Transmit,
 };
 pub use store::{KeyExtra, Store, StoreConfig, StoreStats};
 pub use time::{Instant, duration_nanos};

@@ -659,6 +659,10 @@ impl Scenario {
         if self.duration_s == 0 || self.sync_interval_ms == 0 {
             return Err(self.invalid("duration_s and sync_interval_ms must be positive".into()));
         }
+        // The node refuses what would not work (zero timers, bounds too small to send a frame).
+        crate::strategy::node_config(&self.node, self.sync_interval_ms, 0)
+            .validate()
+            .map_err(|error| self.invalid(format!("[node]: {error}")))?;
         if self.limit.is_some() != self.policies.is_empty() {
             return Err(self.invalid("give either [limit] or [[policies]], not both or neither".into()));
         }

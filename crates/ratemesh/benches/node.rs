@@ -77,7 +77,8 @@ fn approximate_check(c: &mut Criterion, runtime: &Runtime) {
     let shared = Arc::new(policy.policy().clone());
     let mut group = c.benchmark_group("library_approx_10k_keys");
 
-    let mut core = ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 7, Instant::ZERO);
+    let mut core = ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 7, Instant::ZERO)
+        .expect("the default config is valid");
     let mut nanos = 0u64;
     let request =
         |i: usize| CheckRequest { id: RequestId(0), key: hashes[i], policy: shared.clone(), cost: 1 };

@@ -28,7 +28,7 @@ use chitchat::ChitchatHandle;
 use ratemesh_core::wire::WIRE_VERSION;
 use ratemesh_core::{
     CheckOutcome, CheckRequest, Decision, Event, KeyHash, LeaseId, LeavePlan, MemberView, Namespace,
-    NodeConfig, NodeId, NodeStats, Policy, RequestId, StoreStats,
+    NodeConfig, NodeConfigError, NodeId, NodeStats, Policy, RequestId, StoreStats,
 };
 use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -166,6 +166,9 @@ pub enum StartError {
         /// What chitchat reported.
         reason: String,
     },
+    /// A setting of the core node is out of range ([`NodeConfig::validate`]).
+    #[error("invalid setting: {0}")]
+    Core(#[from] NodeConfigError),
     /// A setting is out of range.
     #[error("invalid setting {field}: {reason}")]
     Config {
@@ -504,7 +507,7 @@ impl NodeBuilder {
         let durable = self.persistence(&security)?;
         let origin = Origin::start();
         let mut core =
-            ratemesh_core::Node::new(self.id, incarnation, self.core_config(), seed, origin.now_instant());
+            ratemesh_core::Node::new(self.id, incarnation, self.core_config(), seed, origin.now_instant())?;
         if let Some(durable) = &durable {
             restore(&mut core, durable, origin.now_instant()).await;
         }
@@ -570,16 +573,13 @@ impl NodeBuilder {
             ("snapshot_interval", self.snapshots.interval),
             ("gossip_interval", self.gossip_interval),
             ("seed_resolve_interval", self.seed_resolve_interval),
-            ("sync_interval", self.core.sync_interval),
-            ("forward_timeout", self.core.forward_timeout),
-            ("peer_silence", self.core.peer_silence),
-            ("retransmit_initial", self.core.retransmit_initial),
             ("top_config.half_window", self.top.half_window),
             ("top_query_timeout", self.top_query_timeout),
         ];
         if let Some((field, _)) = durations.iter().find(|(_, duration)| duration.is_zero()) {
             return Err(StartError::Config { field, reason: "must be longer than zero" });
         }
+        self.core_config().validate()?;
         if self.gossip_addr.ip().is_unspecified() && self.gossip_advertise_addr.is_none() {
             return Err(StartError::Config {
                 field: "gossip_advertise_addr",

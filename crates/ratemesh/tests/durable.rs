@@ -143,7 +143,8 @@ fn snapshot_cost_of_100_000_keys() {
     const KEYS: u64 = 100_000;
     let policy = std::sync::Arc::new(daily(Mode::Exact).policy().clone());
     let now = Instant::from_nanos(1_700_000_000_000_000_000);
-    let mut node = ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 1, now);
+    let mut node = ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 1, now)
+        .expect("the default config is valid");
     for i in 0..KEYS {
         let key = ratemesh_core::Namespace::new(b"cost").key(&i.to_le_bytes());
         node.handle_check(now, CheckRequest { id: RequestId(i), key, policy: policy.clone(), cost: 1 });
@@ -164,7 +165,8 @@ fn snapshot_cost_of_100_000_keys() {
     let started = std::time::Instant::now();
     let loaded = decode(&store.load(SNAPSHOT_BYTES_MAX_DEFAULT).unwrap().unwrap(), &cluster).unwrap();
     let read = started.elapsed();
-    let mut fresh = ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 1, now);
+    let mut fresh = ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 1, now)
+        .expect("the default config is valid");
     let started = std::time::Instant::now();
     let restored = fresh.restore(now, loaded.keys, Duration::ZERO);
     let restore = started.elapsed();

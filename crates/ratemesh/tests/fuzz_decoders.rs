@@ -376,8 +376,13 @@ async fn the_gossip_path_survives_mutated_and_random_input() {
 fn frame_corpus() -> Vec<(NodeId, Vec<u8>)> {
     let ids = [NodeId(1), NodeId(2), NodeId(3)];
     let mut now = ratemesh_core::Instant::from_millis(1);
-    let mut nodes: Vec<ratemesh_core::Node> =
-        ids.iter().map(|&id| ratemesh_core::Node::new(id, 1, NodeConfig::default(), id.0, now)).collect();
+    let mut nodes: Vec<ratemesh_core::Node> = ids
+        .iter()
+        .map(|&id| {
+            ratemesh_core::Node::new(id, 1, NodeConfig::default(), id.0, now)
+                .expect("the default config is valid")
+        })
+        .collect();
     for node in &mut nodes {
         node.handle_membership(now, MemberView { live: ids.to_vec(), dead: Vec::new() });
     }
@@ -444,7 +449,8 @@ fn the_peer_frame_decoder_survives_mutated_and_random_input() {
         assert_eq!(&encode(&frame, FRAME_LEN_MAX_DEFAULT).unwrap(), bytes, "canonical");
     }
     let mut receiver =
-        ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 7, ratemesh_core::Instant::ZERO);
+        ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 7, ratemesh_core::Instant::ZERO)
+            .expect("the default config is valid");
     let ids = vec![NodeId(1), NodeId(2), NodeId(3)];
     receiver.handle_membership(ratemesh_core::Instant::ZERO, MemberView { live: ids, dead: Vec::new() });
     let (mut inputs, mut decoded) = (0_u64, 0_u64);

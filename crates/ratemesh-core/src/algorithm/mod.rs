@@ -136,7 +136,7 @@ impl Bucket {
     /// `rng` names concurrency leases.
     pub fn check(&mut self, limit: &Limit, cost: u64, now: Instant, rng: &mut CoreRng) -> Decision {
         let now = self.advance(limit, now);
-        match (&mut self.state, limit.kind()) {
+        let decision = match (&mut self.state, limit.kind()) {
             (State::Tat(at), Kind::Tat(p)) => tat::check(at, p, cost, now),
             (State::Window(w), Kind::Window(p)) => w.check(p, cost, now),
             (State::Log(l), Kind::Log(p)) => l.check(p, cost, now),
@@ -144,7 +144,10 @@ impl Bucket {
             (State::Calendar(c), Kind::Calendar(p)) => c.check(p, cost, now),
             // advance() replaced a state of another family by a fresh one: cannot happen.
             _ => Decision::new(false, limit.reported_limit(), 0, 0).refused_for(None),
-        }
+        };
+        // The capacity bound: no bucket ever holds more than a fresh one.
+        assert!(decision.remaining <= limit.capacity(), "{decision:?} above the capacity of {limit:?}");
+        decision
     }
 
     /// The decision a request of `cost` would get at `now`, changing nothing.
@@ -206,6 +209,7 @@ impl Bucket {
             (State::Calendar(c), _) => c.refund(hits),
             _ => {}
         }
+        debug_assert!(self.peek(limit, 0, now).remaining <= limit.capacity(), "refunded above capacity");
     }
 
     /// Releases a concurrency lease; false when it is not held (released, expired, or not a

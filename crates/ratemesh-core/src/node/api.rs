@@ -205,3 +205,55 @@ impl Default for NodeConfig {
         }
     }
 }
+
+/// The smallest `frame_len_max` a node accepts: room for a heartbeat, acknowledgements and at
+/// least a few entries of every section, so that every message the node must send fits a frame.
+pub const FRAME_LEN_MIN: usize = 1024;
+
+/// Why a [`NodeConfig`] cannot run a node. The driver's settings are at fault (an integration
+/// error, not a peer's or a client's); no node was made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NodeConfigError {
+    /// A duration that paces a timer is zero: the timer would fire again at once, forever.
+    #[error("{0} must be longer than zero")]
+    ZeroDuration(&'static str),
+    /// A bound is below the smallest with which the node can work.
+    #[error("{field} must be at least {min}")]
+    TooSmall {
+        /// The field of [`NodeConfig`] (`store.keys_max` for the store's).
+        field: &'static str,
+        /// The smallest accepted value.
+        min: u64,
+    },
+}
+
+impl NodeConfig {
+    /// Checks what the node relies on: timers that advance, bounds that let it work. `Node::new`
+    /// refuses a configuration that fails this.
+    pub fn validate(&self) -> Result<(), NodeConfigError> {
+        let durations = [
+            ("sync_interval", self.sync_interval),
+            ("forward_timeout", self.forward_timeout),
+            ("peer_silence", self.peer_silence),
+            ("retransmit_initial", self.retransmit_initial),
+        ];
+        if let Some(&(field, _)) = durations.iter().find(|(_, duration)| duration.is_zero()) {
+            return Err(NodeConfigError::ZeroDuration(field));
+        }
+        let bounds = [
+            ("forward_batch_len_max", self.forward_batch_len_max, 1),
+            ("pending_forwards_max", self.pending_forwards_max, 1),
+            ("sync_batch_len_max", self.sync_batch_len_max, 1),
+            ("unacked_frames_max", self.unacked_frames_max, 1),
+            ("frame_len_max", self.frame_len_max, FRAME_LEN_MIN),
+            ("ring_vnodes", self.ring_vnodes as usize, 1),
+            ("store.keys_max", self.store.keys_max, 1),
+            ("store.sweep_len_max", self.store.sweep_len_max, 1),
+            ("store.eviction_sample_len", self.store.eviction_sample_len, 1),
+        ];
+        match bounds.iter().find(|&&(_, value, min)| value < min) {
+            Some(&(field, _, min)) => Err(NodeConfigError::TooSmall { field, min: min as u64 }),
+            None => Ok(()),
+        }
+    }
+}

@@ -55,8 +55,8 @@ use hashbrown::HashMap;
 use indexmap::IndexSet;
 
 pub use api::{
-    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, Event, Fallback, MemberView, Mode, NodeConfig,
-    NodeId, Policy, RequestId, Transmit,
+    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, Event, FRAME_LEN_MIN, Fallback, MemberView, Mode,
+    NodeConfig, NodeConfigError, NodeId, Policy, RequestId, Transmit,
 };
 pub use leave::LeavePlan;
 pub use peers::DeliveryStats;
@@ -170,7 +170,15 @@ pub struct Node {
 
 impl Node {
     /// A node that knows only itself; `incarnation` must grow with every restart of the member.
-    pub fn new(id: NodeId, incarnation: u64, config: NodeConfig, seed: u64, now: Instant) -> Node {
+    /// Refused (no node) when `config` does not pass [`NodeConfig::validate`].
+    pub fn new(
+        id: NodeId,
+        incarnation: u64,
+        config: NodeConfig,
+        seed: u64,
+        now: Instant,
+    ) -> Result<Node, NodeConfigError> {
+        config.validate()?;
         let peer_config = PeerConfig {
             silence_nanos: duration_nanos(config.peer_silence),
             sync_nanos: duration_nanos(config.sync_interval),
@@ -183,7 +191,7 @@ impl Node {
         // owner at the same instant, and the first ones would take what the others need.
         let interval = duration_nanos(config.sync_interval).max(1);
         let first_sync_at = now.add_nanos(1 + rand::Rng::next_u64(&mut rng) % interval);
-        Node {
+        Ok(Node {
             id,
             keys: Store::new(config.store, seed),
             rng,
@@ -218,7 +226,7 @@ impl Node {
             events: VecDeque::new(),
             stats: NodeStats::default(),
             config,
-        }
+        })
     }
 
     /// This node's id.
@@ -400,7 +408,8 @@ impl Node {
         if synced {
             self.sync(now);
             let interval = duration_nanos(self.config.sync_interval);
-            self.next_sync_at = self.next_sync_at.add_nanos(interval).max(now.add_nanos(interval / 2));
+            self.next_sync_at =
+                self.next_sync_at.add_nanos(interval).max(now.add_nanos((interval / 2).max(1)));
         }
         self.leave_progress(now);
         // Frames first: they carry the acknowledgements due; then what is still due goes alone,
@@ -413,6 +422,21 @@ impl Node {
             let heartbeats = self.peers.heartbeats(now, idle);
             self.transmits.extend(heartbeats);
         }
+        self.assert_timers(now);
+    }
+
+    /// The timer invariants a driver relies on: after [`Node::handle_timeout`] at `now` nothing is
+    /// due at or before `now` (a driver would call it again at once, forever), and every forwarded
+    /// check waiting for an answer has exactly one deadline, so each is decided by it.
+    fn assert_timers(&self, now: Instant) {
+        assert!(self.next_sync_at > now, "sync due at {:?}, handled at {now:?}", self.next_sync_at);
+        assert!(
+            self.deadlines.first().is_none_or(|&(deadline, _)| deadline > now),
+            "a forward's deadline passed at {now:?} without deciding it"
+        );
+        assert_eq!(self.pending.len(), self.deadlines.len(), "forwards and their deadlines");
+        debug_assert!(self.poll_timeout().is_none_or(|at| at > now), "a timer due again at {now:?}");
+        debug_assert!(self.pending.iter().all(|(&id, p)| self.deadlines.contains(&(p.deadline, id))));
     }
 
     /// The next frame to send.

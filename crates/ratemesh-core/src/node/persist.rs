@@ -157,7 +157,7 @@ mod tests {
     }
 
     fn node(id: u64) -> Node {
-        Node::new(NodeId(id), 1, NodeConfig::default(), id, T0)
+        Node::new(NodeId(id), 1, NodeConfig::default(), id, T0).expect("the default config is valid")
     }
 
     #[test]

@@ -32,7 +32,8 @@ impl Cluster {
         let ids: Vec<NodeId> = (1..=n).map(NodeId).collect();
         let mut nodes = BTreeMap::new();
         for &id in &ids {
-            let mut node = Node::new(id, 1, NodeConfig::default(), id.0, now);
+            let mut node =
+                Node::new(id, 1, NodeConfig::default(), id.0, now).expect("the default config is valid");
             node.handle_membership(now, MemberView { live: ids.clone(), dead: vec![] });
             nodes.insert(id, node);
         }
@@ -160,6 +161,34 @@ fn exact_mode_admits_exactly_the_burst_across_nodes() {
     assert_eq!(cluster.decided.len() as u64 + 60 - cluster.decided.len() as u64, 60);
 }
 
+/// A forwarded check is decided only by the owner it went to: another member's answer with the
+/// same id is counted as refused and changes nothing; the owner's answer decides it.
+#[test]
+fn a_forwarded_answer_counts_only_from_the_owner_it_went_to() {
+    let mut cluster = Cluster::new(3);
+    let policy = policy(Mode::Exact, 10, 1);
+    let k = (0..).map(|i| key(&format!("k{i}"))).find(|&k| cluster.node(1).owner_of(k) == Some(NodeId(2)));
+    let k = k.expect("some key is owned by node 2");
+    // The owner's only hit goes first, so that its answer to node 1 is a refusal.
+    let first = CheckRequest { id: RequestId(1), key: k, policy: policy.clone(), cost: 1 };
+    assert!(matches!(cluster.check(2, first), CheckOutcome::Decided(Decision { allowed: true, .. })));
+    let request = CheckRequest { id: RequestId(2), key: k, policy: policy.clone(), cost: 1 };
+    assert!(matches!(cluster.check(1, request), CheckOutcome::Pending));
+    let (&forward_id, pending) = cluster.node(1).pending.iter().next().expect("a forwarded check");
+    assert_eq!(pending.owner, NodeId(2));
+    // Node 3 answers "admitted" to node 1 for that id, before the owner's refusal arrives.
+    let forged = Decided { id: forward_id, decision: Decision::admitted_blind(10).into() };
+    let now = cluster.now;
+    cluster.node(3).send(NodeId(1), Body { decided: vec![forged], ..Body::default() }, now);
+    cluster.drain();
+    let refused_before = cluster.node(1).stats.items_refused;
+    cluster.run_for(Duration::from_millis(5));
+    assert_eq!(cluster.node(1).stats.items_refused, refused_before + 1, "node 3's answer is refused");
+    let decided: Vec<_> = cluster.decided.iter().filter(|(id, _)| *id == RequestId(2)).collect();
+    assert_eq!(decided.len(), 1, "decided once");
+    assert!(!decided[0].1.allowed, "by the owner's refusal, not node 3's admission");
+}
+
 #[test]
 fn approximate_mode_converges_to_the_limit() {
     let mut cluster = Cluster::new(3);
@@ -204,7 +233,8 @@ impl Cluster {
 
     fn add_node(&mut self, id: u64) {
         let now = self.now;
-        self.nodes.insert(NodeId(id), Node::new(NodeId(id), 1, NodeConfig::default(), id, now));
+        self.nodes
+            .insert(NodeId(id), Node::new(NodeId(id), 1, NodeConfig::default(), id, now).expect("valid"));
     }
 
     /// Decides `count` checks of cost 1 at `node` (waiting for forwarded ones) and counts passes.
@@ -318,7 +348,8 @@ fn garbage_from_peers_is_counted_and_dropped() {
         node.handle_frame(now, NodeId(2), bytes);
     }
     // A valid frame claiming another sender than the transport says.
-    let mut other = Node::new(NodeId(3), 1, NodeConfig::default(), 3, now);
+    let mut other =
+        Node::new(NodeId(3), 1, NodeConfig::default(), 3, now).expect("the default config is valid");
     other.handle_membership(now, MemberView { live: vec![NodeId(1), NodeId(3)], dead: vec![] });
     other.handle_timeout(now.add_duration(Duration::from_secs(1)));
     while let Some(transmit) = other.poll_transmit() {

@@ -20,6 +20,7 @@ use ratemesh_core::{Instant, KeyHash, Limit, Mode};
 pub use crdt::Crdt;
 pub use gubernator::Gubernator;
 pub use ratemesh::Ratemesh;
+pub(crate) use ratemesh::node_config;
 pub use static_split::StaticSplit;
 
 use crate::error::SimError;

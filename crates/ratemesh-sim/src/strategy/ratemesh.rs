@@ -29,7 +29,9 @@ impl Ratemesh {
     /// mode), with the scenario's node settings and fallback.
     pub fn new(setup: NodeSetup, mode: Option<Mode>) -> Ratemesh {
         let config = node_config(&setup.settings, setup.sync_interval_ms, setup.join_grace_ms);
-        let node = Node::new(NodeId(u64::from(setup.id)), setup.incarnation, config, setup.seed, setup.now);
+        let node = Node::new(NodeId(u64::from(setup.id)), setup.incarnation, config, setup.seed, setup.now)
+            // `Scenario::validate` checked the same settings (the join grace is not validated).
+            .expect("node settings validated with the scenario");
         let fallback = match setup.settings.fallback.as_deref() {
             Some("fail_open") => Fallback::FailOpen,
             Some("fail_closed") => Fallback::FailClosed,
@@ -129,7 +131,8 @@ impl SimNode for Ratemesh {
 }
 
 /// The core's configuration with the scenario's settings over its defaults.
-fn node_config(settings: &NodeSettings, sync_interval_ms: u64, join_grace_ms: u64) -> NodeConfig {
+/// The core node's configuration from a scenario's `[node]` settings.
+pub(crate) fn node_config(settings: &NodeSettings, sync_interval_ms: u64, join_grace_ms: u64) -> NodeConfig {
     let defaults = NodeConfig::default();
     let ms = |value: Option<u64>, default: Duration| value.map_or(default, Duration::from_millis);
     NodeConfig {
