@@ -1,5 +1,8 @@
 //! The peer wire format: round trips, canonical encoding, hostile and malformed input, size bounds,
 //! the pinned byte layout (golden frames) and the conversions between wire and core types.
+//!
+//! Over 600 lines on purpose: one test binary per codec, so that the allocation probe (the global
+//! allocator below) watches every decode, and the strategies and golden frames are shared.
 
 use core::time::Duration;
 

@@ -5,7 +5,8 @@ use crate::prelude::*;
 use alloc::collections::BTreeMap;
 use alloc::sync::Arc;
 
-use super::owner::{admitted_from_allowance, need_for, refused_until_grant};
+use super::owner::{admitted_from_allowance, refused_until_grant};
+use super::sizing::need_for;
 use super::*;
 
 /// What a follower does with a check.

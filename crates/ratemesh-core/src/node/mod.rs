@@ -40,6 +40,7 @@ mod adjust;
 mod api;
 mod exact;
 mod follower;
+mod handoff;
 mod keys;
 mod leave;
 mod owner;
@@ -47,6 +48,7 @@ mod peers;
 mod persist;
 mod ring;
 mod share;
+mod sizing;
 
 use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
 

@@ -1,5 +1,8 @@
 //! Node tests on a tiny in-memory cluster: plain queues and a shared clock, stepped to the next
 //! delivery or timer (in the spirit of quinn-proto's `Pair`). Faults are edits to the queues.
+//!
+//! Over 600 lines on purpose: the harness and the scenarios that use it read as one story (each
+//! test a few lines over the same `Cluster`); splitting them would only spread the harness.
 
 use crate::prelude::*;
 use alloc::collections::BTreeMap;

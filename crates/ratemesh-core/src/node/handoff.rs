@@ -1,0 +1,142 @@
+//! Ownership moves: handoffs of keys whose owner changed, replicas to ring successors, and the
+//! joining of either into the receiver's state (conservative and idempotent).
+
+use crate::prelude::*;
+use alloc::collections::BTreeMap;
+use alloc::sync::Arc;
+
+use super::*;
+
+impl Node {
+    /// Joins state from a key's (previous) owner: a handoff when ownership moved, or a replica
+    /// kept in case the owner fails. Joining is conservative and idempotent either way.
+    ///
+    /// A handoff of a key this node does not own (it handed its keys over already: it is
+    /// leaving, or its view moved on) is passed on to the owner in its view, joined with what it
+    /// holds — unless that owner is the sender — so that when several members leave at once a
+    /// state handed to one that has left already still reaches the key's owner.
+    pub(super) fn on_states(&mut self, from: NodeId, states: Vec<KeyState>, replica: bool, now: Instant) {
+        let mut pass_on: BTreeMap<NodeId, Vec<KeyState>> = BTreeMap::new();
+        for state in states {
+            let Ok(limit) = state.limit.to_limit() else {
+                self.stats.items_refused += 1;
+                continue;
+            };
+            let key = KeyHash(state.key);
+            let owned = self.ring.owner(key) == Some(self.id);
+            let policy = Arc::new(Policy {
+                limit: limit.clone(),
+                mode: api::Mode::Approximate,
+                fallback: api::Fallback::LocalShare,
+            });
+            let joined = self.keys.upsert_with(
+                key,
+                &limit,
+                now,
+                || KeyMeta::new(policy, owned),
+                |bucket, _| bucket.join(&limit, state.state.into(), now),
+            );
+            match (joined, replica) {
+                (Ok(()), false) => self.stats.handoffs_received += 1,
+                (Ok(()), true) => self.stats.replicas_received += 1,
+                (Err(_), _) => self.stats.items_refused += 1,
+            }
+            if owned && self.config.replicate {
+                self.replicas_due.insert(key);
+            }
+            let owner = self.ring.owner(key).filter(|&o| o != self.id && o != from);
+            if let (Some(owner), false) = (owner, replica || owned) {
+                let exported = self.keys.update(key, &limit, |bucket, _| bucket.export(now));
+                if let Some(exported) = exported {
+                    let limit = LimitWire::from_limit(&limit);
+                    pass_on.entry(owner).or_default().push(KeyState {
+                        key: key.0,
+                        limit,
+                        state: exported.into(),
+                    });
+                }
+            }
+        }
+        self.send_handoffs(pass_on, now);
+    }
+
+    /// Sends key states to their owners as handoffs, batched.
+    fn send_handoffs(&mut self, handoffs: BTreeMap<NodeId, Vec<KeyState>>, now: Instant) {
+        for (owner, states) in handoffs {
+            self.stats.handoffs_sent += states.len() as u64;
+            for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
+                self.send(owner, Body { handoff: chunk.to_vec(), ..Body::default() }, now);
+            }
+        }
+    }
+
+    /// Sends the state of owned keys that changed since the last tick to their ring successors,
+    /// so that an owner's crash loses at most one interval.
+    pub(super) fn send_replicas(&mut self, now: Instant) {
+        let mut batches: BTreeMap<NodeId, Vec<KeyState>> = BTreeMap::new();
+        for key in core::mem::take(&mut self.replicas_due) {
+            let Some(successor) = self.ring.successor(key).filter(|&s| s != self.id) else { continue };
+            let Some(meta) = self.keys.extra(key).filter(|meta| meta.owned) else { continue };
+            let limit = LimitWire::from_limit(&meta.policy.limit);
+            let Some(state) = self.keys.export(key, now) else { continue };
+            batches.entry(successor).or_default().push(KeyState { key: key.0, limit, state: state.into() });
+        }
+        for (successor, states) in batches {
+            self.stats.replicas_sent += states.len() as u64;
+            for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
+                self.send(successor, Body { replica: chunk.to_vec(), ..Body::default() }, now);
+            }
+        }
+    }
+
+    /// After a view change: hands keys this node owned and no longer owns to their new owners,
+    /// and marks followed keys whose owner changed so their next report seeds the new owner.
+    pub(super) fn move_keys(&mut self, now: Instant) {
+        let mut handoffs: BTreeMap<NodeId, Vec<KeyState>> = BTreeMap::new();
+        let keys: Vec<KeyHash> = self.keys.keys().collect();
+        for key in keys {
+            let owner = self.ring.owner(key).unwrap_or(self.id);
+            let me = self.id;
+            let epoch = keys::new_epoch(&mut self.rng);
+            let moved = self.update_key(key, |bucket, meta| {
+                let was_owned = meta.owned;
+                meta.owned = owner == me;
+                if was_owned && owner != me {
+                    // Allowances out were debited in the bucket handed over, so holders keep
+                    // them; the own allowance goes back into it: the new owner receives no hit
+                    // counted that nobody will admit.
+                    meta.participants.clear();
+                    let own = core::mem::take(&mut meta.own).live(now);
+                    bucket.refund(&meta.policy.limit, own, now);
+                    meta.own_contended = false;
+                    meta.follower().follow(owner, epoch);
+                    return Some(KeyState {
+                        key: key.0,
+                        limit: LimitWire::from_limit(&meta.policy.limit),
+                        state: bucket.export(now).into(),
+                    });
+                }
+                if !was_owned && owner == me {
+                    // Becoming the owner: the last authoritative view is the starting point, hits
+                    // admitted here without an allowance are debited at once, and an allowance
+                    // held here (debited by the previous owner) becomes the owner's own.
+                    if let Some(follower) = meta.follower.take() {
+                        bucket.force(&meta.policy.limit, follower.uncovered, now);
+                        meta.own.add(follower.allowance.live(now), follower.allowance.expires_at, now);
+                    }
+                    return None;
+                }
+                if let Some(follower) = meta.follower.as_mut().filter(|f| f.owner != Some(owner)) {
+                    follower.follow(owner, epoch);
+                    follower.seed_pending = true;
+                }
+                None
+            });
+            if let Some(state) = moved.flatten() {
+                handoffs.entry(owner).or_default().push(state);
+                self.dirty.insert(key);
+            }
+        }
+        self.send_handoffs(handoffs, now);
+    }
+}
