@@ -93,8 +93,8 @@ pub struct PointResult {
 }
 
 impl SweepFile {
-    /// Runs `point` on every seed (or only `seed`), `jobs` seeds at a time is not done: one point
-    /// runs on one thread; see [`run_sweep`] for points in parallel.
+    /// Runs `point` on every seed of its block (or only `seed`), one seed after another on this
+    /// thread; [`run_sweep`] runs points in parallel.
     pub fn run_point(&self, point: &Point, seed: Option<u64>) -> Result<PointResult, SimError> {
         let seeds: Vec<u64> = seed.map_or_else(|| (1..=self.block_seeds(point.block)).collect(), |s| vec![s]);
         let below = self.below(point);
