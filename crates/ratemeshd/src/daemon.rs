@@ -18,13 +18,8 @@
 //!
 //! [`Daemon::reload`] (SIGHUP, or the configuration file changed) reads the file again with the
 //! same environment overrides and validates it. A refused file changes nothing. A valid file is
-//! applied only if it changes nothing that needs a restart (see [`restart_only_changes`]):
-//!
-//! - applied at once: `[[policies]]`, `[log] level`, `[auth]`, and the per-request bounds
-//!   `[limits] http_body_bytes_max`, `batch_len_max`, `key_bytes_max`;
-//! - need a restart: `[node]`, `[cluster]`, `[listen]`, `[log] format`, `[limits] keys_max`, `log_bytes_max`,
-//!   `http_in_flight_max` and `connections_max` (sockets, the node's identity, its key table and
-//!   the servers' bounds are made once).
+//! applied only if it changes nothing that needs a restart (the classification is
+//! [`crate::config::restart_only_changes`]: reloadable are [`crate::config::RELOADABLE`]).
 //!
 //! A reload holds one lock from reading the file to swapping the configuration in, so that two
 //! reloads (SIGHUP and the file watcher) cannot apply an older read over a newer one.
@@ -37,25 +32,22 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use ratemesh::durable::SnapshotSettings;
 use ratemesh::{
     AdjustError, Adjustment, CheckError, GossipHealth, GroupCheck, Member, MemberStatus, Node, NodeBuilder,
     NodeId, Released, StartError, TopLabel,
 };
-use ratemesh_core::{Decision, KeyHash, Namespace};
+use ratemesh_core::{KeyHash, LeaseId, Namespace, Policy};
 use tokio::sync::{Semaphore, watch};
 use tracing::{info, warn};
 
-use crate::config::Rule;
-use crate::config::{
-    AuthSection, Bounds, ClusterSection, Config, ConfigError, ListenSection, LogLevel, LogSection,
-    NodeSection,
-};
+use crate::check::{Answer, Target, ValidCheck};
+use crate::config::{Config, ConfigError, LogLevel, RELOADABLE, Rule, restart_only_changes};
 use crate::metrics::Metrics;
 use crate::overrides::{LiveOverride, LiveTable, OverrideError};
-use crate::policy::{PolicyTable, Target, ValidCheck, ValidRelease};
+use crate::policy::PolicyTable;
 
 /// How many probe keys estimate the ring's shares (`GET /v1/cluster`, `ratemeshd cluster`):
 /// enough for a share to within about 1 %, cheap enough for a request.
@@ -91,7 +83,7 @@ pub enum ReloadError {
     #[error(transparent)]
     Invalid(#[from] ConfigError),
     /// The file changes settings that only a restart applies.
-    #[error("not applied: {} can only change with a restart (reloadable: policies, log.level, auth, rls, limits.http_body_bytes_max, limits.batch_len_max, limits.key_bytes_max)", fields.join(", "))]
+    #[error("not applied: {} can only change with a restart (reloadable: {RELOADABLE})", fields.join(", "))]
     RestartRequired {
         /// The fields that changed.
         fields: Vec<&'static str>,
@@ -480,12 +472,12 @@ impl Daemon {
         &self.metrics
     }
 
-    /// Checks `cost` hits of `key` against `target`. A named policy's check is counted in the
-    /// node's top-keys sketches under `key_text` (the key as the client wrote it); inline limits
-    /// are not (they have no name to ask for).
+    /// Checks `cost` hits of `key` against `target`, counted in metrics. A named policy's check
+    /// is counted in the node's top-keys sketches under `key_text` (the key as the client wrote
+    /// it); inline limits are not (they have no name to ask for).
     ///
-    /// - An unlimited policy is allowed without asking the node ([`unlimited_decision`]).
-    /// - A shadow-mode refusal is returned as allowed (no retry time), and counted as
+    /// - An unlimited policy is allowed without asking the node ([`crate::check::Verdict::Unlimited`]).
+    /// - A shadow-mode refusal is answered as allowed ([`Answer::answered`]) and counted as
     ///   `decision="shadow_refused"` in metrics.
     /// - Once shutdown began, [`CheckError::ShutDown`] (answer 503 / UNAVAILABLE: the client
     ///   should ask another node).
@@ -495,39 +487,36 @@ impl Daemon {
         key: KeyHash,
         key_text: &str,
         cost: u64,
-    ) -> Result<Decision, CheckError> {
-        let Some(policy) = target.policy() else {
-            self.metrics.record_unlimited(target.label());
-            return Ok(unlimited_decision());
-        };
-        if self.is_shutting_down() {
-            return Err(CheckError::ShutDown);
-        }
-        let mut decision = match target {
-            Target::Named(entry) => {
-                let label = TopLabel { policy: &entry.name, key: key_text.as_bytes() };
-                self.node.check_labelled(&policy, key, cost, label).await?
+    ) -> Result<Answer, CheckError> {
+        let answer = match target.policy() {
+            None => Answer::unlimited(target.clone()),
+            Some(_) if self.is_shutting_down() => return Err(CheckError::ShutDown),
+            Some(policy) => {
+                // The library checks a bucket named by hash twice over: with a top-keys label
+                // or without (inline limits); see ARCHITECTURE.md, `crates/ratemeshd`.
+                let decision = match target {
+                    Target::Named(entry) => {
+                        let label = TopLabel { policy: &entry.name, key: key_text.as_bytes() };
+                        self.node.check_labelled(&policy, key, cost, label).await?
+                    }
+                    Target::Inline(_) => self.node.check_hashed(&policy, key, cost).await?,
+                };
+                Answer::limited(target.clone(), policy, decision)
             }
-            Target::Inline(_) => self.node.check_hashed(&policy, key, cost).await?,
         };
-        let shadow_mode = target.shadow_mode();
-        self.metrics.record_decision(target.label(), &decision, shadow_mode);
-        if shadow_mode && !decision.allowed {
-            decision.allowed = true;
-            decision.retry_after = None;
-        }
-        Ok(decision)
+        self.metrics.record(&answer);
+        Ok(answer)
     }
 
-    /// Returns `hits` to `key`'s bucket (a negative cost), at the key's owner. The decision says
+    /// Returns `hits` to `key`'s bucket (a negative cost), at the key's owner. The answer says
     /// whether a cost-1 check would pass afterwards.
-    pub async fn refund(&self, target: &Target, key: KeyHash, hits: u64) -> Result<Decision, AdjustError> {
+    pub async fn refund(&self, target: &Target, key: KeyHash, hits: u64) -> Result<Answer, AdjustError> {
         self.adjust(target, key, Adjustment::Refund, hits).await
     }
 
     /// Applies `hits` to `key`'s bucket unconditionally (it may go into debt), at the key's owner.
-    /// The decision says whether a cost-1 check would pass now, and when it will.
-    pub async fn charge(&self, target: &Target, key: KeyHash, hits: u64) -> Result<Decision, AdjustError> {
+    /// The answer says whether a cost-1 check would pass now, and when it will.
+    pub async fn charge(&self, target: &Target, key: KeyHash, hits: u64) -> Result<Answer, AdjustError> {
         self.adjust(target, key, Adjustment::Charge, hits).await
     }
 
@@ -537,56 +526,59 @@ impl Daemon {
         key: KeyHash,
         adjustment: Adjustment,
         hits: u64,
-    ) -> Result<Decision, AdjustError> {
-        let Some(policy) = target.policy() else { return Ok(unlimited_decision()) };
+    ) -> Result<Answer, AdjustError> {
+        let Some(policy) = target.policy() else { return Ok(Answer::unlimited(target.clone())) };
         if self.is_shutting_down() {
             return Err(AdjustError::ShutDown);
         }
-        let mut decision = self.node.adjust_hashed(&policy, key, adjustment, hits).await?;
-        if target.shadow_mode() && !decision.allowed {
-            decision.allowed = true;
-            decision.retry_after = None;
-        }
-        Ok(decision)
+        let decision = self.node.adjust_hashed(&policy, key, adjustment, hits).await?;
+        Ok(Answer::limited(target.clone(), policy, decision))
     }
 
     /// Checks every one of `checks`, all or nothing (see [`Node::check_all`]); an unlimited
     /// policy always passes, and a shadow-mode policy is checked on its own (it never refuses).
-    /// The decisions are in the order of `checks`.
-    pub async fn check_all(&self, checks: &[ValidCheck]) -> Result<(bool, Vec<Decision>), CheckError> {
+    /// The answers are in the order of `checks`.
+    pub async fn check_all(&self, checks: &[ValidCheck]) -> Result<(bool, Vec<Answer>), CheckError> {
         if self.is_shutting_down() {
             return Err(CheckError::ShutDown);
         }
-        let grouped = |check: &&ValidCheck| check.target.policy().is_some() && !check.target.shadow_mode();
+        // The limit each check of the group runs under (`None`: checked on its own).
+        let grouped: Vec<Option<Arc<Policy>>> = checks
+            .iter()
+            .map(|check| check.target.policy().filter(|_| !check.target.shadow_mode()))
+            .collect();
         let group: Vec<GroupCheck> = checks
             .iter()
-            .filter(grouped)
-            .filter_map(|check| {
-                Some(GroupCheck { policy: check.target.policy()?, key: check.key, cost: check.cost })
+            .zip(&grouped)
+            .filter_map(|(check, policy)| {
+                Some(GroupCheck { policy: Arc::clone(policy.as_ref()?), key: check.key, cost: check.cost })
             })
             .collect();
         let answer = self.node.check_all(&group).await?;
         let mut group_decisions = answer.decisions.into_iter();
-        let mut decisions = Vec::with_capacity(checks.len());
-        for check in checks {
-            let decision = match grouped(&check) {
-                true => group_decisions.next().unwrap_or_else(unlimited_decision),
-                false => self.check(&check.target, check.key, &check.key_text, check.cost).await?,
+        let mut answers = Vec::with_capacity(checks.len());
+        for (check, policy) in checks.iter().zip(grouped) {
+            // The group has one decision per check (`GroupDecision::decisions`).
+            let grouped_decision = policy.and_then(|policy| Some((policy, group_decisions.next()?)));
+            let answer = match grouped_decision {
+                Some((policy, decision)) => {
+                    let answer = Answer::limited(check.target.clone(), policy, decision);
+                    self.metrics.record(&answer);
+                    answer
+                }
+                None => self.check(&check.target, check.key, &check.key_text, check.cost).await?,
             };
-            if grouped(&check) {
-                self.metrics.record_decision(check.target.label(), &decision, false);
-            }
-            decisions.push(decision);
+            answers.push(answer);
         }
-        Ok((answer.allowed, decisions))
+        Ok((answer.allowed, answers))
     }
 
-    /// Gives back a concurrency lease.
-    pub fn release(&self, release: &ValidRelease) -> Result<Released, CheckError> {
+    /// Gives back a concurrency lease taken under `policy` on `key`.
+    pub fn release(&self, policy: &Policy, key: KeyHash, lease: LeaseId) -> Result<Released, CheckError> {
         if self.is_shutting_down() {
             return Err(CheckError::ShutDown);
         }
-        self.node.release_hashed(&release.policy, release.key, release.lease)
+        self.node.release_hashed(policy, key, lease)
     }
 
     /// Whether the daemon should receive traffic (see the module documentation):
@@ -779,126 +771,5 @@ fn signal(flag: &watch::Sender<bool>) -> impl Future<Output = ()> + Send + 'stat
     let mut rx = flag.subscribe();
     async move {
         let _ = rx.wait_for(|set| *set).await;
-    }
-}
-
-/// The decision of an unlimited policy: allowed, with `limit` and `remaining` at `u64::MAX`
-/// ("no limit"), nothing to wait for. Front ends write no rate-limit headers for it.
-pub fn unlimited_decision() -> Decision {
-    Decision {
-        allowed: true,
-        limit: u64::MAX,
-        remaining: u64::MAX,
-        reset_after: Duration::ZERO,
-        retry_after: None,
-        delay: Duration::ZERO,
-        lease: None,
-    }
-}
-
-/// The fields that differ between `running` and `new` and that only a restart can apply.
-///
-/// Every section is destructured without `..`: a field added to the configuration does not
-/// compile here until it is classified, restart-only (compared) or reloadable (`_`).
-pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str> {
-    let mut fields = Vec::new();
-    let mut differs = |field, changed: bool| {
-        if changed {
-            fields.push(field);
-        }
-    };
-    // [rls] is reloadable: nothing to compare.
-    let Config { node, cluster, listen, limits, log, auth, rls: _, policies: _ } = running;
-
-    let NodeSection { id, id_from, incarnation, data_dir, snapshot_interval, snapshot_period_min } = node;
-    let b = &new.node;
-    differs("node.id", *id != b.id);
-    differs("node.id_from", *id_from != b.id_from);
-    differs("node.incarnation", *incarnation != b.incarnation);
-    differs("node.data_dir", *data_dir != b.data_dir);
-    differs("node.snapshot_interval_ms", *snapshot_interval != b.snapshot_interval);
-    differs("node.snapshot_period_min_ms", *snapshot_period_min != b.snapshot_period_min);
-
-    let ClusterSection {
-        cluster_id,
-        seeds,
-        auth: cluster_auth,
-        gossip_interval,
-        sync_interval,
-        dead_member_forget,
-        seed_resolve_interval,
-        leave_linger,
-    } = cluster;
-    let b = &new.cluster;
-    differs("cluster.cluster_id", *cluster_id != b.cluster_id);
-    differs("cluster.seeds", *seeds != b.seeds);
-    differs("cluster.secret/certificates", *cluster_auth != b.auth);
-    differs("cluster.gossip_interval_ms", *gossip_interval != b.gossip_interval);
-    differs("cluster.sync_interval_ms", *sync_interval != b.sync_interval);
-    differs("cluster.dead_member_forget_ms", *dead_member_forget != b.dead_member_forget);
-    differs("cluster.seed_resolve_interval_ms", *seed_resolve_interval != b.seed_resolve_interval);
-    differs("cluster.leave_linger_ms", *leave_linger != b.leave_linger);
-
-    let ListenSection { http, grpc, gossip, quic, advertise_gossip, advertise_quic, advertise_ip_from } =
-        listen;
-    let b = &new.listen;
-    differs("listen.http", *http != b.http);
-    differs("listen.grpc", *grpc != b.grpc);
-    differs("listen.gossip", *gossip != b.gossip);
-    differs("listen.quic", *quic != b.quic);
-    differs("listen.advertise_gossip", *advertise_gossip != b.advertise_gossip);
-    differs("listen.advertise_quic", *advertise_quic != b.advertise_quic);
-    differs("listen.advertise_ip_from", *advertise_ip_from != b.advertise_ip_from);
-
-    // The per-request bounds are read by each request: reloadable.
-    let Bounds {
-        keys_max,
-        http_body_bytes_max: _,
-        http_in_flight_max,
-        connections_max,
-        batch_len_max: _,
-        key_bytes_max: _,
-        log_bytes_max,
-    } = limits;
-    let b = &new.limits;
-    differs("limits.keys_max", *keys_max != b.keys_max);
-    differs("limits.log_bytes_max", *log_bytes_max != b.log_bytes_max);
-    differs("limits.http_in_flight_max", *http_in_flight_max != b.http_in_flight_max);
-    differs("limits.connections_max", *connections_max != b.connections_max);
-
-    // The level is followed by the subscriber; the format is how it was built.
-    let LogSection { format, level: _ } = log;
-    differs("log.format", *format != new.log.format);
-
-    // Read by each auth request: reloadable.
-    let AuthSection { policy_header: _, key_header: _, admin_token: _ } = auth;
-    fields
-}
-
-#[cfg(test)]
-mod tests {
-    use std::net::SocketAddr;
-
-    use super::*;
-
-    #[test]
-    fn restart_only_fields_are_named_and_reloadable_ones_are_not() {
-        let running = Config::default();
-        let mut new = Config::default();
-        new.limits.connections_max += 1;
-        new.limits.keys_max += 1;
-        new.log.format = crate::config::LogFormat::Json;
-        new.cluster.seeds.push(SocketAddr::from(([10, 0, 0, 1], 7946)).into());
-        assert_eq!(
-            restart_only_changes(&running, &new),
-            ["cluster.seeds", "limits.keys_max", "limits.connections_max", "log.format"]
-        );
-        let mut reloadable = Config::default();
-        reloadable.limits.batch_len_max += 1;
-        reloadable.limits.http_body_bytes_max += 1;
-        reloadable.limits.key_bytes_max += 1;
-        reloadable.log.level = LogLevel::Debug;
-        reloadable.auth.key_header = "x-user".to_owned();
-        assert!(restart_only_changes(&running, &reloadable).is_empty());
     }
 }

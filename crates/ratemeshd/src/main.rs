@@ -19,7 +19,7 @@ use ratemesh::security::{CERT_FILES_NODES_MAX, ClusterCa, write_cert_files};
 use ratemeshd::Config;
 use ratemeshd::client;
 use ratemeshd::daemon::ConfigSource;
-use ratemeshd::policy::{CheckBody, LimitBody};
+use ratemeshd::http::body::{CheckBody, LimitBody};
 
 /// Exit status of `check` when the request is allowed.
 const EXIT_ALLOWED: u8 = 0;

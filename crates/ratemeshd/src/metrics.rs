@@ -28,6 +28,7 @@ use ratemesh::durable::SnapshotMetrics;
 use ratemesh::{GossipHealth, Member, MemberStatus, Node};
 use ratemesh_core::Decision;
 
+use crate::check::{Answer, Verdict};
 use crate::rates::RateHistory;
 
 /// The content type of [`Metrics::encode`]'s output: OpenMetrics text, which Prometheus scrapes
@@ -211,10 +212,17 @@ impl Metrics {
         }
     }
 
-    /// Records a decision under the policy labelled `policy` (a name or `inline`), before shadow
-    /// mode turns a refusal into an admission.
-    pub fn record_decision(&self, policy: &str, decision: &Decision, shadow_mode: bool) {
-        let label = match (decision.allowed, shadow_mode) {
+    /// Records a check's answer under its policy's label (a name or `inline`): an unlimited
+    /// policy's as allowed, with no bucket (not a limited decision); a decision as the node made
+    /// it, a refusal in shadow mode as `shadow_refused`.
+    pub fn record(&self, answer: &Answer) {
+        let policy = answer.label();
+        let Verdict::Limited { decision, .. } = &answer.verdict else {
+            let labels = PolicyDecision { policy: policy.to_owned(), decision: DecisionLabel::allowed };
+            self.requests.get_or_create(&labels).inc();
+            return;
+        };
+        let label = match (decision.allowed, answer.shadow_refused()) {
             (true, _) => DecisionLabel::allowed,
             (false, false) => DecisionLabel::refused,
             (false, true) => DecisionLabel::shadow_refused,
@@ -234,13 +242,6 @@ impl Metrics {
         if is_near_limit(decision) {
             self.near_limit.get_or_create(&labels).inc();
         }
-    }
-
-    /// Records a check of an unlimited policy (allowed without a bucket): no bucket, so it is not
-    /// a limited decision.
-    pub fn record_unlimited(&self, policy: &str) {
-        let labels = PolicyDecision { policy: policy.to_owned(), decision: DecisionLabel::allowed };
-        self.requests.get_or_create(&labels).inc();
     }
 
     /// Records an HTTP request's latency. `route` is a fixed route name (bounded cardinality).

@@ -103,17 +103,18 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use http::HeaderMap;
-use ratemesh_core::{Algorithm, Decision, KeyHash, Limit, LimitSpec, Policy};
+use ratemesh_core::{Algorithm, Decision, Limit, LimitSpec, Policy};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 use tracing::debug;
 
+use crate::check::{Answer, Target, ValidCheck};
 use crate::config::{Rule, limit_error_field, limit_error_message};
 use crate::daemon::Daemon;
 use crate::listener::{FirstBytes, LimitedIncoming};
-use crate::policy::{PolicyEntry, PolicyTable, Target, ValidCheck};
+use crate::policy::{PolicyEntry, PolicyTable};
 
 /// The most descriptors in one request. Envoy sends one per matching rate-limit action set of a
 /// route (a handful); 64 leaves room for generous configurations and bounds the work per call.
@@ -256,26 +257,26 @@ impl RlsService {
             false => vec![None; plans.len()],
         };
         let mut response = RateLimitResponse { overall_code: Code::Ok.into(), ..Default::default() };
-        // The most restrictive limited descriptor so far: (index into plans, its decision).
-        let mut tightest: Option<(usize, Decision)> = None;
+        // The most restrictive limited descriptor so far: its answer and decision as answered.
+        let mut tightest: Option<(Answer, Decision)> = None;
         for (index, plan) in plans.iter().enumerate() {
             let Some(check) = plan else {
                 response.statuses.push(no_limit_status(0));
                 continue;
             };
             let outcome = match (decided[index].take(), check.refund) {
-                (Some(decision), _) => Ok(decision),
+                (Some(answer), _) => Ok(answer),
                 (None, true) => {
-                    self.daemon.refund(&check.target, check.key, check.hits).await.map_err(|e| e.to_string())
+                    self.daemon.refund(&check.target, check.key, check.cost).await.map_err(|e| e.to_string())
                 }
                 (None, false) => self
                     .daemon
-                    .check(&check.target, check.key, &check.key_text, check.hits)
+                    .check(&check.target, check.key, &check.key_text, check.cost)
                     .await
                     .map_err(|e| e.to_string()),
             };
-            let decision = match outcome {
-                Ok(decision) => decision,
+            let answer = match outcome {
+                Ok(answer) => answer,
                 // Never enforced: its failure must not fail the call (see the module doc).
                 Err(error) if check.target.shadow_mode() => {
                     debug!(policy = check.target.label(), %error, "shadow-mode check failed: answered OK");
@@ -285,25 +286,24 @@ impl RlsService {
                 }
                 Err(error) => return Err(Status::unavailable(format!("cannot decide: {error}"))),
             };
-            let Some(policy) = check.target.policy() else {
+            let Some((policy, decision)) = answer.answered() else {
                 response.statuses.push(no_limit_status(u32::MAX));
                 continue;
             };
-            let status = limited_status(check.target.label(), policy.limit.spec(), &decision);
-            if status.code == i32::from(Code::OverLimit) {
+            let status = limited_status(answer.label(), policy.limit.spec(), &decision);
+            if !decision.allowed {
                 response.overall_code = Code::OverLimit.into();
             }
             response.statuses.push(status);
             if tightest.as_ref().is_none_or(|(_, best)| more_restrictive(&decision, best)) {
-                tightest = Some((index, decision));
+                tightest = Some((answer, decision));
             }
         }
-        if let Some((index, decision)) = tightest
-            && let Some(check) = &plans[index]
-            && let Some(policy) = check.target.policy()
+        if let Some((answer, decision)) = tightest
+            && let Some((policy, _)) = answer.answered()
         {
             let period = policy.limit.spec().period;
-            response.response_headers_to_add = envoy_headers(check.target.label(), period, &decision);
+            response.response_headers_to_add = envoy_headers(answer.label(), period, &decision);
         }
         Ok(response)
     }
@@ -313,28 +313,18 @@ impl RlsService {
     /// The decisions of a request of an all-or-nothing domain (`[rls] all_or_nothing_domains`):
     /// its checks (refunds aside, which run on their own) as one group, so that when one is over
     /// its limit the others' hits are given back (`Daemon::check_all`).
-    async fn all_or_nothing(&self, plans: &[Option<PlannedCheck>]) -> Result<Vec<Option<Decision>>, Status> {
+    async fn all_or_nothing(&self, plans: &[Option<ValidCheck>]) -> Result<Vec<Option<Answer>>, Status> {
         let grouped: Vec<usize> =
             (0..plans.len()).filter(|&i| plans[i].as_ref().is_some_and(|check| !check.refund)).collect();
-        let checks: Vec<ValidCheck> = grouped
-            .iter()
-            .filter_map(|&i| plans[i].as_ref())
-            .map(|check| ValidCheck {
-                target: check.target.clone(),
-                key: check.key,
-                key_text: check.key_text.clone(),
-                cost: check.hits,
-                refund: false,
-            })
-            .collect();
-        let (_, decisions) = self
+        let checks: Vec<ValidCheck> = grouped.iter().filter_map(|&i| plans[i].clone()).collect();
+        let (_, answers) = self
             .daemon
             .check_all(&checks)
             .await
             .map_err(|error| Status::unavailable(format!("cannot decide: {error}")))?;
         let mut decided = vec![None; plans.len()];
-        for (index, decision) in grouped.into_iter().zip(decisions) {
-            decided[index] = Some(decision);
+        for (index, answer) in grouped.into_iter().zip(answers) {
+            decided[index] = Some(answer);
         }
         Ok(decided)
     }
@@ -412,24 +402,9 @@ fn undecodable_is_invalid_argument<B>(mut response: http::Response<B>) -> http::
     response
 }
 
-/// A descriptor that falls under a policy: what to check.
-#[derive(Debug)]
-struct PlannedCheck {
-    /// The policy (with the override's limit, if any).
-    target: Target,
-    /// The bucket.
-    key: KeyHash,
-    /// The descriptor as `key=value,key=value` (for the top-keys sketches).
-    key_text: String,
-    /// Hits to take (0: query), or to give back.
-    hits: u64,
-    /// `is_negative_hits`: a refund of `hits`.
-    refund: bool,
-}
-
 /// Validates `request` and resolves every descriptor: `None` for a descriptor that matches no
 /// policy. Nothing is counted here, so an invalid request counts nothing.
-fn plan(policies: &PolicyTable, request: &RateLimitRequest) -> Result<Vec<Option<PlannedCheck>>, Status> {
+fn plan(policies: &PolicyTable, request: &RateLimitRequest) -> Result<Vec<Option<ValidCheck>>, Status> {
     if request.domain.is_empty() {
         return Err(Status::invalid_argument("domain: must not be empty"));
     }
@@ -460,7 +435,7 @@ fn plan_descriptor(
     index: usize,
     descriptor: &RateLimitDescriptor,
     request_hits: u64,
-) -> Result<Option<PlannedCheck>, Status> {
+) -> Result<Option<ValidCheck>, Status> {
     let entries = &descriptor.entries;
     if entries.is_empty() || entries.len() > ENTRIES_MAX {
         return Err(Status::invalid_argument(format!(
@@ -522,7 +497,7 @@ fn plan_descriptor(
         _ => (Target::Named(Arc::clone(&matched.entry)), matched.key_hash()),
     };
     let key_text = pairs.iter().map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>().join(",");
-    Ok(Some(PlannedCheck { target, key, key_text, hits, refund }))
+    Ok(Some(ValidCheck { target, key, key_text, cost: hits, refund }))
 }
 
 /// The requests and period of a descriptor's limit override.

@@ -821,7 +821,7 @@ async fn overload_is_shed_with_503_at_once_and_shutdown_refuses_checks() {
 
     // Shutdown: not ready, checks refused with ShutDown (the HTTP answer is 503).
     let target =
-        h.daemon.current().1.get("login").map(|entry| ratemeshd::policy::Target::Named(Arc::clone(entry)));
+        h.daemon.current().1.get("login").map(|entry| ratemeshd::check::Target::Named(Arc::clone(entry)));
     let target = target.expect("login");
     h.daemon.begin_shutdown();
     assert!(!h.daemon.is_ready());

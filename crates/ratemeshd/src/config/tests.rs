@@ -1,3 +1,9 @@
+use std::time::Duration;
+
+use ratemesh::security::CLUSTER_SECRET_LEN_MIN;
+use ratemesh::{ClusterSecurity, Seed};
+use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, NodeId};
+
 use super::*;
 
 const ORIGIN: &str = "test.toml";

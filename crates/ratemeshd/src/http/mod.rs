@@ -66,17 +66,22 @@ use axum::routing::{get, post, put};
 use prometheus_client::metrics::gauge::Gauge;
 use ratemesh::headers::insert_headers_for;
 use ratemesh::{AdjustError, CheckError, Released, TopBy};
-use ratemesh_core::{Algorithm, Decision};
+use ratemesh_core::Algorithm;
 use serde::Serialize;
 use serde_json::json;
 
+use crate::check::{Answer, ValidCheck};
 use crate::config::{Bounds, Rule, fallback_name, mode_name};
 use crate::daemon::{AdminError, Daemon, RING_PROBES};
 use crate::metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, status_name};
 use crate::overrides::{OVERRIDE_KEY_BYTES_MAX, OverrideError};
-use crate::policy::{
-    BodyError, CheckBody, CheckResponse, ErrorResponse, PolicyTable, Target, ValidCheck, parse_charge,
-    parse_check, parse_check_all, parse_check_batch, parse_release,
+use crate::policy::PolicyTable;
+
+pub mod body;
+
+use body::{
+    BodyError, CheckBody, CheckResponse, ErrorResponse, parse_charge, parse_check, parse_check_all,
+    parse_check_batch, parse_release,
 };
 
 /// The JSON content type of every answer but `/metrics`.
@@ -330,7 +335,7 @@ async fn read_body(
     })
 }
 
-/// Reads the body and parses it with `parse` (one of `crate::policy`'s `parse_*`), against one
+/// Reads the body and parses it with `parse` (one of [`body`]'s `parse_*`), against one
 /// snapshot of the configuration's bounds and its policies.
 async fn parse_body<T>(
     api: &Api,
@@ -355,44 +360,25 @@ async fn within<T>(
     })
 }
 
-/// The answer to one decision: the JSON and, unless the policy is unlimited, the headers.
-fn decision_response(status: StatusCode, target: &Target, decision: &Decision) -> Response {
-    let mut response = json_response(status, &check_response(target, decision));
-    if let Some(policy) = target.policy() {
-        insert_headers_for(response.headers_mut(), target.label(), policy.limit.spec().period, decision);
+/// The answer to one check: its JSON and, unless the policy is unlimited, the rate-limit
+/// headers.
+fn answer_response(status: StatusCode, answer: &Answer) -> Response {
+    let mut response = json_response(status, &CheckResponse::from(answer));
+    if let Some((policy, decision)) = answer.answered() {
+        let window = policy.limit.spec().period;
+        insert_headers_for(response.headers_mut(), answer.label(), window, &decision);
     }
     response
 }
 
-/// The JSON of an unlimited policy's admission: `limit` and `remaining` are `u64::MAX`.
-fn unlimited_response() -> CheckResponse {
-    CheckResponse {
-        allowed: true,
-        limit: u64::MAX,
-        remaining: u64::MAX,
-        reset_after_ms: 0,
-        retry_after_ms: None,
-        delay_ms: None,
-        lease: None,
-    }
-}
-
-/// The JSON of one decision.
-fn check_response(target: &Target, decision: &Decision) -> CheckResponse {
-    match target.policy() {
-        Some(policy) => CheckResponse::new(decision, policy.limit.algorithm(), target.shadow_mode()),
-        None => unlimited_response(),
-    }
-}
-
 async fn check(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let valid = parse_body(&api, &headers, body, parse_check).await?;
-    let decision = within(api.timeouts.request, decide(&api, &valid)).await?;
-    Ok(decision_response(StatusCode::OK, &valid.target, &decision))
+    let answer = within(api.timeouts.request, decide(&api, &valid)).await?;
+    Ok(answer_response(StatusCode::OK, &answer))
 }
 
-/// One check's decision: a refund when its cost was negative.
-async fn decide(api: &Api, check: &ValidCheck) -> Result<Decision, ApiError> {
+/// One check's answer: a refund when its cost was negative.
+async fn decide(api: &Api, check: &ValidCheck) -> Result<Answer, ApiError> {
     match check.refund {
         true => Ok(api.daemon.refund(&check.target, check.key, check.cost).await?),
         false => Ok(api.daemon.check(&check.target, check.key, &check.key_text, check.cost).await?),
@@ -401,11 +387,11 @@ async fn decide(api: &Api, check: &ValidCheck) -> Result<Decision, ApiError> {
 
 async fn charge(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let valid = parse_body(&api, &headers, body, parse_charge).await?;
-    let decision = within(api.timeouts.request, async {
+    let answer = within(api.timeouts.request, async {
         Ok(api.daemon.charge(&valid.target, valid.key, valid.cost).await?)
     })
     .await?;
-    Ok(decision_response(StatusCode::OK, &valid.target, &decision))
+    Ok(answer_response(StatusCode::OK, &answer))
 }
 
 /// The body of `PUT /v1/overrides/{policy}/{key}`: the override's limit (each defaults to the
@@ -480,9 +466,8 @@ async fn put_override(
 ) -> Result<Response, ApiError> {
     authorize(&api, &headers)?;
     override_key(&key)?;
-    let parse = |bytes: &[u8], _: &PolicyTable, bounds: &Bounds| {
-        crate::policy::from_json_body::<OverrideBody>(bytes, bounds)
-    };
+    let parse =
+        |bytes: &[u8], _: &PolicyTable, bounds: &Bounds| body::from_json_body::<OverrideBody>(bytes, bounds);
     let values = parse_body(&api, &headers, body, parse).await?;
     let written =
         api.daemon.set_override(&policy, &key, Some((values.limit, values.burst, values.period_ms)))?;
@@ -514,9 +499,9 @@ struct GroupResponse {
 
 async fn check_all(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let checks = parse_body(&api, &headers, body, parse_check_all).await?;
-    let (allowed, decisions) =
+    let (allowed, answers) =
         within(api.timeouts.request, async { Ok(api.daemon.check_all(&checks).await?) }).await?;
-    let results = checks.iter().zip(&decisions).map(|(check, d)| check_response(&check.target, d)).collect();
+    let results = answers.iter().map(CheckResponse::from).collect();
     Ok(json_response(StatusCode::OK, &GroupResponse { allowed, results }))
 }
 
@@ -527,8 +512,7 @@ async fn check_batch(State(api): ApiState, headers: HeaderMap, body: Body) -> Re
     let answers = within(api.timeouts.request, async {
         let mut answers = Vec::with_capacity(checks.len());
         for check in &checks {
-            let decision = decide(&api, check).await?;
-            answers.push(check_response(&check.target, &decision));
+            answers.push(CheckResponse::from(&decide(&api, check).await?));
         }
         Ok(answers)
     })
@@ -538,7 +522,7 @@ async fn check_batch(State(api): ApiState, headers: HeaderMap, body: Body) -> Re
 
 async fn release(State(api): ApiState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let valid = parse_body(&api, &headers, body, parse_release).await?;
-    let answer = match api.daemon.release(&valid)? {
+    let answer = match api.daemon.release(&valid.policy, valid.key, valid.lease)? {
         Released::Ended => json!({ "released": true }),
         Released::NotHeld => json!({ "released": false }),
         // The owner ends it if it holds it, and says nothing back.
@@ -639,12 +623,12 @@ async fn auth(State(api): ApiState, uri: Uri, headers: HeaderMap) -> Result<Resp
     };
     let body = CheckBody { key, cost: cost.map(Into::into), limit: None, policy: Some(policy), tier: None };
     let valid = body.validate(&policies, &config.limits)?;
-    let decision = within(api.timeouts.request, async {
+    let answer = within(api.timeouts.request, async {
         Ok(api.daemon.check(&valid.target, valid.key, &valid.key_text, valid.cost).await?)
     })
     .await?;
-    let status = if decision.allowed { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
-    Ok(decision_response(status, &valid.target, &decision))
+    let status = if answer.allowed() { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
+    Ok(answer_response(status, &answer))
 }
 
 async fn metrics(State(api): ApiState) -> Response {
