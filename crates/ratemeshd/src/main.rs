@@ -18,6 +18,7 @@ use ratemesh::NodeId;
 use ratemesh::security::{CERT_FILES_NODES_MAX, ClusterCa, write_cert_files};
 use ratemeshd::Config;
 use ratemeshd::client;
+use ratemeshd::config::{EMBEDDED_CONFIG, EMBEDDED_CONFIG_ORIGIN};
 use ratemeshd::daemon::ConfigSource;
 use ratemeshd::http::body::{CheckBody, LimitBody};
 
@@ -181,7 +182,7 @@ fn main() -> ExitCode {
 fn load_config(path: Option<&Path>) -> Result<Config, ratemeshd::ConfigError> {
     match path {
         Some(path) => Config::load_with_env(path, std::env::vars_os()),
-        None => Config::parse_with_env("", "<embedded default>", std::env::vars_os()),
+        None => Config::parse_with_env(EMBEDDED_CONFIG, EMBEDDED_CONFIG_ORIGIN, std::env::vars_os()),
     }
 }
 

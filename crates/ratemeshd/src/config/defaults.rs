@@ -12,6 +12,20 @@ use super::model::{
     AuthSection, Bounds, ClusterAuth, ClusterSection, Config, ListenSection, NodeSection, SecretString,
 };
 
+/// The configuration `ratemeshd` runs on without `--config`: every default (a single node on
+/// loopback) and one policy, `api`, so that README.md's quick start runs as written. An empty
+/// file is [`Config::default`], without it.
+pub const EMBEDDED_CONFIG: &str = r#"
+[[policies]]
+name = "api"
+algorithm = "token_bucket"
+limit = 100
+period_ms = 1000
+"#;
+
+/// The name the embedded configuration is called by in errors.
+pub const EMBEDDED_CONFIG_ORIGIN: &str = "<embedded default>";
+
 /// The cluster secret used when the file sets neither `secret` nor certificate paths.
 ///
 /// **INSECURE, for development only.** It is public (it is in the source code): anyone who can

@@ -33,6 +33,14 @@ const POLICY: &str =
     "[[policies]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod_ms = 1000\n";
 
 #[test]
+fn the_embedded_configuration_is_the_default_with_the_quick_start_policy() {
+    let config = Config::parse(EMBEDDED_CONFIG, EMBEDDED_CONFIG_ORIGIN).expect("valid");
+    assert_eq!(Config { policies: Vec::new(), ..config.clone() }, Config::default());
+    let names: Vec<&str> = config.policies.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["api"]);
+}
+
+#[test]
 fn empty_file_is_the_default_single_node_config() {
     let config = parse("").expect("empty file is valid");
     assert_eq!(config, Config::default());
