@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use ratemesh::durable::SnapshotSettings;
-use ratemesh_core::{NodeConfig, NodeId, StoreConfig};
+use ratemesh_core::{Fallback, Mode, NodeConfig, NodeId, StoreConfig};
 
 use super::model::{
     AuthSection, Bounds, ClusterAuth, ClusterSection, Config, ListenSection, NodeSection, SecretString,
@@ -70,10 +70,26 @@ pub const HTTP_IN_FLIGHT_MAX_DEFAULT: usize = 1024;
 /// hold connections between requests, so a listener needs more connections than requests in
 /// flight, but not unboundedly more.
 pub const CONNECTIONS_PER_IN_FLIGHT_DEFAULT: usize = 4;
+/// Default `[limits] connections_max` for an in-flight bound of `http_in_flight_max`.
+pub const fn connections_max_default(http_in_flight_max: usize) -> usize {
+    CONNECTIONS_PER_IN_FLIGHT_DEFAULT.saturating_mul(http_in_flight_max)
+}
 /// Default `[limits] batch_len_max`.
 pub const BATCH_LEN_MAX_DEFAULT: usize = 1000;
 /// Default `[limits] key_bytes_max`.
 pub const KEY_BYTES_MAX_DEFAULT: usize = 4096;
+/// Default `mode` of a policy, in the file and inline.
+pub const MODE_DEFAULT: Mode = Mode::Approximate;
+/// Default `fallback` of a policy, in the file and inline.
+pub const FALLBACK_DEFAULT: Fallback = Fallback::LocalShare;
+/// Default `time_zone` of a calendar window, in the file and inline.
+pub const TIME_ZONE_DEFAULT: &str = "UTC";
+
+/// The core's `forward_wait` the daemon runs with: zero, as `ratemesh::NodeBuilder`'s default
+/// (the tokio driver batches forwarded checks by scheduling; the core's timer-based wait would
+/// add latency to every exact-mode check of a key owned elsewhere).
+pub const FORWARD_WAIT: Duration = Duration::ZERO;
+
 /// Default `[auth] policy_header`.
 pub const AUTH_POLICY_HEADER_DEFAULT: &str = "x-ratelimit-policy";
 /// Default `[auth] key_header`.
@@ -131,7 +147,7 @@ impl Default for Bounds {
             keys_max: StoreConfig::default().keys_max,
             http_body_bytes_max: HTTP_BODY_BYTES_MAX_DEFAULT,
             http_in_flight_max: HTTP_IN_FLIGHT_MAX_DEFAULT,
-            connections_max: CONNECTIONS_PER_IN_FLIGHT_DEFAULT * HTTP_IN_FLIGHT_MAX_DEFAULT,
+            connections_max: connections_max_default(HTTP_IN_FLIGHT_MAX_DEFAULT),
             batch_len_max: BATCH_LEN_MAX_DEFAULT,
             key_bytes_max: KEY_BYTES_MAX_DEFAULT,
             log_bytes_max: StoreConfig::default().log_bytes_max,
@@ -149,14 +165,12 @@ impl Default for AuthSection {
 }
 
 impl Config {
-    /// The core node's configuration: the defaults, with this file's sync interval and key bound,
-    /// and `forward_wait` zero as in `ratemesh::NodeBuilder`'s default (the tokio driver batches
-    /// forwarded checks by scheduling; the core's timer-based wait would add latency to every
-    /// exact-mode check of a key owned elsewhere).
+    /// The core node's configuration: the core's defaults, with this file's sync interval and
+    /// key bounds, and [`FORWARD_WAIT`].
     pub fn node_config(&self) -> NodeConfig {
         let defaults = NodeConfig::default();
         NodeConfig {
-            forward_wait: Duration::ZERO,
+            forward_wait: FORWARD_WAIT,
             sync_interval: self.cluster.sync_interval,
             store: StoreConfig {
                 keys_max: self.limits.keys_max,

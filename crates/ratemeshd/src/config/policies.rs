@@ -9,6 +9,7 @@ use ratemesh::{Calendar, CalendarPolicy, CalendarUnit};
 use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, Policy};
 use toml::Spanned;
 
+use super::defaults::{FALLBACK_DEFAULT, MODE_DEFAULT, TIME_ZONE_DEFAULT};
 use super::error::{ConfigError, limit_error_field, limit_error_message};
 use super::model::*;
 use super::raw::{At, RawDescriptor, RawPolicy, RawVariant, Val};
@@ -265,7 +266,7 @@ impl Ctx<'_> {
             ));
         }
         let limit = p.limit.as_ref().ok_or_else(|| self.invalid(field("limit"), table, "missing"))?;
-        let zone = p.time_zone.as_ref().map_or("UTC", |v| v.value.as_str());
+        let zone = p.time_zone.as_ref().map_or(TIME_ZONE_DEFAULT, |v| v.value.as_str());
         let zone_at = p.time_zone.as_ref().map_or(&window.at, |v| &v.at);
         let calendar =
             Calendar::new(unit, zone).map_err(|error| self.invalid(field("time_zone"), zone_at, error))?;
@@ -277,7 +278,7 @@ impl Ctx<'_> {
     fn mode_and_fallback(&self, i: usize, p: &RawPolicy) -> Result<(Mode, Fallback), ConfigError> {
         let field = |name: &str| format!("policies[{i}].{name}");
         let mode = match &p.mode {
-            None => Mode::Approximate,
+            None => MODE_DEFAULT,
             Some(v) => mode_from_name(&v.value).ok_or_else(|| {
                 self.invalid(
                     field("mode"),
@@ -287,7 +288,7 @@ impl Ctx<'_> {
             })?,
         };
         let fallback = match &p.fallback {
-            None => Fallback::LocalShare,
+            None => FALLBACK_DEFAULT,
             Some(v) => fallback_from_name(&v.value).ok_or_else(|| {
                 self.invalid(
                     field("fallback"),

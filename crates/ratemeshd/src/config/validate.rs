@@ -542,7 +542,7 @@ impl Ctx<'_> {
             connections_max: self.size(
                 "limits.connections_max",
                 &l.connections_max,
-                CONNECTIONS_PER_IN_FLIGHT_DEFAULT * http_in_flight_max,
+                connections_max_default(http_in_flight_max),
                 CONNECTIONS_MAX_MAX,
             )?,
             batch_len_max: self.size(

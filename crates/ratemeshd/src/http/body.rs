@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::check::{Answer, InlineLimit, Target, ValidCheck};
 use crate::config::{
-    Bounds, algorithm_names, fallback_from_name, fallback_name, limit_error_field, limit_error_message,
-    mode_from_name, mode_name,
+    Bounds, FALLBACK_DEFAULT, MODE_DEFAULT, TIME_ZONE_DEFAULT, algorithm_names, fallback_from_name,
+    fallback_name, limit_error_field, limit_error_message, mode_from_name, mode_name,
 };
 use crate::policy::{PolicyTable, UnknownTier};
 
@@ -389,7 +389,7 @@ impl LimitBody {
         if let Some((name, _)) = not_with_window.into_iter().find(|(_, value)| value.is_some()) {
             return Err(invalid(sub(name), "does not apply with window (the window is the period)"));
         }
-        let zone = self.time_zone.as_deref().unwrap_or("UTC");
+        let zone = self.time_zone.as_deref().unwrap_or(TIME_ZONE_DEFAULT);
         let calendar =
             Calendar::new(unit, zone).map_err(|error| invalid(sub("time_zone"), error.to_string()))?;
         let rule = CalendarPolicy::new(calendar, limit, mode, fallback)
@@ -406,13 +406,13 @@ impl LimitBody {
     fn mode_and_fallback(&self, field: &str) -> Result<(Mode, Fallback), BodyError> {
         let sub = |name: &str| format!("{field}.{name}");
         let mode = match self.mode.as_deref() {
-            None => Mode::Approximate,
+            None => MODE_DEFAULT,
             Some(name) => mode_from_name(name).ok_or_else(|| {
                 invalid(sub("mode"), format!("unknown mode {name:?}: use exact or approximate"))
             })?,
         };
         let fallback = match self.fallback.as_deref() {
-            None => Fallback::LocalShare,
+            None => FALLBACK_DEFAULT,
             Some(name) => fallback_from_name(name).ok_or_else(|| {
                 invalid(
                     sub("fallback"),

@@ -746,6 +746,11 @@ async fn policies(State(api): ApiState) -> Response {
     json_response(StatusCode::OK, &json!({ "policies": list }))
 }
 
+/// How many keys `GET /v1/top` (and `ratemeshd top`) lists by default.
+pub const TOP_N_DEFAULT: usize = 20;
+/// What `GET /v1/top` (and `ratemeshd top`) ranks keys by by default.
+pub const TOP_BY_DEFAULT: TopBy = TopBy::Refused;
+
 /// The most keys `GET /v1/top` lists.
 pub const TOP_N_MAX: usize = 100;
 
@@ -795,12 +800,12 @@ impl TopQuery {
             None => return Err(ApiError::bad_request("policy", format!("no policy named {policy:?}"))),
         }
         let n = match n.as_deref().map(str::parse::<usize>) {
-            None => 20,
+            None => TOP_N_DEFAULT,
             Some(Ok(n)) if (1..=TOP_N_MAX).contains(&n) => n,
             Some(_) => return Err(ApiError::bad_request("n", format!("an integer from 1 to {TOP_N_MAX}"))),
         };
         let by = match by.as_deref() {
-            None => TopBy::Refused,
+            None => TOP_BY_DEFAULT,
             Some(name) => {
                 TopBy::from_name(name).ok_or_else(|| ApiError::bad_request("by", "refused or demand"))?
             }
