@@ -1,8 +1,12 @@
 //! The HTTP API's bodies: parsing, validation naming the field, and the answers' JSON.
 
 use super::*;
-use ratemesh_core::Decision;
+use std::sync::Arc;
+use std::time::Duration;
 
+use ratemesh_core::{Decision, Fallback, LeaseId, Limit, LimitSpec, Mode, Namespace, Policy};
+
+use crate::check::Target;
 use crate::config::{Config, INLINE_LABEL, KEY_BYTES_MAX_DEFAULT, Rule};
 use crate::policy::tests::table;
 
