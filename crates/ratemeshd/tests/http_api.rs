@@ -4,6 +4,8 @@
 //! readiness, and shutdown.
 //!
 //! Every wait is on a signal (a watch channel) or a bounded poll, never a sleep.
+//!
+//! Long (one file per front end): every test shares its harness and policy file.
 
 use std::path::PathBuf;
 use std::sync::Arc;

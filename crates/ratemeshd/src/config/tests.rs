@@ -1,3 +1,6 @@
+//! The configuration's tests: one case per refusal (each naming its field and line), defaults,
+//! environment overrides. Long because it is a table of small cases, which reads best in one place.
+
 use std::time::Duration;
 
 use ratemesh::security::CLUSTER_SECRET_LEN_MIN;

@@ -1,5 +1,8 @@
 //! Validation: the raw file (with environment overrides applied) into a [`Config`], every
 //! refusal naming the field and where its value came from.
+//!
+//! Over 600 lines because it is one method per section and per kind of value, each short;
+//! `[[policies]]` are validated apart (`super::policies`).
 
 use std::fmt;
 use std::net::SocketAddr;
