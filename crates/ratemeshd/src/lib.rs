@@ -10,11 +10,12 @@
 //! - [`identity`]: the node id and advertised addresses from the environment (`id_from`,
 //!   `advertise_ip_from`: a StatefulSet pod's ordinal, a compose replica's container name).
 //! - [`daemon`]: the running [`Daemon`]: the node, the current policies (hot reload), checks
-//!   with metrics and shadow mode, readiness, shutdown.
+//!   answered as one [`check::Answer`] and counted in metrics, readiness, shutdown.
 //! - [`metrics`]: the Prometheus metrics; [`rates`]: recent decision rates for the dashboard.
-//! - [`http`]: the HTTP API (axum), its JSON bodies ([`http::body`]) and the dashboard page (`dashboard.html`, served at `/`); [`rls`]: the Envoy Rate Limit Service (gRPC); [`serve`]:
-//!   listeners, reload triggers, signals, graceful shutdown; [`listener`]: the listeners'
-//!   connection bound; [`logging`]: text or JSON logs with a reloadable level.
+//! - [`http`]: the HTTP API (axum), its JSON bodies ([`http::body`]) and the dashboard page
+//!   (`dashboard.html`, served at `/`); [`rls`]: the Envoy Rate Limit Service (gRPC);
+//!   [`serve`]: listeners, reload triggers, signals, graceful shutdown; [`listener`]: the
+//!   listeners' connection bound; [`logging`]: text or JSON logs with a reloadable level.
 //! - [`client`]: a minimal HTTP/1.1 client for the CLI's `check` and `cluster`.
 
 pub mod check;

@@ -264,7 +264,7 @@ pub(super) async fn stats(State(api): ApiState) -> Response {
 }
 
 /// The dashboard page: self-contained (inline CSS and JavaScript, no external request).
-const DASHBOARD_HTML: &str = include_str!("dashboard.html");
+const DASHBOARD_HTML: &str = include_str!("../dashboard.html");
 
 pub(super) async fn dashboard() -> Response {
     let headers = [
