@@ -10,7 +10,6 @@
 //!   [`Verdict::Unlimited`].
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ratemesh_core::{Decision, KeyHash, Namespace, Policy};
 
@@ -175,13 +174,5 @@ impl Answer {
     pub fn shadow_refused(&self) -> bool {
         matches!(&self.verdict, Verdict::Limited { decision, .. } if !decision.allowed)
             && self.target.shadow_mode()
-    }
-
-    /// The window of the limit, for `RateLimit-Policy` (`None` when unlimited).
-    pub fn window(&self) -> Option<Duration> {
-        match &self.verdict {
-            Verdict::Unlimited => None,
-            Verdict::Limited { policy, .. } => Some(policy.limit.spec().period),
-        }
     }
 }

@@ -10,6 +10,10 @@
 //! and where its value came from: `file:line:column`, or the environment variable. A refused file
 //! changes nothing: the caller keeps the configuration it runs on (hot reload relies on this).
 //!
+//! The model is `model.rs`, its defaults `defaults.rs` (stated once), the raw file `raw.rs`,
+//! overrides `env.rs`, validation `validate.rs` and `policies.rs`, errors `error.rs`, and which
+//! fields a reload may change `reload.rs`.
+//!
 //! ```toml
 //! [node]
 //! id = 1
