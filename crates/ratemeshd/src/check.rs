@@ -176,3 +176,51 @@ impl Answer {
             && self.target.shadow_mode()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode};
+
+    use super::*;
+    use crate::policy::tests::table;
+
+    fn answer(policy_name: &str, allowed: bool) -> Answer {
+        let target = Target::Named(Arc::clone(table().get(policy_name).expect("configured")));
+        let limit =
+            Limit::new(LimitSpec::new(Algorithm::FixedWindow, 1, Duration::from_secs(1))).expect("valid");
+        let policy = Arc::new(Policy { limit, mode: Mode::Approximate, fallback: Fallback::LocalShare });
+        let decision = Decision {
+            allowed,
+            limit: 1,
+            remaining: 0,
+            reset_after: Duration::from_secs(1),
+            retry_after: (!allowed).then_some(Duration::from_secs(1)),
+            delay: Duration::ZERO,
+            lease: None,
+        };
+        Answer::limited(target, policy, decision)
+    }
+
+    #[test]
+    fn shadow_mode_answers_a_refusal_as_allowed_and_reports_it() {
+        let refused = answer("api", false);
+        assert!(!refused.allowed() && !refused.shadow_refused());
+        assert_eq!(refused.answered().map(|(_, d)| d.retry_after), Some(Some(Duration::from_secs(1))));
+        let shadow = answer("shadow", false);
+        assert!(shadow.allowed() && shadow.shadow_refused());
+        let (_, answered) = shadow.answered().expect("limited");
+        assert_eq!((answered.allowed, answered.retry_after, answered.remaining), (true, None, 0));
+        assert!(!answer("shadow", true).shadow_refused());
+    }
+
+    #[test]
+    fn an_unlimited_answer_is_allowed_with_no_limit() {
+        let health = Target::Named(Arc::clone(table().get("health").expect("configured")));
+        let unlimited = Answer::unlimited(health);
+        assert!(unlimited.allowed() && !unlimited.shadow_refused());
+        assert!(unlimited.answered().is_none());
+        assert_eq!(unlimited.label(), "health");
+    }
+}
