@@ -3,18 +3,22 @@
 //! - [`config`]: the TOML configuration file with environment overrides, validated into a
 //!   [`Config`] whose every refusal names the field and the line.
 //! - [`policy`]: the [`PolicyTable`] built from a configuration (lookup by name, Envoy descriptor
-//!   matching with envoyproxy/ratelimit semantics), and the JSON bodies of the HTTP API
-//!   (`POST /v1/check`, `/v1/check/batch`, `/v1/release`) with their validation and responses.
+//!   matching with envoyproxy/ratelimit semantics).
+//! - [`check`]: what a check counts against ([`check::Target`]) and the one typed answer of the
+//!   daemon's checks ([`check::Answer`]), which the HTTP API, the RLS server and the metrics
+//!   render.
 //! - [`identity`]: the node id and advertised addresses from the environment (`id_from`,
 //!   `advertise_ip_from`: a StatefulSet pod's ordinal, a compose replica's container name).
 //! - [`daemon`]: the running [`Daemon`]: the node, the current policies (hot reload), checks
-//!   with metrics and shadow mode, readiness, shutdown.
+//!   answered as one [`check::Answer`] and counted in metrics, readiness, shutdown.
 //! - [`metrics`]: the Prometheus metrics; [`rates`]: recent decision rates for the dashboard.
-//! - [`http`]: the HTTP API (axum) and the dashboard page (`dashboard.html`, served at `/`); [`rls`]: the Envoy Rate Limit Service (gRPC); [`serve`]:
-//!   listeners, reload triggers, signals, graceful shutdown; [`listener`]: the listeners'
-//!   connection bound; [`logging`]: text or JSON logs with a reloadable level.
+//! - [`http`]: the HTTP API (axum), its JSON bodies ([`http::body`]) and the dashboard page
+//!   (`dashboard.html`, served at `/`); [`rls`]: the Envoy Rate Limit Service (gRPC);
+//!   [`serve`]: listeners, reload triggers, signals, graceful shutdown; [`listener`]: the
+//!   listeners' connection bound; [`logging`]: text or JSON logs with a reloadable level.
 //! - [`client`]: a minimal HTTP/1.1 client for the CLI's `check` and `cluster`.
 
+pub mod check;
 pub mod client;
 pub mod config;
 pub mod daemon;
@@ -31,4 +35,5 @@ pub mod serve;
 
 pub use config::{Config, ConfigError};
 pub use daemon::{Daemon, DaemonError};
-pub use policy::{BodyError, PolicyTable};
+pub use http::body::BodyError;
+pub use policy::PolicyTable;

@@ -18,9 +18,13 @@ use ratemesh::NodeId;
 use ratemesh::security::{CERT_FILES_NODES_MAX, ClusterCa, write_cert_files};
 use ratemeshd::Config;
 use ratemeshd::client;
+use ratemeshd::config::{EMBEDDED_CONFIG, EMBEDDED_CONFIG_ORIGIN, HTTP_LISTEN_DEFAULT};
 use ratemeshd::daemon::ConfigSource;
-use ratemeshd::policy::{CheckBody, LimitBody};
+use ratemeshd::http::body::{CheckBody, LimitBody};
+use ratemeshd::http::{TOP_BY_DEFAULT, TOP_N_DEFAULT};
 
+/// How long `cluster` and `top` wait for the node's answer by default, in milliseconds.
+const ANSWER_TIMEOUT_MS_DEFAULT: u64 = 5000;
 /// Exit status of `check` when the request is allowed.
 const EXIT_ALLOWED: u8 = 0;
 /// Exit status of `check` when the request is refused.
@@ -103,35 +107,35 @@ struct CheckArgs {
 #[derive(Debug, Args)]
 struct ClusterArgs {
     /// The node's HTTP API address (host:port).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value_t = HTTP_LISTEN_DEFAULT.to_string())]
     addr: String,
     /// Print the node's JSON answer as it is.
     #[arg(long)]
     json: bool,
     /// How long to wait for the answer, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = ANSWER_TIMEOUT_MS_DEFAULT)]
     timeout_ms: u64,
 }
 
 #[derive(Debug, Args)]
 struct TopArgs {
     /// The node's HTTP API address (host:port).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value_t = HTTP_LISTEN_DEFAULT.to_string())]
     addr: String,
     /// A configured policy's name.
     #[arg(long)]
     policy: String,
     /// How many keys (1 to 100).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = TOP_N_DEFAULT)]
     n: usize,
     /// refused or demand.
-    #[arg(long, default_value = "refused")]
+    #[arg(long, default_value_t = TOP_BY_DEFAULT.name().to_owned())]
     by: String,
     /// Print the node's JSON answer as it is.
     #[arg(long)]
     json: bool,
     /// How long to wait for the answer, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = ANSWER_TIMEOUT_MS_DEFAULT)]
     timeout_ms: u64,
 }
 
@@ -181,7 +185,7 @@ fn main() -> ExitCode {
 fn load_config(path: Option<&Path>) -> Result<Config, ratemeshd::ConfigError> {
     match path {
         Some(path) => Config::load_with_env(path, std::env::vars_os()),
-        None => Config::parse_with_env("", "<embedded default>", std::env::vars_os()),
+        None => Config::parse_with_env(EMBEDDED_CONFIG, EMBEDDED_CONFIG_ORIGIN, std::env::vars_os()),
     }
 }
 

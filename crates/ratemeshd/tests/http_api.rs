@@ -4,6 +4,8 @@
 //! readiness, and shutdown.
 //!
 //! Every wait is on a signal (a watch channel) or a bounded poll, never a sleep.
+//!
+//! Long (one file per front end): every test shares its harness and policy file.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -487,6 +489,14 @@ async fn metrics_health_readiness_cluster_and_policies() {
     ] {
         assert!(value(name, &[]).is_some(), "{name} exported");
     }
+    // README.md's metrics table lists every series the daemon writes.
+    let readme = include_str!("../../../README.md");
+    let table = &readme[readme.find("### Metrics").expect("the metrics table")..];
+    for line in r.text().lines().filter_map(|line| line.strip_prefix("# TYPE ")) {
+        let (name, kind) = line.split_once(' ').expect("# TYPE name kind");
+        let listed = if kind == "counter" { format!("`{name}_total") } else { format!("`{name}") };
+        assert!(table.contains(&listed), "{name} ({kind}) is missing from README.md's metrics table");
+    }
 
     let r = h.get("/healthz").await;
     assert_eq!((r.status, json_of(&r)), (200, json!({"status": "ok"})));
@@ -821,7 +831,7 @@ async fn overload_is_shed_with_503_at_once_and_shutdown_refuses_checks() {
 
     // Shutdown: not ready, checks refused with ShutDown (the HTTP answer is 503).
     let target =
-        h.daemon.current().1.get("login").map(|entry| ratemeshd::policy::Target::Named(Arc::clone(entry)));
+        h.daemon.current().1.get("login").map(|entry| ratemeshd::check::Target::Named(Arc::clone(entry)));
     let target = target.expect("login");
     h.daemon.begin_shutdown();
     assert!(!h.daemon.is_ready());

@@ -29,6 +29,8 @@
 //! `/v1/cluster`), bounded by [`WAIT`]. The [`Cluster`] guard kills every child process when
 //! dropped, so a failing test leaves nothing running; it prints the nodes' logs when the test
 //! failed.
+//!
+//! Long: starting real processes is slow, so the cluster scenarios share one harness and file.
 
 use std::collections::BTreeSet;
 use std::fs::OpenOptions;

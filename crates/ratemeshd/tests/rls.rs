@@ -1,5 +1,7 @@
 //! The Envoy Rate Limit Service v3 of a daemon started in-process (ephemeral ports), called with
 //! the tonic client of the `envoy-types` crate.
+//!
+//! Long (one file per front end): every test shares its harness and policy file.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,3 +1,12 @@
+//! The configuration's tests: one case per refusal (each naming its field and line), defaults,
+//! environment overrides. Long because it is a table of small cases, which reads best in one place.
+
+use std::time::Duration;
+
+use ratemesh::security::CLUSTER_SECRET_LEN_MIN;
+use ratemesh::{ClusterSecurity, Seed};
+use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, NodeId};
+
 use super::*;
 
 const ORIGIN: &str = "test.toml";
@@ -25,6 +34,14 @@ fn refused(text: &str, field: &str, line: usize) -> String {
 /// A valid policy table, to which a test appends one bad line.
 const POLICY: &str =
     "[[policies]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod_ms = 1000\n";
+
+#[test]
+fn the_embedded_configuration_is_the_default_with_the_quick_start_policy() {
+    let config = Config::parse(EMBEDDED_CONFIG, EMBEDDED_CONFIG_ORIGIN).expect("valid");
+    assert_eq!(Config { policies: Vec::new(), ..config.clone() }, Config::default());
+    let names: Vec<&str> = config.policies.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["api"]);
+}
 
 #[test]
 fn empty_file_is_the_default_single_node_config() {

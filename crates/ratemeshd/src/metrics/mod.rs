@@ -5,7 +5,7 @@
 //! - recorded as requests are served ([`Metrics`]'s methods): decisions per policy, fill ratio,
 //!   HTTP latency, in-flight requests, shed requests and refused connections (HTTP and gRPC),
 //!   shadow-mode checks that failed, reloads;
-//! - read from the node at scrape time ([`NodeCollector`]): the protocol's, store's and
+//! - read from the node at scrape time (`node::NodeCollector`, every counter of the library's `NodeMetrics`): the protocol's, store's and
 //!   transport's counters and the members, so that a scrape shows the node as it is now and the
 //!   hot path pays nothing for them.
 //!
@@ -15,20 +15,23 @@
 //! a policy that a reload removed are removed with it ([`Metrics::forget_policies`]), so that a
 //! file edited many times does not accumulate the labels of every name it ever had.
 
+mod node;
+
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric as _};
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use ratemesh::durable::SnapshotMetrics;
-use ratemesh::{GossipHealth, Member, MemberStatus, Node};
+use ratemesh::{Member, MemberStatus, Node};
 use ratemesh_core::Decision;
 
+use crate::check::{Answer, Verdict};
 use crate::rates::RateHistory;
+use node::NodeCollector;
 
 /// The content type of [`Metrics::encode`]'s output: OpenMetrics text, which Prometheus scrapes
 /// natively and whose samples are also valid Prometheus text-format lines.
@@ -211,10 +214,17 @@ impl Metrics {
         }
     }
 
-    /// Records a decision under the policy labelled `policy` (a name or `inline`), before shadow
-    /// mode turns a refusal into an admission.
-    pub fn record_decision(&self, policy: &str, decision: &Decision, shadow_mode: bool) {
-        let label = match (decision.allowed, shadow_mode) {
+    /// Records a check's answer under its policy's label (a name or `inline`): an unlimited
+    /// policy's as allowed, with no bucket (not a limited decision); a decision as the node made
+    /// it, a refusal in shadow mode as `shadow_refused`.
+    pub fn record(&self, answer: &Answer) {
+        let policy = answer.label();
+        let Verdict::Limited { decision, .. } = &answer.verdict else {
+            let labels = PolicyDecision { policy: policy.to_owned(), decision: DecisionLabel::allowed };
+            self.requests.get_or_create(&labels).inc();
+            return;
+        };
+        let label = match (decision.allowed, answer.shadow_refused()) {
             (true, _) => DecisionLabel::allowed,
             (false, false) => DecisionLabel::refused,
             (false, true) => DecisionLabel::shadow_refused,
@@ -234,13 +244,6 @@ impl Metrics {
         if is_near_limit(decision) {
             self.near_limit.get_or_create(&labels).inc();
         }
-    }
-
-    /// Records a check of an unlimited policy (allowed without a bucket): no bucket, so it is not
-    /// a limited decision.
-    pub fn record_unlimited(&self, policy: &str) {
-        let labels = PolicyDecision { policy: policy.to_owned(), decision: DecisionLabel::allowed };
-        self.requests.get_or_create(&labels).inc();
     }
 
     /// Records an HTTP request's latency. `route` is a fixed route name (bounded cardinality).
@@ -305,272 +308,6 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
-}
-
-/// Reads a node's counters and gauges at scrape time.
-#[derive(Debug)]
-pub struct NodeCollector {
-    node: Node,
-}
-
-/// Writes one unlabelled counter (`name` gets the `_total` suffix).
-fn counter(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    value: u64,
-) -> Result<(), std::fmt::Error> {
-    let metric = ConstCounter::new(value);
-    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
-}
-
-/// Writes one unlabelled gauge.
-fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) -> Result<(), std::fmt::Error> {
-    let metric = ConstGauge::new(value);
-    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
-}
-
-/// Saturating conversion for gauges (counts of things in memory never come near `i64::MAX`).
-fn gauge_value(value: usize) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-impl prometheus_client::collector::Collector for NodeCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let m = self.node.metrics();
-        let p = &m.protocol;
-        let d = &p.delivery;
-        let t = &m.transport;
-        let g = &m.gossip;
-        let e = &mut encoder;
-        // (name, help, value): every counter of the node, in exposition order.
-        let counters: [(&str, &str, u64); 37] = [
-            ("ratemesh_owner_decisions", "Checks decided by this node as the key's owner", p.owner_decisions),
-            (
-                "ratemesh_allowance_decisions",
-                "Checks decided locally from an allowance",
-                p.allowance_decisions,
-            ),
-            (
-                "ratemesh_fallback_decisions",
-                "Checks decided by the fallback policy (owner unreachable, no grant, forward timed out)",
-                p.fallback_decisions,
-            ),
-            ("ratemesh_forwarded", "Checks forwarded to the key's owner", p.forwarded),
-            ("ratemesh_forward_timeouts", "Forwarded checks that timed out", p.forward_timeouts),
-            (
-                "ratemesh_forward_batches",
-                "Forward batches sent; ratemesh_forwarded_total / ratemesh_forward_batches_total is the mean batch length",
-                p.forward_batches,
-            ),
-            ("ratemesh_reports_sent", "Usage report items sent to owners", p.reports_sent),
-            ("ratemesh_grants_sent", "Allowance grant items sent", p.grants_sent),
-            ("ratemesh_handoffs_sent", "Keys handed over to a new owner", p.handoffs_sent),
-            ("ratemesh_handoffs_received", "Keys received from a previous owner", p.handoffs_received),
-            ("ratemesh_replicas_sent", "Key states sent to ring successors", p.replicas_sent),
-            ("ratemesh_replicas_received", "Key states received as replicas", p.replicas_received),
-            ("ratemesh_items_refused", "Items from peers refused as invalid", p.items_refused),
-            ("ratemesh_membership_changes", "Membership views applied", p.membership_changes),
-            ("ratemesh_sync_rounds", "Sync rounds run", p.sync_rounds),
-            ("ratemesh_frames_sent", "Protocol frames sent", d.frames_sent),
-            ("ratemesh_frames_received", "Protocol frames received and accepted", d.frames_received),
-            ("ratemesh_retransmits", "Protocol frames retransmitted", d.retransmits),
-            ("ratemesh_duplicate_frames", "Protocol frames received twice", d.duplicates),
-            ("ratemesh_malformed_frames", "Protocol frames that did not decode", d.malformed),
-            (
-                "ratemesh_overflowed_frames",
-                "Frames dropped because a retransmission buffer was full",
-                d.overflowed,
-            ),
-            ("ratemesh_transport_sent_bytes", "Bytes written to peers", t.sent_bytes),
-            ("ratemesh_transport_received_bytes", "Bytes received from peers", t.received_bytes),
-            (
-                "ratemesh_transport_send_dropped_frames",
-                "Frames dropped on the send side",
-                t.send_dropped_frames,
-            ),
-            (
-                "ratemesh_transport_receive_dropped_frames",
-                "Incoming streams dropped",
-                t.receive_dropped_frames,
-            ),
-            (
-                "ratemesh_transport_connections_opened",
-                "Outbound peer connections established",
-                t.connections_opened,
-            ),
-            ("ratemesh_transport_connect_failures", "Outbound peer connects that failed", t.connect_failures),
-            (
-                "ratemesh_transport_connections_accepted",
-                "Inbound peer connections authenticated",
-                t.connections_accepted,
-            ),
-            (
-                "ratemesh_transport_handshake_rejections",
-                "Inbound peer handshakes that failed (no or foreign certificate)",
-                t.handshake_rejections,
-            ),
-            ("ratemesh_store_inserted", "Keys inserted in the key table", m.store.inserted),
-            ("ratemesh_store_expired", "Keys dropped from the key table once fresh again", m.store.expired),
-            ("ratemesh_evictions", "Keys evicted from the full key table", m.store.evicted),
-            (
-                "ratemesh_logs_coarsened",
-                "Times a sliding window log was coarsened to stay within the node's log byte bound",
-                m.store.logs_coarsened,
-            ),
-            (
-                "ratemesh_gossip_datagrams_received",
-                "Datagrams received on the gossip port",
-                g.datagrams_received,
-            ),
-            ("ratemesh_gossip_datagrams_sent", "Sealed gossip datagrams sent", g.datagrams_sent),
-            ("ratemesh_gossip_send_failures", "Gossip messages that could not be sent", g.send_failures),
-            (
-                "ratemesh_gossip_restarts",
-                "Times gossip ended while the node ran and was restarted (see the log for why)",
-                g.restarts,
-            ),
-        ];
-        for (name, help, value) in counters {
-            counter(e, name, help, value)?;
-        }
-        gauge(e, "ratemesh_keys", "Keys tracked by this node (owned and followed)", gauge_value(m.keys))?;
-        gauge(
-            e,
-            "ratemesh_log_bytes",
-            "Bytes the sliding window logs' entries take on this node (bounded by limits.log_bytes_max)",
-            i64::try_from(m.store.log_bytes).unwrap_or(i64::MAX),
-        )?;
-        gauge(
-            e,
-            "ratemesh_checks_waiting",
-            "Checks waiting for their owner's answer",
-            gauge_value(m.checks_waiting),
-        )?;
-        let lag = ConstGauge::new(m.sync_lag.as_secs_f64());
-        let lag_family = e.encode_descriptor(
-            "ratemesh_sync_lag_seconds",
-            "How late the node ran its last due timers (sync rounds, retransmissions) after their deadline",
-            None,
-            lag.metric_type(),
-        )?;
-        lag.encode(lag_family)?;
-        let rtt = ConstGauge::new(0.0_f64);
-        let mut rtt_family = e.encode_descriptor(
-            "ratemesh_peer_rtt_seconds",
-            "Smoothed round-trip time to each peer (label: its node id; bounded by the cluster's size)",
-            None,
-            rtt.metric_type(),
-        )?;
-        for (peer, round_trip) in &m.peer_round_trips {
-            let labels = [("peer", peer.0.to_string())];
-            ConstGauge::new(round_trip.as_secs_f64()).encode(rtt_family.encode_family(&labels)?)?;
-        }
-        let rejected = ConstCounter::new(0_u64);
-        let mut rejected_family = e.encode_descriptor(
-            "ratemesh_gossip_rejected",
-            "Gossip datagrams dropped unanswered, by reason: unauthenticated (not sealed, or forged), \
-             unknown_key (another secret), replayed, malformed or over_bound (authentic: an insider's)",
-            None,
-            rejected.metric_type(),
-        )?;
-        for (reason, count) in [
-            ("unauthenticated", g.rejected_unauthenticated),
-            ("unknown_key", g.rejected_unknown_key),
-            ("replayed", g.rejected_replayed),
-            ("malformed", g.rejected_malformed),
-            ("over_bound", g.rejected_over_bound),
-        ] {
-            ConstCounter::new(count).encode(rejected_family.encode_family(&[("reason", reason)])?)?;
-        }
-        let running = matches!(self.node.gossip_health(), GossipHealth::Running);
-        gauge(
-            e,
-            "ratemesh_gossip_running",
-            "1 while gossip runs, 0 while it is being restarted",
-            i64::from(running),
-        )?;
-        let members = ConstGauge::new(0_i64);
-        let mut family = e.encode_descriptor(
-            "ratemesh_members",
-            "Cluster members as this node sees them, by status",
-            None,
-            members.metric_type(),
-        )?;
-        for (status, count) in
-            [("live", m.members_live), ("dead", m.members_dead), ("unverified", m.members_unverified)]
-        {
-            let labels = [("status", status)];
-            ConstGauge::new(gauge_value(count)).encode(family.encode_family(&labels)?)?;
-        }
-        encode_snapshots(e, &m.snapshots)
-    }
-}
-
-/// Writes one unlabelled gauge of seconds.
-fn gauge_seconds(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    value: Duration,
-) -> Result<(), std::fmt::Error> {
-    let metric = ConstGauge::new(value.as_secs_f64());
-    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
-}
-
-/// The durable quotas' metrics, `ratemesh_snapshot_*`.
-fn encode_snapshots(e: &mut DescriptorEncoder, s: &SnapshotMetrics) -> Result<(), std::fmt::Error> {
-    counter(e, "ratemesh_snapshot_writes", "Snapshots of durable quotas written", s.writes)?;
-    counter(
-        e,
-        "ratemesh_snapshot_write_failures",
-        "Snapshots that could not be written (the previous one stays)",
-        s.write_failures,
-    )?;
-    gauge(
-        e,
-        "ratemesh_snapshot_keys",
-        "Keys in the last snapshot written",
-        gauge_value(s.last_keys as usize),
-    )?;
-    gauge(
-        e,
-        "ratemesh_snapshot_bytes",
-        "Bytes of the last snapshot written",
-        gauge_value(s.last_bytes as usize),
-    )?;
-    gauge_seconds(
-        e,
-        "ratemesh_snapshot_duration_seconds",
-        "How long the last snapshot took: export, encoding and the atomic write",
-        s.last_duration,
-    )?;
-    gauge_seconds(
-        e,
-        "ratemesh_snapshot_export_seconds",
-        "How long the last snapshot held the node's lock (checks wait meanwhile)",
-        s.last_export,
-    )?;
-    if let Some(written) = s.last_written_unix_nanos {
-        let now = ratemesh::durable::unix_nanos_now();
-        let age = Duration::from_nanos(now.saturating_sub(written));
-        gauge_seconds(e, "ratemesh_snapshot_age_seconds", "Time since the last snapshot was written", age)?;
-    }
-    gauge(
-        e,
-        "ratemesh_snapshot_loaded_keys",
-        "Keys taken back from the snapshot at start",
-        gauge_value(s.loaded_keys as usize),
-    )?;
-    let result = ConstGauge::new(1_i64);
-    let mut family = e.encode_descriptor(
-        "ratemesh_snapshot_load",
-        "What the start made of the stored snapshot: 1 for the result (disabled, none, loaded, refused_corrupt, \
-         refused_version, refused_foreign, error)",
-        None,
-        result.metric_type(),
-    )?;
-    result.encode(family.encode_family(&[("result", s.load_result)])?)
 }
 
 /// The `status` label and JSON name of a member status.

@@ -1,0 +1,183 @@
+//! Every default of the configuration file, stated once: the constants, the `Default` of each
+//! section (so that an empty file is [`Config::default`]), and the core node's configuration
+//! the daemon starts from. Validation takes a value that is not given from here.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use ratemesh::durable::SnapshotSettings;
+use ratemesh_core::{Fallback, Mode, NodeConfig, NodeId, StoreConfig};
+
+use super::model::{
+    AuthSection, Bounds, ClusterAuth, ClusterSection, Config, ListenSection, NodeSection, SecretString,
+};
+
+/// The configuration `ratemeshd` runs on without `--config`: every default (a single node on
+/// loopback) and one policy, `api`, so that README.md's quick start runs as written. An empty
+/// file is [`Config::default`], without it.
+pub const EMBEDDED_CONFIG: &str = r#"
+[[policies]]
+name = "api"
+algorithm = "token_bucket"
+limit = 100
+period_ms = 1000
+"#;
+
+/// The name the embedded configuration is called by in errors.
+pub const EMBEDDED_CONFIG_ORIGIN: &str = "<embedded default>";
+
+/// The cluster secret used when the file sets neither `secret` nor certificate paths.
+///
+/// **INSECURE, for development only.** It is public (it is in the source code): anyone who can
+/// reach the gossip or QUIC ports can derive the cluster CA from it and join the cluster. It is
+/// therefore refused unless gossip and QUIC listen on loopback only; any real cluster must set
+/// `cluster.secret` (or `RATEMESH_CLUSTER_SECRET`) or certificate paths.
+pub const DEV_CLUSTER_SECRET: &str = "ratemesh INSECURE development secret: public, do not use";
+
+/// The default cluster id: nodes gossip only with nodes that have the same one.
+pub const CLUSTER_ID_DEFAULT: &str = "ratemesh";
+
+/// The default HTTP API address.
+pub const HTTP_LISTEN_DEFAULT: SocketAddr = loopback(8080);
+/// The default Envoy Rate Limit Service (gRPC) address.
+pub const GRPC_LISTEN_DEFAULT: SocketAddr = loopback(8081);
+/// The default gossip (UDP) address.
+pub const GOSSIP_LISTEN_DEFAULT: SocketAddr = loopback(7946);
+/// The default QUIC peer transport (UDP) address.
+pub const QUIC_LISTEN_DEFAULT: SocketAddr = loopback(7947);
+
+/// Default gossip interval. With chitchat's initial interval set to the same, a dead node is
+/// detected in about two seconds (the library's 5 s prior made it ~26 s).
+pub const GOSSIP_INTERVAL_MS_DEFAULT: u64 = 200;
+/// Default approximate-mode sync interval: the core's `NodeConfig` default.
+pub const SYNC_INTERVAL_MS_DEFAULT: u64 = 50;
+/// Default time after which a dead member is forgotten (and stops counting in the cluster size).
+/// chitchat's own default, 24 h, would keep a departed node's share of every limit unused for a day.
+pub const DEAD_MEMBER_FORGET_MS_DEFAULT: u64 = 60_000;
+/// Default time between resolutions of seeds given by name, once the node has a live peer (while
+/// it has none, it resolves sooner: see `ratemesh::seeds`). Kubernetes' CoreDNS caches answers
+/// for about 30 s; new members also announce themselves by gossip.
+pub const SEED_RESOLVE_INTERVAL_MS_DEFAULT: u64 = 10_000;
+/// Default longest wait, at shutdown, for the handoff of this node's keys to be acknowledged (the
+/// library's default).
+pub const LEAVE_LINGER_MS_DEFAULT: u64 = 2_000;
+
+/// Default `[limits] http_body_bytes_max`: 64 KiB.
+pub const HTTP_BODY_BYTES_MAX_DEFAULT: usize = 64 * 1024;
+/// Default `[limits] http_in_flight_max`.
+pub const HTTP_IN_FLIGHT_MAX_DEFAULT: usize = 1024;
+/// Default `[limits] connections_max`, as a multiple of `http_in_flight_max`: keep-alive clients
+/// hold connections between requests, so a listener needs more connections than requests in
+/// flight, but not unboundedly more.
+pub const CONNECTIONS_PER_IN_FLIGHT_DEFAULT: usize = 4;
+/// Default `[limits] connections_max` for an in-flight bound of `http_in_flight_max`.
+pub const fn connections_max_default(http_in_flight_max: usize) -> usize {
+    CONNECTIONS_PER_IN_FLIGHT_DEFAULT.saturating_mul(http_in_flight_max)
+}
+/// Default `[limits] batch_len_max`.
+pub const BATCH_LEN_MAX_DEFAULT: usize = 1000;
+/// Default `[limits] key_bytes_max`.
+pub const KEY_BYTES_MAX_DEFAULT: usize = 4096;
+/// Default `mode` of a policy, in the file and inline.
+pub const MODE_DEFAULT: Mode = Mode::Approximate;
+/// Default `fallback` of a policy, in the file and inline.
+pub const FALLBACK_DEFAULT: Fallback = Fallback::LocalShare;
+/// Default `time_zone` of a calendar window, in the file and inline.
+pub const TIME_ZONE_DEFAULT: &str = "UTC";
+
+/// The core's `forward_wait` the daemon runs with: zero, as `ratemesh::NodeBuilder`'s default
+/// (the tokio driver batches forwarded checks by scheduling; the core's timer-based wait would
+/// add latency to every exact-mode check of a key owned elsewhere).
+pub const FORWARD_WAIT: Duration = Duration::ZERO;
+
+/// Default `[auth] policy_header`.
+pub const AUTH_POLICY_HEADER_DEFAULT: &str = "x-ratelimit-policy";
+/// Default `[auth] key_header`.
+pub const AUTH_KEY_HEADER_DEFAULT: &str = "x-ratelimit-key";
+const fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+}
+/// Whole milliseconds of a default duration.
+pub(super) fn duration_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Default for NodeSection {
+    fn default() -> Self {
+        NodeSection {
+            id: NodeId(1),
+            id_from: None,
+            incarnation: None,
+            data_dir: None,
+            snapshot_interval: SnapshotSettings::default().interval,
+            snapshot_period_min: SnapshotSettings::default().period_min,
+        }
+    }
+}
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            cluster_id: CLUSTER_ID_DEFAULT.to_owned(),
+            seeds: Vec::new(),
+            seed_resolve_interval: Duration::from_millis(SEED_RESOLVE_INTERVAL_MS_DEFAULT),
+            leave_linger: Duration::from_millis(LEAVE_LINGER_MS_DEFAULT),
+            auth: ClusterAuth::Secret { secret: SecretString::new(DEV_CLUSTER_SECRET), accepted: None },
+            gossip_interval: Duration::from_millis(GOSSIP_INTERVAL_MS_DEFAULT),
+            sync_interval: Duration::from_millis(SYNC_INTERVAL_MS_DEFAULT),
+            dead_member_forget: Duration::from_millis(DEAD_MEMBER_FORGET_MS_DEFAULT),
+        }
+    }
+}
+impl Default for ListenSection {
+    fn default() -> Self {
+        ListenSection {
+            http: HTTP_LISTEN_DEFAULT,
+            grpc: GRPC_LISTEN_DEFAULT,
+            gossip: GOSSIP_LISTEN_DEFAULT,
+            quic: QUIC_LISTEN_DEFAULT,
+            advertise_gossip: None,
+            advertise_quic: None,
+            advertise_ip_from: None,
+        }
+    }
+}
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            keys_max: StoreConfig::default().keys_max,
+            http_body_bytes_max: HTTP_BODY_BYTES_MAX_DEFAULT,
+            http_in_flight_max: HTTP_IN_FLIGHT_MAX_DEFAULT,
+            connections_max: connections_max_default(HTTP_IN_FLIGHT_MAX_DEFAULT),
+            batch_len_max: BATCH_LEN_MAX_DEFAULT,
+            key_bytes_max: KEY_BYTES_MAX_DEFAULT,
+            log_bytes_max: StoreConfig::default().log_bytes_max,
+        }
+    }
+}
+impl Default for AuthSection {
+    fn default() -> Self {
+        AuthSection {
+            policy_header: AUTH_POLICY_HEADER_DEFAULT.to_owned(),
+            key_header: AUTH_KEY_HEADER_DEFAULT.to_owned(),
+            admin_token: None,
+        }
+    }
+}
+
+impl Config {
+    /// The core node's configuration: the core's defaults, with this file's sync interval and
+    /// key bounds, and [`FORWARD_WAIT`].
+    pub fn node_config(&self) -> NodeConfig {
+        let defaults = NodeConfig::default();
+        NodeConfig {
+            forward_wait: FORWARD_WAIT,
+            sync_interval: self.cluster.sync_interval,
+            store: StoreConfig {
+                keys_max: self.limits.keys_max,
+                log_bytes_max: self.limits.log_bytes_max,
+                ..defaults.store
+            },
+            ..defaults
+        }
+    }
+}

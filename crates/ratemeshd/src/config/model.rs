@@ -1,0 +1,487 @@
+//! The validated configuration: one type per section, every value typed, in range and
+//! consistent (validation is `super::validate`, defaults `super::defaults`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratemesh::security::{PemSource, ProvidedCerts};
+use ratemesh::{CalendarPolicy, ClusterSecret, ClusterSecurity, SecurityError, Seed};
+use ratemesh_core::{Algorithm, Fallback, Mode, NodeId, Policy};
+use zeroize::Zeroizing;
+
+use super::defaults::DEV_CLUSTER_SECRET;
+
+/// A validated configuration: every value typed, in range and consistent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// `[node]`.
+    pub node: NodeSection,
+    /// `[cluster]`.
+    pub cluster: ClusterSection,
+    /// `[listen]`.
+    pub listen: ListenSection,
+    /// `[limits]`: bounds of tables, queues and requests.
+    pub limits: Bounds,
+    /// `[log]`.
+    pub log: LogSection,
+    /// `[auth]`: where `GET /v1/auth` finds the policy and key when the query has none.
+    pub auth: AuthSection,
+    /// `[rls]`: the Envoy Rate Limit Service.
+    pub rls: RlsSection,
+    /// `[[policies]]`, in file order; names unique, Envoy descriptor paths unique per domain.
+    pub policies: Vec<PolicyConfig>,
+}
+
+/// `[node]`: this member's identity and where it keeps its durable state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSection {
+    /// `id`: the member's id, stable across restarts and unique in the cluster (default 1).
+    /// Ignored when `id_from` is set.
+    pub id: NodeId,
+    /// `id_from`: derive the id at start from a name of this host instead of `id` (see
+    /// [`IdFrom`] and `crate::identity`). Conflicts with `id`.
+    pub id_from: Option<IdFrom>,
+    /// `incarnation`: distinguishes restarts of the same id; unset, the daemon picks one at start
+    /// (so that peers can tell a restarted node from a delayed message of its previous life).
+    pub incarnation: Option<u64>,
+    /// `data_dir`: an absolute path, where the node keeps its snapshot of durable quotas (`ratemesh.snapshot`),
+    /// so that long-period limits survive a restart of the whole cluster. Unset (the default):
+    /// nothing is written, and a full restart starts every key fresh.
+    pub data_dir: Option<PathBuf>,
+    /// `snapshot_interval_ms`: time between snapshots (default 5000): a crash of every node at
+    /// once loses at most this much of the hits.
+    pub snapshot_interval: Duration,
+    /// `snapshot_period_min_ms`: limits with a shorter period are not written (default 60000):
+    /// they refill within a restart anyway.
+    pub snapshot_period_min: Duration,
+}
+
+/// Where `[node] id_from` takes the node's name from; the id is the name's ordinal or hash
+/// (`crate::identity::id_from_name`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdFrom {
+    /// `"hostname"`: the kernel's host name. A Kubernetes pod's is its pod name: `ratemesh-3`
+    /// of a StatefulSet → 3.
+    Hostname,
+    /// `"reverse_dns"`: the name the advertised gossip IP resolves back to (PTR). Docker's
+    /// embedded DNS answers a container's name: `project_ratemesh_2.project_default` → 2, a
+    /// stable small id for each replica of a service run with `docker-compose --scale`, whose
+    /// host names are container ids.
+    ReverseDns,
+}
+
+impl IdFrom {
+    pub(super) const ALL: [IdFrom; 2] = [IdFrom::Hostname, IdFrom::ReverseDns];
+
+    /// The configuration name.
+    pub fn name(self) -> &'static str {
+        match self {
+            IdFrom::Hostname => "hostname",
+            IdFrom::ReverseDns => "reverse_dns",
+        }
+    }
+}
+
+/// Where `[listen] advertise_ip_from` takes the advertised IP from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdvertiseIpFrom {
+    /// `"hostname"`: the address the host name resolves to, `/etc/hosts` first: Docker and
+    /// Kubernetes write the container's own name and address there.
+    Hostname,
+}
+
+impl AdvertiseIpFrom {
+    /// The configuration name.
+    pub fn name(self) -> &'static str {
+        match self {
+            AdvertiseIpFrom::Hostname => "hostname",
+        }
+    }
+}
+
+/// `[cluster]`: membership and peer security.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterSection {
+    /// `cluster_id`: nodes only gossip with nodes of the same id.
+    pub cluster_id: String,
+    /// `seeds`: gossip addresses (`ip:port`) or DNS names (`host:port`: every address the name
+    /// resolves to, re-resolved every `seed_resolve_interval_ms`) contacted to join. Empty: a
+    /// cluster of one, until others seed from it. With seeds, the daemon is ready (`GET
+    /// /readyz`) only while another member is live: a seeded node that cannot reach anyone is not
+    /// ready (see `crate::daemon`).
+    pub seeds: Vec<Seed>,
+    /// `seed_resolve_interval_ms`: how often seeds given by name are resolved again.
+    pub seed_resolve_interval: Duration,
+    /// `leave_linger_ms`: the longest a graceful shutdown waits for the handoff of this node's
+    /// keys to be acknowledged.
+    pub leave_linger: Duration,
+    /// `secret` alone, or `ca_cert_path` + `cert_path` + `key_path` and `secret` (which then
+    /// seals gossip only); `secret_accepted` during a rotation.
+    pub auth: ClusterAuth,
+    /// `gossip_interval_ms`.
+    pub gossip_interval: Duration,
+    /// `sync_interval_ms`: how often approximate-mode allowances are renewed.
+    pub sync_interval: Duration,
+    /// `dead_member_forget_ms`: how long a dead member still counts in the cluster size.
+    pub dead_member_forget: Duration,
+}
+
+/// How peers authenticate each other and gossip is sealed (see `ratemesh::security` and
+/// `ratemesh::gossip`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterAuth {
+    /// A shared secret (at least 16 bytes) from which every node derives the cluster CA and the
+    /// gossip key.
+    Secret {
+        /// `secret`.
+        secret: SecretString,
+        /// `secret_accepted`: a second secret accepted during a rotation (its CA trusted, its
+        /// gossip opened).
+        accepted: Option<SecretString>,
+    },
+    /// Certificates made beforehand (`ratemeshd certs`), PEM files read at start, and the
+    /// secret that seals gossip.
+    Certs {
+        /// `ca_cert_path`: the cluster CA certificate(s).
+        ca_cert_path: PathBuf,
+        /// `cert_path`: this node's certificate.
+        cert_path: PathBuf,
+        /// `key_path`: this node's private key.
+        key_path: PathBuf,
+        /// `secret`: seals gossip (certificates give no key every member shares).
+        gossip_secret: SecretString,
+        /// `secret_accepted`: a second gossip secret accepted during a rotation.
+        accepted: Option<SecretString>,
+    },
+}
+
+impl ClusterAuth {
+    /// The security setup for the peer transport and gossip. Files are not read here but when
+    /// the node's identity is built.
+    pub fn security(&self) -> Result<ClusterSecurity, SecurityError> {
+        let secret = |secret: &SecretString, accepted: &Option<SecretString>| {
+            let secret = ClusterSecret::new(secret.expose())?;
+            Ok::<_, SecurityError>(match accepted {
+                Some(accepted) => secret.also_accepting(ClusterSecret::new(accepted.expose())?),
+                None => secret,
+            })
+        };
+        match self {
+            ClusterAuth::Secret { secret: s, accepted } => Ok(ClusterSecurity::Secret(secret(s, accepted)?)),
+            ClusterAuth::Certs { ca_cert_path, cert_path, key_path, gossip_secret, accepted } => {
+                Ok(ClusterSecurity::Provided(ProvidedCerts {
+                    ca_cert: PemSource::Path(ca_cert_path.clone()),
+                    node_cert: PemSource::Path(cert_path.clone()),
+                    node_key: PemSource::Path(key_path.clone()),
+                    gossip_secret: secret(gossip_secret, accepted)?,
+                }))
+            }
+        }
+    }
+
+    /// Whether this is the public [`DEV_CLUSTER_SECRET`] (worth a warning at start).
+    pub fn is_dev_secret(&self) -> bool {
+        matches!(self, ClusterAuth::Secret { secret, .. } if secret.expose() == DEV_CLUSTER_SECRET)
+    }
+}
+
+/// A secret string: zeroed on drop, never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretString(Zeroizing<String>);
+
+impl SecretString {
+    /// Wraps `secret`.
+    pub fn new(secret: impl Into<String>) -> SecretString {
+        SecretString(Zeroizing::new(secret.into()))
+    }
+
+    /// The secret itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretString(<redacted>)")
+    }
+}
+
+/// `[listen]`: the node's sockets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenSection {
+    /// `http`: the HTTP API (TCP).
+    pub http: SocketAddr,
+    /// `grpc`: the Envoy Rate Limit Service (TCP).
+    pub grpc: SocketAddr,
+    /// `gossip`: membership gossip (UDP).
+    pub gossip: SocketAddr,
+    /// `quic`: the peer transport (UDP).
+    pub quic: SocketAddr,
+    /// `advertise_gossip`: the gossip address peers use, when it differs from `gossip` (NAT,
+    /// containers, a listener on `0.0.0.0`).
+    pub advertise_gossip: Option<SocketAddr>,
+    /// `advertise_quic`: the QUIC address peers use, when it differs from `quic`.
+    pub advertise_quic: Option<SocketAddr>,
+    /// `advertise_ip_from`: advertise gossip and QUIC on an IP found at start, with the ports of
+    /// `gossip` and `quic` (see `crate::identity`). Conflicts with `advertise_gossip` and
+    /// `advertise_quic`.
+    pub advertise_ip_from: Option<AdvertiseIpFrom>,
+}
+
+impl ListenSection {
+    /// The gossip address to announce to peers. Port 0 (bound at start) must be replaced by the
+    /// port actually bound.
+    pub fn gossip_advertised(&self) -> SocketAddr {
+        self.advertise_gossip.unwrap_or(self.gossip)
+    }
+
+    /// The QUIC address to announce to peers (port 0: see [`Self::gossip_advertised`]).
+    pub fn quic_advertised(&self) -> SocketAddr {
+        self.advertise_quic.unwrap_or(self.quic)
+    }
+}
+
+/// `[limits]`: the bounds of the daemon's tables, queues and requests. Every bound has a default;
+/// none is unbounded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// `keys_max`: keys held by the node's store (oldest-to-fresh evicted beyond it).
+    pub keys_max: usize,
+    /// `http_body_bytes_max`: larger request bodies get 413.
+    pub http_body_bytes_max: usize,
+    /// `http_in_flight_max`: requests served at once; more get 503 at once (load shedding, no
+    /// queue). The Envoy RLS server has a bound of its own of the same size.
+    pub http_in_flight_max: usize,
+    /// `connections_max`: open TCP connections per listener (the HTTP API and the Envoy RLS
+    /// server each have this many); a connection beyond it is closed as soon as it is accepted.
+    /// Default [`super::CONNECTIONS_PER_IN_FLIGHT_DEFAULT`] × `http_in_flight_max`. Restart only.
+    pub connections_max: usize,
+    /// `batch_len_max`: checks in one `POST /v1/check/batch`.
+    pub batch_len_max: usize,
+    /// `key_bytes_max`: the longest client key.
+    pub key_bytes_max: usize,
+    /// `log_bytes_max`: the bytes all sliding window logs of the node may take together;
+    /// beyond it logs are coarsened (conservatively). Restart only.
+    pub log_bytes_max: usize,
+}
+
+/// `[log]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogSection {
+    /// `format`: `"text"` (default) or `"json"`.
+    pub format: LogFormat,
+    /// `level`: `"error"`, `"warn"`, `"info"` (default), `"debug"` or `"trace"`.
+    pub level: LogLevel,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LogFormat {
+    /// The configuration name.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+/// `[auth]`: the request headers `GET /v1/auth` (nginx `auth_request`, Traefik forwardAuth)
+/// reads when the query string has no `policy` or `key`. Without the key header, the key is
+/// the client address from `X-Real-IP`, else the **last** entry of `X-Forwarded-For` (the one the
+/// nearest proxy appended; earlier entries are whatever the client sent).
+///
+/// These headers are trusted as they arrive, so the proxy in front must **set** them, replacing
+/// any value the client sent: nginx passes the client's own request headers to the
+/// `auth_request` subrequest, and a client that chose its own `X-RateLimit-Key` (or policy, or
+/// `X-Real-IP`) would pick its own bucket. With nginx: `proxy_set_header X-RateLimit-Key
+/// $remote_addr;` (or `X-Real-IP`), or pass the key in the query string, which the client cannot
+/// reach.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthSection {
+    /// `policy_header`: the header naming the policy (default `X-RateLimit-Policy`), stored
+    /// lowercase.
+    pub policy_header: String,
+    /// `key_header`: the header carrying the key (default `X-RateLimit-Key`), stored lowercase.
+    pub key_header: String,
+    /// `admin_token`: the bearer token of the admin API (`PUT`/`DELETE /v1/overrides/...`:
+    /// `Authorization: Bearer <token>`), at least 16 bytes; without one the admin API refuses
+    /// every change (403).
+    pub admin_token: Option<SecretString>,
+}
+
+/// `[rls]`: the Envoy Rate Limit Service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RlsSection {
+    /// `all_or_nothing_domains`: domains whose requests are all or nothing: when a descriptor is
+    /// over its limit, the hits the request's other descriptors took are given back (as
+    /// `POST /v1/check/all`). Default none: every descriptor counts on its own, like Envoy's
+    /// ratelimit service.
+    pub all_or_nothing_domains: Vec<String>,
+}
+/// The most verbose level logged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// And warnings.
+    Warn,
+    /// And information.
+    #[default]
+    Info,
+    /// And debugging detail.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+impl LogLevel {
+    pub(super) const ALL: [LogLevel; 5] =
+        [LogLevel::Error, LogLevel::Warn, LogLevel::Info, LogLevel::Debug, LogLevel::Trace];
+
+    /// The configuration name (also what `tracing` level filters accept).
+    pub fn name(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// The metrics label and header name of inline limits: no policy may have this name.
+pub const INLINE_LABEL: &str = "inline";
+
+/// One validated `[[policies]]` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyConfig {
+    /// `name`: what `"policy"` in API requests and metrics labels refer to. Letters, digits,
+    /// `_`, `-` and `.` only: names appear in metric labels and in `RateLimit-Policy` headers, and
+    /// cannot collide with inline limits' namespaces (`inline:…`). [`INLINE_LABEL`] itself is
+    /// refused: it is how metrics and headers name inline limits.
+    pub name: String,
+    /// `domain` + `descriptors`: the Envoy descriptor path this policy answers, if any.
+    pub envoy: Option<EnvoyPattern>,
+    /// The limit, or `unlimited = true`.
+    pub rule: Rule,
+    /// `shadow_mode`: decisions are counted and reported in metrics, but every request is allowed.
+    pub shadow_mode: bool,
+    /// `overrides = [{ key, limit, burst, period_ms }]`: per-key limits (a limited policy only),
+    /// by key. A key's override wins over a check's `tier`.
+    pub overrides: BTreeMap<String, Arc<Policy>>,
+    /// `tiers = [{ name, limit, burst, period_ms }]`: named limits a check may ask for with
+    /// `"tier"` (a limited policy only), by name.
+    pub tiers: BTreeMap<String, Arc<Policy>>,
+}
+/// What a policy enforces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// A limit, with its cluster mode and fallback (`algorithm`, `limit`, `period_ms`, `burst`,
+    /// `delay`, `mode`, `fallback`). Shared: every check names it by reference.
+    Limited(Arc<Policy>),
+    /// A calendar-aligned fixed window (`window`, `time_zone`): `limit` hits per minute, hour,
+    /// day, week or month of the zone's calendar, resolved per check into the current window.
+    Calendar(Arc<CalendarPolicy>),
+    /// `unlimited = true`: matching requests are always allowed and not counted (Envoy-style
+    /// allow-listing of a descriptor).
+    Unlimited,
+}
+
+impl Rule {
+    /// The policy a check made now runs under, unless unlimited (a calendar rule's is the
+    /// current window's).
+    pub fn policy(&self) -> Option<Arc<Policy>> {
+        match self {
+            Rule::Limited(policy) => Some(Arc::clone(policy)),
+            Rule::Calendar(calendar) => Some(calendar.policy_now()),
+            Rule::Unlimited => None,
+        }
+    }
+}
+
+/// The Envoy request descriptors a policy applies to, like an envoyproxy/ratelimit config path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvoyPattern {
+    /// `domain`: the RLS request's domain.
+    pub domain: String,
+    /// `descriptors`: one pattern per descriptor entry; a request's entries must match them one by
+    /// one, with the same count.
+    pub descriptors: Vec<DescriptorPattern>,
+}
+
+/// One descriptor entry of a policy: `{ key = "...", value = "..." }`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DescriptorPattern {
+    /// The entry's key, matched exactly.
+    pub key: String,
+    /// Which values match.
+    pub value: ValuePattern,
+}
+
+/// Which values of a descriptor entry a pattern matches. Whatever matches, each distinct value is
+/// its own bucket (the bucket key is made of the request's values).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ValuePattern {
+    /// `value` absent: any value.
+    Any,
+    /// `value = "v"`: exactly `v`.
+    Exact(String),
+    /// `value = "v*"`: any value starting with `v` (`"*"` alone: any value, but tried before a
+    /// pattern without value, as in envoyproxy/ratelimit).
+    Prefix(String),
+}
+/// The mode called `name` in the file and the HTTP API.
+pub(crate) fn mode_from_name(name: &str) -> Option<Mode> {
+    match name {
+        "exact" => Some(Mode::Exact),
+        "approximate" => Some(Mode::Approximate),
+        _ => None,
+    }
+}
+
+/// The configuration name of `mode` (inverse of [`mode_from_name`]).
+pub(crate) fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Exact => "exact",
+        Mode::Approximate => "approximate",
+    }
+}
+
+/// The configuration name of `fallback` (inverse of [`fallback_from_name`]).
+pub(crate) fn fallback_name(fallback: Fallback) -> &'static str {
+    match fallback {
+        Fallback::LocalShare => "local_share",
+        Fallback::FailOpen => "fail_open",
+        Fallback::FailClosed => "fail_closed",
+    }
+}
+
+/// The fallback called `name` in the file and the HTTP API.
+pub(crate) fn fallback_from_name(name: &str) -> Option<Fallback> {
+    match name {
+        "local_share" => Some(Fallback::LocalShare),
+        "fail_open" => Some(Fallback::FailOpen),
+        "fail_closed" => Some(Fallback::FailClosed),
+        _ => None,
+    }
+}
+
+/// Every algorithm name, for error messages.
+pub(crate) fn algorithm_names() -> String {
+    Algorithm::ALL.map(Algorithm::name).join(", ")
+}

@@ -1,0 +1,281 @@
+//! The observation routes: `/metrics`, `/healthz`, `/readyz`, `/v1/cluster`, `/v1/policies`,
+//! `/v1/top`, `/v1/stats` and the dashboard page (`dashboard.html`, at `/`).
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use ratemesh::TopBy;
+use ratemesh_core::Algorithm;
+use serde_json::json;
+
+use super::{ApiError, ApiState, error, json_response};
+use crate::config::{Rule, ValuePattern, fallback_name, mode_name};
+use crate::daemon::RING_PROBES;
+use crate::metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, status_name};
+use crate::policy::PolicyTable;
+
+pub(super) async fn metrics(State(api): ApiState) -> Response {
+    match api.daemon.metrics().encode() {
+        Ok(text) => ([(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE))], text).into_response(),
+        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "encoding metrics failed", None),
+    }
+}
+
+pub(super) async fn healthz() -> Response {
+    json_response(StatusCode::OK, &json!({ "status": "ok" }))
+}
+
+pub(super) async fn readyz(State(api): ApiState) -> Response {
+    match api.daemon.not_ready_reason() {
+        None => json_response(StatusCode::OK, &json!({ "ready": true })),
+        Some(reason) => {
+            json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({ "ready": false, "reason": reason }))
+        }
+    }
+}
+
+pub(super) async fn cluster(State(api): ApiState) -> Response {
+    let daemon = &api.daemon;
+    let (config, _) = daemon.current();
+    let shares = daemon.ring_shares();
+    let share_of = |id| shares.iter().find(|(member, _)| *member == id).map_or(0.0, |(_, share)| *share);
+    let members: Vec<_> = daemon
+        .node()
+        .members()
+        .iter()
+        .map(|m| {
+            json!({
+                "id": m.id.0,
+                "quic_addr": m.quic_addr.to_string(),
+                "status": status_name(m.status),
+                "ring_share": share_of(m.id),
+            })
+        })
+        .collect();
+    let owners = shares.len();
+    let max_share = shares.iter().map(|(_, share)| *share).fold(0.0, f64::max);
+    // 1.0 is a perfectly balanced ring: the largest share over the fair one.
+    let balance = if owners == 0 { 0.0 } else { max_share * owners as f64 };
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "node": daemon.id().0,
+            "cluster_id": config.cluster.cluster_id,
+            "gossip_addr": daemon.node().gossip_addr().to_string(),
+            "quic_addr": daemon.node().quic_addr().to_string(),
+            "ready": daemon.is_ready(),
+            "shutting_down": daemon.is_shutting_down(),
+            "members": members,
+            "ring": {
+                "probes": RING_PROBES,
+                "owners": owners,
+                "this_node_share": share_of(daemon.id()),
+                "balance": balance,
+            },
+        }),
+    )
+}
+
+pub(super) async fn policies(State(api): ApiState) -> Response {
+    let (_, table) = api.daemon.current();
+    let list: Vec<_> = table
+        .iter()
+        .map(|entry| {
+            let mut item = json!({ "name": entry.name, "shadow_mode": entry.shadow_mode });
+            match entry.rule.policy() {
+                None => item["unlimited"] = json!(true),
+                Some(policy) => {
+                    let spec = policy.limit.spec();
+                    item["unlimited"] = json!(false);
+                    item["algorithm"] = json!(spec.algorithm.name());
+                    item["limit"] = json!(spec.limit);
+                    item["period_ms"] = json!(u64::try_from(spec.period.as_millis()).unwrap_or(u64::MAX));
+                    item["burst"] = json!(spec.burst);
+                    if spec.algorithm == Algorithm::LeakyBucketShaper {
+                        item["delay"] = json!(spec.delay);
+                    }
+                    if let Rule::Calendar(calendar) = &entry.rule {
+                        item["window"] = json!(calendar.calendar().unit().name());
+                        item["time_zone"] = json!(calendar.calendar().zone_name());
+                    }
+                    item["mode"] = json!(mode_name(policy.mode));
+                    item["fallback"] = json!(fallback_name(policy.fallback));
+                }
+            }
+            if !entry.tiers.is_empty() || !entry.overrides.is_empty() {
+                let tiers: Vec<_> = entry.tiers.keys().collect();
+                item["tiers"] = json!(tiers);
+                item["overrides"] = json!(entry.overrides.len());
+            }
+            if let Some(envoy) = &entry.envoy {
+                let descriptors: Vec<_> = envoy
+                    .descriptors
+                    .iter()
+                    .map(|d| {
+                        let value = match &d.value {
+                            ValuePattern::Any => None,
+                            ValuePattern::Exact(value) => Some(value.clone()),
+                            ValuePattern::Prefix(prefix) => Some(format!("{prefix}*")),
+                        };
+                        json!({ "key": d.key, "value": value })
+                    })
+                    .collect();
+                item["domain"] = json!(envoy.domain);
+                item["descriptors"] = json!(descriptors);
+            }
+            item
+        })
+        .collect();
+    json_response(StatusCode::OK, &json!({ "policies": list }))
+}
+
+/// How many keys `GET /v1/top` (and `ratemeshd top`) lists by default.
+pub const TOP_N_DEFAULT: usize = 20;
+/// What `GET /v1/top` (and `ratemeshd top`) ranks keys by by default.
+pub const TOP_BY_DEFAULT: TopBy = TopBy::Refused;
+
+/// The most keys `GET /v1/top` lists.
+pub const TOP_N_MAX: usize = 100;
+
+/// The query of `GET /v1/top`, validated.
+#[derive(Debug, PartialEq, Eq)]
+struct TopQuery {
+    policy: String,
+    n: usize,
+    by: TopBy,
+}
+
+impl TopQuery {
+    /// Parses `?policy=&n=&by=`; every refusal names its parameter (an unknown or repeated one
+    /// too). The policy must be a limited named policy of `table`.
+    fn parse(uri: &Uri, table: &PolicyTable) -> Result<TopQuery, ApiError> {
+        let (mut policy, mut n, mut by) = (None, None, None);
+        for pair in uri.query().unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let decoded = percent_encoding::percent_decode_str(&value.replace('+', " "))
+                .decode_utf8()
+                .map(|v| v.into_owned());
+            let slot = match name {
+                "policy" => &mut policy,
+                "n" => &mut n,
+                "by" => &mut by,
+                _ => {
+                    let name: String = name.chars().take(32).collect();
+                    return Err(ApiError::bad_request(&name, "unknown parameter (policy, n, by)"));
+                }
+            };
+            if slot.is_some() {
+                return Err(ApiError::bad_request(name, "given twice"));
+            }
+            *slot = Some(
+                decoded.map_err(|_| ApiError::bad_request(name, "not valid UTF-8 once percent-decoded"))?,
+            );
+        }
+        let policy = policy.ok_or_else(|| ApiError::bad_request("policy", "missing: give ?policy=NAME"))?;
+        match table.get(&policy) {
+            Some(entry) if entry.rule.policy().is_some() => {}
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "policy",
+                    format!("{policy:?} is unlimited: nothing is counted"),
+                ));
+            }
+            None => return Err(ApiError::bad_request("policy", format!("no policy named {policy:?}"))),
+        }
+        let n = match n.as_deref().map(str::parse::<usize>) {
+            None => TOP_N_DEFAULT,
+            Some(Ok(n)) if (1..=TOP_N_MAX).contains(&n) => n,
+            Some(_) => return Err(ApiError::bad_request("n", format!("an integer from 1 to {TOP_N_MAX}"))),
+        };
+        let by = match by.as_deref() {
+            None => TOP_BY_DEFAULT,
+            Some(name) => {
+                TopBy::from_name(name).ok_or_else(|| ApiError::bad_request("by", "refused or demand"))?
+            }
+        };
+        Ok(TopQuery { policy, n, by })
+    }
+}
+
+pub(super) async fn top(State(api): ApiState, uri: Uri) -> Result<Response, ApiError> {
+    let (_, table) = api.daemon.current();
+    let query = TopQuery::parse(&uri, &table)?;
+    let report = api.daemon.node().top(&query.policy, query.by, query.n).await;
+    let answer = &report.answer;
+    let keys: Vec<_> =
+        answer.entries.iter().map(|e| json!({ "key": e.key, "count": e.count, "error": e.error })).collect();
+    let missing: Vec<_> =
+        report.missing.iter().map(|m| json!({ "id": m.id.0, "reason": m.reason })).collect();
+    let config = api.daemon.node().top_config();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "policy": query.policy,
+            "by": query.by.name(),
+            "n": query.n,
+            "keys": keys,
+            "error_bound": answer.error_bound,
+            "total": answer.total,
+            "window_ms": u64::try_from(answer.window.as_millis()).unwrap_or(u64::MAX),
+            "window_max_ms": u64::try_from(config.half_window.as_millis() * 2).unwrap_or(u64::MAX),
+            "key_bytes_max": config.key_bytes_max,
+            "members": report.answered.iter().map(|id| id.0).collect::<Vec<_>>(),
+            "missing": missing,
+        }),
+    ))
+}
+
+pub(super) async fn stats(State(api): ApiState) -> Response {
+    let daemon = &api.daemon;
+    let node = daemon.node().metrics();
+    let policies: Vec<_> = daemon
+        .metrics()
+        .rates()
+        .snapshot()
+        .iter()
+        .map(|(policy, slots)| {
+            json!({
+                "policy": policy,
+                "allowed": slots.iter().map(|s| s.0).collect::<Vec<_>>(),
+                "refused": slots.iter().map(|s| s.1).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let round_trips: Vec<_> = node
+        .peer_round_trips
+        .iter()
+        .map(|(peer, rtt)| json!({ "peer": peer.0, "rtt_ms": rtt.as_secs_f64() * 1000.0 }))
+        .collect();
+    let (top_bytes, _) = daemon.node().top_memory();
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "node": daemon.id().0,
+            "slot_ms": u64::try_from(crate::rates::SLOT.as_millis()).unwrap_or(u64::MAX),
+            "policies": policies,
+            "sync_lag_ms": node.sync_lag.as_secs_f64() * 1000.0,
+            "peer_round_trips": round_trips,
+            "keys": node.keys,
+            "checks_waiting": node.checks_waiting,
+            "top_sketch_bytes": top_bytes,
+        }),
+    )
+}
+
+/// The dashboard page: self-contained (inline CSS and JavaScript, no external request).
+const DASHBOARD_HTML: &str = include_str!("../dashboard.html");
+
+pub(super) async fn dashboard() -> Response {
+    let headers = [
+        (CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8")),
+        // Nothing but this node: the page loads no other origin's resources.
+        (
+            axum::http::header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
+            ),
+        ),
+    ];
+    (StatusCode::OK, headers, DASHBOARD_HTML).into_response()
+}
