@@ -111,7 +111,8 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
         LimitSpec::new(Algorithm::FixedWindow, 10, Duration::from_secs(60)),
         Mode::Exact,
     );
-    let window = CalendarWindow { start: Instant::from_nanos(0), end: Instant::from_nanos(86_400_000_000_000) };
+    let window =
+        CalendarWindow { start: Instant::from_nanos(0), end: Instant::from_nanos(86_400_000_000_000) };
     let daily = support::policy("daily", LimitSpec::calendar(100, window), Mode::Exact);
     let limit = |limit| OverrideLimit { limit: Some(limit), ..OverrideLimit::default() };
     let long_key = "k".repeat(ratemesh::overrides::OVERRIDE_KEY_BYTES_MAX + 1);
@@ -160,7 +161,9 @@ async fn a_node_with_a_data_directory_reads_its_overrides_back_after_a_restart()
     let policy = hourly_bucket("kept", 10, Mode::Exact);
     let first = start_cluster(1).await;
     let overrides = start_overrides(&first[0], Some(dir.clone())).await;
-    overrides.set(&policy, "customer:acme", OverrideLimit { limit: Some(4), ..OverrideLimit::default() }).unwrap();
+    overrides
+        .set(&policy, "customer:acme", OverrideLimit { limit: Some(4), ..OverrideLimit::default() })
+        .unwrap();
     drop(overrides);
     for node in first {
         node.shutdown().await;
