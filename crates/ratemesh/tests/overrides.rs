@@ -78,7 +78,7 @@ async fn an_override_set_on_one_node_governs_every_node_and_so_does_its_deletion
         wait_limit(overrides, &policy, b"customer:acme", 3).await;
         eprintln!("node {:?} applies the override after {:?}", node.id(), written_at.elapsed());
     }
-    assert_eq!(handles[2].1.list("plans"), [written.clone()], "every node lists it");
+    assert_eq!(handles[2].1.list("plans"), std::slice::from_ref(&written), "every node lists it");
     assert!(handles[2].1.list("other").is_empty());
 
     // Every node checks the key in the override's bucket: exactly its limit, cluster-wide.
