@@ -15,6 +15,8 @@
 //! - [`gossip`]: chitchat over sealed (authenticated, encrypted) UDP, bounded for insiders,
 //!   restarted when it ends.
 //! - [`membership`]: gossip proposes members, mutual TLS confirms them.
+//! - [`overrides`]: live per-key overrides, set on any node for the whole cluster
+//!   ([`Node::start_live_overrides`], [`LiveOverrides`]).
 //! - [`seeds`]: [`Seed`]s given as addresses or DNS names; names resolved by [`dns`] (no C
 //!   library: works in a `FROM scratch` image) and re-resolved periodically.
 //! - [`security`]: cluster security — a CA derived from a shared secret or user-provided
@@ -35,6 +37,7 @@ pub mod headers;
 pub mod layer;
 pub mod membership;
 pub mod node;
+pub mod overrides;
 pub mod security;
 pub mod seeds;
 pub mod top;
@@ -51,6 +54,7 @@ pub use node::{
     CheckError, MissingMember, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released, SHARED_VALUE_BYTES_MAX,
     SHARED_VALUES_MAX, SharedValuesError, StartError, TopLabel, TopReport,
 };
+pub use overrides::{LiveOverride, LiveOverrides, OverrideError, OverrideLimit};
 pub use ratemesh_core::{Adjustment, NodeId};
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};

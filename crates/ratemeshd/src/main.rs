@@ -20,7 +20,7 @@ use ratemeshd::Config;
 use ratemeshd::client;
 use ratemeshd::config::{EMBEDDED_CONFIG, EMBEDDED_CONFIG_ORIGIN, HTTP_LISTEN_DEFAULT};
 use ratemeshd::daemon::ConfigSource;
-use ratemeshd::http::body::{CheckBody, LimitBody};
+use ratemeshd::http::body::{CheckBody, CostJson, LimitBody};
 use ratemeshd::http::{TOP_BY_DEFAULT, TOP_N_DEFAULT};
 
 /// How long `cluster` and `top` wait for the node's answer by default, in milliseconds.
@@ -74,9 +74,12 @@ struct CheckArgs {
     /// The key to check.
     #[arg(long)]
     key: String,
-    /// Hits to take (default 1; 0 only asks).
-    #[arg(long)]
-    cost: Option<u64>,
+    /// Hits to take (default 1; 0 only asks; below 0 gives that many back: a refund).
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_cost)]
+    cost: Option<CostJson>,
+    /// One of the policy's tiers (a key's override still wins; not with an inline limit).
+    #[arg(long, conflicts_with = "algorithm")]
+    tier: Option<String>,
     /// Inline limit: token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_counter,
     /// sliding_window_log or concurrency.
     #[arg(long, conflicts_with = "policy", requires_all = ["limit", "period_ms"])]
@@ -212,6 +215,13 @@ fn client_runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the tokio runtime")
 }
 
+/// `--cost`: hits to take, or below 0 hits to give back (the HTTP API's `cost`).
+fn parse_cost(text: &str) -> Result<CostJson, String> {
+    let hits: i128 = text.parse().map_err(|_| format!("{text:?} is not an integer (below 0: a refund)"))?;
+    let magnitude = u64::try_from(hits.unsigned_abs()).map_err(|_| format!("{text} is out of range"))?;
+    Ok(if hits < 0 { CostJson::Refund(magnitude) } else { CostJson::Take(magnitude) })
+}
+
 /// `check`: `POST /v1/check` to a running node.
 fn check(args: &CheckArgs) -> ExitCode {
     let limit = args.algorithm.as_ref().map(|algorithm| LimitBody {
@@ -227,10 +237,10 @@ fn check(args: &CheckArgs) -> ExitCode {
     });
     let body = CheckBody {
         key: Some(args.key.clone()),
-        cost: args.cost.map(Into::into),
+        cost: args.cost,
         limit,
         policy: args.policy.clone(),
-        tier: None,
+        tier: args.tier.clone(),
     };
     let answer = serde_json::to_vec(&body).context("encoding the request").and_then(|body| {
         let timeout = Duration::from_millis(args.timeout_ms);
@@ -492,6 +502,28 @@ mod tests {
             "1",
         ];
         assert!(Cli::try_parse_from(both).is_err());
+    }
+
+    #[test]
+    fn check_takes_a_negative_cost_as_a_refund_and_a_tier_of_a_policy() {
+        let parse = |args: &[&str]| {
+            let base = ["ratemeshd", "check", "--policy", "api", "--key", "k"];
+            match Cli::try_parse_from(base.iter().chain(args)).map(|cli| cli.command) {
+                Ok(Some(Command::Check(check))) => Ok((check.cost, check.tier)),
+                Ok(other) => panic!("{other:?}"),
+                Err(error) => Err(error.to_string()),
+            }
+        };
+        assert_eq!(parse(&["--cost", "-3"]), Ok((Some(CostJson::Refund(3)), None)));
+        assert_eq!(parse(&["--cost=-3"]), Ok((Some(CostJson::Refund(3)), None)));
+        assert_eq!(parse(&["--cost", "7"]), Ok((Some(CostJson::Take(7)), None)));
+        assert_eq!(parse(&["--tier", "pro"]), Ok((None, Some("pro".to_owned()))));
+        assert!(parse(&["--cost", "-1.5"]).is_err_and(|e| e.contains("not an integer")));
+        assert!(parse(&["--cost", "18446744073709551616"]).is_err_and(|e| e.contains("out of range")));
+        let inline_with_tier =
+            ["ratemeshd", "check", "--key", "k", "--algorithm", "gcra", "--limit", "1", "--period-ms", "1"];
+        let with_tier = inline_with_tier.iter().chain(&["--tier", "pro"]);
+        assert!(Cli::try_parse_from(with_tier).is_err(), "a tier belongs to a policy");
     }
 
     #[test]

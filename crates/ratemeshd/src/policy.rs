@@ -50,15 +50,7 @@ impl PolicyEntry {
     /// limit (a key moved to another limit starts afresh there; two variants of equal limits
     /// share buckets).
     pub fn variant(&self, kind: &str, policy: Arc<Policy>) -> PolicyEntry {
-        let spec = policy.limit.spec();
-        let namespace = format!(
-            "{}#{kind}:{}:{}/{}ns:{:?}",
-            self.name,
-            spec.algorithm.name(),
-            spec.limit,
-            spec.period.as_nanos(),
-            spec.burst
-        );
+        let namespace = ratemesh::overrides::variant_namespace_name(&self.name, kind, &policy);
         PolicyEntry {
             name: self.name.clone(),
             rule: Rule::Limited(policy),

@@ -89,7 +89,8 @@ fn serve_answers_check_and_cluster_then_stops_gracefully_on_sigterm() {
     std::fs::write(
         &path,
         "[listen]\nhttp = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\ngossip = \"127.0.0.1:0\"\nquic = \"127.0.0.1:0\"\n\n\
-         [[policies]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod_ms = 3600000\n",
+         [[policies]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod_ms = 3600000\n\
+         tiers = [{ name = \"pro\", limit = 3 }]\n",
     )
     .expect("write");
     let child = Command::new(env!("CARGO_BIN_EXE_ratemeshd"))
@@ -128,6 +129,29 @@ fn serve_answers_check_and_cluster_then_stops_gracefully_on_sigterm() {
     let answer: serde_json::Value = serde_json::from_slice(&first.stdout).expect("JSON on stdout");
     assert_eq!(answer["allowed"], serde_json::json!(true));
     assert_eq!(ratemeshd(&check).status.code(), Some(1), "refused");
+    // A negative cost is a refund: the hit comes back, and the next check passes.
+    let refund = ratemeshd(&[&check[..], &["--cost", "-1"]].concat());
+    assert_eq!(refund.status.code(), Some(0), "refunded: {}", String::from_utf8_lossy(&refund.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&refund.stdout).expect("JSON on stdout");
+    assert_eq!(
+        (answer["allowed"].as_bool(), answer["remaining"].as_u64()),
+        (Some(true), Some(1)),
+        "{answer}"
+    );
+    assert_eq!(ratemeshd(&check).status.code(), Some(0), "the refunded hit passes");
+    assert_eq!(ratemeshd(&check).status.code(), Some(1), "and only it");
+    // A tier is the check's `tier`: its own limit, and an unknown one is the node's 400.
+    let pro = ratemeshd(&[&check[..], &["--tier", "pro"]].concat());
+    assert_eq!(pro.status.code(), Some(0), "{}", String::from_utf8_lossy(&pro.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&pro.stdout).expect("JSON on stdout");
+    assert_eq!((answer["limit"].as_u64(), answer["remaining"].as_u64()), (Some(3), Some(2)), "{answer}");
+    let gold = ratemeshd(&[&check[..], &["--tier", "gold"]].concat());
+    assert_eq!(gold.status.code(), Some(2), "an unknown tier is an error");
+    assert!(
+        String::from_utf8_lossy(&gold.stderr).contains("400"),
+        "{}",
+        String::from_utf8_lossy(&gold.stderr)
+    );
     let unknown = ratemeshd(&["check", "--addr", &addr, "--policy", "nope", "--key", "k"]);
     assert_eq!(unknown.status.code(), Some(2), "an unknown policy is an error");
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("404"));

@@ -40,7 +40,7 @@ use tracing::{info, warn};
 
 use crate::config::{Config, LogLevel};
 use crate::metrics::Metrics;
-use crate::overrides::LiveTable;
+use crate::overrides::LiveOverrides;
 use crate::policy::PolicyTable;
 
 mod decide;
@@ -103,8 +103,8 @@ pub struct Daemon {
     close_tx: watch::Sender<bool>,
     log_level: watch::Sender<LogLevel>,
     reloads: watch::Sender<u64>,
-    /// Live per-key overrides (`crate::overrides`), and the chunks last published in gossip.
-    live: Mutex<(LiveTable, Vec<String>)>,
+    /// Live per-key overrides (`crate::overrides`).
+    live: LiveOverrides,
 }
 
 impl Daemon {
@@ -156,14 +156,8 @@ impl Daemon {
             info!(data_dir = %dir.display(), "durable quotas: snapshots kept in the data directory");
         }
         let node = builder.start().await?;
-        let live = match &config.node.data_dir {
-            Some(dir) => LiveTable::load(dir).unwrap_or_else(|error| {
-                warn!(%error, "live overrides not read back: starting without them (gossip brings them again)");
-                LiveTable::default()
-            }),
-            None => LiveTable::default(),
-        };
-        let policies = Arc::new(PolicyTable::new(&live.apply(&config.policies)));
+        let live = node.start_live_overrides(config.node.data_dir.as_deref());
+        let policies = Arc::new(PolicyTable::new(&crate::overrides::apply(&live, &config.policies)));
         info!(
             node = identity.id.0,
             policies = policies.len(),
@@ -190,9 +184,9 @@ impl Daemon {
             close_tx,
             log_level,
             reloads,
-            live: Mutex::new((live, Vec::new())),
+            live,
         });
-        daemon.spawn_override_sync();
+        daemon.spawn_override_watch();
         Ok(daemon)
     }
 

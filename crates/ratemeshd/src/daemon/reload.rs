@@ -86,7 +86,7 @@ impl Daemon {
         if !fields.is_empty() {
             return Err(ReloadError::RestartRequired { fields });
         }
-        let policies = Arc::new(PolicyTable::new(&self.lock_live().0.apply(&config.policies)));
+        let policies = Arc::new(PolicyTable::new(&crate::overrides::apply(&self.live, &config.policies)));
         let removed: Vec<&str> = running_policies
             .iter()
             .map(|entry| entry.name.as_str())

@@ -61,7 +61,7 @@ impl From<AdminError> for ApiError {
             AdminError::Table(OverrideError::Full) => {
                 ApiError::new(StatusCode::CONFLICT, error.to_string(), None)
             }
-            AdminError::Table(OverrideError::TooLong) => ApiError::bad_request("key", error),
+            AdminError::Table(_) => ApiError::bad_request("key", error),
         }
     }
 }
