@@ -1264,6 +1264,22 @@ async fn refunds_charges_and_groups_answer_and_bad_ones_change_nothing() {
     let r = h.post("/v1/check/all", &json!([{"key": "g1", "policy": "nope"}])).await;
     assert_error(&r, 404, Some("[0].policy"), "a group with an unknown policy");
     assert_eq!(remaining_of(&h, "token_bucket", "g1").await, json!(2), "no bad group took anything");
+    // Refunds and charges are counted apart from checks, the refused bad ones not at all.
+    let samples = parse_exposition(&h.get("/metrics").await.text());
+    let value = |name: &str, adjustment: &str| {
+        samples
+            .iter()
+            .find(|(n, l, _)| {
+                n == name
+                    && l.iter().any(|(k, v)| k == "policy" && v == "token_bucket")
+                    && l.iter().any(|(k, v)| k == "adjustment" && v == adjustment)
+            })
+            .map(|(_, _, v)| *v)
+    };
+    assert_eq!(value("ratemesh_adjustments_total", "refund"), Some(2.0));
+    assert_eq!(value("ratemesh_adjusted_hits_total", "refund"), Some(52.0));
+    assert_eq!(value("ratemesh_adjustments_total", "charge"), Some(1.0));
+    assert_eq!(value("ratemesh_adjusted_hits_total", "charge"), Some(9.0));
     assert_still_serving(&h).await;
     h.stop().await;
 }

@@ -70,7 +70,9 @@ impl Daemon {
             return Err(AdjustError::ShutDown);
         }
         let decision = self.node.adjust_hashed(&policy, key, adjustment, hits).await?;
-        Ok(Answer::limited(target.clone(), policy, decision))
+        let answer = Answer::limited(target.clone(), policy, decision);
+        self.metrics.record_adjustment(&answer, adjustment, hits);
+        Ok(answer)
     }
 
     /// Checks every one of `checks`, all or nothing (see [`ratemesh::Node::check_all`]); an unlimited

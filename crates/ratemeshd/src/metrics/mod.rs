@@ -60,6 +60,34 @@ struct PolicyLabels {
     policy: String,
 }
 
+/// What a client's adjustment did, as the `adjustment` label.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)] // The variant names are the label values.
+pub enum AdjustmentLabel {
+    /// Hits given back (a negative cost on `/v1/check`, RLS `is_negative_hits`).
+    refund,
+    /// Hits charged after the fact (`/v1/charge`).
+    charge,
+}
+
+impl From<ratemesh::Adjustment> for AdjustmentLabel {
+    fn from(adjustment: ratemesh::Adjustment) -> Self {
+        match adjustment {
+            ratemesh::Adjustment::Refund => AdjustmentLabel::refund,
+            ratemesh::Adjustment::Charge => AdjustmentLabel::charge,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyAdjustment {
+    policy: String,
+    adjustment: AdjustmentLabel,
+}
+
+/// Every value of [`AdjustmentLabel`], to remove a policy's series.
+const ADJUSTMENT_LABELS: [AdjustmentLabel; 2] = [AdjustmentLabel::refund, AdjustmentLabel::charge];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
     route: &'static str,
@@ -101,6 +129,8 @@ pub struct Metrics {
     fill_ratio: Family<PolicyLabels, Histogram, fn() -> Histogram>,
     near_limit: Family<PolicyLabels, Counter>,
     limited_decisions: Family<PolicyLabels, Counter>,
+    adjustments: Family<PolicyAdjustment, Counter>,
+    adjusted_hits: Family<PolicyAdjustment, Counter>,
     rates: RateHistory,
     http_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
     http_in_flight: Gauge,
@@ -158,6 +188,19 @@ impl Metrics {
              ratemesh_near_limit_decisions",
             limited_decisions.clone(),
         );
+        let adjustments = Family::<PolicyAdjustment, Counter>::default();
+        registry.register(
+            "ratemesh_adjustments",
+            "Refunds and charges applied (not checks: ratemesh_requests counts those), by policy and \
+             adjustment (refund, charge)",
+            adjustments.clone(),
+        );
+        let adjusted_hits = Family::<PolicyAdjustment, Counter>::default();
+        registry.register(
+            "ratemesh_adjusted_hits",
+            "Hits refunded or charged, by policy and adjustment (refund, charge)",
+            adjusted_hits.clone(),
+        );
         let http_duration = Family::new_with_constructor(http_duration_histogram as fn() -> Histogram);
         registry.register(
             "ratemesh_http_request_duration_seconds",
@@ -204,6 +247,8 @@ impl Metrics {
             fill_ratio,
             near_limit,
             limited_decisions,
+            adjustments,
+            adjusted_hits,
             rates: RateHistory::default(),
             http_duration,
             http_in_flight,
@@ -244,6 +289,17 @@ impl Metrics {
         if is_near_limit(decision) {
             self.near_limit.get_or_create(&labels).inc();
         }
+    }
+
+    /// Records a refund or charge of `hits` applied under `answer`'s policy (an unlimited policy
+    /// has no bucket: nothing is recorded).
+    pub fn record_adjustment(&self, answer: &Answer, adjustment: ratemesh::Adjustment, hits: u64) {
+        if matches!(answer.verdict, Verdict::Unlimited) {
+            return;
+        }
+        let labels = PolicyAdjustment { policy: answer.label().to_owned(), adjustment: adjustment.into() };
+        self.adjustments.get_or_create(&labels).inc();
+        self.adjusted_hits.get_or_create(&labels).inc_by(hits);
     }
 
     /// Records an HTTP request's latency. `route` is a fixed route name (bounded cardinality).
@@ -289,6 +345,11 @@ impl Metrics {
             self.rates.forget(name);
             self.limited_decisions.remove(&labels);
             self.shadow_errors.remove(&labels);
+            for adjustment in ADJUSTMENT_LABELS {
+                let labels = PolicyAdjustment { policy: name.to_owned(), adjustment };
+                self.adjustments.remove(&labels);
+                self.adjusted_hits.remove(&labels);
+            }
         }
     }
 
