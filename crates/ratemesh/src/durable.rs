@@ -35,16 +35,12 @@ use ratemesh_core::{Algorithm, CalendarWindow, DurableKey, KeyHash, LeaseId, Lim
 use serde::{Deserialize, Serialize};
 use tracing::{debug, error, info, warn};
 
+use crate::defaults;
+
 /// The first bytes of every snapshot.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"RMSNAP\r\n";
 /// The format version this build writes and reads.
 pub const SNAPSHOT_VERSION: u16 = 1;
-/// The default bound on a snapshot's size: 256 MiB (about 8 million keys).
-pub const SNAPSHOT_BYTES_MAX_DEFAULT: usize = 256 << 20;
-/// The default time between snapshots.
-pub const SNAPSHOT_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
-/// The default shortest period kept: limits of shorter periods refill within a restart anyway.
-pub const SNAPSHOT_PERIOD_MIN_DEFAULT: Duration = Duration::from_secs(60);
 /// The name of the snapshot file in a data directory.
 pub const SNAPSHOT_FILE_NAME: &str = "ratemesh.snapshot";
 
@@ -422,9 +418,9 @@ pub struct SnapshotSettings {
 impl Default for SnapshotSettings {
     fn default() -> Self {
         SnapshotSettings {
-            interval: SNAPSHOT_INTERVAL_DEFAULT,
-            period_min: SNAPSHOT_PERIOD_MIN_DEFAULT,
-            bytes_max: SNAPSHOT_BYTES_MAX_DEFAULT,
+            interval: Duration::from_millis(defaults::SNAPSHOT_INTERVAL_MS),
+            period_min: Duration::from_millis(defaults::SNAPSHOT_PERIOD_MIN_MS),
+            bytes_max: defaults::SNAPSHOT_BYTES_MAX,
         }
     }
 }
@@ -624,7 +620,8 @@ mod tests {
     }
 
     fn snapshot() -> Vec<u8> {
-        encode(&CLUSTER, 2, 1_700_000_000_000_000_000, keys(), SNAPSHOT_BYTES_MAX_DEFAULT).expect("encodes")
+        encode(&CLUSTER, 2, 1_700_000_000_000_000_000, keys(), crate::defaults::SNAPSHOT_BYTES_MAX)
+            .expect("encodes")
     }
 
     #[test]

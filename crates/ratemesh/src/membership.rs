@@ -4,7 +4,7 @@
 //! is the decimal [`NodeId`] and whose key-values carry the node's QUIC address
 //! ([`KEY_QUIC_ADDR`]), the core's wire version ([`KEY_PROTOCOL`]) and, while it leaves
 //! gracefully, [`KEY_LEAVING`]. Gossip is not authenticated, so a gossip entry is only a
-//! *proposal*: a member enters the ring after [`Transport::verify`] completed a mutual-TLS
+//! *proposal*: a member enters the ring after [`PeerTransport::verify`] completed a mutual-TLS
 //! handshake with the advertised address whose certificate names that member. An entry that
 //! fails is retried with an exponential backoff and never owns keys meanwhile.
 //!
@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{info, info_span, warn};
 
-use crate::transport::Transport;
+use crate::transport::PeerTransport;
 
 /// Gossip key: the member's QUIC address (`ip:port`).
 pub const KEY_QUIC_ADDR: &str = "ratemesh.quic_addr";
@@ -130,7 +130,7 @@ struct Failure {
 /// The membership task's state: which members mutual TLS confirmed, at which address.
 pub(crate) struct Membership {
     me: Member,
-    transport: Transport,
+    transport: Arc<dyn PeerTransport>,
     /// The running gossip instance (replaced when it is restarted).
     chitchat: watch::Receiver<Arc<AsyncMutex<Chitchat>>>,
     /// Members confirmed by mutual TLS, at the address that was verified.
@@ -159,7 +159,7 @@ impl Membership {
     /// instance replaces it there).
     pub(crate) fn new(
         me: Member,
-        transport: Transport,
+        transport: Arc<dyn PeerTransport>,
         gossip: watch::Receiver<Arc<AsyncMutex<Chitchat>>>,
     ) -> Membership {
         Membership {
@@ -191,7 +191,7 @@ impl Membership {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let proposal = self.read_proposal().await;
-            self.start_checks(&proposal);
+            self.start_checks(&proposal, Instant::now());
             self.publish(&proposal, sink.as_ref(), &members);
             let mut restarted = false;
             tokio::select! {
@@ -208,10 +208,10 @@ impl Membership {
                     };
                     let check = self.tasks.remove(&task);
                     match (outcome, check) {
-                        (Some((check, ok)), _) => self.record_check(check, ok),
+                        (Some((check, ok)), _) => self.record_check(check, ok, Instant::now()),
                         // The task panicked (or was cancelled): count it as a failed check, so
                         // that it is retried with backoff instead of staying in flight forever.
-                        (None, Some(check)) => self.record_check(check, false),
+                        (None, Some(check)) => self.record_check(check, false, Instant::now()),
                         (None, None) => {}
                     }
                 }
@@ -239,9 +239,9 @@ impl Membership {
     }
 
     /// Starts a verification of the newest generation's address of every proposed member not
-    /// verified there and not in its retry backoff (a new generation resets the backoff).
-    fn start_checks(&mut self, proposal: &Proposal) {
-        let now = Instant::now();
+    /// verified there and not in its retry backoff at `now` (a new generation resets the
+    /// backoff).
+    fn start_checks(&mut self, proposal: &Proposal, now: Instant) {
         for candidate in &proposal.live {
             let check = candidate.newest;
             let key = (check.id, check.quic_addr);
@@ -258,7 +258,7 @@ impl Membership {
                 continue;
             }
             self.verifying.insert(key);
-            let transport = self.transport.clone();
+            let transport = Arc::clone(&self.transport);
             let task = self.checks.spawn(async move {
                 let ok = transport.verify(check.quic_addr, check.id).await.is_ok();
                 (check, ok)
@@ -267,7 +267,8 @@ impl Membership {
         }
     }
 
-    fn record_check(&mut self, check: Check, ok: bool) {
+    /// Records a verification that ended at `now`: a failure backs off from then.
+    fn record_check(&mut self, check: Check, ok: bool, now: Instant) {
         let key = (check.id, check.quic_addr);
         self.verifying.remove(&key);
         if ok {
@@ -285,7 +286,7 @@ impl Membership {
             .map_or(1, |failure| failure.failures.saturating_add(1));
         let backoff = VERIFY_RETRY_INITIAL.saturating_mul(1 << (failures - 1).min(16)).min(VERIFY_RETRY_MAX);
         warn!(peer = ?check.id, addr = %check.quic_addr, failures, "gossip member failed mutual TLS: not admitted");
-        let retry_at = Instant::now() + backoff;
+        let retry_at = now + backoff;
         self.failed.insert(key, Failure { generation: check.generation, failures, retry_at });
     }
 

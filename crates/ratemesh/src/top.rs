@@ -34,6 +34,8 @@ use std::time::Duration;
 use ratemesh_core::Instant;
 use serde::{Deserialize, Serialize};
 
+use crate::defaults;
+
 /// Bounds of the top-keys sketches. Every field has a default ([`Default`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopConfig {
@@ -52,10 +54,10 @@ pub struct TopConfig {
 impl Default for TopConfig {
     fn default() -> Self {
         TopConfig {
-            capacity: 128,
-            key_bytes_max: 64,
-            half_window: Duration::from_secs(30),
-            policies_max: 256,
+            capacity: defaults::TOP_CAPACITY,
+            key_bytes_max: defaults::TOP_KEY_BYTES_MAX,
+            half_window: Duration::from_millis(defaults::TOP_HALF_WINDOW_MS),
+            policies_max: defaults::TOP_POLICIES_MAX,
         }
     }
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use ratemesh::security::{ALPN, ClusterCa, PemSource, node_dns_name};
 use ratemesh::{
-    ClusterSecret, ClusterSecurity, NodeId, ProvidedCerts, Received, SecurityError, Transport,
-    TransportConfig, TransportError, TransportStats,
+    ClusterSecret, ClusterSecurity, NodeId, PeerTransport, ProvidedCerts, QuicTransport, Received,
+    SecurityError, TransportConfig, TransportError, TransportStats,
 };
 use tokio::sync::mpsc;
 use tokio::time::timeout;
@@ -30,11 +30,11 @@ fn bind(
     security: &ClusterSecurity,
     id: u64,
     config: TransportConfig,
-) -> (Transport, mpsc::Receiver<Received>) {
-    Transport::bind(loopback(), security, NodeId(id), config).expect("bind")
+) -> (QuicTransport, mpsc::Receiver<Received>) {
+    QuicTransport::bind(loopback(), security, NodeId(id), config).expect("bind")
 }
 
-fn node(security: &ClusterSecurity, id: u64) -> (Transport, mpsc::Receiver<Received>) {
+fn node(security: &ClusterSecurity, id: u64) -> (QuicTransport, mpsc::Receiver<Received>) {
     bind(security, id, TransportConfig::default())
 }
 
@@ -43,7 +43,7 @@ async fn recv(received: &mut mpsc::Receiver<Received>) -> Received {
 }
 
 /// Polls `condition` on the transport's counters until it holds, bounded by `WAIT`.
-async fn eventually(transport: &Transport, condition: impl Fn(TransportStats) -> bool) {
+async fn eventually(transport: &QuicTransport, condition: impl Fn(TransportStats) -> bool) {
     let polled = timeout(WAIT, async {
         while !condition(transport.stats()) {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -54,7 +54,7 @@ async fn eventually(transport: &Transport, condition: impl Fn(TransportStats) ->
 
 /// Sends a frame from a legitimate member and checks it is the first (and only) thing `receiver`
 /// delivers: nothing from a rejected peer got through before it.
-async fn assert_only_legitimate_frames(receiver: &Transport, received: &mut mpsc::Receiver<Received>) {
+async fn assert_only_legitimate_frames(receiver: &QuicTransport, received: &mut mpsc::Receiver<Received>) {
     let (good, _good_rx) = node(&secret(SECRET_A), 2);
     good.send(receiver.node_id(), receiver.local_addr(), b"legitimate".to_vec()).expect("queued");
     assert_eq!(recv(received).await, (NodeId(2), b"legitimate".to_vec()));
@@ -344,10 +344,10 @@ async fn rebind(
     addr: SocketAddr,
     security: &ClusterSecurity,
     id: NodeId,
-) -> (Transport, mpsc::Receiver<Received>) {
+) -> (QuicTransport, mpsc::Receiver<Received>) {
     let bound = timeout(WAIT, async {
         loop {
-            match Transport::bind(addr, security, id, TransportConfig::default()) {
+            match QuicTransport::bind(addr, security, id, TransportConfig::default()) {
                 Ok(bound) => return bound,
                 Err(TransportError::Bind { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
                 Err(error) => panic!("rebind: {error}"),

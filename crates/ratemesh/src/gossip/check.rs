@@ -34,6 +34,7 @@ use std::sync::Arc;
 use chitchat::{Chitchat, ChitchatId};
 
 use super::seal::Reject;
+use crate::defaults;
 use crate::membership::parse_node_id;
 
 /// chitchat's magic number, first two bytes (little-endian) of every message.
@@ -75,12 +76,12 @@ impl GossipLimits {
 impl Default for GossipLimits {
     fn default() -> Self {
         GossipLimits {
-            nodes_max: 512,
-            keys_per_node_max: 32,
-            key_len_max: 128,
-            value_len_max: 1024,
-            decompressed_bytes_max: 1 << 20,
-            counter_jump_max: 1 << 20,
+            nodes_max: defaults::GOSSIP_NODES_MAX,
+            keys_per_node_max: defaults::GOSSIP_KEYS_PER_NODE_MAX,
+            key_len_max: defaults::GOSSIP_KEY_LEN_MAX,
+            value_len_max: defaults::GOSSIP_VALUE_LEN_MAX,
+            decompressed_bytes_max: defaults::GOSSIP_DECOMPRESSED_BYTES_MAX,
+            counter_jump_max: defaults::GOSSIP_COUNTER_JUMP_MAX,
         }
     }
 }
