@@ -304,7 +304,6 @@ async fn a_crashed_peer_back_on_its_address_resets_stale_connections() {
     let (b_new, _new_rx) = node(&security, 2);
     target.send_replace(b_new.local_addr()); // the crash: b_old is never heard from again
     drop(b_old);
-    let started = tokio::time::Instant::now();
     let stale = a.verify(b_addr, NodeId(2)).await;
     let reset = quinn::ConnectionError::Reset;
     let was_reset = match &stale {
@@ -312,8 +311,9 @@ async fn a_crashed_peer_back_on_its_address_resets_stale_connections() {
         Err(TransportError::Probe(quinn::StoppedError::ConnectionLost(error))) => *error == reset,
         _ => false,
     };
+    // A reset, not a timeout: the stale connection ended at the first packet the new run saw
+    // (an idle or handshake timeout is another error).
     assert!(was_reset, "expected a stateless reset, got {stale:?}");
-    assert!(started.elapsed() < Duration::from_secs(1), "reset after {:?}", started.elapsed());
     a.verify(b_addr, NodeId(2)).await.expect("the new run of b is admitted");
     for transport in [a, b_new] {
         transport.close().await;

@@ -45,7 +45,8 @@ async fn cluster(network: &MemoryNetwork, count: u64) -> Vec<Node> {
 }
 
 fn policy(mode: Mode) -> NamedPolicy {
-    let limit = Limit::new(LimitSpec::new(Algorithm::TokenBucket, 10, Duration::from_secs(1))).expect("valid");
+    let limit =
+        Limit::new(LimitSpec::new(Algorithm::TokenBucket, 10, Duration::from_secs(1))).expect("valid");
     NamedPolicy::new("api", Policy { limit, mode, fallback: Fallback::LocalShare })
 }
 
@@ -128,7 +129,8 @@ async fn approximate_checks_are_reported_to_the_owner_within_sync_rounds() {
     let key = key_owned_by(&nodes[0], &policy, NodeId(2));
     let mut admitted = 0;
     for _ in 0..5 {
-        let decision = timeout(WAIT, nodes[0].check(&policy, &key, 1)).await.expect("bounded").expect("decided");
+        let decision =
+            timeout(WAIT, nodes[0].check(&policy, &key, 1)).await.expect("bounded").expect("decided");
         admitted += u64::from(decision.allowed);
     }
     assert_eq!(admitted, 5, "5 of a limit of 10 in one second");
