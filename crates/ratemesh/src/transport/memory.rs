@@ -57,10 +57,15 @@ pub struct MemoryNetwork {
     state: Arc<Mutex<NetworkState>>,
 }
 
+/// A gossip datagram in flight: its source and bytes.
+type Datagram = (SocketAddr, Vec<u8>);
+
 #[derive(Default)]
 struct NetworkState {
     transports: HashMap<SocketAddr, Arc<Shared>>,
-    datagrams: HashMap<SocketAddr, (u64, mpsc::Sender<(SocketAddr, Vec<u8>)>)>,
+    /// Gossip sockets by address: the socket's number (a rebound address is another socket) and
+    /// its queue.
+    datagrams: HashMap<SocketAddr, (u64, mpsc::Sender<Datagram>)>,
     /// Cut links, each stored both ways.
     cut: HashSet<(NodeId, NodeId)>,
     next_port: u16,
@@ -186,7 +191,7 @@ pub struct MemoryDatagrams {
     network: MemoryNetwork,
     local_addr: SocketAddr,
     socket: u64,
-    inbox: mpsc::Receiver<(SocketAddr, Vec<u8>)>,
+    inbox: mpsc::Receiver<Datagram>,
 }
 
 impl std::fmt::Debug for MemoryDatagrams {
