@@ -9,7 +9,7 @@
 //!   is a counted refusal, never a panic or a bloated state.
 //! - `socket`: chitchat's `Transport` over the two; refusals are counted ([`GossipStats`]) and
 //!   never answered.
-//! - Supervision ([`supervise`]): when the chitchat task ends (an error, or a panic), it is
+//! - Supervision (`supervise`): when the chitchat task ends (an error, or a panic), it is
 //!   restarted under a new generation with the same key-values, with a backoff; meanwhile the
 //!   node reports [`GossipHealth::Restarting`] (the daemon is not ready then) and counts it.
 //!
