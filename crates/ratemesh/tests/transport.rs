@@ -1,6 +1,8 @@
-//! Peer transport over real QUIC on loopback: delivery, mutual-TLS rejections, admission,
-//! bounds. Ephemeral ports only; every wait is bounded by `WAIT`, and no test sleeps to
-//! synchronize (counters that change asynchronously are polled with `eventually`).
+//! What is particular to the QUIC transport, on loopback: connections reused, mutual-TLS
+//! rejections, the send queue, reconnect backoff, restarted and crashed peers (the cases every
+//! transport shares are in `transport_conformance.rs`). Ephemeral ports only; every wait is
+//! bounded by `WAIT`, and no test sleeps to synchronize (counters that change asynchronously are
+//! polled with `eventually`).
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -187,18 +189,6 @@ fn anonymous_client(ca: rustls::pki_types::CertificateDer<'static>) -> quinn::En
     let mut endpoint = quinn::Endpoint::client(loopback()).expect("client endpoint");
     endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
     endpoint
-}
-
-#[tokio::test]
-async fn a_certificate_naming_node_7_does_not_pass_for_node_8() {
-    let security = secret(SECRET_A);
-    let (a, _a_rx) = node(&security, 1);
-    let (seven, _seven_rx) = node(&security, 7);
-    let refused = a.verify(seven.local_addr(), NodeId(8)).await;
-    assert!(refused.is_err(), "node 7's certificate must not admit node 8: {refused:?}");
-    a.verify(seven.local_addr(), NodeId(7)).await.expect("node 7 is admitted as node 7");
-    a.close().await;
-    seven.close().await;
 }
 
 #[tokio::test]
