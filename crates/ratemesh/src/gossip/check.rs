@@ -50,19 +50,21 @@ const CLUSTER_ID_LEN_MAX: usize = 255;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GossipLimits {
     /// Gossip entries (node id and generation) the state may hold; also the most digest entries
-    /// or node deltas in one message. Default 512; at most [`GossipLimits::NODES_MAX_MAX`], so
-    /// that this node's own digest always fits in one datagram.
+    /// or node deltas in one message. Default [`defaults::GOSSIP_NODES_MAX`]; at most
+    /// [`GossipLimits::NODES_MAX_MAX`], so that this node's own digest always fits in one datagram.
     pub nodes_max: usize,
-    /// Keys one entry may have (ratemesh uses three). Default 32.
+    /// Keys one entry may have (ratemesh uses three). Default [`defaults::GOSSIP_KEYS_PER_NODE_MAX`].
     pub keys_per_node_max: usize,
-    /// The longest key, in bytes. Default 128.
+    /// The longest key, in bytes. Default [`defaults::GOSSIP_KEY_LEN_MAX`].
     pub key_len_max: usize,
-    /// The longest value, in bytes. Default 1024.
+    /// The longest value, in bytes. Default [`defaults::GOSSIP_VALUE_LEN_MAX`].
     pub value_len_max: usize,
-    /// The most bytes one message may decompress to. Default 1 MiB.
+    /// The most bytes one message may decompress to. Default
+    /// [`defaults::GOSSIP_DECOMPRESSED_BYTES_MAX`] (1 MiB).
     pub decompressed_bytes_max: usize,
     /// How far past the known value a heartbeat or a max version may jump in one message.
-    /// Default 2²⁰ (about six hours of heartbeats at 50 per second).
+    /// Default [`defaults::GOSSIP_COUNTER_JUMP_MAX`], 2²⁰ (about six hours of heartbeats at 50 per
+    /// second).
     pub counter_jump_max: u64,
 }
 

@@ -31,8 +31,8 @@ const fn millis(ms: u64) -> Duration {
 }
 
 /// Configures and starts a [`Node`]. Every setting but the node id and security has a default
-/// suited to a cluster on one network: loopback addresses with ephemeral ports, 200 ms gossip,
-/// the core's [`NodeConfig`] defaults.
+/// suited to a cluster on one network: loopback addresses with ephemeral ports, the
+/// constants of [`crate::defaults`], the core's [`NodeConfig`] defaults.
 #[derive(Clone, Debug)]
 pub struct NodeBuilder {
     id: NodeId,
@@ -100,8 +100,8 @@ impl NodeBuilder {
         self
     }
 
-    /// How long [`Node::top`] waits for the other members' sketches (default 1 s); a member
-    /// that does not answer in time is reported missing.
+    /// How long [`Node::top`] waits for the other members' sketches (default
+    /// [`defaults::TOP_QUERY_TIMEOUT_MS`]); a member that does not answer in time is reported missing.
     #[must_use]
     pub fn top_query_timeout(mut self, limit: Duration) -> Self {
         self.top_query_timeout = limit;
@@ -162,7 +162,7 @@ impl NodeBuilder {
     }
 
     /// How often seeds given by name are resolved again once the node has a live peer (default
-    /// 10 s; while it has none, sooner).
+    /// [`defaults::SEED_RESOLVE_INTERVAL_MS`]; while it has none, sooner).
     #[must_use]
     pub fn seed_resolve_interval(mut self, interval: Duration) -> Self {
         self.seed_resolve_interval = interval;
@@ -176,8 +176,8 @@ impl NodeBuilder {
         self
     }
 
-    /// Time between gossip rounds (default 200 ms). A crashed member is declared dead after
-    /// about ten of them.
+    /// Time between gossip rounds (default [`defaults::GOSSIP_INTERVAL_MS`]). A crashed member is declared
+    /// dead after about ten of them.
     #[must_use]
     pub fn gossip_interval(mut self, interval: Duration) -> Self {
         self.gossip_interval = interval;
@@ -185,8 +185,9 @@ impl NodeBuilder {
     }
 
     /// How long a dead member counts in the cluster's size before it is forgotten (default
-    /// 120 s). While it counts, every node enforces `live / (live + dead)` of each limit, which
-    /// keeps the sides of a partition near one limit; after, the survivors enforce all of it.
+    /// [`defaults::DEAD_MEMBER_FORGET_MS`]). While it counts, every node enforces `live / (live + dead)` of
+    /// each limit, which keeps the sides of a partition near one limit; after, the survivors enforce all of
+    /// it.
     #[must_use]
     pub fn dead_member_forget(mut self, forget_after: Duration) -> Self {
         self.dead_member_forget = forget_after;
@@ -201,7 +202,8 @@ impl NodeBuilder {
         self
     }
 
-    /// The longest a graceful shutdown waits for its handoff to be acknowledged (default 2 s).
+    /// The longest a graceful shutdown waits for its handoff to be acknowledged (default
+    /// [`defaults::LEAVE_LINGER_MS`]).
     #[must_use]
     pub fn leave_linger(mut self, linger: Duration) -> Self {
         self.leave_linger = linger;
@@ -276,8 +278,8 @@ impl NodeBuilder {
         self
     }
 
-    /// When and what to snapshot (default: every 5 s, limits of a minute or longer, at most
-    /// 256 MiB). Only used with a [`NodeBuilder::state_store`].
+    /// When and what to snapshot (default: [`SnapshotSettings::default`], from
+    /// [`crate::defaults`]). Only used with a [`NodeBuilder::state_store`].
     #[must_use]
     pub fn snapshot_settings(mut self, settings: SnapshotSettings) -> Self {
         self.snapshots = settings;

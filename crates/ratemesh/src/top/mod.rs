@@ -47,15 +47,17 @@ pub use sketch::SpaceSaving;
 /// Bounds of the top-keys sketches. Every field has a default ([`Default`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopConfig {
-    /// Counters per sketch (default 128). A policy holds four sketches (demand and refused, two
-    /// half-windows): at most `4 × capacity` keys.
+    /// Counters per sketch (default [`defaults::TOP_CAPACITY`]). A policy holds four sketches (demand and
+    /// refused, two half-windows): at most `4 × capacity` keys.
     pub capacity: usize,
-    /// Bytes of a key kept (default 64); longer keys are cut (see the module documentation).
+    /// Bytes of a key kept (default [`defaults::TOP_KEY_BYTES_MAX`]); longer keys are cut (see the module
+    /// documentation).
     pub key_bytes_max: usize,
-    /// Length of one half-window (default 30 s): a query covers the current half-window and the
-    /// previous one.
+    /// Length of one half-window (default [`defaults::TOP_HALF_WINDOW_MS`]): a query covers the current
+    /// half-window and the previous one.
     pub half_window: Duration,
-    /// Policies recorded (default 256); checks under further policies are not recorded.
+    /// Policies recorded (default [`defaults::TOP_POLICIES_MAX`]); checks under further policies are not
+    /// recorded.
     pub policies_max: usize,
 }
 

@@ -51,36 +51,39 @@ const BACKOFF_DOUBLINGS_MAX: u32 = 20;
 /// Bounds and timings of a [`PeerTransport`]. Every field has a default ([`Default`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TransportConfig {
-    /// Largest frame sent or accepted, in bytes (default: the core's `FRAME_LEN_MAX_DEFAULT`,
-    /// 1 MiB). Longer incoming streams are stopped and counted.
+    /// Largest frame sent or accepted, in bytes (default [`defaults::FRAME_LEN_MAX`], the core's
+    /// bound: 1 MiB). Longer incoming streams are stopped and counted.
     pub frame_len_max: usize,
-    /// Capacity of the channel of received frames (default 1024). Frames that find it full are
-    /// dropped and counted.
+    /// Capacity of the channel of received frames (default [`defaults::INBOUND_QUEUE_LEN_MAX`]). Frames that
+    /// find it full are dropped and counted.
     pub inbound_queue_len_max: usize,
-    /// Frames queued per peer before new ones are dropped (default 256).
+    /// Frames queued per peer before new ones are dropped (default [`defaults::SEND_QUEUE_LEN_MAX`]).
     pub send_queue_len_max: usize,
-    /// Peers with an outbound queue and connection (default 1024). Sends to further peers are
-    /// refused until [`PeerTransport::forget`] makes room.
+    /// Peers with an outbound queue and connection (default [`defaults::PEERS_MAX`]). Sends to further peers
+    /// are refused until [`PeerTransport::forget`] makes room.
     pub peers_max: usize,
-    /// Incoming connections served at once (default 1024); more are refused.
+    /// Incoming connections served at once (default [`defaults::CONNECTIONS_INBOUND_MAX`]); more are refused.
     pub connections_inbound_max: usize,
-    /// Concurrent incoming streams a peer may open on one connection (default 128).
+    /// Concurrent incoming streams a peer may open on one connection (default
+    /// [`defaults::STREAMS_PER_CONNECTION_MAX`]).
     pub streams_per_connection_max: u32,
-    /// Limit on a connect and TLS handshake (default 5000 ms).
+    /// Limit on a connect and TLS handshake (default [`defaults::HANDSHAKE_TIMEOUT_MS`]).
     pub handshake_timeout_ms: u64,
-    /// Limit on writing one frame, including waiting for stream credit (default 5000 ms).
+    /// Limit on writing one frame, including waiting for stream credit (default
+    /// [`defaults::WRITE_TIMEOUT_MS`]).
     pub write_timeout_ms: u64,
-    /// Limit on reading one incoming stream to its end (default 10000 ms).
+    /// Limit on reading one incoming stream to its end (default [`defaults::STREAM_READ_TIMEOUT_MS`]).
     pub stream_read_timeout_ms: u64,
-    /// A connection with no traffic for this long is closed (default 15000 ms).
+    /// A connection with no traffic for this long is closed (default [`defaults::IDLE_TIMEOUT_MS`]).
     pub idle_timeout_ms: u64,
-    /// Outbound connections send a keep-alive this often (default 3000 ms).
+    /// Outbound connections send a keep-alive this often (default [`defaults::KEEP_ALIVE_INTERVAL_MS`]).
     pub keep_alive_interval_ms: u64,
-    /// First reconnect delay after a failed connect (default 50 ms).
+    /// First reconnect delay after a failed connect (default [`defaults::BACKOFF_INITIAL_MS`]).
     pub backoff_initial_ms: u64,
-    /// Largest reconnect delay (default 5000 ms).
+    /// Largest reconnect delay (default [`defaults::BACKOFF_MAX_MS`]).
     pub backoff_max_ms: u64,
-    /// Limit on [`PeerTransport::close`] flushing queued frames and closing (default 2000 ms).
+    /// Limit on [`PeerTransport::close`] flushing queued frames and closing (default
+    /// [`defaults::CLOSE_TIMEOUT_MS`]).
     pub close_timeout_ms: u64,
 }
 
