@@ -30,7 +30,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use quinn::ReadToEndError;
@@ -62,7 +62,8 @@ type Datagram = (SocketAddr, Vec<u8>);
 
 #[derive(Default)]
 struct NetworkState {
-    transports: HashMap<SocketAddr, Arc<Shared>>,
+    /// Transports by address (weak: a transport dropped without `close` is gone too).
+    transports: HashMap<SocketAddr, Weak<Shared>>,
     /// Gossip sockets by address: the socket's number (a rebound address is another socket) and
     /// its queue.
     datagrams: HashMap<SocketAddr, (u64, mpsc::Sender<Datagram>)>,
@@ -76,18 +77,23 @@ impl NetworkState {
     /// `addr`, or with port 0 an unused port on its IP.
     fn allocate(&mut self, addr: SocketAddr) -> Result<SocketAddr, io::Error> {
         if addr.port() != 0 {
-            let taken = self.transports.contains_key(&addr) || self.datagrams.contains_key(&addr);
-            return if taken { Err(io::ErrorKind::AddrInUse.into()) } else { Ok(addr) };
+            return if self.is_taken(addr) { Err(io::ErrorKind::AddrInUse.into()) } else { Ok(addr) };
         }
         for _ in 0..=u16::MAX {
             self.next_port =
                 self.next_port.max(EPHEMERAL_PORT_FIRST).wrapping_add(1).max(EPHEMERAL_PORT_FIRST);
             let candidate = SocketAddr::new(addr.ip(), self.next_port);
-            if !self.transports.contains_key(&candidate) && !self.datagrams.contains_key(&candidate) {
+            if !self.is_taken(candidate) {
                 return Ok(candidate);
             }
         }
         Err(io::ErrorKind::AddrInUse.into())
+    }
+
+    /// Whether a live transport or a gossip socket is bound at `addr`.
+    fn is_taken(&self, addr: SocketAddr) -> bool {
+        let transport = self.transports.get(&addr).is_some_and(|t| t.strong_count() > 0);
+        transport || self.datagrams.contains_key(&addr)
     }
 
     fn is_cut(&self, a: NodeId, b: NodeId) -> bool {
@@ -141,7 +147,7 @@ impl MemoryNetwork {
             closed: AtomicBool::new(false),
             peers: Mutex::new(HashSet::new()),
         });
-        state.transports.insert(local_addr, Arc::clone(&shared));
+        state.transports.insert(local_addr, Arc::downgrade(&shared));
         Ok((MemoryTransport { shared }, received))
     }
 
@@ -180,8 +186,8 @@ impl MemoryNetwork {
     /// The open transport at `addr`, unless the link from `from` to it is cut.
     fn reach(&self, from: NodeId, addr: SocketAddr) -> Option<Arc<Shared>> {
         let state = self.lock();
-        let target = state.transports.get(&addr)?;
-        (!state.is_cut(from, target.node)).then(|| Arc::clone(target))
+        let target = state.transports.get(&addr)?.upgrade()?;
+        (!state.is_cut(from, target.node)).then_some(target)
     }
 }
 
@@ -395,8 +401,10 @@ impl PeerTransport for MemoryTransport {
     async fn close(&self) {
         self.shared.closed.store(true, Ordering::Release);
         let mut state = self.shared.network.lock();
-        let ours =
-            state.transports.get(&self.shared.local_addr).is_some_and(|t| Arc::ptr_eq(t, &self.shared));
+        let ours = state
+            .transports
+            .get(&self.shared.local_addr)
+            .is_some_and(|t| t.as_ptr() == Arc::as_ptr(&self.shared));
         if ours {
             state.transports.remove(&self.shared.local_addr);
         }
