@@ -141,3 +141,34 @@ async fn approximate_checks_are_reported_to_the_owner_within_sync_rounds() {
     assert!(at_owner.remaining <= 5 + 2, "owner still sees {} remaining", at_owner.remaining);
     shutdown(nodes).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_graceful_leave_hands_the_owners_counts_over() {
+    let network = MemoryNetwork::new();
+    let mut nodes = cluster(&network, 3).await;
+    // 10 per minute: what refills during the leave (a few virtual seconds) is under one hit.
+    let limit =
+        Limit::new(LimitSpec::new(Algorithm::TokenBucket, 10, Duration::from_secs(60))).expect("valid");
+    let policy =
+        NamedPolicy::new("slow", Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare });
+    let key = key_owned_by(&nodes[0], &policy, NodeId(2));
+    for _ in 0..3 {
+        let decision =
+            timeout(WAIT, nodes[0].check(&policy, &key, 1)).await.expect("bounded").expect("decided");
+        assert!(decision.allowed);
+    }
+    let leaving = nodes.remove(1);
+    timeout(WAIT, leaving.shutdown()).await.expect("the leave is bounded");
+    let mut members = nodes[0].subscribe_members();
+    let two_live = |members: &Vec<ratemesh::Member>| {
+        members.iter().filter(|m| m.status == MemberStatus::Live).count() == 2
+    };
+    timeout(WAIT, members.wait_for(two_live)).await.expect("the leave is seen").expect("open");
+    assert_ne!(nodes[0].owner_of(&policy, &key), Some(NodeId(2)));
+    // The new owner took over the three hits: the fourth leaves six, decided without fallback.
+    let decision = timeout(WAIT, nodes[0].check(&policy, &key, 1)).await.expect("bounded").expect("decided");
+    assert!(decision.allowed);
+    assert_eq!(decision.remaining, 6);
+    assert_eq!(nodes[0].metrics().protocol.fallback_decisions, 0);
+    shutdown(nodes).await;
+}
