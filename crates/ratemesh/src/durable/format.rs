@@ -1,7 +1,12 @@
 //! The snapshot format: magic, version, length, XXH3 checksum, a postcard body bound to the
 //! cluster ([`encode`], [`decode`]).
 
-use super::*;
+use std::time::Duration;
+
+use ratemesh_core::{Algorithm, CalendarWindow, DurableKey, KeyHash, LeaseId, Limit, LimitSpec, Snapshot};
+use serde::{Deserialize, Serialize};
+
+use super::{HEADER_LEN, SNAPSHOT_MAGIC, SNAPSHOT_VERSION, too_large};
 
 /// Why a snapshot was not taken back. Nothing of it was applied: the node starts without it.
 #[derive(Debug, thiserror::Error)]
@@ -287,6 +292,7 @@ fn hex8(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::durable::{FileStateStore, StateStore};
 
     const CLUSTER: ClusterFingerprint = [7; 32];
 

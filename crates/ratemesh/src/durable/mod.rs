@@ -25,14 +25,11 @@
 //! A file is trusted only whole: wrong magic, version, length, checksum, trailing bytes, an
 //! invalid limit or a state that does not fit its limit refuses all of it.
 
-use std::io::{Read as _, Write as _};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use ratemesh_core::{Algorithm, CalendarWindow, DurableKey, KeyHash, LeaseId, Limit, LimitSpec, Snapshot};
-use serde::{Deserialize, Serialize};
+use ratemesh_core::DurableKey;
 use tracing::{debug, error, info, warn};
 
 use crate::defaults;

@@ -1,6 +1,9 @@
 //! Where snapshots are kept: [`StateStore`] and the atomic [`FileStateStore`].
 
-use super::*;
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+
+use super::SNAPSHOT_FILE_NAME;
 
 /// Where a node keeps its snapshot. Called from a blocking thread (never on the async
 /// runtime's workers), one call at a time per node.

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chitchat::{Chitchat, ChitchatId, NodeState};
-use ratemesh_core::wire::WIRE_VERSION;
 use ratemesh_core::{MemberView, NodeId};
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::task::JoinSet;

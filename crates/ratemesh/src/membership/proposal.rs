@@ -2,7 +2,14 @@
 //! by member, with bounds against a flood of fake entries. Pure functions of chitchat's state
 //! and what mutual TLS confirmed (tested without a network below).
 
-use super::*;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+
+use chitchat::{Chitchat, ChitchatId, NodeState};
+use ratemesh_core::NodeId;
+use ratemesh_core::wire::WIRE_VERSION;
+
+use super::{ADDRS_PER_ID_MAX, CANDIDATES_MAX, KEY_LEAVING, KEY_PROTOCOL, KEY_QUIC_ADDR};
 
 /// One gossip entry (live or dead by the failure detector) with a parsable id and QUIC address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

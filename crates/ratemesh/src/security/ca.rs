@@ -1,7 +1,20 @@
 //! [`ClusterCa`]: the cluster's certificate authority, derived from a secret or loaded, and
 //! the certificates it issues.
 
-use super::*;
+use std::fmt;
+
+use ratemesh_core::NodeId;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+    KeyPair, KeyUsagePurpose, PKCS_ED25519, SerialNumber,
+};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use zeroize::Zeroizing;
+
+use super::{
+    CA_COMMON_NAME, CA_ORGANIZATION, CA_SERIAL, ClusterSecret, ED25519_PKCS8_V1_PREFIX, NodeIdentity,
+    SecurityError, VALIDITY_FROM_YMD, VALIDITY_UNTIL_YMD, ca_seed, node_dns_name, reset_key_material,
+};
 
 /// A cluster certificate authority: its certificate and signing key.
 pub struct ClusterCa {

@@ -1,6 +1,14 @@
 //! PEM input ([`PemSource`], bounded reads) and certificate files ([`write_cert_files`]).
 
-use super::*;
+use std::fmt;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use ratemesh_core::NodeId;
+use zeroize::Zeroizing;
+
+use super::{CERT_FILES_NODES_MAX, ClusterCa, PEM_FILE_LEN_MAX, SecurityError};
 
 /// Where PEM input comes from.
 #[derive(Clone)]

@@ -1,6 +1,18 @@
 //! [`NodeIdentity`]: what one node presents and trusts, as rustls configurations.
 
-use super::*;
+use std::fmt;
+use std::sync::Arc;
+
+use ratemesh_core::NodeId;
+use rustls::RootCertStore;
+use rustls::client::Resumption;
+use rustls::crypto::CryptoProvider;
+use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use zeroize::Zeroizing;
+
+use super::{ALPN, CID_HKDF_SALT, SecurityError, admit, hkdf_sha256_32, pem_encode, reset_key_material};
 
 /// What one node presents (its certificate chain and key) and trusts (the cluster CA).
 pub struct NodeIdentity {

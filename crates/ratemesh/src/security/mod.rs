@@ -34,22 +34,11 @@
 //! Secrets and private keys never appear in `Debug` output, errors or logs.
 
 use std::fmt;
-use std::fs;
-use std::io::{self, Read, Write};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::io;
+use std::path::PathBuf;
 
 use ratemesh_core::NodeId;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose, PKCS_ED25519, SerialNumber,
-};
-use rustls::RootCertStore;
-use rustls::client::Resumption;
-use rustls::crypto::CryptoProvider;
-use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls_pki_types::{CertificateDer, ServerName};
 use zeroize::Zeroizing;
 
 mod ca;

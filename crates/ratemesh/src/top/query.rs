@@ -1,6 +1,8 @@
 //! The versioned top-keys question and answer members exchange over the peer transport.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+use super::{TopBy, TopSummary};
 
 /// The first byte of a top-keys question and answer between members: a peer of another version
 /// answers nothing this node reads (and is reported as missing).

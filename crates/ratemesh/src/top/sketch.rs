@@ -1,6 +1,8 @@
 //! [`SpaceSaving`]: the bounded heavy-hitter sketch (fixed slots, a heap of slot numbers).
 
-use super::*;
+use std::collections::HashMap;
+
+use super::{TopEntry, TopSummary};
 
 /// One counter of a sketch.
 #[derive(Clone, Debug)]
