@@ -23,12 +23,16 @@
 //!   certificates, node names in certificates, the admission rule, certificate files.
 //! - [`top`]: who is being limited — per policy, the heaviest keys by refused hits or demand
 //!   over the last minute, in bounded heavy-hitter sketches ([`Node::top`] merges the members').
-//! - [`transport`]: [`Transport`], QUIC peers (quinn) that send the core's frames to members and
-//!   deliver frames whose sender is authenticated by its certificate.
+//! - [`transport`]: [`PeerTransport`], what the node needs of a peer transport (send frames to
+//!   members, deliver frames whose sender is authenticated, admit members, queries), with
+//!   [`QuicTransport`] (QUIC with mutual TLS) and [`MemoryTransport`] (an in-process
+//!   [`MemoryNetwork`], for tests on virtual time).
+//! - [`defaults`]: every default of the builder and the configurations, defined once.
 //! - [`usage`]: refunds ([`Node::refund`]), charges after the fact ([`Node::charge`]) and
 //!   all-or-nothing checks across limits ([`Node::check_all`]).
 
 pub mod calendar;
+pub mod defaults;
 pub mod dns;
 pub mod durable;
 pub mod gossip;
@@ -59,5 +63,8 @@ pub use ratemesh_core::{Adjustment, NodeId};
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};
 pub use top::{TopAnswer, TopBy, TopConfig, TopEntry};
-pub use transport::{Received, Transport, TransportConfig, TransportError, TransportStats};
+pub use transport::{
+    MemoryNetwork, MemoryTransport, PeerTransport, QuicTransport, Received, TransportConfig, TransportError,
+    TransportStats,
+};
 pub use usage::{AdjustError, GroupCheck, GroupDecision};

@@ -136,9 +136,7 @@ async fn a_corrupt_truncated_or_foreign_snapshot_is_refused_and_the_node_starts_
 /// snapshot_cost -- --nocapture`.
 #[test]
 fn snapshot_cost_of_100_000_keys() {
-    use ratemesh::durable::{
-        FileStateStore, SNAPSHOT_BYTES_MAX_DEFAULT, StateStore, cluster_fingerprint, decode, encode,
-    };
+    use ratemesh::durable::{FileStateStore, StateStore, cluster_fingerprint, decode, encode};
     use ratemesh_core::{CheckRequest, Instant, NodeConfig, NodeId, RequestId};
     const KEYS: u64 = 100_000;
     let policy = std::sync::Arc::new(daily(Mode::Exact).policy().clone());
@@ -155,7 +153,7 @@ fn snapshot_cost_of_100_000_keys() {
     assert_eq!(keys.len() as u64, KEYS);
     let cluster = cluster_fingerprint("cost", &[b"ca"]);
     let started = std::time::Instant::now();
-    let bytes = encode(&cluster, 1, 0, keys, SNAPSHOT_BYTES_MAX_DEFAULT).unwrap();
+    let bytes = encode(&cluster, 1, 0, keys, ratemesh::defaults::SNAPSHOT_BYTES_MAX).unwrap();
     let encoding = started.elapsed();
     let dir = data_dir("cost");
     let store = FileStateStore::new(&dir);
@@ -163,7 +161,8 @@ fn snapshot_cost_of_100_000_keys() {
     store.save(&bytes).unwrap();
     let write = started.elapsed();
     let started = std::time::Instant::now();
-    let loaded = decode(&store.load(SNAPSHOT_BYTES_MAX_DEFAULT).unwrap().unwrap(), &cluster).unwrap();
+    let loaded =
+        decode(&store.load(ratemesh::defaults::SNAPSHOT_BYTES_MAX).unwrap().unwrap(), &cluster).unwrap();
     let read = started.elapsed();
     let mut fresh = ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 1, now)
         .expect("the default config is valid");

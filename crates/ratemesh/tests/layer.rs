@@ -11,13 +11,14 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use ratemesh::{
-    ClusterSecurity, HeaderKey, NamedPolicy, Node, NodeBuilder, NodeId, RateLimitBody, RateLimitLayer,
+    ClusterSecurity, HeaderKey, MemoryNetwork, NamedPolicy, Node, NodeBuilder, NodeId, RateLimitBody,
+    RateLimitLayer,
 };
 use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, Policy};
 use tokio::sync::Notify;
@@ -278,21 +279,25 @@ async fn a_concurrency_lease_is_released_when_the_response_future_is_dropped() {
     within(node.shutdown()).await;
 }
 
-#[tokio::test]
+/// On virtual time (a node on the in-memory network, tokio's clock paused): the delay is
+/// measured exactly, whatever the machine does meanwhile.
+#[tokio::test(start_paused = true)]
 async fn a_shaper_delay_holds_the_request_before_the_inner_service() {
-    let node = start_node().await;
+    let security = ClusterSecurity::from_secret(SECRET).unwrap();
+    let start = NodeBuilder::new(NodeId(1)).security(security).memory_network(MemoryNetwork::new()).start();
+    let node = within(start).await.unwrap();
     let inner = Inner::default();
     // 10 per second: hits queued behind the first are held 100 ms apart.
     let shaper = LimitSpec::new(Algorithm::LeakyBucketShaper, 10, Duration::from_secs(1)).with_burst(5);
     let service = service(&node, policy("shaped", shaper), &inner);
 
-    let started = Instant::now();
+    let started = tokio::time::Instant::now();
     assert_eq!(send(&service, Some("k")).await.status(), StatusCode::OK);
+    assert_eq!(started.elapsed(), Duration::ZERO, "the first hit is not held");
     let response = send(&service, Some("k")).await;
     assert_eq!(response.status(), StatusCode::OK);
-    // The second hit passes 100 ms after the first was admitted, whatever the machine did in
-    // between: from before the first send, at least 100 ms have passed.
-    assert!(started.elapsed() >= Duration::from_millis(100), "held for {:?}", started.elapsed());
+    // The second hit is held until 100 ms (virtual) after the first was admitted.
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
     assert_eq!(inner.calls(), 2);
 
     within(node.shutdown()).await;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant as WallInstant};
 
 use ratemesh::overrides::LIVE_OVERRIDES_MAX;
 use ratemesh::{LiveOverrides, NamedPolicy, OverrideError, OverrideLimit};
-use ratemesh_core::{Algorithm, CalendarWindow, Instant, LimitError, LimitSpec, Mode};
+use ratemesh_core::{Algorithm, CalendarWindow, Instant, LimitError, LimitParameter, LimitSpec, Mode};
 use support::*;
 use tokio::task::JoinSet;
 use tokio::time::timeout;
@@ -124,7 +124,10 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
         (overrides.set(&policy, "k", limit(0)), OverrideError::Limit(LimitError::ZeroLimit)),
         (
             overrides.set(&windows, "k", OverrideLimit { burst: Some(5), ..OverrideLimit::default() }),
-            OverrideError::Limit(LimitError::NotApplicable { parameter: "burst", algorithm: "fixed_window" }),
+            OverrideError::Limit(LimitError::NotApplicable {
+                parameter: LimitParameter::Burst,
+                algorithm: Algorithm::FixedWindow,
+            }),
         ),
         (overrides.set(&daily, "k", limit(5)), OverrideError::Calendar),
         (overrides.remove("", "k"), OverrideError::PolicyName { len: 0 }),

@@ -1,6 +1,8 @@
-//! Peer transport over real QUIC on loopback: delivery, mutual-TLS rejections, admission,
-//! bounds. Ephemeral ports only; every wait is bounded by `WAIT`, and no test sleeps to
-//! synchronize (counters that change asynchronously are polled with `eventually`).
+//! What is particular to the QUIC transport, on loopback: connections reused, mutual-TLS
+//! rejections, the send queue, reconnect backoff, restarted and crashed peers (the cases every
+//! transport shares are in `transport_conformance.rs`). Ephemeral ports only; every wait is
+//! bounded by `WAIT`, and no test sleeps to synchronize (counters that change asynchronously are
+//! polled with `eventually`).
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -8,8 +10,8 @@ use std::time::Duration;
 
 use ratemesh::security::{ALPN, ClusterCa, PemSource, node_dns_name};
 use ratemesh::{
-    ClusterSecret, ClusterSecurity, NodeId, ProvidedCerts, Received, SecurityError, Transport,
-    TransportConfig, TransportError, TransportStats,
+    ClusterSecret, ClusterSecurity, NodeId, PeerTransport, ProvidedCerts, QuicTransport, Received,
+    SecurityError, TransportConfig, TransportError, TransportStats,
 };
 use tokio::sync::mpsc;
 use tokio::time::timeout;
@@ -30,11 +32,11 @@ fn bind(
     security: &ClusterSecurity,
     id: u64,
     config: TransportConfig,
-) -> (Transport, mpsc::Receiver<Received>) {
-    Transport::bind(loopback(), security, NodeId(id), config).expect("bind")
+) -> (QuicTransport, mpsc::Receiver<Received>) {
+    QuicTransport::bind(loopback(), security, NodeId(id), config).expect("bind")
 }
 
-fn node(security: &ClusterSecurity, id: u64) -> (Transport, mpsc::Receiver<Received>) {
+fn node(security: &ClusterSecurity, id: u64) -> (QuicTransport, mpsc::Receiver<Received>) {
     bind(security, id, TransportConfig::default())
 }
 
@@ -43,7 +45,7 @@ async fn recv(received: &mut mpsc::Receiver<Received>) -> Received {
 }
 
 /// Polls `condition` on the transport's counters until it holds, bounded by `WAIT`.
-async fn eventually(transport: &Transport, condition: impl Fn(TransportStats) -> bool) {
+async fn eventually(transport: &QuicTransport, condition: impl Fn(TransportStats) -> bool) {
     let polled = timeout(WAIT, async {
         while !condition(transport.stats()) {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -54,7 +56,7 @@ async fn eventually(transport: &Transport, condition: impl Fn(TransportStats) ->
 
 /// Sends a frame from a legitimate member and checks it is the first (and only) thing `receiver`
 /// delivers: nothing from a rejected peer got through before it.
-async fn assert_only_legitimate_frames(receiver: &Transport, received: &mut mpsc::Receiver<Received>) {
+async fn assert_only_legitimate_frames(receiver: &QuicTransport, received: &mut mpsc::Receiver<Received>) {
     let (good, _good_rx) = node(&secret(SECRET_A), 2);
     good.send(receiver.node_id(), receiver.local_addr(), b"legitimate".to_vec()).expect("queued");
     assert_eq!(recv(received).await, (NodeId(2), b"legitimate".to_vec()));
@@ -190,18 +192,6 @@ fn anonymous_client(ca: rustls::pki_types::CertificateDer<'static>) -> quinn::En
 }
 
 #[tokio::test]
-async fn a_certificate_naming_node_7_does_not_pass_for_node_8() {
-    let security = secret(SECRET_A);
-    let (a, _a_rx) = node(&security, 1);
-    let (seven, _seven_rx) = node(&security, 7);
-    let refused = a.verify(seven.local_addr(), NodeId(8)).await;
-    assert!(refused.is_err(), "node 7's certificate must not admit node 8: {refused:?}");
-    a.verify(seven.local_addr(), NodeId(7)).await.expect("node 7 is admitted as node 7");
-    a.close().await;
-    seven.close().await;
-}
-
-#[tokio::test]
 async fn an_oversize_stream_is_dropped_and_the_connection_keeps_working() {
     let security = secret(SECRET_A);
     let small_limit = TransportConfig { frame_len_max: 1024, ..TransportConfig::default() };
@@ -304,7 +294,6 @@ async fn a_crashed_peer_back_on_its_address_resets_stale_connections() {
     let (b_new, _new_rx) = node(&security, 2);
     target.send_replace(b_new.local_addr()); // the crash: b_old is never heard from again
     drop(b_old);
-    let started = tokio::time::Instant::now();
     let stale = a.verify(b_addr, NodeId(2)).await;
     let reset = quinn::ConnectionError::Reset;
     let was_reset = match &stale {
@@ -312,8 +301,9 @@ async fn a_crashed_peer_back_on_its_address_resets_stale_connections() {
         Err(TransportError::Probe(quinn::StoppedError::ConnectionLost(error))) => *error == reset,
         _ => false,
     };
+    // A reset, not a timeout: the stale connection ended at the first packet the new run saw
+    // (an idle or handshake timeout is another error).
     assert!(was_reset, "expected a stateless reset, got {stale:?}");
-    assert!(started.elapsed() < Duration::from_secs(1), "reset after {:?}", started.elapsed());
     a.verify(b_addr, NodeId(2)).await.expect("the new run of b is admitted");
     for transport in [a, b_new] {
         transport.close().await;
@@ -344,10 +334,10 @@ async fn rebind(
     addr: SocketAddr,
     security: &ClusterSecurity,
     id: NodeId,
-) -> (Transport, mpsc::Receiver<Received>) {
+) -> (QuicTransport, mpsc::Receiver<Received>) {
     let bound = timeout(WAIT, async {
         loop {
-            match Transport::bind(addr, security, id, TransportConfig::default()) {
+            match QuicTransport::bind(addr, security, id, TransportConfig::default()) {
                 Ok(bound) => return bound,
                 Err(TransportError::Bind { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
                 Err(error) => panic!("rebind: {error}"),

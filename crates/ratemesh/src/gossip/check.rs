@@ -34,6 +34,7 @@ use std::sync::Arc;
 use chitchat::{Chitchat, ChitchatId};
 
 use super::seal::Reject;
+use crate::defaults;
 use crate::membership::parse_node_id;
 
 /// chitchat's magic number, first two bytes (little-endian) of every message.
@@ -49,19 +50,21 @@ const CLUSTER_ID_LEN_MAX: usize = 255;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GossipLimits {
     /// Gossip entries (node id and generation) the state may hold; also the most digest entries
-    /// or node deltas in one message. Default 512; at most [`GossipLimits::NODES_MAX_MAX`], so
-    /// that this node's own digest always fits in one datagram.
+    /// or node deltas in one message. Default [`defaults::GOSSIP_NODES_MAX`]; at most
+    /// [`GossipLimits::NODES_MAX_MAX`], so that this node's own digest always fits in one datagram.
     pub nodes_max: usize,
-    /// Keys one entry may have (ratemesh uses three). Default 32.
+    /// Keys one entry may have (ratemesh uses three). Default [`defaults::GOSSIP_KEYS_PER_NODE_MAX`].
     pub keys_per_node_max: usize,
-    /// The longest key, in bytes. Default 128.
+    /// The longest key, in bytes. Default [`defaults::GOSSIP_KEY_LEN_MAX`].
     pub key_len_max: usize,
-    /// The longest value, in bytes. Default 1024.
+    /// The longest value, in bytes. Default [`defaults::GOSSIP_VALUE_LEN_MAX`].
     pub value_len_max: usize,
-    /// The most bytes one message may decompress to. Default 1 MiB.
+    /// The most bytes one message may decompress to. Default
+    /// [`defaults::GOSSIP_DECOMPRESSED_BYTES_MAX`] (1 MiB).
     pub decompressed_bytes_max: usize,
     /// How far past the known value a heartbeat or a max version may jump in one message.
-    /// Default 2²⁰ (about six hours of heartbeats at 50 per second).
+    /// Default [`defaults::GOSSIP_COUNTER_JUMP_MAX`], 2²⁰ (about six hours of heartbeats at 50 per
+    /// second).
     pub counter_jump_max: u64,
 }
 
@@ -75,12 +78,12 @@ impl GossipLimits {
 impl Default for GossipLimits {
     fn default() -> Self {
         GossipLimits {
-            nodes_max: 512,
-            keys_per_node_max: 32,
-            key_len_max: 128,
-            value_len_max: 1024,
-            decompressed_bytes_max: 1 << 20,
-            counter_jump_max: 1 << 20,
+            nodes_max: defaults::GOSSIP_NODES_MAX,
+            keys_per_node_max: defaults::GOSSIP_KEYS_PER_NODE_MAX,
+            key_len_max: defaults::GOSSIP_KEY_LEN_MAX,
+            value_len_max: defaults::GOSSIP_VALUE_LEN_MAX,
+            decompressed_bytes_max: defaults::GOSSIP_DECOMPRESSED_BYTES_MAX,
+            counter_jump_max: defaults::GOSSIP_COUNTER_JUMP_MAX,
         }
     }
 }

@@ -9,7 +9,7 @@
 //!   is a counted refusal, never a panic or a bloated state.
 //! - `socket`: chitchat's `Transport` over the two; refusals are counted ([`GossipStats`]) and
 //!   never answered.
-//! - Supervision ([`supervise`]): when the chitchat task ends (an error, or a panic), it is
+//! - Supervision (`supervise`): when the chitchat task ends (an error, or a panic), it is
 //!   restarted under a new generation with the same key-values, with a backoff; meanwhile the
 //!   node reports [`GossipHealth::Restarting`] (the daemon is not ready then) and counts it.
 //!
@@ -42,6 +42,7 @@ use socket::SealedTransport;
 
 use crate::membership::chitchat_node_id;
 use crate::security::{ClusterSecurity, SecurityError};
+use crate::transport::MemoryNetwork;
 
 /// The first pause before restarting a gossip instance that ended; it doubles up to
 /// [`RESTART_BACKOFF_MAX`].
@@ -148,6 +149,8 @@ pub(crate) struct GossipStarter {
     pub(crate) gossip_interval: Duration,
     pub(crate) dead_member_forget: Duration,
     pub(crate) seal: Arc<SealConfig>,
+    /// Gossip over this in-process network instead of UDP.
+    pub(crate) network: Option<MemoryNetwork>,
 }
 
 impl GossipStarter {
@@ -158,7 +161,11 @@ impl GossipStarter {
         key_values: Vec<(String, String)>,
     ) -> anyhow::Result<ChitchatHandle> {
         let (state_tx, state_rx) = watch::channel(None);
-        let transport = SealedTransport { config: Arc::clone(&self.seal), chitchat: state_rx };
+        let transport = SealedTransport {
+            config: Arc::clone(&self.seal),
+            chitchat: state_rx,
+            network: self.network.clone(),
+        };
         let handle = chitchat::spawn_chitchat(self.config(generation), key_values, &transport).await?;
         state_tx.send_replace(Some(handle.chitchat()));
         Ok(handle)
@@ -303,6 +310,7 @@ mod tests {
             gossip_interval: Duration::from_millis(50),
             dead_member_forget: Duration::from_secs(60),
             seal: Arc::new(seal),
+            network: None,
         }
     }
 

@@ -20,6 +20,7 @@ use tracing::{debug, warn};
 use super::check::{GossipLimits, Summary, check_against, summarize};
 use super::seal::{DATAGRAM_LEN_MAX, GossipKeys, Opener, Reject, SEAL_OVERHEAD_MAX, Sealer};
 use super::{GossipCounters, bump};
+use crate::transport::{MemoryDatagrams, MemoryNetwork};
 
 /// What every socket of a node shares: keys, limits, counters, the address it gossips from.
 #[derive(Debug)]
@@ -36,12 +37,54 @@ pub(crate) struct SealConfig {
 pub(crate) struct SealedTransport {
     pub(crate) config: Arc<SealConfig>,
     pub(crate) chitchat: watch::Receiver<Option<Arc<AsyncMutex<Chitchat>>>>,
+    /// Datagrams over this in-process network instead of UDP (tests on virtual time).
+    pub(crate) network: Option<MemoryNetwork>,
+}
+
+/// Where sealed datagrams go: a UDP socket, or a socket of an in-process network.
+enum Datagrams {
+    Udp(tokio::net::UdpSocket),
+    Memory(MemoryDatagrams),
+}
+
+impl Datagrams {
+    async fn bind(listen_addr: SocketAddr, network: Option<&MemoryNetwork>) -> anyhow::Result<Datagrams> {
+        let socket = match network {
+            Some(network) => Datagrams::Memory(network.bind_datagrams(listen_addr)?),
+            None => Datagrams::Udp(tokio::net::UdpSocket::bind(listen_addr).await?),
+        };
+        Ok(socket)
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            Datagrams::Udp(socket) => socket.local_addr(),
+            Datagrams::Memory(socket) => Ok(socket.local_addr()),
+        }
+    }
+
+    async fn send_to(&self, datagram: &[u8], to: SocketAddr) -> std::io::Result<()> {
+        match self {
+            Datagrams::Udp(socket) => socket.send_to(datagram, to).await.map(drop),
+            Datagrams::Memory(socket) => {
+                socket.send_to(datagram, to);
+                Ok(())
+            }
+        }
+    }
+
+    async fn recv_from(&mut self, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
+        match self {
+            Datagrams::Udp(socket) => socket.recv_from(buf).await,
+            Datagrams::Memory(socket) => socket.recv_from(buf).await,
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl Transport for SealedTransport {
     async fn open(&self, listen_addr: SocketAddr) -> anyhow::Result<Box<dyn Socket>> {
-        let socket = tokio::net::UdpSocket::bind(listen_addr)
+        let socket = Datagrams::bind(listen_addr, self.network.as_ref())
             .await
             .with_context(|| format!("failed to bind to {listen_addr}/UDP for gossip"))?;
         Ok(Box::new(SealedSocket {
@@ -68,7 +111,7 @@ struct Pending {
 }
 
 struct SealedSocket {
-    socket: tokio::net::UdpSocket,
+    socket: Datagrams,
     config: Arc<SealConfig>,
     chitchat: watch::Receiver<Option<Arc<AsyncMutex<Chitchat>>>>,
     sealer: Sealer,

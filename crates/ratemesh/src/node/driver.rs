@@ -1,0 +1,312 @@
+//! The node's tasks — timer, receive, membership, gossip supervisor, snapshots — and what they
+//! do under the node's lock: feed the core and carry out its outputs (`after_input`).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use chitchat::ChitchatHandle;
+use ratemesh_core::{Event, MemberView, NodeId};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, trace_span};
+
+use super::{DEPARTED_ADDRS_MAX, FRAMES_PER_TURN_MAX, Origin, Shared, State};
+use crate::defaults;
+use crate::durable::Persistence;
+use crate::gossip::{GossipSlot, GossipStarter, supervise};
+use crate::membership::{KEY_LEAVING, Member, MemberStatus, Membership, ViewSink};
+use crate::seeds::SeedSink;
+use crate::top::{TopReply, TopTable, decode_question, encode_message};
+use crate::transport::{QueryHandler, Received};
+
+/// How a node answers other members' top-keys questions: from its own sketches, at its own now.
+pub(super) fn top_query_handler(top: Arc<TopTable>, origin: Origin) -> QueryHandler {
+    Arc::new(move |_from, question| {
+        let reply = match decode_question(question) {
+            Ok(question) => {
+                let (summaries, window) = top.summaries(origin.now_instant(), &question.policy, question.by);
+                let window_nanos = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+                TopReply { window_nanos, summaries }
+            }
+            // A question this node cannot read gets an answer that is not a reply (the asker
+            // reports this member as missing).
+            Err(_) => return Vec::new(),
+        };
+        encode_message(&reply)
+    })
+}
+
+impl Shared {
+    pub(super) fn now(&self) -> ratemesh_core::Instant {
+        self.origin.now_instant()
+    }
+
+    pub(super) fn lock_state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the core half-updated in a way that matters
+        // more than stopping every check: keep serving.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Carries out what the core asked for after an input: frames to send, decisions to hand to
+    /// waiting checks, and a timer to move earlier.
+    pub(super) fn after_input(&self, state: &mut State) {
+        while let Some(transmit) = state.core.poll_transmit() {
+            if let Some(&addr) = state.addrs.get(&transmit.to) {
+                // A dropped frame is counted by the transport and retransmitted by the core.
+                let _ = self.transport.send(transmit.to, addr, transmit.bytes);
+            }
+        }
+        while let Some(event) = state.core.poll_event() {
+            match event {
+                Event::Decided { id, decision } => {
+                    if let Some(waiter) = state.waiters.remove(&id) {
+                        // The check's caller may have gone away (its future dropped): nothing to do.
+                        let _ = waiter.send(decision);
+                    }
+                }
+                Event::Left => {
+                    state.left = true;
+                    self.left.notify_waiters();
+                }
+            }
+        }
+        let next = state.core.poll_timeout();
+        if next.is_some() && (state.timer_at.is_none() || next < state.timer_at) {
+            state.timer_at = next;
+            self.timer_wake.notify_one();
+        }
+    }
+
+    pub(super) fn spawn_tasks(
+        self: &Arc<Self>,
+        received: mpsc::Receiver<Received>,
+        me: Member,
+        members: watch::Sender<Vec<Member>>,
+        stop: watch::Receiver<bool>,
+        gossip: watch::Receiver<Arc<tokio::sync::Mutex<chitchat::Chitchat>>>,
+    ) {
+        let mut tasks = Vec::with_capacity(3);
+        tasks.push(tokio::spawn(self.clone().run_timer(stop.clone())));
+        tasks.push(tokio::spawn(self.clone().run_receive(received, stop.clone())));
+        if let Some(durable) = self.durable.clone() {
+            tasks.push(tokio::spawn(self.clone().run_snapshots(durable, stop.clone())));
+        }
+        let membership = Membership::new(me, Arc::clone(&self.transport), gossip);
+        let sink: Arc<dyn ViewSink> = self.clone();
+        tasks.push(tokio::spawn(membership.run(sink, members, self.gossip_interval * 5, stop)));
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner).extend(tasks);
+    }
+
+    /// Restarts gossip whenever it ends while the node runs (see [`supervise`]).
+    pub(super) fn spawn_gossip_supervisor(&self, starter: GossipStarter, slot: GossipSlot, generation: u64) {
+        let task = tokio::spawn(supervise(starter, slot, generation, self.stop.subscribe()));
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner).push(task);
+    }
+
+    pub(super) async fn run_timer(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let _guard = TaskGuard(self.clone());
+        loop {
+            let deadline = {
+                let mut state = self.lock_state();
+                let next = state.core.poll_timeout();
+                state.timer_at = next;
+                next
+            };
+            let sleep_until = deadline.map(|at| self.tokio_instant(at));
+            tokio::select! {
+                () = sleep_or_forever(sleep_until) => {}
+                () = self.timer_wake.notified() => {}
+                _ = stop.wait_for(|stopped| *stopped) => return,
+            }
+            let mut state = self.lock_state();
+            let now = self.now();
+            if let Some(due) = state.core.poll_timeout().filter(|&at| at <= now) {
+                let _span = trace_span!("timers", node = ?self.id).entered();
+                state.timer_lag = Duration::from_nanos(now.nanos_since(due));
+                state.core.handle_timeout(now);
+                self.after_input(&mut state);
+            }
+        }
+    }
+
+    pub(super) async fn run_receive(
+        self: Arc<Self>,
+        mut received: mpsc::Receiver<Received>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let _guard = TaskGuard(self.clone());
+        loop {
+            let first = tokio::select! {
+                frame = received.recv() => match frame { Some(frame) => frame, None => return },
+                _ = stop.wait_for(|stopped| *stopped) => return,
+            };
+            let mut state = self.lock_state();
+            let now = self.now();
+            state.core.handle_frame(now, first.0, &first.1);
+            for _ in 1..FRAMES_PER_TURN_MAX {
+                let Ok((from, bytes)) = received.try_recv() else { break };
+                state.core.handle_frame(now, from, &bytes);
+            }
+            self.after_input(&mut state);
+        }
+    }
+
+    /// The running chitchat instance, if any.
+    pub(super) fn chitchat(&self) -> Option<Arc<tokio::sync::Mutex<chitchat::Chitchat>>> {
+        self.gossip.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(ChitchatHandle::chitchat)
+    }
+
+    /// Refuses new client checks and announces the leave in gossip. Returns how long to keep
+    /// owning while peers learn of it (a few gossip rounds, growing with the log of the cluster's
+    /// size: epidemic dissemination), or `None` when a shutdown already began.
+    pub(super) async fn announce_leave(&self) -> Option<Duration> {
+        let members = {
+            let mut state = self.lock_state();
+            if state.leaving {
+                return None;
+            }
+            state.leaving = true;
+            state.view.live.len() + state.view.dead.len()
+        };
+        let gossip =
+            self.gossip.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(ChitchatHandle::chitchat);
+        if let Some(chitchat) = gossip {
+            chitchat.lock().await.self_node_state().set(KEY_LEAVING, "1");
+        }
+        Some(self.gossip_interval * (defaults::LEAVE_GOSSIP_ROUNDS_MIN + members.max(1).ilog2() + 1))
+    }
+
+    /// Stops the tasks, gossip and the transport.
+    pub(super) async fn stop(&self) {
+        self.stop.send_replace(true);
+        let gossip = self.gossip.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(gossip) = gossip
+            && let Err(error) = gossip.shutdown().await
+        {
+            debug!(%error, "gossip stopped with an error");
+        }
+        self.transport.close().await;
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
+        for task in tasks {
+            task.abort();
+        }
+        self.lock_state().waiters.clear();
+    }
+
+    /// Takes the core's durable state out under the lock and writes it (off the lock).
+    pub(super) async fn save_snapshot(&self, durable: &Arc<Persistence>) {
+        let started = std::time::Instant::now();
+        let keys = {
+            let state = self.lock_state();
+            state.core.durable_keys(self.now(), durable.settings().period_min)
+        };
+        durable.save(keys, started.elapsed(), started).await;
+    }
+
+    /// Writes a snapshot every snapshot interval until the node stops.
+    pub(super) async fn run_snapshots(
+        self: Arc<Self>,
+        durable: Arc<Persistence>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut ticks = tokio::time::interval(durable.settings().interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = stop.wait_for(|stopped| *stopped) => return,
+            }
+            self.save_snapshot(&durable).await;
+        }
+    }
+
+    /// The last snapshot of a graceful shutdown: after the handover (what this node handed on
+    /// is kept too, as a follower's view) and after the node stopped, so nothing changes after
+    /// it. Once per node.
+    pub(super) async fn save_final_snapshot(&self) {
+        let Some(durable) = &self.durable else { return };
+        if self.final_snapshot.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        self.save_snapshot(durable).await;
+        let written = durable.metrics();
+        info!(keys = written.last_keys, bytes = written.last_bytes, "final snapshot written");
+    }
+
+    pub(super) fn tokio_instant(&self, at: ratemesh_core::Instant) -> tokio::time::Instant {
+        self.origin.tokio_instant(at)
+    }
+}
+
+/// Held by the timer and receive tasks. Should one end while the node runs (a panic in the core,
+/// or its runtime shutting down), nothing would flush, expire or answer forwarded checks any more:
+/// the node then refuses checks, and those waiting fail at once instead of hanging.
+struct TaskGuard(Arc<Shared>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        if *self.0.stop.borrow() {
+            return;
+        }
+        let mut state = self.0.lock_state();
+        if !state.leaving {
+            tracing::error!(node = ?self.0.id, "a node task ended while the node runs: refusing checks");
+        }
+        state.leaving = true;
+        state.waiters.clear();
+    }
+}
+
+impl ViewSink for Shared {
+    fn apply(&self, view: &MemberView, addrs: &HashMap<NodeId, SocketAddr>) {
+        let mut state = self.lock_state();
+        if state.addrs.len() > DEPARTED_ADDRS_MAX {
+            state.addrs.clear();
+        }
+        let live = addrs.iter().filter(|(id, _)| view.live.contains(id));
+        state.addrs.extend(live.map(|(&id, &addr)| (id, addr)));
+        state.view = view.clone();
+        let now = self.now();
+        let before = state.core.stats().handoffs_sent;
+        state.core.handle_membership(now, view.clone());
+        let moved = state.core.stats().handoffs_sent - before;
+        info!(node = ?self.id, live = view.live.len(), dead = view.dead.len(), keys_handed_over = moved, "ownership moved");
+        self.after_input(&mut state);
+    }
+}
+
+impl SeedSink for Shared {
+    fn gossip_with(&self, addr: SocketAddr) {
+        let gossip = self.gossip.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(gossip) = gossip.as_ref() {
+            // Fails only once chitchat has stopped: nothing to gossip with any more.
+            let _ = gossip.gossip(addr);
+        }
+    }
+
+    fn has_live_peer(&self) -> bool {
+        self.members.borrow().iter().any(|m| m.id != self.id && m.status == MemberStatus::Live)
+    }
+}
+
+/// Takes back the stored snapshot, if any, into a core that knows only itself: it owns every key
+/// until the first membership view hands each one to its owner.
+pub(super) async fn restore(
+    core: &mut ratemesh_core::Node,
+    durable: &Arc<Persistence>,
+    now: ratemesh_core::Instant,
+) {
+    if let Some((keys, age)) = durable.load().await {
+        let stats = core.restore(now, keys, age);
+        info!(joined = stats.joined, refused = stats.refused, "snapshot restored");
+    }
+}
+
+async fn sleep_or_forever(until: Option<tokio::time::Instant>) {
+    match until {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
