@@ -54,7 +54,7 @@ pub use limit::{
 pub use node::{
     AdjustRequest, Adjustment, CheckOutcome, CheckRequest, DeliveryStats, DurableKey, Event, FRAME_LEN_MIN,
     Fallback, LeavePlan, MemberView, Mode, Node, NodeConfig, NodeConfigError, NodeId, NodeStats, Policy,
-    RING_VNODES_DEFAULT, RequestId, RestoreStats, Ring, Transmit,
+    RING_VNODES_DEFAULT, RequestId, RestoreStats, Ring, SYNC_INTERVAL_MS_DEFAULT, Transmit,
 };
 pub use store::{KeyExtra, Store, StoreConfig, StoreStats};
 pub use time::{Instant, duration_nanos};

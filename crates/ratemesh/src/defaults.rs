@@ -15,8 +15,10 @@ pub const CLUSTER_ID: &str = "ratemesh";
 /// Time between gossip rounds. A crashed member is declared dead after about ten of them.
 pub const GOSSIP_INTERVAL_MS: u64 = 200;
 /// How long a dead member counts in the cluster's size before it is forgotten: meanwhile every
-/// node enforces `live / (live + dead)` of each limit.
-pub const DEAD_MEMBER_FORGET_MS: u64 = 120_000;
+/// node enforces `live / (live + dead)` of each limit. A minute: long enough for a restarted pod
+/// to come back under the same id, short enough that a member gone for good does not keep its
+/// share of every limit unused for long (chitchat's own default, 24 h, would).
+pub const DEAD_MEMBER_FORGET_MS: u64 = 60_000;
 /// How often seeds given by DNS name are resolved again once the node has a live peer.
 pub const SEED_RESOLVE_INTERVAL_MS: u64 = 10_000;
 /// The longest a graceful shutdown waits for its handoff to be acknowledged.

@@ -184,10 +184,13 @@ pub struct NodeConfig {
     pub store: StoreConfig,
 }
 
+/// The default [`NodeConfig::sync_interval`], in milliseconds.
+pub const SYNC_INTERVAL_MS_DEFAULT: u64 = 50;
+
 impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
-            sync_interval: Duration::from_millis(50),
+            sync_interval: Duration::from_millis(SYNC_INTERVAL_MS_DEFAULT),
             forward_batch_len_max: 256,
             forward_wait: Duration::from_micros(200),
             forward_timeout: Duration::from_secs(1),

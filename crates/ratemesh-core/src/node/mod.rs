@@ -58,7 +58,7 @@ use indexmap::IndexSet;
 
 pub use api::{
     AdjustRequest, Adjustment, CheckOutcome, CheckRequest, Event, FRAME_LEN_MIN, Fallback, MemberView, Mode,
-    NodeConfig, NodeConfigError, NodeId, Policy, RequestId, Transmit,
+    NodeConfig, NodeConfigError, NodeId, Policy, RequestId, SYNC_INTERVAL_MS_DEFAULT, Transmit,
 };
 pub use leave::LeavePlan;
 pub use peers::DeliveryStats;

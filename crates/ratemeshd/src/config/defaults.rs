@@ -34,8 +34,8 @@ pub const EMBEDDED_CONFIG_ORIGIN: &str = "<embedded default>";
 /// `cluster.secret` (or `RATEMESH_CLUSTER_SECRET`) or certificate paths.
 pub const DEV_CLUSTER_SECRET: &str = "ratemesh INSECURE development secret: public, do not use";
 
-/// The default cluster id: nodes gossip only with nodes that have the same one.
-pub const CLUSTER_ID_DEFAULT: &str = "ratemesh";
+/// The default cluster id: nodes gossip only with nodes that have the same one (the library's).
+pub const CLUSTER_ID_DEFAULT: &str = ratemesh::defaults::CLUSTER_ID;
 
 /// The default HTTP API address.
 pub const HTTP_LISTEN_DEFAULT: SocketAddr = loopback(8080);
@@ -46,21 +46,20 @@ pub const GOSSIP_LISTEN_DEFAULT: SocketAddr = loopback(7946);
 /// The default QUIC peer transport (UDP) address.
 pub const QUIC_LISTEN_DEFAULT: SocketAddr = loopback(7947);
 
-/// Default gossip interval. With chitchat's initial interval set to the same, a dead node is
-/// detected in about two seconds (the library's 5 s prior made it ~26 s).
-pub const GOSSIP_INTERVAL_MS_DEFAULT: u64 = 200;
+/// Default gossip interval (the library's). With chitchat's initial interval set to the same, a
+/// dead node is detected in about two seconds (chitchat's 5 s prior made it ~26 s).
+pub const GOSSIP_INTERVAL_MS_DEFAULT: u64 = ratemesh::defaults::GOSSIP_INTERVAL_MS;
 /// Default approximate-mode sync interval: the core's `NodeConfig` default.
-pub const SYNC_INTERVAL_MS_DEFAULT: u64 = 50;
-/// Default time after which a dead member is forgotten (and stops counting in the cluster size).
-/// chitchat's own default, 24 h, would keep a departed node's share of every limit unused for a day.
-pub const DEAD_MEMBER_FORGET_MS_DEFAULT: u64 = 60_000;
+pub const SYNC_INTERVAL_MS_DEFAULT: u64 = ratemesh_core::SYNC_INTERVAL_MS_DEFAULT;
+/// Default time after which a dead member is forgotten (and stops counting in the cluster size):
+/// the library's.
+pub const DEAD_MEMBER_FORGET_MS_DEFAULT: u64 = ratemesh::defaults::DEAD_MEMBER_FORGET_MS;
 /// Default time between resolutions of seeds given by name, once the node has a live peer (while
-/// it has none, it resolves sooner: see `ratemesh::seeds`). Kubernetes' CoreDNS caches answers
-/// for about 30 s; new members also announce themselves by gossip.
-pub const SEED_RESOLVE_INTERVAL_MS_DEFAULT: u64 = 10_000;
+/// it has none, it resolves sooner: see `ratemesh::seeds`): the library's.
+pub const SEED_RESOLVE_INTERVAL_MS_DEFAULT: u64 = ratemesh::defaults::SEED_RESOLVE_INTERVAL_MS;
 /// Default longest wait, at shutdown, for the handoff of this node's keys to be acknowledged (the
 /// library's default).
-pub const LEAVE_LINGER_MS_DEFAULT: u64 = 2_000;
+pub const LEAVE_LINGER_MS_DEFAULT: u64 = ratemesh::defaults::LEAVE_LINGER_MS;
 
 /// Default `[limits] http_body_bytes_max`: 64 KiB.
 pub const HTTP_BODY_BYTES_MAX_DEFAULT: usize = 64 * 1024;
@@ -88,7 +87,7 @@ pub const TIME_ZONE_DEFAULT: &str = "UTC";
 /// The core's `forward_wait` the daemon runs with: zero, as `ratemesh::NodeBuilder`'s default
 /// (the tokio driver batches forwarded checks by scheduling; the core's timer-based wait would
 /// add latency to every exact-mode check of a key owned elsewhere).
-pub const FORWARD_WAIT: Duration = Duration::ZERO;
+pub const FORWARD_WAIT: Duration = Duration::from_millis(ratemesh::defaults::FORWARD_WAIT_MS);
 
 /// Default `[auth] policy_header`.
 pub const AUTH_POLICY_HEADER_DEFAULT: &str = "x-ratelimit-policy";
