@@ -12,11 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ratemesh::{CheckError, MemberStatus};
-use ratemesh_core::Namespace;
 use ratemeshd::ConfigError;
 use ratemeshd::client::{self, Response};
 use ratemeshd::config::LogLevel;
-use ratemeshd::daemon::{ConfigSource, Daemon, OBSERVE_IN_FLIGHT_MAX, RING_PROBES, ReloadError, Reloaded};
+use ratemeshd::daemon::{ConfigSource, Daemon, OBSERVE_IN_FLIGHT_MAX, ReloadError, Reloaded};
 use ratemeshd::serve::{self, Options, Servers};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -503,12 +502,9 @@ async fn metrics_health_readiness_cluster_and_policies() {
     let r = h.get("/readyz").await;
     assert_eq!((r.status, json_of(&r)), (200, json!({"ready": true})));
 
-    // The ring probe looks its keys up under one lock; the answers are those of one at a time.
-    let namespace = Namespace::new(b"probe");
-    let keys: Vec<_> = (0..RING_PROBES).map(|i| namespace.key(&i.to_le_bytes())).collect();
-    let one_by_one: Vec<_> = keys.iter().map(|key| h.daemon.node().owner_of_hashed(*key)).collect();
-    assert_eq!(h.daemon.node().owners_of_hashed(&keys), one_by_one);
-    assert!(one_by_one.iter().all(|owner| *owner == Some(h.daemon.id())));
+    // Alone, the node owns the whole ring (exact shares, no sampling).
+    assert!(h.daemon.node().is_on_ring());
+    assert_eq!(h.daemon.ring_shares(), vec![(h.daemon.id(), 1.0)]);
 
     let r = h.get("/v1/cluster").await;
     assert_eq!(r.status, 200);

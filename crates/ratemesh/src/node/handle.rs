@@ -264,12 +264,19 @@ impl Node {
         self.shared.lock_state().core.owner_of(key)
     }
 
-    /// The owners of many buckets at once, in the order of `keys`, all from one view of the ring:
-    /// the node's lock is taken once (probing the ring's balance with thousands of keys would
-    /// otherwise contend with checks once per key).
-    pub fn owners_of_hashed(&self, keys: &[KeyHash]) -> Vec<Option<NodeId>> {
+    /// Each member's part of the key space in this node's current ring, exactly
+    /// ([`ratemesh_core::Ring::shares`]): `(member, share)` by member id, summing to 1. The ring is
+    /// copied under the node's lock and measured outside it.
+    pub fn ring_shares(&self) -> Vec<(NodeId, f64)> {
+        let ring = self.shared.lock_state().core.ring().clone();
+        ring.shares()
+    }
+
+    /// Whether this node is on its own ring: it owns keys and answers for them (a node is off its
+    /// ring before its first view that has it live, and after the handoff of a graceful leave).
+    pub fn is_on_ring(&self) -> bool {
         let state = self.shared.lock_state();
-        keys.iter().map(|&key| state.core.owner_of(key)).collect()
+        state.core.ring().contains(state.core.id())
     }
 
     /// Publishes `values` in this node's gossip state under `prefix` (keys `prefix0`, `prefix1`,

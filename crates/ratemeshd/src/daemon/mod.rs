@@ -34,7 +34,6 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use ratemesh::durable::SnapshotSettings;
 use ratemesh::{GossipHealth, Member, MemberStatus, Node, NodeBuilder, NodeId, StartError};
-use ratemesh_core::{KeyHash, Namespace};
 use tokio::sync::{Semaphore, watch};
 use tracing::{info, warn};
 
@@ -52,14 +51,10 @@ pub use live::AdminError;
 pub use reload::{ReloadError, Reloaded};
 pub use source::{ConfigSource, FileStamp};
 
-/// How many probe keys estimate the ring's shares (`GET /v1/cluster`, `ratemeshd cluster`):
-/// enough for a share to within about 1 %, cheap enough for a request.
-pub const RING_PROBES: u32 = 4096;
-
 /// Requests in flight on the observation routes (`/metrics`, `/readyz`, `/v1/cluster`,
 /// `/v1/policies`). They have their own small pool, apart from the API's
 /// `limits.http_in_flight_max`: an overloaded node stays observable, and scrapes (each of which
-/// encodes every series, or probes the ring) cannot pile up without bound either.
+/// encodes every series) cannot pile up without bound either.
 pub const OBSERVE_IN_FLIGHT_MAX: usize = 8;
 
 /// Why the daemon could not start.
@@ -259,10 +254,7 @@ impl Daemon {
         let me = self.node.id();
         let members = self.node.members();
         let live = |m: &Member| m.status == MemberStatus::Live;
-        // A ring that contains this node has an owner for every key.
-        let in_ring = members.iter().any(|m| m.id == me && live(m))
-            && self.node.owner_of_hashed(Namespace::new(b"ratemeshd").key(b"readyz")).is_some();
-        if !in_ring {
+        if !self.node.is_on_ring() {
             return Some("this node is not in its ring yet");
         }
         let (config, _) = self.current();
@@ -275,24 +267,10 @@ impl Daemon {
         None
     }
 
-    /// This node's share of the ring, and every member's, estimated from [`RING_PROBES`] keys
-    /// whose owners are looked up under one lock of the node: `(member, share)` sorted by member
-    /// id, shares summing to 1 (empty if no key has an owner).
+    /// Every member's share of the ring, exactly: `(member, share)` sorted by member id, shares
+    /// summing to 1 (empty for an empty ring).
     pub fn ring_shares(&self) -> Vec<(NodeId, f64)> {
-        let namespace = Namespace::new(b"ratemeshd:ring-probe");
-        let probes: Vec<KeyHash> =
-            (0..RING_PROBES).map(|probe| namespace.key(&probe.to_le_bytes())).collect();
-        let mut counts: Vec<(NodeId, u32)> = Vec::new();
-        for owner in self.node.owners_of_hashed(&probes).into_iter().flatten() {
-            // A handful of members: a linear search beats hashing.
-            match counts.iter_mut().find(|(id, _)| *id == owner) {
-                Some((_, count)) => *count += 1,
-                None => counts.push((owner, 1)),
-            }
-        }
-        let total: u32 = counts.iter().map(|(_, count)| count).sum();
-        counts.sort_unstable_by_key(|(id, _)| *id);
-        counts.into_iter().map(|(id, count)| (id, f64::from(count) / f64::from(total.max(1)))).collect()
+        self.node.ring_shares()
     }
 
     /// The HTTP API's in-flight bound (`limits.http_in_flight_max` permits). A request that

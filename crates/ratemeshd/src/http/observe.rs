@@ -11,7 +11,6 @@ use serde_json::json;
 
 use super::{ApiError, ApiState, error, json_response};
 use crate::config::{Rule, ValuePattern, fallback_name, mode_name};
-use crate::daemon::RING_PROBES;
 use crate::metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, status_name};
 use crate::policy::PolicyTable;
 
@@ -68,7 +67,6 @@ pub(super) async fn cluster(State(api): ApiState) -> Response {
             "shutting_down": daemon.is_shutting_down(),
             "members": members,
             "ring": {
-                "probes": RING_PROBES,
                 "owners": owners,
                 "this_node_share": share_of(daemon.id()),
                 "balance": balance,
