@@ -318,7 +318,6 @@ impl tonic::transport::server::Connected for LimitedStream {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
 
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     use tokio::net::TcpListener;
@@ -385,8 +384,7 @@ mod tests {
         let timeout = Duration::from_millis(50);
         let (addr, mut accepted, _) = serve(2, Some(FirstBytes { bytes: 4, timeout })).await;
 
-        // Two bytes of four, then silence: reading fails once the deadline passed.
-        let started = Instant::now();
+        // Two bytes of four, then silence: reading fails with the deadline's error.
         let mut slow = TcpStream::connect(addr).await.expect("connects");
         slow.write_all(b"ab").await.expect("sends");
         let mut server = tokio::time::timeout(BOUND, accepted.recv()).await.expect("accepted").expect("open");
@@ -403,7 +401,6 @@ mod tests {
             }
         };
         assert_eq!(error.kind(), io::ErrorKind::TimedOut, "{error}");
-        assert!(started.elapsed() >= timeout);
 
         // Four bytes in time: the deadline is gone, a silent connection is just idle.
         let mut prompt = TcpStream::connect(addr).await.expect("connects");
