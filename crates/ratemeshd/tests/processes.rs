@@ -1,3 +1,6 @@
+//! Long (one file of real-process tests): every test shares the cluster harness, and starting
+//! processes is costly enough that the tests are few and each checks much.
+//!
 //! Three `ratemeshd serve` processes on loopback form one cluster with one shared secret (nodes 2
 //! and 3 seeded by node 1), and hold the protocol's bounds while requests are spread over their
 //! three HTTP endpoints:
