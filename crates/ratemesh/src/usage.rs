@@ -116,7 +116,7 @@ impl Node {
     pub async fn check_all(&self, checks: &[GroupCheck]) -> Result<GroupDecision, CheckError> {
         let mut decisions = Vec::with_capacity(checks.len());
         for check in checks {
-            let decision = self.check_hashed(&check.policy, check.key, check.cost).await?;
+            let decision = self.check_hashed(&check.policy, check.key, check.cost, None).await?;
             let refused = !decision.allowed;
             decisions.push(decision);
             if refused {
@@ -131,7 +131,7 @@ impl Node {
             decisions[index] = self.give_back(check, &decisions[index]).await?;
         }
         for check in &checks[refused_at + 1..] {
-            decisions.push(self.check_hashed(&check.policy, check.key, 0).await?);
+            decisions.push(self.check_hashed(&check.policy, check.key, 0, None).await?);
         }
         Ok(GroupDecision { allowed: false, decisions, refused_at: Some(refused_at) })
     }

@@ -102,40 +102,32 @@ impl Node {
     /// The check is counted in the policy's top-keys sketches ([`Node::top`]) under its name.
     pub async fn check(&self, policy: &NamedPolicy, key: &[u8], cost: u64) -> Result<Decision, CheckError> {
         let label = TopLabel { policy: policy.name(), key };
-        self.check_labelled(&policy.policy, policy.key(key), cost, label).await
-    }
-
-    /// [`Node::check_hashed`], counted in the top-keys sketches ([`Node::top`]) of
-    /// `label.policy` under `label.key` (for callers that name buckets by hash but want to see
-    /// who is limited, like the daemon).
-    pub async fn check_labelled(
-        &self,
-        policy: &Arc<Policy>,
-        key: KeyHash,
-        cost: u64,
-        label: TopLabel<'_>,
-    ) -> Result<Decision, CheckError> {
-        let decision = self.check_hashed(policy, key, cost).await?;
-        self.record_top(label, cost, &decision);
-        Ok(decision)
+        self.check_hashed(&policy.policy, policy.key(key), cost, Some(label)).await
     }
 
     fn record_top(&self, label: TopLabel<'_>, cost: u64, decision: &Decision) {
         self.shared.top.record(self.shared.now(), label.policy, label.key, cost, !decision.allowed);
     }
 
-    /// [`Node::check`] of a bucket named by its hash (for callers that keep their own key
-    /// namespaces, like the daemon).
+    /// [`Node::check`] of a bucket named by its hash, for callers that keep their own key
+    /// namespaces (the daemon: variants, tiers, inline limits). With a `label`, the check is
+    /// counted in the top-keys sketches ([`Node::top`]) of `label.policy` under `label.key`.
     pub async fn check_hashed(
         &self,
         policy: &Arc<Policy>,
         key: KeyHash,
         cost: u64,
+        label: Option<TopLabel<'_>>,
     ) -> Result<Decision, CheckError> {
-        self.decide_with(|core, id, now| {
-            core.handle_check(now, CheckRequest { id, key, policy: policy.clone(), cost })
-        })
-        .await
+        let decision = self
+            .decide_with(|core, id, now| {
+                core.handle_check(now, CheckRequest { id, key, policy: policy.clone(), cost })
+            })
+            .await?;
+        if let Some(label) = label {
+            self.record_top(label, cost, &decision);
+        }
+        Ok(decision)
     }
 
     /// Runs one client input (`input` hands it to the core under the lock, with a fresh request

@@ -30,15 +30,12 @@ impl Daemon {
             None => Answer::unlimited(target.clone()),
             Some(_) if self.is_shutting_down() => return Err(CheckError::ShutDown),
             Some(policy) => {
-                // The library checks a bucket named by hash twice over: with a top-keys label
-                // or without (inline limits); see ARCHITECTURE.md, `crates/ratemeshd`.
-                let decision = match target {
-                    Target::Named(entry) => {
-                        let label = TopLabel { policy: &entry.name, key: key_text.as_bytes() };
-                        self.node.check_labelled(&policy, key, cost, label).await?
-                    }
-                    Target::Inline(_) => self.node.check_hashed(&policy, key, cost).await?,
+                // Named policies are counted in the top-keys sketches; inline limits have no name.
+                let label = match target {
+                    Target::Named(entry) => Some(TopLabel { policy: &entry.name, key: key_text.as_bytes() }),
+                    Target::Inline(_) => None,
                 };
+                let decision = self.node.check_hashed(&policy, key, cost, label).await?;
                 Answer::limited(target.clone(), policy, decision)
             }
         };
