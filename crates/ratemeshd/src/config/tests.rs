@@ -539,7 +539,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 38);
+    assert_eq!(names.len(), 39);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.

@@ -303,7 +303,7 @@ mod tests {
         let input = b"*1\r\n$4\r\nPING\r\nPING\r\n*2\r\n$4\r\nECHO\r\n$1\r\nx\r\n*1\r\n$4\r\nPI";
         let (parsed, left) = commands(input).expect("valid");
         assert_eq!(parsed, [vec!["PING"], vec!["PING"], vec!["ECHO", "x"]]);
-        assert_eq!(left, 11);
+        assert_eq!(left, 10);
     }
 
     #[test]
