@@ -280,7 +280,9 @@ async fn the_commands_clients_probe_with_are_answered() {
     assert_eq!(c.call(&["CLIENT", "SETINFO", "LIB-NAME", "redis-py"]).await, simple("OK"));
     assert_eq!(c.call(&["COMMAND", "DOCS"]).await, Reply::Array(Some(Vec::new())));
     assert_eq!(c.call(&["COMMAND", "COUNT"]).await, Reply::Integer(9));
-    assert_eq!(c.call(&["CONFIG", "GET", "save"]).await, Reply::Array(Some(Vec::new())));
+    let persistence = c.call(&["CONFIG", "GET", "save", "appendonly", "maxmemory"]).await;
+    let bulks = ["save", "", "appendonly", "no"].map(|text| Reply::Bulk(Some(text.as_bytes().to_vec())));
+    assert_eq!(persistence, Reply::Array(Some(bulks.to_vec())));
     assert_eq!(c.call(&["HELLO", "3"]).await, error("NOPROTO unsupported protocol version"));
     let Reply::Array(Some(hello)) = c.call(&["HELLO", "2"]).await else { panic!("HELLO answers a map") };
     assert_eq!(

@@ -139,11 +139,7 @@ impl Session {
                 _ => wrong_arity(out, "select"),
             }
         } else if name.eq_ignore_ascii_case(b"config") {
-            // redis-benchmark asks for `save` and `appendonly`: there is no such setting.
-            match command.len() {
-                3.. if command.is(1, "get") => protocol::array(out, 0),
-                _ => unknown_subcommand(out, command.arg(1), "CONFIG"),
-            }
+            config(command, out);
         } else {
             unknown_command(out, command);
         }
@@ -328,6 +324,23 @@ fn command_introspection(command: Command<'_>, out: &mut Vec<u8>) {
         }
     } else {
         unknown_subcommand(out, command.arg(1), "COMMAND");
+    }
+}
+
+/// `CONFIG GET parameter…`: redis-benchmark asks for `save` and `appendonly` (whether the
+/// server persists, which it reports); ratemeshd writes neither snapshots nor an append-only
+/// file. Other parameters are unknown: not listed, as Redis answers for a pattern that matches
+/// nothing.
+fn config(command: Command<'_>, out: &mut Vec<u8>) {
+    if command.len() < 3 || !command.is(1, "get") {
+        return unknown_subcommand(out, command.arg(1), "CONFIG");
+    }
+    let known =
+        |i: usize| [("save", ""), ("appendonly", "no")].into_iter().find(|(name, _)| command.is(i, name));
+    protocol::array(out, 2 * (2..command.len()).filter_map(known).count());
+    for (name, value) in (2..command.len()).filter_map(known) {
+        protocol::bulk(out, name.as_bytes());
+        protocol::bulk(out, value.as_bytes());
     }
 }
 
