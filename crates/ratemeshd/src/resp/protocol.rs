@@ -100,15 +100,13 @@ fn parse_multibulk(input: &[u8], args: &mut Vec<Range<usize>>) -> Result<Option<
     Ok(Some(at))
 }
 
-/// The integer of the length line that starts at `input[at]` (its marker byte), and where the
-/// line ends (after `\r\n`): `Ok(None)` when the line is incomplete, `Some(None)` for the integer
-/// when the line is not one.
-#[allow(clippy::type_complexity)]
-fn header(
-    input: &[u8],
-    at: usize,
-    what: &'static str,
-) -> Result<Option<(Option<i64>, usize)>, ProtocolError> {
+/// A complete length line: its integer (`None` when the line is not one) and where the line
+/// ends (after its `\r\n`).
+type Header = (Option<i64>, usize);
+
+/// The length line that starts at `input[at]` (its marker byte); `Ok(None)` when it is
+/// incomplete.
+fn header(input: &[u8], at: usize, what: &'static str) -> Result<Option<Header>, ProtocolError> {
     let digits_start = at + 1;
     let window_end = input.len().min(digits_start + HEADER_BYTES_MAX + 1);
     let window = input.get(digits_start..window_end).unwrap_or_default();
