@@ -15,11 +15,12 @@
 # Per core: each server's own CPU time (utime + stime of /proc/PID/stat, from before to after a
 # load) divided by the decisions it answered in that load, in CPU µs per decision.
 #
-# Each measurement runs 3 times, interleaved (HTTP, Redis, gRPC, HTTP, ...), each load at most
-# 10 s; the table reports the medians (per column), the throughput and p99 ratios ratemeshd HTTP /
-# Redis+Lua and the per-core ratios (CPU per decision) of each ratemeshd path / Redis+Lua, on stdout and in target/bench/results.md. Not run by .ci/run (it measures, it does
-# not assert), but bounded and self-contained: installs wrk, redis-server and redis-tools from
-# Debian when missing. Load generators and servers share the machine's cores (2 here): no
+# Each measurement runs 3 times, interleaved (HTTP, Redis, RESP, Redis P16, RESP P16, gRPC, HTTP,
+# ...), each load at most 10 s (redis-benchmark: a request count); the table reports the medians
+# (per column), the throughput and p99 ratios ratemeshd HTTP / Redis+Lua and the per-core ratios
+# (CPU per decision) of each ratemeshd path / Redis+Lua at the same pipeline depth, on stdout and
+# in target/bench/results.md. Not run by .ci/run (it measures, it does not assert), but bounded
+# and self-contained: installs wrk, redis-server and redis-tools from Debian when missing. Load generators and servers share the machine's cores (2 here): no
 # pinning, so absolute numbers include that contention, for both sides alike.
 #
 # Environment: BENCH_ROUNDS (3), BENCH_SECONDS (10, at most 10), BENCH_CONNECTIONS (64),
