@@ -486,6 +486,16 @@ mod tests {
     }
 
     #[test]
+    fn a_throttle_key_is_the_bucket_of_the_same_http_inline_limit() {
+        let body = r#"{"algorithm": "token_bucket", "limit": 5, "period_ms": 60000, "burst": 5}"#;
+        let body: crate::http::body::LimitBody = serde_json::from_str(body).expect("valid JSON");
+        let http = body.validate("limit").expect("valid limit");
+        let resp = throttle_target([4, 5, 60]).expect("valid");
+        assert_eq!(resp.target.namespace(), http.namespace);
+        assert_eq!(resp.target.policy().as_deref(), Some(&*http.policy));
+    }
+
+    #[test]
     fn an_unknown_command_is_named_as_redis_names_it() {
         let (input, ranges) = args(&["FOO", "a", "b\r\nc"]);
         let mut out = Vec::new();
