@@ -7,17 +7,24 @@
 #    LOAD), against redis-server from Debian:
 #    `redis-benchmark --threads 2 -c 64 EVALSHA <sha> 1 rl:<random key> 100 10 1 <now>`;
 #  - ratemeshd's Envoy RLS gRPC path, with the `rls_load` example of the ratemeshd crate, when it
-#    exists.
+#    exists;
+#  - ratemeshd's Redis protocol listener with the same client as Redis + Lua: redis-benchmark
+#    sending redis-cell's `CL.THROTTLE key:__rand_int__ 15 30 60` (-r BENCH_KEYS), at pipeline 1
+#    and 16, beside Redis + Lua's EVALSHA at pipeline 1 and 16.
 #
-# Each measurement runs 3 times, interleaved (HTTP, Redis, gRPC, HTTP, ...), each load at most
-# 10 s; the table reports the medians (per column) and the throughput and p99 ratios ratemeshd /
-# Redis+Lua, on stdout and in target/bench/results.md. Not run by .ci/run (it measures, it does
-# not assert), but bounded and self-contained: installs wrk, redis-server and redis-tools from
-# Debian when missing. Load generators and servers share the machine's cores (2 here): no
+# Per core: each server's own CPU time (utime + stime of /proc/PID/stat, from before to after a
+# load) divided by the decisions it answered in that load, in CPU µs per decision.
+#
+# Each measurement runs 3 times, interleaved (HTTP, Redis, RESP, Redis P16, RESP P16, gRPC, HTTP,
+# ...), each load at most 10 s (redis-benchmark: a request count); the table reports the medians
+# (per column), the throughput and p99 ratios ratemeshd HTTP / Redis+Lua and the per-core ratios
+# (CPU per decision) of each ratemeshd path / Redis+Lua at the same pipeline depth, on stdout and
+# in target/bench/results.md. Not run by .ci/run (it measures, it does not assert), but bounded
+# and self-contained: installs wrk, redis-server and redis-tools from Debian when missing. Load generators and servers share the machine's cores (2 here): no
 # pinning, so absolute numbers include that contention, for both sides alike.
 #
 # Environment: BENCH_ROUNDS (3), BENCH_SECONDS (10, at most 10), BENCH_CONNECTIONS (64),
-# BENCH_KEYS (10000), BENCH_REDIS_REQUESTS (200000).
+# BENCH_KEYS (10000), BENCH_REDIS_REQUESTS (200000; at pipeline 16, 5 times as many).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
@@ -64,7 +71,7 @@ make_work
 stop_at_exit ratemeshd_pid redis_pid
 show_at_failure "ratemeshd log" 20 "$work/ratemeshd.log"
 
-ratemeshd_ports p_redis/tcp
+ratemeshd_ports p_redis/tcp p_resp/tcp
 
 # The same token bucket on both sides: capacity 100, 10 tokens per second.
 write_config "$work/ratemesh.toml" <<EOF
@@ -90,8 +97,10 @@ limit = 10
 period_ms = 1000
 burst = 100
 EOF
-start_ratemeshd "$work/ratemesh.toml"
+start_ratemeshd "$work/ratemesh.toml" RATEMESH_LISTEN_RESP="127.0.0.1:$p_resp"
 wait_for "ratemeshd ready" answers "http://127.0.0.1:$p_http/readyz" 200
+[[ $(redis-cli -p "$p_resp" CL.THROTTLE probe 15 30 60 | head -n 1) == 0 ]] ||
+    fail "ratemeshd's CL.THROTTLE did not allow its first call"
 
 redis-server --bind 127.0.0.1 --port "$p_redis" --save '' --appendonly no --daemonize no \
     --logfile "$work/redis.log" &
@@ -104,7 +113,33 @@ sha=$(redis-cli -p "$p_redis" SCRIPT LOAD "$(cat tests/bench/rate_limit.lua)")
     fail "the Lua token bucket did not allow its first call"
 
 # --- one measurement each -------------------------------------------------------------------------
-# Each prints: requests_per_second<TAB>p50_ms<TAB>p99_ms
+# Each prints: requests_per_second<TAB>p50_ms<TAB>p99_ms<TAB>decisions_answered
+
+clock_ticks_per_s=$(getconf CLK_TCK)
+
+# cpu_ticks PID: the process's user + system CPU time so far, in clock ticks (fields 14 and 15 of
+# /proc/PID/stat, counted after the command name, which may hold spaces).
+cpu_ticks() {
+    awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" || fail "cannot read /proc/$1/stat"
+}
+
+# measure PID COMMAND...: runs COMMAND (one of run_*) and prints its line with, instead of the
+# decisions, the CPU µs per decision the server PID spent in it:
+# rps<TAB>p50<TAB>p99<TAB>cpu_us_per_decision.
+measure() {
+    local pid=$1 before after row
+    shift
+    before=$(cpu_ticks "$pid")
+    row=$("$@") || return 1
+    after=$(cpu_ticks "$pid")
+    python3 - "$row" "$before" "$after" "$clock_ticks_per_s" <<'EOF'
+import sys
+row, before, after, hz = sys.argv[1].split("\t"), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rps, p50, p99, decisions = row
+cpu_us = (after - before) / hz * 1e6 / float(decisions)
+print(f"{rps}\t{p50}\t{p99}\t{cpu_us:.2f}")
+EOF
+}
 
 # wrk's "1.23ms" / "456.78us" / "1.02s" → milliseconds.
 to_ms() {
@@ -120,31 +155,43 @@ run_http() {
         -s tests/bench/post_check.lua "http://127.0.0.1:$p_http/v1/check" >"$log" 2>&1 ||
         fail "wrk failed: $(cat "$log")"
     ! grep -q 'Non-2xx' "$log" || fail "ratemeshd answered errors: $(grep -E 'Non-2xx|Socket errors' "$log")"
-    local rps p50 p99
+    local rps p50 p99 requests
     rps=$(awk '/^Requests\/sec:/ { print $2 }' "$log")
     p50=$(awk '$1 == "50%" { print $2 }' "$log")
     p99=$(awk '$1 == "99%" { print $2 }' "$log")
-    [[ -n $rps && -n $p50 && -n $p99 ]] || fail "cannot read wrk's output: $(cat "$log")"
-    printf '%s\t%s\t%s\n' "$rps" "$(to_ms "$p50")" "$(to_ms "$p99")"
+    requests=$(awk '/requests in/ { print $1 }' "$log")
+    [[ -n $rps && -n $p50 && -n $p99 && -n $requests ]] || fail "cannot read wrk's output: $(cat "$log")"
+    printf '%s\t%s\t%s\t%s\n' "$rps" "$(to_ms "$p50")" "$(to_ms "$p99")" "$requests"
 }
 
-run_redis() {
-    local log=$work/redis-benchmark.csv
-    # The seed's script takes the client's clock (ARGV[4]); redis-benchmark sends one fixed value.
-    # With 64 clients over $keys keys, each key sees few hits: they are allowed, as with wrk.
-    # Two client threads, as wrk's -t2.
-    timeout 30 redis-benchmark -p "$p_redis" --threads 2 -n "$redis_requests" -c "$connections" -r "$keys" --csv \
-        EVALSHA "$sha" 1 'rl:__rand_int__' 100 10 1 "$(date +%s)" >"$log" 2>&1 ||
-        fail "redis-benchmark failed: $(cat "$log")"
-    python3 - "$log" <<'EOF'
+# redis_benchmark PORT PIPELINE COMMAND...: redis-benchmark's COMMAND at PIPELINE, keys spread
+# over $keys (__rand_int__), two client threads (as wrk's -t2); all its requests are answered.
+redis_benchmark() {
+    local port=$1 pipeline=$2 log=$work/redis-benchmark.csv requests=$redis_requests
+    shift 2
+    ((pipeline == 1)) || requests=$((redis_requests * 5))
+    timeout 60 redis-benchmark -p "$port" --threads 2 -n "$requests" -c "$connections" -P "$pipeline" \
+        -r "$keys" --csv "$@" >"$log" 2>&1 || fail "redis-benchmark failed: $(cat "$log")"
+    python3 - "$log" "$requests" <<'EOF'
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1])))
 header, data = rows[0], rows[-1]
 if "p99_latency_ms" not in header:
     sys.exit(f"this redis-benchmark reports no percentiles: {rows}")
 row = dict(zip(header, data))
-print(f"{row['rps']}\t{row['p50_latency_ms']}\t{row['p99_latency_ms']}")
+print(f"{row['rps']}\t{row['p50_latency_ms']}\t{row['p99_latency_ms']}\t{sys.argv[2]}")
 EOF
+}
+
+# The seed's script takes the client's clock (ARGV[4]); redis-benchmark sends one fixed value.
+# With 64 clients over $keys keys, each key sees few hits: they are allowed, as with wrk.
+run_redis() {
+    redis_benchmark "$p_redis" "$1" EVALSHA "$sha" 1 'rl:__rand_int__' 100 10 1 "$(date +%s)"
+}
+
+# redis-cell's parameters: a burst of 16, 30 per minute.
+run_resp() {
+    redis_benchmark "$p_resp" "$1" CL.THROTTLE 'key:__rand_int__' 15 30 60
 }
 
 run_rls() {
@@ -153,29 +200,35 @@ run_rls() {
     timeout $((seconds + 20)) "$rls_load" --addr "127.0.0.1:$p_grpc" --domain bench --descriptor-key user \
         --keys "$keys" --concurrency "$connections" --requests 5000000 --seconds "$seconds" --tsv \
         >"$log" 2>&1 || fail "rls_load failed: $(cat "$log")"
-    # --tsv: the last line is requests_per_second<TAB>p50_ms<TAB>p99_ms
-    tail -n 1 "$log"
+    # --tsv: the last line is requests_per_second<TAB>p50_ms<TAB>p99_ms; decisions ≈ rate × time.
+    tail -n 1 "$log" | awk -v seconds="$seconds" -F'\t' '{ printf "%s\t%s\t%s\t%d\n", $1, $2, $3, $1 * seconds }'
 }
 
 mkdir -p "$out_dir"
 runs=$work/runs.tsv
 : >"$runs"
+# measure_path NAME PID COMMAND...: one measurement of NAME (served by PID) into $runs.
+measure_path() {
+    local name=$1 row
+    shift
+    say "round $round/$rounds: $name"
+    row=$(measure "$@") || fail "$name: the measurement failed"
+    printf '%s\t%s\t%s\n' "$name" "$round" "$row" >>"$runs"
+}
+
 for ((round = 1; round <= rounds; round++)); do
-    say "round $round/$rounds: ratemeshd HTTP (wrk, ${seconds}s)"
-    row=$(run_http) || fail "ratemeshd HTTP: the measurement failed"
-    printf 'ratemeshd HTTP\t%s\t%s\n' "$round" "$row" >>"$runs"
-    say "round $round/$rounds: Redis + Lua (redis-benchmark, $redis_requests EVALSHA)"
-    row=$(run_redis) || fail "Redis + Lua: the measurement failed"
-    printf 'Redis + Lua\t%s\t%s\n' "$round" "$row" >>"$runs"
+    measure_path "ratemeshd HTTP" "$ratemeshd_pid" run_http
+    measure_path "Redis + Lua" "$redis_pid" run_redis 1
+    measure_path "ratemeshd RESP CL.THROTTLE" "$ratemeshd_pid" run_resp 1
+    measure_path "Redis + Lua P16" "$redis_pid" run_redis 16
+    measure_path "ratemeshd RESP CL.THROTTLE P16" "$ratemeshd_pid" run_resp 16
     if [[ -n $rls_load ]]; then
-        say "round $round/$rounds: ratemeshd gRPC RLS (rls_load, ${seconds}s)"
-        row=$(run_rls) || fail "ratemeshd gRPC RLS: the measurement failed"
-        printf 'ratemeshd gRPC RLS\t%s\t%s\n' "$round" "$row" >>"$runs"
+        measure_path "ratemeshd gRPC RLS" "$ratemeshd_pid" run_rls
     fi
 done
 kill -0 "$ratemeshd_pid" || fail "ratemeshd died during the benchmark"
 
-machine="Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), load generators and servers on the same cores, loopback; $(wrk -v 2>&1 | head -n 1 | awk '{ print $1, $2 }'), $(redis-server --version | awk '{ print $1, $3 }'); $connections connections, $keys keys, one token bucket (capacity 100, 10/s) on both sides; $rounds interleaved rounds, medians."
+machine="Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), load generators and servers on the same cores, loopback; $(wrk -v 2>&1 | head -n 1 | awk '{ print $1, $2 }'), $(redis-server --version | awk '{ print $1, $3 }'); $connections connections, $keys keys, one token bucket (capacity 100, 10/s) on both sides (CL.THROTTLE: its own, burst 16, 30/min); redis-benchmark -c $connections --threads 2 at pipeline 1 (P16: 16); $rounds interleaved rounds, medians."
 python3 tests/bench/report.py "$runs" "$machine" | tee "$out_dir/results.md"
 cp "$runs" "$out_dir/runs.tsv"
 say "written to $out_dir/results.md"

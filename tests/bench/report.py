@@ -3,8 +3,11 @@
 
 Usage: report.py RUNS_TSV MACHINE_NOTE > results.md
 
-RUNS_TSV lines: path<TAB>round<TAB>requests_per_second<TAB>p50_ms<TAB>p99_ms. The path named
-"ratemeshd HTTP" is compared with the one named "Redis + Lua" (throughput ratio and p99 ratio).
+RUNS_TSV lines: path<TAB>round<TAB>requests_per_second<TAB>p50_ms<TAB>p99_ms<TAB>cpu_us, where
+cpu_us is the server's CPU time per decision answered (µs). The path named "ratemeshd HTTP" is
+compared with the one named "Redis + Lua" (throughput ratio and p99 ratio); every ratemeshd path
+is compared per core (CPU per decision) with Redis + Lua at the same pipeline depth ("P16" paths
+with "Redis + Lua P16").
 """
 
 import statistics
@@ -14,32 +17,46 @@ HTTP = "ratemeshd HTTP"
 REDIS = "Redis + Lua"
 
 
+def baseline(path: str) -> str:
+    """The Redis + Lua path a ratemeshd path is compared with per core."""
+    return f"{REDIS} P16" if path.endswith(" P16") else REDIS
+
+
 def main() -> int:
     runs_path, machine = sys.argv[1], sys.argv[2]
-    runs: dict[str, list[tuple[float, float, float]]] = {}
+    runs: dict[str, list[tuple[float, ...]]] = {}
     with open(runs_path, encoding="utf-8") as runs_file:
         for line in runs_file:
             if not line.strip():
                 continue
-            path, _round, rps, p50, p99 = line.rstrip("\n").split("\t")
-            runs.setdefault(path, []).append((float(rps), float(p50), float(p99)))
+            path, _round, *values = line.rstrip("\n").split("\t")
+            runs.setdefault(path, []).append(tuple(float(value) for value in values))
     medians = {
-        path: tuple(statistics.median(run[i] for run in path_runs) for i in range(3))
+        path: tuple(statistics.median(run[i] for run in path_runs) for i in range(4))
         for path, path_runs in runs.items()
     }
-    print("| path | requests/s (median) | p50 ms | p99 ms | runs (requests/s) |")
-    print("|---|---:|---:|---:|---|")
-    for path, (rps, p50, p99) in medians.items():
+    print("| path | requests/s (median) | p50 ms | p99 ms | CPU µs per decision | runs (requests/s) |")
+    print("|---|---:|---:|---:|---:|---|")
+    for path, (rps, p50, p99, cpu_us) in medians.items():
         each = ", ".join(f"{run[0]:,.0f}" for run in runs[path])
-        print(f"| {path} | {rps:,.0f} | {p50:.3f} | {p99:.3f} | {each} |")
+        print(f"| {path} | {rps:,.0f} | {p50:.3f} | {p99:.3f} | {cpu_us:.2f} | {each} |")
     print()
     if HTTP in medians and REDIS in medians:
-        (h_rps, _, h_p99), (r_rps, _, r_p99) = medians[HTTP], medians[REDIS]
+        (h_rps, _, h_p99, _), (r_rps, _, r_p99, _) = medians[HTTP], medians[REDIS]
         print(
-            f"ratemeshd / Redis+Lua: throughput ×{h_rps / r_rps:.2f}, "
+            f"ratemeshd HTTP / Redis+Lua: throughput ×{h_rps / r_rps:.2f}, "
             f"p99 ×{h_p99 / r_p99:.2f} (goal: throughput ≥ ×1.00 at comparable p99)."
         )
         print()
+    for path, (_, _, p99, cpu_us) in medians.items():
+        base = baseline(path)
+        if path.startswith("ratemeshd") and base in medians and cpu_us > 0:
+            _, _, b_p99, b_cpu_us = medians[base]
+            print(
+                f"- per core, {path} / {base}: ×{b_cpu_us / cpu_us:.2f} "
+                f"({cpu_us:.2f} against {b_cpu_us:.2f} CPU µs per decision), p99 ×{p99 / b_p99:.2f}"
+            )
+    print()
     print(machine)
     return 0
 

@@ -14,6 +14,7 @@
 //! - [`metrics`]: the Prometheus metrics; [`rates`]: recent decision rates for the dashboard.
 //! - [`http`]: the HTTP API (axum), its JSON bodies ([`http::body`]) and the dashboard page
 //!   (`dashboard.html`, served at `/`); [`rls`]: the Envoy Rate Limit Service (gRPC);
+//!   [`resp`]: the Redis protocol listener (redis-cell's `CL.THROTTLE`);
 //!   [`serve`]: listeners, reload triggers, signals, graceful shutdown; [`listener`]: the
 //!   listeners' connection bound; [`logging`]: text or JSON logs with a reloadable level.
 //! - [`client`]: a minimal HTTP/1.1 client for the CLI's `check` and `cluster`.
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod overrides;
 pub mod policy;
 pub mod rates;
+pub mod resp;
 pub mod rls;
 pub mod serve;
 

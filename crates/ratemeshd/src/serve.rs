@@ -1,7 +1,7 @@
 //! `ratemeshd serve`: the listeners, reload triggers, signals and graceful shutdown.
 //!
-//! [`run`] is the whole command: start the [`Daemon`], bind the HTTP API and the Envoy RLS
-//! gRPC listener ([`start`]), reload on SIGHUP and when the configuration file changes
+//! [`run`] is the whole command: start the [`Daemon`], bind the HTTP API, the Envoy RLS
+//! gRPC listener and, when configured, the Redis protocol listener ([`start`]), reload on SIGHUP and when the configuration file changes
 //! ([`spawn_file_watcher`]), and on SIGINT or SIGTERM shut down gracefully ([`Servers::shutdown`]):
 //! readiness turns false at once, the node announces its leave and hands its keys to their new
 //! owners while both servers keep answering (in-flight requests complete; new ones get their
@@ -59,7 +59,7 @@ pub enum ServeError {
     /// A listener could not be bound.
     #[error("binding the {what} listener on {addr}: {source}")]
     Bind {
-        /// `HTTP` or `gRPC`.
+        /// `HTTP`, `gRPC` or `RESP`.
         what: &'static str,
         /// The address.
         addr: SocketAddr,
@@ -87,6 +87,8 @@ pub struct Options {
     pub http: crate::http::Timeouts,
     /// The Envoy RLS server's.
     pub grpc: crate::rls::Timeouts,
+    /// The Redis protocol listener's.
+    pub resp: crate::resp::Timeouts,
 }
 
 /// The running servers of a daemon, with the addresses they are bound to (port 0 in the
@@ -96,8 +98,10 @@ pub struct Servers {
     daemon: Arc<Daemon>,
     http_addr: SocketAddr,
     grpc_addr: Option<SocketAddr>,
+    resp_addr: Option<SocketAddr>,
     http_connections: Arc<Semaphore>,
     grpc_connections: Arc<Semaphore>,
+    resp_connections: Arc<Semaphore>,
     tasks: JoinSet<(&'static str, Result<(), String>)>,
 }
 
@@ -110,6 +114,11 @@ impl Servers {
     /// The Envoy RLS gRPC address (`None` if the gRPC server is not built in).
     pub fn grpc_addr(&self) -> Option<SocketAddr> {
         self.grpc_addr
+    }
+
+    /// The Redis protocol address (`None` unless `[listen] resp` is set).
+    pub fn resp_addr(&self) -> Option<SocketAddr> {
+        self.resp_addr
     }
 
     /// The daemon served.
@@ -126,6 +135,11 @@ impl Servers {
     /// The gRPC listener's connection bound, as [`Servers::http_connections`].
     pub fn grpc_connections(&self) -> &Arc<Semaphore> {
         &self.grpc_connections
+    }
+
+    /// The RESP listener's connection bound, as [`Servers::http_connections`].
+    pub fn resp_connections(&self) -> &Arc<Semaphore> {
+        &self.resp_connections
     }
 
     /// Waits until a server stops by itself (an error, or the shutdown began).
@@ -179,13 +193,29 @@ pub async fn start_with(daemon: Arc<Daemon>, options: Options) -> Result<Servers
     // One bound per listener: a flood of connections to one server does not lock the other out.
     let http_connections = Arc::new(Semaphore::new(config.limits.connections_max));
     let grpc_connections = Arc::new(Semaphore::new(config.limits.connections_max));
+    let resp_connections = Arc::new(Semaphore::new(config.limits.connections_max));
     let http_addr =
         start_http(&daemon, config.listen.http, Arc::clone(&http_connections), options.http, &mut tasks)
             .await?;
     let grpc_addr =
         start_grpc(&daemon, config.listen.grpc, Arc::clone(&grpc_connections), options.grpc, &mut tasks)
             .await?;
-    Ok(Servers { daemon, http_addr, grpc_addr, http_connections, grpc_connections, tasks })
+    let resp_addr = match config.listen.resp {
+        Some(addr) => {
+            Some(start_resp(&daemon, addr, Arc::clone(&resp_connections), options.resp, &mut tasks).await?)
+        }
+        None => None,
+    };
+    Ok(Servers {
+        daemon,
+        http_addr,
+        grpc_addr,
+        resp_addr,
+        http_connections,
+        grpc_connections,
+        resp_connections,
+        tasks,
+    })
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServeError> {
@@ -305,6 +335,25 @@ async fn start_grpc(
     Ok(Some(local))
 }
 
+/// The Redis protocol listener: binds `listen.resp` and runs [`crate::resp::serve`] until
+/// shutdown.
+async fn start_resp(
+    daemon: &Arc<Daemon>,
+    addr: SocketAddr,
+    connections: Arc<Semaphore>,
+    timeouts: crate::resp::Timeouts,
+    tasks: &mut JoinSet<(&'static str, Result<(), String>)>,
+) -> Result<SocketAddr, ServeError> {
+    let (listener, local) = bind("RESP", addr).await?;
+    let server =
+        crate::resp::serve(Arc::clone(daemon), listener, connections, timeouts, daemon.close_signal());
+    tasks.spawn(async move {
+        server.await;
+        ("RESP", Ok(()))
+    });
+    Ok(local)
+}
+
 /// Reloads the configuration and logs the outcome; `why` says what triggered it.
 pub fn reload_and_log(daemon: &Daemon, why: &str) -> Result<Reloaded, ReloadError> {
     let result = daemon.reload();
@@ -394,6 +443,7 @@ pub async fn run(
     info!(
         http = %servers.http_addr(),
         grpc = %servers.grpc_addr().map_or_else(|| "-".to_owned(), |addr| addr.to_string()),
+        resp = %servers.resp_addr().map_or_else(|| "-".to_owned(), |addr| addr.to_string()),
         node = daemon.id().0,
         "serving"
     );

@@ -132,6 +132,7 @@ impl Default for ListenSection {
         ListenSection {
             http: HTTP_LISTEN_DEFAULT,
             grpc: GRPC_LISTEN_DEFAULT,
+            resp: None,
             gossip: GOSSIP_LISTEN_DEFAULT,
             quic: QUIC_LISTEN_DEFAULT,
             advertise_gossip: None,

@@ -58,7 +58,7 @@ type Locate = fn(&mut RawConfig) -> Slot<'_>;
 
 /// Every overridable field, as `section.field`, with where it lives. The variable's name is
 /// derived from the field's ([`variable_name`]), so the two cannot drift apart.
-const OVERRIDES: [(&str, Locate); 38] = [
+const OVERRIDES: [(&str, Locate); 39] = [
     ("node.id", |raw| Slot::Number(&mut raw.node.id)),
     ("node.id_from", |raw| Slot::Text(&mut raw.node.id_from)),
     ("node.incarnation", |raw| Slot::Number(&mut raw.node.incarnation)),
@@ -79,6 +79,7 @@ const OVERRIDES: [(&str, Locate); 38] = [
     ("cluster.leave_linger_ms", |raw| Slot::Number(&mut raw.cluster.leave_linger_ms)),
     ("listen.http", |raw| Slot::Text(&mut raw.listen.http)),
     ("listen.grpc", |raw| Slot::Text(&mut raw.listen.grpc)),
+    ("listen.resp", |raw| Slot::Text(&mut raw.listen.resp)),
     ("listen.gossip", |raw| Slot::Text(&mut raw.listen.gossip)),
     ("listen.quic", |raw| Slot::Text(&mut raw.listen.quic)),
     ("listen.advertise_gossip", |raw| Slot::Text(&mut raw.listen.advertise_gossip)),

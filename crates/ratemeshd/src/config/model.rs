@@ -218,6 +218,8 @@ pub struct ListenSection {
     pub http: SocketAddr,
     /// `grpc`: the Envoy Rate Limit Service (TCP).
     pub grpc: SocketAddr,
+    /// `resp`: the Redis protocol listener (TCP, redis-cell's `CL.THROTTLE`); off unless set.
+    pub resp: Option<SocketAddr>,
     /// `gossip`: membership gossip (UDP).
     pub gossip: SocketAddr,
     /// `quic`: the peer transport (UDP).

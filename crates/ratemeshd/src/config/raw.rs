@@ -88,6 +88,7 @@ pub(super) struct RawCluster {
 pub(super) struct RawListen {
     pub(super) http: Option<Val<String>>,
     pub(super) grpc: Option<Val<String>>,
+    pub(super) resp: Option<Val<String>>,
     pub(super) gossip: Option<Val<String>>,
     pub(super) quic: Option<Val<String>>,
     pub(super) advertise_gossip: Option<Val<String>>,

@@ -57,11 +57,12 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     differs("cluster.seed_resolve_interval_ms", *seed_resolve_interval != b.seed_resolve_interval);
     differs("cluster.leave_linger_ms", *leave_linger != b.leave_linger);
 
-    let ListenSection { http, grpc, gossip, quic, advertise_gossip, advertise_quic, advertise_ip_from } =
+    let ListenSection { http, grpc, resp, gossip, quic, advertise_gossip, advertise_quic, advertise_ip_from } =
         listen;
     let b = &new.listen;
     differs("listen.http", *http != b.http);
     differs("listen.grpc", *grpc != b.grpc);
+    differs("listen.resp", *resp != b.resp);
     differs("listen.gossip", *gossip != b.gossip);
     differs("listen.quic", *quic != b.quic);
     differs("listen.advertise_gossip", *advertise_gossip != b.advertise_gossip);
@@ -107,10 +108,11 @@ mod tests {
         new.limits.connections_max += 1;
         new.limits.keys_max += 1;
         new.log.format = LogFormat::Json;
+        new.listen.resp = Some(SocketAddr::from(([127, 0, 0, 1], 6380)));
         new.cluster.seeds.push(SocketAddr::from(([10, 0, 0, 1], 7946)).into());
         assert_eq!(
             restart_only_changes(&running, &new),
-            ["cluster.seeds", "limits.keys_max", "limits.connections_max", "log.format"]
+            ["cluster.seeds", "listen.resp", "limits.keys_max", "limits.connections_max", "log.format"]
         );
         let mut reloadable = Config::default();
         reloadable.limits.batch_len_max += 1;

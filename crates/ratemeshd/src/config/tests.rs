@@ -53,6 +53,7 @@ fn empty_file_is_the_default_single_node_config() {
     assert_eq!(config.listen.grpc, "127.0.0.1:8081".parse().expect("address"));
     assert_eq!(config.listen.gossip, "127.0.0.1:7946".parse().expect("address"));
     assert_eq!(config.listen.quic, "127.0.0.1:7947".parse().expect("address"));
+    assert_eq!(config.listen.resp, None, "the RESP listener is off by default");
     assert_eq!(config.listen.gossip_advertised(), config.listen.gossip);
     assert!(config.cluster.seeds.is_empty());
     assert!(config.cluster.auth.is_dev_secret());
@@ -433,6 +434,11 @@ fn listen_addresses_are_checked() {
     refused("[listen]\ngrpc = \"127.0.0.1:8080\"\n", "listen.grpc", 2);
     refused("[listen]\nhttp = \"127.0.0.1:8081\"\n", "listen.http", 2);
     refused("[listen]\nquic = \"127.0.0.1:7946\"\n", "listen.quic", 2);
+    refused("[listen]\nresp = \"127.0.0.1:8080\"\n", "listen.resp", 2);
+    refused("[listen]\nresp = \"127.0.0.1:8081\"\n", "listen.resp", 2);
+    refused("[listen]\nresp = \"localhost:6380\"\n", "listen.resp", 2);
+    let resp = parse("[listen]\nresp = \"127.0.0.1:6380\"\n").expect("valid");
+    assert_eq!(resp.listen.resp, Some("127.0.0.1:6380".parse().expect("address")));
     let unreachable = "[cluster]\nsecret = \"0123456789abcdef\"\n[listen]\ngossip = \"0.0.0.0:7946\"\n";
     refused(unreachable, "listen.gossip", 4);
     refused("[listen]\nadvertise_quic = \"0.0.0.0:1\"\n", "listen.advertise_quic", 2);
@@ -478,6 +484,7 @@ fn environment_overrides_replace_file_values() {
         ("RATEMESH_CLUSTER_SEEDS", " 10.0.0.1:7946, 10.0.0.2:7946 ,"),
         ("RATEMESH_CLUSTER_SECRET", "from the environment"),
         ("RATEMESH_LISTEN_HTTP", "127.0.0.1:9999"),
+        ("RATEMESH_LISTEN_RESP", "127.0.0.1:6380"),
         ("RATEMESH_LOG_FORMAT", "json"),
         ("RATEMESH_LIMITS_KEY_BYTES_MAX", "64"),
     ];
@@ -492,6 +499,7 @@ fn environment_overrides_replace_file_values() {
         ClusterAuth::Secret { secret: SecretString::new("from the environment"), accepted: None }
     );
     assert_eq!(config.listen.http, "127.0.0.1:9999".parse().expect("address"));
+    assert_eq!(config.listen.resp, Some("127.0.0.1:6380".parse().expect("address")));
     assert_eq!(config.log.format, LogFormat::Json);
     assert_eq!(config.limits.key_bytes_max, 64);
     assert!(parse_env("", &[("RATEMESH_CLUSTER_SEEDS", "")]).expect("valid").cluster.seeds.is_empty());
@@ -531,7 +539,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 38);
+    assert_eq!(names.len(), 39);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.

@@ -388,6 +388,7 @@ impl Ctx<'_> {
         let l = &raw.listen;
         let http = self.address("listen.http", l.http.as_ref())?.unwrap_or(HTTP_LISTEN_DEFAULT);
         let grpc = self.address("listen.grpc", l.grpc.as_ref())?.unwrap_or(GRPC_LISTEN_DEFAULT);
+        let resp = self.address("listen.resp", l.resp.as_ref())?;
         let gossip = self.address("listen.gossip", l.gossip.as_ref())?.unwrap_or(GOSSIP_LISTEN_DEFAULT);
         let quic = self.address("listen.quic", l.quic.as_ref())?.unwrap_or(QUIC_LISTEN_DEFAULT);
         let advertise_gossip = l
@@ -401,10 +402,15 @@ impl Ctx<'_> {
             l.advertise_ip_from.as_ref().map(|v| self.advertise_ip_from(v, l, [gossip, quic])).transpose()?;
         // Two sockets of one protocol on one address fail at bind; say so now, with the line.
         // Port 0 asks the OS for a free port, so it never clashes.
-        for ((a, addr_a, va), (b, addr_b, vb)) in [
+        let mut pairs = vec![
             (("http", http, &l.http), ("grpc", grpc, &l.grpc)),
             (("gossip", gossip, &l.gossip), ("quic", quic, &l.quic)),
-        ] {
+        ];
+        if let Some(resp) = resp {
+            pairs.push((("http", http, &l.http), ("resp", resp, &l.resp)));
+            pairs.push((("grpc", grpc, &l.grpc), ("resp", resp, &l.resp)));
+        }
+        for ((a, addr_a, va), (b, addr_b, vb)) in pairs {
             if addr_a == addr_b && addr_a.port() != 0 {
                 let message = format!("listen.{a} and listen.{b} are both {addr_a}");
                 return Err(match (va, vb) {
@@ -429,7 +435,16 @@ impl Ctx<'_> {
                 });
             }
         }
-        Ok(ListenSection { http, grpc, gossip, quic, advertise_gossip, advertise_quic, advertise_ip_from })
+        Ok(ListenSection {
+            http,
+            grpc,
+            resp,
+            gossip,
+            quic,
+            advertise_gossip,
+            advertise_quic,
+            advertise_ip_from,
+        })
     }
 
     /// A listen address (`ip:port`; port 0 lets the OS choose), if given.

@@ -217,13 +217,13 @@ impl Metrics {
         registry.register(
             "ratemesh_shed_requests",
             "Requests refused at once for overload (HTTP 503, gRPC UNAVAILABLE): every in-flight permit \
-             of their pool was taken, by server (http, grpc) and route",
+             of their pool was taken, by server (http, grpc, resp) and route",
             shed.clone(),
         );
         let connections_refused = Family::<ServerLabels, Counter>::default();
         registry.register(
             "ratemesh_connections_refused",
-            "TCP connections closed at once because limits.connections_max were open, by server (http, grpc)",
+            "TCP connections closed at once because limits.connections_max were open, by server (http, grpc, resp)",
             connections_refused.clone(),
         );
         let shadow_errors = Family::<PolicyLabels, Counter>::default();
