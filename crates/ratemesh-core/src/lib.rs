@@ -52,9 +52,10 @@ pub use limit::{
 };
 #[cfg(feature = "std")]
 pub use node::{
-    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, DeliveryStats, DurableKey, Event, FRAME_LEN_MIN,
-    Fallback, LeavePlan, MemberView, Mode, Node, NodeConfig, NodeConfigError, NodeId, NodeStats, Policy,
-    RING_VNODES_DEFAULT, RequestId, RestoreStats, Ring, SYNC_INTERVAL_MS_DEFAULT, Transmit,
+    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, DeliveryStats, DurableKey, Event,
+    FRAME_ENTRY_BYTES_MAX, FRAME_LEN_MIN, Fallback, LeavePlan, MemberView, Mode, Node, NodeConfig,
+    NodeConfigError, NodeId, NodeStats, Policy, RING_VNODES_DEFAULT, RING_VNODES_MAX, RequestId,
+    RestoreStats, Ring, SYNC_INTERVAL_MS_DEFAULT, Transmit,
 };
 pub use store::{KeyExtra, Store, StoreConfig, StoreStats};
 pub use time::{Instant, duration_nanos};

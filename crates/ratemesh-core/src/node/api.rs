@@ -209,9 +209,16 @@ impl Default for NodeConfig {
     }
 }
 
-/// The smallest `frame_len_max` a node accepts: room for a heartbeat, acknowledgements and at
-/// least a few entries of every section, so that every message the node must send fits a frame.
+/// The smallest `frame_len_max` a node accepts, whatever its batch bounds: room for a heartbeat,
+/// acknowledgements and a few entries of every section.
 pub const FRAME_LEN_MIN: usize = 1024;
+
+/// A bound on the encoded size of one entry of a frame's sections other than a long state (a
+/// forwarded check is 22 bytes, a report 28, a grant 27: ARCHITECTURE.md, "Wire v3"). A frame
+/// carries at most `sync_batch_len_max` entries (`forward_batch_len_max` forwarded checks), so
+/// `frame_len_max` must hold that many of these: else frames would fail to encode. The states of
+/// a sliding window log or of leases can be larger; such a frame is counted as unencodable.
+pub const FRAME_ENTRY_BYTES_MAX: usize = 128;
 
 /// Why a [`NodeConfig`] cannot run a node. The driver's settings are at fault (an integration
 /// error, not a peer's or a client's); no node was made.
@@ -228,9 +235,27 @@ pub enum NodeConfigError {
         /// The smallest accepted value.
         min: u64,
     },
+    /// A setting above what the node can hold (the ring's points are kept in memory and sorted
+    /// on every view change).
+    #[error("{field} must be at most {max}")]
+    TooLarge {
+        /// The field of [`NodeConfig`].
+        field: &'static str,
+        /// The largest accepted value.
+        max: u64,
+    },
 }
 
+/// The most virtual nodes per member a ring accepts ([`NodeConfig::ring_vnodes`]).
+pub const RING_VNODES_MAX: u32 = 65_536;
+
 impl NodeConfig {
+    /// The smallest `frame_len_max` for these batch bounds (see [`FRAME_ENTRY_BYTES_MAX`]).
+    pub fn frame_len_min(&self) -> usize {
+        let entries = self.sync_batch_len_max.max(self.forward_batch_len_max);
+        entries.saturating_mul(FRAME_ENTRY_BYTES_MAX).saturating_add(FRAME_LEN_MIN)
+    }
+
     /// Checks what the node relies on: timers that advance, bounds that let it work. `Node::new`
     /// refuses a configuration that fails this.
     pub fn validate(&self) -> Result<(), NodeConfigError> {
@@ -248,15 +273,18 @@ impl NodeConfig {
             ("pending_forwards_max", self.pending_forwards_max, 1),
             ("sync_batch_len_max", self.sync_batch_len_max, 1),
             ("unacked_frames_max", self.unacked_frames_max, 1),
-            ("frame_len_max", self.frame_len_max, FRAME_LEN_MIN),
+            ("frame_len_max", self.frame_len_max, self.frame_len_min()),
             ("ring_vnodes", self.ring_vnodes as usize, 1),
             ("store.keys_max", self.store.keys_max, 1),
             ("store.sweep_len_max", self.store.sweep_len_max, 1),
             ("store.eviction_sample_len", self.store.eviction_sample_len, 1),
         ];
-        match bounds.iter().find(|&&(_, value, min)| value < min) {
-            Some(&(field, _, min)) => Err(NodeConfigError::TooSmall { field, min: min as u64 }),
-            None => Ok(()),
+        if let Some(&(field, _, min)) = bounds.iter().find(|&&(_, value, min)| value < min) {
+            return Err(NodeConfigError::TooSmall { field, min: min as u64 });
         }
+        if self.ring_vnodes > RING_VNODES_MAX {
+            return Err(NodeConfigError::TooLarge { field: "ring_vnodes", max: u64::from(RING_VNODES_MAX) });
+        }
+        Ok(())
     }
 }

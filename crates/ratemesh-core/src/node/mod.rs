@@ -57,8 +57,9 @@ use hashbrown::HashMap;
 use indexmap::IndexSet;
 
 pub use api::{
-    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, Event, FRAME_LEN_MIN, Fallback, MemberView, Mode,
-    NodeConfig, NodeConfigError, NodeId, Policy, RequestId, SYNC_INTERVAL_MS_DEFAULT, Transmit,
+    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, Event, FRAME_ENTRY_BYTES_MAX, FRAME_LEN_MIN,
+    Fallback, MemberView, Mode, NodeConfig, NodeConfigError, NodeId, Policy, RING_VNODES_MAX, RequestId,
+    SYNC_INTERVAL_MS_DEFAULT, Transmit,
 };
 pub use leave::LeavePlan;
 pub use peers::DeliveryStats;

@@ -117,6 +117,9 @@ pub struct DeliveryStats {
     pub malformed: u64,
     /// Frames dropped unacknowledged because a peer's retransmission buffer was full.
     pub overflowed: u64,
+    /// Frame sends (first or retransmitted) refused by the encoder: the frame is over
+    /// `frame_len_max` (a state too large for one frame: a long sliding window log handed over).
+    pub unencodable: u64,
 }
 
 /// All peers of this node.
@@ -356,7 +359,10 @@ impl Peers {
         let una = peer.unacked.front().map_or(peer.next_seq, |f| f.seq);
         let (ack, sack) = (peer.recv_floor, peer.sack_bits());
         let frame = Frame { from: self.me.0, incarnation: self.incarnation, seq, ack, sack, una, body };
-        let bytes = wire::encode(&frame, self.config.frame_len_max).ok()?;
+        let Ok(bytes) = wire::encode(&frame, self.config.frame_len_max) else {
+            self.stats.unencodable += 1;
+            return None;
+        };
         self.stats.bytes_sent += bytes.len() as u64;
         Some(Transmit { to, bytes })
     }

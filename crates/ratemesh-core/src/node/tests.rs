@@ -663,3 +663,34 @@ fn concurrent_checks_under_random_cuts_admit_the_whole_limit_in_the_end() {
         }
     }
 }
+
+/// A configuration the node cannot run on is refused by `Node::new`, naming the setting.
+#[test]
+fn node_config_is_validated() {
+    let now = Instant::from_millis(1);
+    let refused = |config: NodeConfig| Node::new(NodeId(1), 1, config, 1, now).err();
+    let base = NodeConfig::default();
+    assert_eq!(
+        refused(NodeConfig { sync_interval: Duration::ZERO, ..base.clone() }),
+        Some(NodeConfigError::ZeroDuration("sync_interval")),
+        "a zero interval would make the sync timer fire forever"
+    );
+    assert_eq!(
+        refused(NodeConfig { forward_batch_len_max: 0, ..base.clone() }),
+        Some(NodeConfigError::TooSmall { field: "forward_batch_len_max", min: 1 })
+    );
+    // Frames must hold a full batch: 1 024 entries of at most FRAME_ENTRY_BYTES_MAX bytes.
+    let min = base.frame_len_min() as u64;
+    assert_eq!(
+        refused(NodeConfig { frame_len_max: 4096, ..base.clone() }),
+        Some(NodeConfigError::TooSmall { field: "frame_len_max", min })
+    );
+    let small_batches =
+        NodeConfig { sync_batch_len_max: 8, forward_batch_len_max: 8, frame_len_max: 4096, ..base };
+    assert_eq!(refused(small_batches.clone()), None, "small batches fit small frames");
+    assert_eq!(
+        refused(NodeConfig { ring_vnodes: RING_VNODES_MAX + 1, ..small_batches }),
+        Some(NodeConfigError::TooLarge { field: "ring_vnodes", max: u64::from(RING_VNODES_MAX) })
+    );
+    assert_eq!(refused(NodeConfig::default()), None);
+}

@@ -109,7 +109,7 @@ fn protocol_counters(stats: NodeStats) -> ([CounterRow; 15], DeliveryStats) {
 }
 
 /// Per-peer delivery: frames, bytes, retransmissions, duplicates.
-fn delivery_counters(stats: DeliveryStats) -> [CounterRow; 8] {
+fn delivery_counters(stats: DeliveryStats) -> [CounterRow; 9] {
     let DeliveryStats {
         frames_sent,
         bytes_sent,
@@ -119,6 +119,7 @@ fn delivery_counters(stats: DeliveryStats) -> [CounterRow; 8] {
         duplicates,
         malformed,
         overflowed,
+        unencodable,
     } = stats;
     [
         ("ratemesh_frames_sent", "Protocol frames sent", frames_sent),
@@ -129,6 +130,11 @@ fn delivery_counters(stats: DeliveryStats) -> [CounterRow; 8] {
         ("ratemesh_duplicate_frames", "Protocol frames received twice", duplicates),
         ("ratemesh_malformed_frames", "Protocol frames that did not decode", malformed),
         ("ratemesh_overflowed_frames", "Frames dropped because a retransmission buffer was full", overflowed),
+        (
+            "ratemesh_unencodable_frames",
+            "Frame sends refused because the frame exceeds frame_len_max",
+            unencodable,
+        ),
     ]
 }
 
