@@ -341,6 +341,22 @@ async fn a_started_command_must_be_completed_in_time() {
     // Half a command, then silence: the server closes the connection at its deadline.
     c.send(b"*2\r\n$4\r\nECHO\r\n").await;
     assert!(c.closed().await, "closed at the command deadline");
+
+    // A command trickled a byte at a time (the pace is the slow client under test, not a wait
+    // for the server): the deadline runs from its first byte, later bytes do not move it.
+    let mut c = h.connect().await;
+    c.send(b"*2\r\n$4\r\nECHO\r\n$1000\r\n").await;
+    let mut sent = 0;
+    // Bounded: 60 bytes, 20 ms apart, 1.2 s in all: far beyond the 100 ms deadline.
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if c.stream.get_mut().write_all(b"x").await.is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    assert!(sent < 60, "the connection took every trickled byte: the deadline moved with them");
+    assert!(c.closed().await, "closed at the command deadline although bytes kept coming ({sent} sent)");
     h.stop().await;
 }
 

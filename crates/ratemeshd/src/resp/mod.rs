@@ -8,7 +8,8 @@
 //! length and the length of lines before waiting for them). Per connection:
 //!
 //! - the input buffer holds at most one incomplete command, [`protocol::COMMAND_BYTES_MAX`]
-//!   bytes, plus one read ([`READ_BYTES`]);
+//!   bytes, plus one read (into the buffer's spare capacity, reserved [`READ_BYTES`] at a time:
+//!   the buffer stays under twice their sum);
 //! - at most [`COMMANDS_PER_ROUND_MAX`] pipelined commands are answered before the replies are
 //!   sent and the task yields, and replies are sent whenever [`OUTPUT_FLUSH_BYTES`] are pending;
 //! - the first bytes must arrive within [`Timeouts::first_bytes`], a started command must be
@@ -187,9 +188,12 @@ impl Connection {
     ) -> Result<(), ConnectionError> {
         let deadline = tokio::time::sleep(timeouts.idle);
         tokio::pin!(deadline);
+        // Whether the deadline is a command's (set when its first bytes were buffered, and not
+        // moved by later reads: a client trickling bytes cannot hold a command open) or idle.
+        let mut command_started = false;
         // Each round answers what the buffer holds, then reads; ends on close, QUIT or an error.
         loop {
-            let (flow, full_round) = self.answer_buffered(session, stream).await?;
+            let (flow, full_round, consumed) = self.answer_buffered(session, stream).await?;
             if flow == Flow::Close {
                 return Ok(());
             }
@@ -200,7 +204,14 @@ impl Connection {
             }
             // Here the buffer holds at most one incomplete command, within the parser's bound.
             let timeout = if self.input.is_empty() { timeouts.idle } else { timeouts.command };
-            deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
+            if self.input.is_empty() {
+                command_started = false;
+                deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
+            } else if !command_started || consumed > 0 {
+                // A new command began (the first bytes after idling, or after complete ones).
+                command_started = true;
+                deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
+            }
             self.input.reserve(READ_BYTES);
             let read = tokio::select! {
                 read = stream.read_buf(&mut self.input) => read?,
@@ -215,12 +226,13 @@ impl Connection {
     }
 
     /// Answers the complete commands of the input buffer, at most [`COMMANDS_PER_ROUND_MAX`], and
-    /// writes the replies. Returns whether to close, and whether the round was full.
+    /// writes the replies. Returns whether to close, whether the round was full, and how many
+    /// bytes of input it consumed.
     async fn answer_buffered(
         &mut self,
         session: &mut Session,
         stream: &mut LimitedStream,
-    ) -> Result<(Flow, bool), ConnectionError> {
+    ) -> Result<(Flow, bool, usize), ConnectionError> {
         let mut consumed = 0;
         let mut answered = 0;
         let mut flow = Flow::Continue;
@@ -251,6 +263,6 @@ impl Connection {
             stream.write_all(&self.output).await?;
             self.output.clear();
         }
-        Ok((flow, answered == COMMANDS_PER_ROUND_MAX))
+        Ok((flow, answered == COMMANDS_PER_ROUND_MAX, consumed))
     }
 }

@@ -1,5 +1,5 @@
 //! RESP2 framing: commands parsed in place from the connection's input buffer, replies encoded
-//! into its output buffer. No allocation on either path: a command is the ranges of its
+//! into its output buffer. Neither parsing nor encoding allocates: a command is the ranges of its
 //! arguments in the input (in a reused vector), integers are formatted by hand.
 //!
 //! A command is a multibulk array (`*<n>\r\n` then `n` × `$<len>\r\n<bytes>\r\n`, what every
@@ -17,10 +17,13 @@ pub const ARGS_MAX: usize = 16;
 /// The longest argument, in bytes (keys are bounded further by `limits.key_bytes_max`).
 pub const BULK_BYTES_MAX: usize = 16 * 1024;
 
-/// The longest inline command (a line), in bytes.
-pub const LINE_BYTES_MAX: usize = 16 * 1024;
+/// The longest inline command (a line), in bytes. Inline commands are for people typing into
+/// `telnet` (clients send multibulk); the bound is small because an incomplete line is scanned
+/// again on every read.
+pub const LINE_BYTES_MAX: usize = 1024;
 
-/// The longest length line (`*<n>` or `$<len>`, without its `\r\n`): a sign and 19 digits.
+/// The longest length line (`*<n>` or `$<len>`, without its `\r\n`): the marker, a sign and
+/// 19 digits.
 pub const HEADER_BYTES_MAX: usize = 21;
 
 /// The largest command the parser waits for: every argument at its bound with its length line.
@@ -31,7 +34,7 @@ pub const COMMAND_BYTES_MAX: usize =
 /// closes (as Redis does). The client is at fault; nothing was executed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ProtocolError {
-    /// `*` not followed by an integer, or a negative one other than `-1`.
+    /// `*` not followed by an integer (a count of zero or less is an empty command, as in Redis).
     #[error("invalid multibulk length")]
     MultibulkLength,
     /// More arguments than [`ARGS_MAX`].
