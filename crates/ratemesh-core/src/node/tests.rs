@@ -27,16 +27,21 @@ struct Cluster {
     cut: Vec<(NodeId, NodeId)>,
     /// Deliver every frame twice.
     duplicate: bool,
+    /// Nodes that emitted `Event::Left`: removed, as a process that exits (frames to them drop).
+    left: Vec<NodeId>,
 }
 
 impl Cluster {
     fn new(n: u64) -> Cluster {
+        Cluster::with_config(n, &NodeConfig::default())
+    }
+
+    fn with_config(n: u64, config: &NodeConfig) -> Cluster {
         let now = Instant::from_millis(1_000);
         let ids: Vec<NodeId> = (1..=n).map(NodeId).collect();
         let mut nodes = BTreeMap::new();
         for &id in &ids {
-            let mut node =
-                Node::new(id, 1, NodeConfig::default(), id.0, now).expect("the default config is valid");
+            let mut node = Node::new(id, 1, config.clone(), id.0, now).expect("a valid config");
             node.handle_membership(now, MemberView { live: ids.clone(), dead: vec![] });
             nodes.insert(id, node);
         }
@@ -48,6 +53,7 @@ impl Cluster {
             decided: vec![],
             cut: vec![],
             duplicate: false,
+            left: vec![],
         };
         cluster.drain();
         cluster
@@ -72,9 +78,15 @@ impl Cluster {
                     self.in_flight.push((at, self.sent, id, transmit.to, transmit.bytes.clone()));
                 }
             }
-            while let Some(Event::Decided { id, decision }) = node.poll_event() {
-                self.decided.push((id, decision));
+            while let Some(event) = node.poll_event() {
+                match event {
+                    Event::Decided { id, decision } => self.decided.push((id, decision)),
+                    Event::Left => self.left.push(id),
+                }
             }
+        }
+        for id in &self.left {
+            self.nodes.remove(id);
         }
     }
 
@@ -693,4 +705,51 @@ fn node_config_is_validated() {
         Some(NodeConfigError::TooLarge { field: "ring_vnodes", max: u64::from(RING_VNODES_MAX) })
     );
     assert_eq!(refused(NodeConfig::default()), None);
+}
+
+/// Members leaving at once: one hands a key over to another that has handed over already (its
+/// view still had it live). That one lingers after its own handoff and passes the key on to the
+/// owner in its view, so the owner keeps every hit instead of starting from a fresh bucket.
+#[test]
+fn a_handoff_to_a_member_leaving_too_reaches_the_owner() {
+    // No replicas: the handoff is the only way the state reaches the new owner.
+    let mut cluster = Cluster::with_config(5, &NodeConfig { replicate: false, ..NodeConfig::default() });
+    // 100 an hour: nothing refills during the test.
+    let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(3600));
+    let policy = Arc::new(Policy {
+        limit: Limit::new(spec).expect("valid"),
+        mode: Mode::Exact,
+        fallback: Fallback::LocalShare,
+    });
+    let ring = |members: &[u64]| {
+        Ring::new(&members.iter().copied().map(NodeId).collect::<Vec<_>>(), RING_VNODES_DEFAULT)
+    };
+    let (all, without_5) = (ring(&[1, 2, 3, 4, 5]), ring(&[1, 2, 3, 4]));
+    let k = (0..)
+        .map(|i| key(&format!("leaving-{i}")))
+        .find(|&k| all.owner(k) == Some(NodeId(5)) && without_5.owner(k) == Some(NodeId(4)))
+        .expect("a key owned by 5, and by 4 without 5");
+    let owner = ring(&[1, 2, 3]).owner(k).expect("an owner among 1, 2, 3");
+    for i in 0..10 {
+        let request = CheckRequest { id: RequestId(i), key: k, policy: policy.clone(), cost: 1 };
+        assert!(matches!(cluster.check(5, request), CheckOutcome::Decided(Decision { allowed: true, .. })));
+    }
+    cluster.run_for(Duration::from_millis(5));
+    let plan = LeavePlan { own_for: Duration::from_millis(100), drain_for: Duration::from_secs(2) };
+    let now = cluster.now;
+    cluster.node(4).handle_leave(now, plan);
+    cluster.drain();
+    // The others learn of 4's leave; 5 does not before it leaves too, 30 ms later.
+    cluster.view(&[1, 2, 3], &[1, 2, 3, 5], &[]);
+    cluster.run_for(Duration::from_millis(30));
+    let now = cluster.now;
+    cluster.node(5).handle_leave(now, plan);
+    cluster.drain();
+    cluster.view(&[1, 2, 3, 4], &[1, 2, 3], &[]);
+    // 4 hands over at 100 ms and is acknowledged within a few; 5 hands k to 4 at 130 ms.
+    cluster.run_for(Duration::from_secs(3));
+    assert_eq!(cluster.left, vec![NodeId(4), NodeId(5)], "both left");
+    let query = CheckRequest { id: RequestId(100), key: k, policy, cost: 0 };
+    let CheckOutcome::Decided(decision) = cluster.check(owner.0, query) else { panic!("the owner decides") };
+    assert_eq!(decision.remaining, 90, "the owner has the 10 hits 5 counted");
 }
