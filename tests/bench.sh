@@ -20,8 +20,9 @@
 # (per column), the throughput and p99 ratios ratemeshd HTTP / Redis+Lua and the per-core ratios
 # (CPU per decision) of each ratemeshd path / Redis+Lua at the same pipeline depth, on stdout and
 # in target/bench/results.md. Not run by .ci/run (it measures, it does not assert), but bounded
-# and self-contained: installs wrk, redis-server and redis-tools from Debian when missing. Load generators and servers share the machine's cores (2 here): no
-# pinning, so absolute numbers include that contention, for both sides alike.
+# and self-contained: installs wrk, redis-server and redis-tools from Debian when missing. By
+# default load generators and servers share the machine's cores (2 here), so absolute numbers
+# include that contention, for both sides alike; BENCH_PINNED=1 separates them (below).
 #
 # Environment: BENCH_ROUNDS (3), BENCH_SECONDS (10, at most 10), BENCH_CONNECTIONS (64),
 # BENCH_KEYS (10000), BENCH_REDIS_REQUESTS (200000; at pipeline 16, 5 times as many).
@@ -34,10 +35,21 @@ rounds=${BENCH_ROUNDS:-3}
 seconds=${BENCH_SECONDS:-10}
 connections=${BENCH_CONNECTIONS:-64}
 keys=${BENCH_KEYS:-10000}
+pinned=${BENCH_PINNED:-0}
 redis_requests=${BENCH_REDIS_REQUESTS:-200000}
 out_dir=$root/target/bench
 ((seconds >= 1 && seconds <= 10)) || { echo "bench.sh: BENCH_SECONDS must be 1..10" >&2; exit 1; }
 wait_s=30          # the bound of every wait
+# Pinned: servers on core 0, load generators on core 1 (and one load-generator thread).
+server_cpu=()
+load_cpu=()
+load_threads=2
+if [[ $pinned == 1 ]]; then
+    (($(nproc) >= 2)) || { echo "bench.sh: BENCH_PINNED=1 needs 2 cores" >&2; exit 1; }
+    server_cpu=(taskset -c 0)
+    load_cpu=(taskset -c 1)
+    load_threads=1
+fi
 say_fd=2           # stdout is the results table
 
 # --- tools --------------------------------------------------------------------------------------
@@ -49,7 +61,7 @@ if ((${#missing[@]})); then
     say "installing ${missing[*]} from Debian"
     apt_install "${missing[@]}" || fail "installing ${missing[*]} from Debian failed"
 fi
-require_tools wrk redis-server redis-cli redis-benchmark curl python3 cargo timeout
+require_tools wrk redis-server redis-cli redis-benchmark curl python3 cargo timeout taskset
 
 say "building ratemeshd (release)"
 cargo build --release --locked -p ratemeshd >&2
@@ -98,11 +110,14 @@ period_ms = 1000
 burst = 100
 EOF
 start_ratemeshd "$work/ratemesh.toml" RATEMESH_LISTEN_RESP="127.0.0.1:$p_resp"
+if [[ $pinned == 1 ]]; then
+    taskset -a -p -c 0 "$ratemeshd_pid" >/dev/null || fail "cannot pin ratemeshd to core 0"
+fi
 wait_for "ratemeshd ready" answers "http://127.0.0.1:$p_http/readyz" 200
 [[ $(redis-cli -p "$p_resp" CL.THROTTLE probe 15 30 60 | head -n 1) == 0 ]] ||
     fail "ratemeshd's CL.THROTTLE did not allow its first call"
 
-redis-server --bind 127.0.0.1 --port "$p_redis" --save '' --appendonly no --daemonize no \
+"${server_cpu[@]}" redis-server --bind 127.0.0.1 --port "$p_redis" --save '' --appendonly no --daemonize no \
     --logfile "$work/redis.log" &
 redis_pid=$!
 wait_for "redis-server up" redis-cli -p "$p_redis" ping
@@ -151,7 +166,7 @@ print(float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit])' "$1"
 
 run_http() {
     local log=$work/wrk.log
-    BENCH_KEYS=$keys timeout $((seconds + 20)) wrk -t2 -c"$connections" -d"${seconds}s" --latency \
+    BENCH_KEYS=$keys timeout $((seconds + 20)) "${load_cpu[@]}" wrk -t"$load_threads" -c"$connections" -d"${seconds}s" --latency \
         -s tests/bench/post_check.lua "http://127.0.0.1:$p_http/v1/check" >"$log" 2>&1 ||
         fail "wrk failed: $(cat "$log")"
     ! grep -q 'Non-2xx' "$log" || fail "ratemeshd answered errors: $(grep -E 'Non-2xx|Socket errors' "$log")"
@@ -170,7 +185,7 @@ redis_benchmark() {
     local port=$1 pipeline=$2 log=$work/redis-benchmark.csv requests=$redis_requests
     shift 2
     ((pipeline == 1)) || requests=$((redis_requests * 5))
-    timeout 60 redis-benchmark -p "$port" --threads 2 -n "$requests" -c "$connections" -P "$pipeline" \
+    timeout 60 "${load_cpu[@]}" redis-benchmark -p "$port" --threads "$load_threads" -n "$requests" -c "$connections" -P "$pipeline" \
         -r "$keys" --csv "$@" >"$log" 2>&1 || fail "redis-benchmark failed: $(cat "$log")"
     python3 - "$log" "$requests" <<'EOF'
 import csv, sys
@@ -197,7 +212,7 @@ run_resp() {
 run_rls() {
     local log=$work/rls_load.log
     # Time-bounded like wrk: the request count is only a cap.
-    timeout $((seconds + 20)) "$rls_load" --addr "127.0.0.1:$p_grpc" --domain bench --descriptor-key user \
+    timeout $((seconds + 20)) "${load_cpu[@]}" "$rls_load" --addr "127.0.0.1:$p_grpc" --domain bench --descriptor-key user \
         --keys "$keys" --concurrency "$connections" --requests 5000000 --seconds "$seconds" --tsv \
         >"$log" 2>&1 || fail "rls_load failed: $(cat "$log")"
     # --tsv: the last line is requests_per_second<TAB>p50_ms<TAB>p99_ms; decisions ≈ rate × time.
@@ -228,7 +243,9 @@ for ((round = 1; round <= rounds; round++)); do
 done
 kill -0 "$ratemeshd_pid" || fail "ratemeshd died during the benchmark"
 
-machine="Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), load generators and servers on the same cores, loopback; $(wrk -v 2>&1 | head -n 1 | awk '{ print $1, $2 }'), $(redis-server --version | awk '{ print $1, $3 }'); $connections connections, $keys keys, one token bucket (capacity 100, 10/s) on both sides (CL.THROTTLE: its own, burst 16, 30/min); redis-benchmark -c $connections --threads 2 at pipeline 1 (P16: 16); $rounds interleaved rounds, medians."
+placement="load generators and servers on the same cores"
+[[ $pinned == 1 ]] && placement="pinned: every server on core 0, every load generator on core 1 (one thread)"
+machine="Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $placement, loopback; $(wrk -v 2>&1 | head -n 1 | awk '{ print $1, $2 }'), $(redis-server --version | awk '{ print $1, $3 }'); $connections connections, $keys keys, one token bucket (capacity 100, 10/s) on both sides (CL.THROTTLE: its own, burst 16, 30/min); redis-benchmark -c $connections --threads $load_threads at pipeline 1 (P16: 16); $rounds interleaved rounds, medians."
 python3 tests/bench/report.py "$runs" "$machine" | tee "$out_dir/results.md"
 cp "$runs" "$out_dir/runs.tsv"
 say "written to $out_dir/results.md"
