@@ -276,8 +276,10 @@ pub(super) fn hold_outstanding(bucket: &mut Bucket, limit: &Limit, meta: &KeyMet
 }
 
 /// The owner's own approximate-mode check: from its allowance while it has one; refused when it
-/// ran dry while the key is contended (its share is spent until the next tick); else on the
-/// bucket, metered.
+/// ran dry while the key is contended by other members too (its share is spent until the next
+/// tick); else on the bucket, metered. A key no other member uses (no participant) is the
+/// owner's alone: there is nobody to share with, and refusing while the bucket holds hits would be
+/// a false reject.
 fn decide_own(
     sizing: &SizingContext,
     bucket: &mut Bucket,
@@ -291,7 +293,7 @@ fn decide_own(
     if meta.own.take(cost, now) {
         return admitted_from_allowance(bucket, limit, meta.own.live(now), now);
     }
-    if meta.own_contended && cost > 0 {
+    if meta.own_contended && cost > 0 && !meta.participants.is_empty() {
         return refused_until_grant(bucket, limit, cost, now, retry_floor_nanos);
     }
     sizing.metered(bucket, limit, meta, None, cost, rng)

@@ -753,3 +753,28 @@ fn a_handoff_to_a_member_leaving_too_reaches_the_owner() {
     let CheckOutcome::Decided(decision) = cluster.check(owner.0, query) else { panic!("the owner decides") };
     assert_eq!(decision.remaining, 90, "the owner has the 10 hits 5 counted");
 }
+
+/// A key only its owner uses is first come, first served on the bucket whatever the demand: the
+/// owner's own allowance is for sharing with other members, and alone it would refuse while the
+/// bucket still holds hits (a 20-per-day key, 29 checks in a burst over sync ticks: exactly 20).
+#[test]
+fn an_owner_alone_on_a_key_admits_its_whole_stock() {
+    for gap_ms in [0, 3, 10, 30] {
+        let mut cluster = Cluster::new(1);
+        let spec = LimitSpec::new(Algorithm::TokenBucket, 20, Duration::from_secs(86_400));
+        let limit = Limit::new(spec).expect("valid");
+        let policy = Arc::new(Policy { limit, mode: Mode::Approximate, fallback: Fallback::LocalShare });
+        let k = key("alone");
+        let mut admitted = 0;
+        for i in 0..29 {
+            cluster.run_for(Duration::from_millis(gap_ms));
+            let request = CheckRequest { id: RequestId(i), key: k, policy: policy.clone(), cost: 1 };
+            let CheckOutcome::Decided(decision) = cluster.check(1, request) else {
+                panic!("decided at once")
+            };
+            admitted += u64::from(decision.allowed);
+            assert_eq!(decision.allowed, i < 20, "check {i} (gap {gap_ms} ms): {decision:?}");
+        }
+        assert_eq!(admitted, 20, "gap {gap_ms} ms");
+    }
+}
