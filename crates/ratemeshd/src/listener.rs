@@ -27,9 +27,11 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
 use tokio::time::Sleep;
-use tokio_stream::Stream;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::{Stream, StreamExt as _};
 use tracing::{debug, warn};
 
 /// How long a write may wait for the client to take it (see the module documentation), for
@@ -314,6 +316,49 @@ impl tonic::transport::server::Connected for LimitedStream {
     fn connect_info(&self) -> Self::ConnectInfo {
         self.stream.connect_info()
     }
+}
+
+/// Serves every connection of `incoming` with `serve` until `shutdown` completes, then stops
+/// accepting, tells every connection to close (`closing` turns true: each finishes what it is
+/// doing first) and returns once they all did. The HTTP and RESP listeners both run on it. The
+/// connections are tasks of this future: dropping it (the drain timeout) drops them. Every
+/// connection gets TCP_NODELAY: requests and answers are small pairs, and Nagle's algorithm would
+/// hold each answer back waiting for the client's delayed ACK.
+pub(crate) async fn serve_connections<F>(
+    mut incoming: LimitedIncoming<TcpListenerStream>,
+    server: &'static str,
+    shutdown: impl std::future::Future<Output = ()>,
+    mut serve: impl FnMut(LimitedStream, watch::Receiver<bool>) -> F,
+) where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (closing_tx, closing) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    // Runs until shutdown; the listener's stream never ends by itself.
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            // Reaps finished connections, so that the set holds only open ones.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = incoming.next() => accepted,
+        };
+        let stream = match accepted {
+            Some(Ok(stream)) => stream,
+            // Logged, and paused after, by the listener.
+            Some(Err(_)) => continue,
+            None => break,
+        };
+        if let Err(error) = stream.get_ref().set_nodelay(true) {
+            debug!(%error, server, "cannot set TCP_NODELAY");
+        }
+        connections.spawn(serve(stream, closing.clone()));
+    }
+    drop(incoming);
+    closing_tx.send_replace(true);
+    // Bounded by the connections open at shutdown (no more are accepted), each of which closes
+    // after what it is doing; the drain timeout bounds the whole.
+    while connections.join_next().await.is_some() {}
 }
 
 #[cfg(test)]

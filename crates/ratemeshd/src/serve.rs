@@ -35,13 +35,12 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::{JoinHandle, JoinSet};
-use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{debug, error, info, warn};
 
 use crate::config::Config;
 use crate::daemon::{ConfigSource, Daemon, DaemonError, FileStamp, ReloadError, Reloaded};
-use crate::listener::{LimitedIncoming, LimitedStream};
+use crate::listener::{LimitedIncoming, LimitedStream, serve_connections};
 use crate::logging::LogControl;
 
 /// How long the servers may take to finish the requests in progress at shutdown.
@@ -251,43 +250,17 @@ async fn start_http(
 /// they all did. The connections are tasks of this future: dropping it (the drain timeout)
 /// drops them.
 async fn serve_http(
-    mut incoming: LimitedIncoming<TcpListenerStream>,
+    incoming: LimitedIncoming<TcpListenerStream>,
     app: Router,
     header_read_timeout: Duration,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
     builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout).keep_alive(true);
-    // Tells every connection to finish its request in progress and close.
-    let (closing_tx, closing) = watch::channel(false);
-    let mut connections = JoinSet::new();
-    tokio::pin!(shutdown);
-    // Runs until shutdown; the listener's stream never ends by itself.
-    loop {
-        let accepted = tokio::select! {
-            () = &mut shutdown => break,
-            // Reaps finished connections, so that the set holds only open ones.
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-            accepted = incoming.next() => accepted,
-        };
-        let stream = match accepted {
-            Some(Ok(stream)) => stream,
-            // Logged, and paused after, by the listener.
-            Some(Err(_)) => continue,
-            None => break,
-        };
-        // Checks are small request/response pairs: Nagle's algorithm would hold each answer
-        // back waiting for the client's delayed ACK.
-        if let Err(error) = stream.get_ref().set_nodelay(true) {
-            debug!(%error, "HTTP connection: cannot set TCP_NODELAY");
-        }
-        connections.spawn(serve_http_connection(builder.clone(), stream, app.clone(), closing.clone()));
-    }
-    drop(incoming);
-    closing_tx.send_replace(true);
-    // Bounded by the connections open at shutdown (no more are accepted), each of which closes
-    // after its request in progress; the drain timeout bounds the whole.
-    while connections.join_next().await.is_some() {}
+    serve_connections(incoming, "HTTP", shutdown, |stream, closing| {
+        serve_http_connection(builder.clone(), stream, app.clone(), closing)
+    })
+    .await;
 }
 
 /// Serves one HTTP connection until it closes, or until `closing` turns true, then lets its

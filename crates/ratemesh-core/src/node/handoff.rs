@@ -24,11 +24,7 @@ impl Node {
             };
             let key = KeyHash(state.key);
             let owned = self.ring.owner(key) == Some(self.id);
-            let policy = Arc::new(Policy {
-                limit: limit.clone(),
-                mode: api::Mode::Approximate,
-                fallback: api::Fallback::LocalShare,
-            });
+            let policy = state_policy(&limit);
             let joined = self.keys.upsert_with(
                 key,
                 &limit,
@@ -139,4 +135,15 @@ impl Node {
         }
         self.send_handoffs(handoffs, now);
     }
+}
+
+/// The policy a key's state is kept under when it arrives without one (a handoff, a replica, a
+/// snapshot read back): its limit, approximate, local share. A client's next check brings the
+/// key's own policy.
+pub(super) fn state_policy(limit: &Limit) -> Arc<Policy> {
+    Arc::new(Policy {
+        limit: limit.clone(),
+        mode: api::Mode::Approximate,
+        fallback: api::Fallback::LocalShare,
+    })
 }

@@ -19,8 +19,8 @@
 
 use crate::prelude::*;
 use alloc::collections::BTreeMap;
-use alloc::sync::Arc;
 
+use super::handoff::state_policy;
 use super::*;
 use crate::algorithm::Snapshot;
 
@@ -83,11 +83,7 @@ impl Node {
             let owned = owner == self.id;
             let limit = durable.limit;
             let state = durable.state.aged(age_nanos);
-            let policy = Arc::new(Policy {
-                limit: limit.clone(),
-                mode: api::Mode::Approximate,
-                fallback: api::Fallback::LocalShare,
-            });
+            let policy = state_policy(&limit);
             let joined = self.keys.upsert_with(
                 key,
                 &limit,
@@ -124,6 +120,7 @@ impl Node {
 
 #[cfg(test)]
 mod tests {
+    use alloc::sync::Arc;
     use core::time::Duration;
 
     use super::*;

@@ -37,15 +37,13 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
-use tokio::task::JoinSet;
-use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::debug;
 
 use self::command::{Command, Flow, Session};
 use self::protocol::ProtocolError;
 use crate::daemon::Daemon;
-use crate::listener::{FirstBytes, LimitedIncoming, LimitedStream};
+use crate::listener::{FirstBytes, LimitedIncoming, LimitedStream, serve_connections};
 
 /// How long a connection may take to send its first byte.
 pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
@@ -101,38 +99,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let refused = daemon.metrics().connections_refused("resp");
-    let mut incoming = LimitedIncoming::new(TcpListenerStream::new(listener), connections, "resp", refused)
+    let incoming = LimitedIncoming::new(TcpListenerStream::new(listener), connections, "resp", refused)
         .first_bytes(FirstBytes { bytes: 1, timeout: timeouts.first_bytes })
         .write_timeout(timeouts.write);
-    let (closing_tx, closing) = watch::channel(false);
-    let mut tasks = JoinSet::new();
     let next_id = AtomicU64::new(1);
-    tokio::pin!(shutdown);
-    // Runs until shutdown; the listener's stream never ends by itself.
-    loop {
-        let accepted = tokio::select! {
-            () = &mut shutdown => break,
-            // Reaps finished connections, so that the set holds only open ones.
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
-            accepted = incoming.next() => accepted,
-        };
-        let stream = match accepted {
-            Some(Ok(stream)) => stream,
-            // Logged, and paused after, by the listener.
-            Some(Err(_)) => continue,
-            None => break,
-        };
-        // One small reply per request: Nagle's algorithm would hold it for the client's ACK.
-        if let Err(error) = stream.get_ref().set_nodelay(true) {
-            debug!(%error, "RESP connection: cannot set TCP_NODELAY");
-        }
+    serve_connections(incoming, "RESP", shutdown, |stream, closing| {
         let session = Session::new(Arc::clone(&daemon), next_id.fetch_add(1, Ordering::Relaxed));
-        tasks.spawn(serve_connection(session, stream, timeouts, closing.clone()));
-    }
-    drop(incoming);
-    closing_tx.send_replace(true);
-    // Bounded by the connections open at shutdown, each of which closes after its round.
-    while tasks.join_next().await.is_some() {}
+        serve_connection(session, stream, timeouts, closing)
+    })
+    .await;
 }
 
 /// Why a connection ended early.
