@@ -40,6 +40,11 @@ pub(super) struct TimedOut {
 /// instead of the owner's exact answer); a longer wait costs latency only when the owner is gone.
 const FORWARD_WAIT_MIN_NANOS: u64 = 50_000_000;
 
+/// The longest new forwards to an owner are held back while a batch sent to it is unanswered
+/// (group commit). The hold is two round trips to the owner, at most this: the answer normally
+/// ends it first, and a lost answer (or a far owner) delays the next batch by no more than this.
+const FORWARD_HOLD_MAX_NANOS: u64 = 1_000_000;
+
 impl Node {
     pub(super) fn forward(&mut self, owner: NodeId, request: CheckRequest, now: Instant) -> CheckOutcome {
         if let Some(decision) = self.refused_here(&request, now) {
@@ -85,10 +90,27 @@ impl Node {
         if batch.len() >= self.config.forward_batch_len_max {
             let batch = core::mem::take(batch);
             self.send_forwards(owner, batch, now);
-        } else if self.flush_at.is_none() {
-            self.flush_at = Some(now.add_duration(self.config.forward_wait));
+        } else {
+            let at = self.forward_flush_at(owner, now);
+            self.flush_at = Some(self.flush_at.map_or(at, |flush_at| flush_at.min(at)));
         }
         CheckOutcome::Pending
+    }
+
+    /// When the forwards queued for `owner` leave, unless its answer releases them earlier:
+    /// after `forward_wait`, and not before the hold of the batch in flight to it ends.
+    fn forward_flush_at(&self, owner: NodeId, now: Instant) -> Instant {
+        let waited = now.add_duration(self.config.forward_wait);
+        self.forwards_held_until.get(&owner).map_or(waited, |&until| until.max(waited))
+    }
+
+    /// How long forwards to `owner` are held back after a batch went to it: two round trips (its
+    /// answer is expected within one), at most `FORWARD_HOLD_MAX_NANOS`, which is also the hold
+    /// before a round trip to it was measured.
+    fn forward_hold_nanos(&self, owner: NodeId) -> u64 {
+        self.peers
+            .srtt_nanos(owner)
+            .map_or(FORWARD_HOLD_MAX_NANOS, |srtt| srtt.saturating_mul(2).min(FORWARD_HOLD_MAX_NANOS))
     }
 
     /// How long a check forwarded to `owner` waits for its answer: a round trip and two
@@ -105,20 +127,46 @@ impl Node {
         }
     }
 
+    /// Sends the queued forwards of every owner whose hold is over; the others wait for their
+    /// owner's answer or the end of their hold.
     pub(super) fn flush_forwards(&mut self, now: Instant) {
         self.flush_at = None;
+        self.forwards_held_until.retain(|_, &mut until| until > now);
         let outbox = core::mem::take(&mut self.outbox);
         for (owner, batch) in outbox.into_iter().filter(|(_, b)| !b.is_empty()) {
+            match self.forwards_held_until.get(&owner) {
+                Some(&until) => {
+                    self.flush_at = Some(self.flush_at.map_or(until, |flush_at| flush_at.min(until)));
+                    self.outbox.insert(owner, batch);
+                }
+                None => self.send_forwards(owner, batch, now),
+            }
+        }
+    }
+
+    /// Sends a batch of forwards to `owner` and holds the next ones back until it answers
+    /// (group commit): under load the checks that arrive during a round trip leave together, so
+    /// batches grow with the load while a lone check leaves at once.
+    pub(super) fn send_forwards(&mut self, owner: NodeId, batch: Vec<ForwardCheck>, now: Instant) {
+        self.stats.forward_batches += 1;
+        self.forwards_held_until.insert(owner, now.add_nanos(self.forward_hold_nanos(owner)));
+        self.send(owner, Body { forward: batch, ..Body::default() }, now);
+    }
+
+    /// `owner` answered forwards: the forwards held back for it leave now.
+    fn release_forwards(&mut self, owner: NodeId, now: Instant) {
+        if self.forwards_held_until.remove(&owner).is_none() {
+            return;
+        }
+        if let Some(batch) = self.outbox.remove(&owner).filter(|batch| !batch.is_empty()) {
             self.send_forwards(owner, batch, now);
         }
     }
 
-    pub(super) fn send_forwards(&mut self, owner: NodeId, batch: Vec<ForwardCheck>, now: Instant) {
-        self.stats.forward_batches += 1;
-        self.send(owner, Body { forward: batch, ..Body::default() }, now);
-    }
-
     pub(super) fn on_decided(&mut self, from: NodeId, decided: Vec<Decided>, now: Instant) {
+        if !decided.is_empty() {
+            self.release_forwards(from, now);
+        }
         for answer in decided {
             // An answer after the timeout finds nothing: the fallback decided already. An answer
             // from another node than the check went to is not trusted.

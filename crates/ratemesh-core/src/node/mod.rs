@@ -151,6 +151,9 @@ pub struct Node {
     timed_out: BTreeMap<u64, exact::TimedOut>,
     next_forward_id: u64,
     outbox: BTreeMap<NodeId, Vec<ForwardCheck>>,
+    /// Per owner: a forward batch sent to it is unanswered; until then (or its answer) new
+    /// forwards to it wait in the outbox (`exact::send_forwards`).
+    forwards_held_until: BTreeMap<NodeId, Instant>,
     flush_at: Option<Instant>,
     /// What inputs queued for each peer, sent when the input is done (one frame per peer).
     outgoing: BTreeMap<NodeId, Body>,
@@ -211,6 +214,7 @@ impl Node {
             timed_out: BTreeMap::new(),
             next_forward_id: 1,
             outbox: BTreeMap::new(),
+            forwards_held_until: BTreeMap::new(),
             flush_at: None,
             outgoing: BTreeMap::new(),
             dirty: IndexSet::default(),

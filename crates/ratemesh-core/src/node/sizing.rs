@@ -290,7 +290,11 @@ impl SizingContext {
         })
     }
 
-    /// Renews the owner's own allowance; whether the key needs another look at the next tick.
+    /// Renews the owner's own allowance; whether the key needs another look at the next tick:
+    /// while the owner holds an allowance or its share of a contended key is worth one. An
+    /// uncontended key the owner holds nothing of is done with (it decides first come on the
+    /// bucket): its next own check puts it back, so that a sync round does no work for keys
+    /// nobody shares (on a single node, every key).
     pub(super) fn refresh_own(&self, bucket: &mut Bucket, limit: &Limit, meta: &mut KeyMeta) -> bool {
         let now = self.now;
         let pool = self.pool(bucket, limit, meta);
@@ -310,7 +314,7 @@ impl SizingContext {
             let expires = pool.expires_in_nanos.map_or(Instant::MAX, |left| now.add_nanos(left));
             meta.own.add(grant, expires, now);
         }
-        own_demand > 0 || meta.own.hits > 0
+        meta.own_contended || meta.own.live(now) > 0
     }
 }
 

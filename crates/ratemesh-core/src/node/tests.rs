@@ -29,6 +29,8 @@ struct Cluster {
     duplicate: bool,
     /// Nodes that emitted `Event::Left`: removed, as a process that exits (frames to them drop).
     left: Vec<NodeId>,
+    /// The one-way latency of every link.
+    latency_nanos: u64,
 }
 
 impl Cluster {
@@ -54,6 +56,7 @@ impl Cluster {
             cut: vec![],
             duplicate: false,
             left: vec![],
+            latency_nanos: LATENCY_NANOS,
         };
         cluster.drain();
         cluster
@@ -74,7 +77,7 @@ impl Cluster {
                 let copies = if self.duplicate { 2 } else { 1 };
                 for _ in 0..copies {
                     self.sent += 1;
-                    let at = self.now.add_nanos(LATENCY_NANOS);
+                    let at = self.now.add_nanos(self.latency_nanos);
                     self.in_flight.push((at, self.sent, id, transmit.to, transmit.bytes.clone()));
                 }
             }
@@ -202,6 +205,56 @@ fn a_forwarded_answer_counts_only_from_the_owner_it_went_to() {
     let decided: Vec<_> = cluster.decided.iter().filter(|(id, _)| *id == RequestId(2)).collect();
     assert_eq!(decided.len(), 1, "decided once");
     assert!(!decided[0].1.allowed, "by the owner's refusal, not node 3's admission");
+}
+
+/// Group commit: while a batch of forwards to an owner is unanswered, new forwards to it wait and
+/// leave together when its answer comes (not at the end of the hold), and a lone check leaves at
+/// once: batches grow with the load, a lone check pays one round trip.
+#[test]
+fn forwards_wait_for_the_answer_to_the_batch_in_flight_and_leave_together() {
+    let config = NodeConfig { forward_wait: Duration::ZERO, ..NodeConfig::default() };
+    let mut cluster = Cluster::with_config(2, &config);
+    cluster.latency_nanos = 100_000;
+    cluster.run_for(Duration::from_millis(1));
+    let policy = policy(Mode::Exact, 1_000, 1_000);
+    let keys: Vec<KeyHash> = (0..)
+        .map(|i| key(&format!("k{i}")))
+        .filter(|&k| cluster.node(1).owner_of(k) == Some(NodeId(2)))
+        .take(9)
+        .collect();
+    let start = cluster.now;
+    let batches_before = cluster.node(1).stats.forward_batches;
+    for (i, &k) in keys.iter().enumerate() {
+        let request = CheckRequest { id: RequestId(i as u64), key: k, policy: policy.clone(), cost: 1 };
+        assert!(matches!(cluster.check(1, request), CheckOutcome::Pending));
+        // The first leaves at once; the next ones arrive while it is in flight, 10 µs apart.
+        cluster.run_for(Duration::from_micros(10));
+    }
+    // The first answer comes after one round trip (200 µs); it releases the eight that waited,
+    // whose answer comes one round trip later: all decided by 400 µs, long before the hold's end.
+    cluster.run_for(Duration::from_nanos(start.add_nanos(450_000).nanos_since(cluster.now)));
+    let decided: Vec<_> = cluster.decided.iter().filter(|(_, d)| d.allowed).collect();
+    assert_eq!(decided.len(), 9, "every check answered by the owner within two round trips");
+    assert_eq!(cluster.node(1).stats.forward_batches - batches_before, 2, "the lone one, then the rest");
+}
+
+/// A sync round does no work for keys nobody shares: on a lone node, the keys it decided leave
+/// the owner's refresh set at the next tick (they are decided first come on the bucket).
+#[test]
+fn a_sync_round_forgets_keys_the_owner_shares_with_nobody() {
+    let mut cluster = Cluster::new(1);
+    let policy = policy(Mode::Approximate, 100, 100);
+    // Steady demand: every key checked ten times.
+    for i in 0..1_000u64 {
+        let k = key(&format!("k{}", i % 100));
+        let request = CheckRequest { id: RequestId(i), key: k, policy: policy.clone(), cost: 1 };
+        assert!(matches!(cluster.check(1, request), CheckOutcome::Decided(Decision { allowed: true, .. })));
+    }
+    assert_eq!(cluster.node(1).own_due.len(), 100);
+    let rounds_before = cluster.node(1).stats.sync_rounds;
+    cluster.run_for(NodeConfig::default().sync_interval);
+    assert_eq!(cluster.node(1).stats.sync_rounds, rounds_before + 1);
+    assert_eq!(cluster.node(1).own_due.len(), 0, "no key to refresh");
 }
 
 #[test]
