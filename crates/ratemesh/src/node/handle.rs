@@ -105,8 +105,8 @@ impl Node {
         self.check_hashed(&policy.policy, policy.key(key), cost, Some(label)).await
     }
 
-    fn record_top(&self, label: TopLabel<'_>, cost: u64, decision: &Decision) {
-        self.shared.top.record(self.shared.now(), label.policy, label.key, cost, !decision.allowed);
+    fn record_top(&self, now: ratemesh_core::Instant, label: TopLabel<'_>, cost: u64, decision: &Decision) {
+        self.shared.top.record(now, label.policy, label.key, cost, !decision.allowed);
     }
 
     /// [`Node::check`] of a bucket named by its hash, for callers that keep their own key
@@ -125,7 +125,7 @@ impl Node {
             })
             .await?;
         if let Some(label) = label {
-            self.record_top(label, cost, &decision);
+            self.record_top(self.shared.now(), label, cost, &decision);
         }
         Ok(decision)
     }
@@ -189,7 +189,8 @@ impl Node {
         self.shared.after_input(&mut state);
         drop(state);
         if let Ok(decision) = &decision {
-            self.record_top(TopLabel { policy: policy.name(), key }, cost, decision);
+            // The clock read once: the decision's instant is the sketches' too.
+            self.record_top(now, TopLabel { policy: policy.name(), key }, cost, decision);
         }
         decision
     }

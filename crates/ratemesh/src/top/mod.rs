@@ -270,7 +270,7 @@ impl PolicyTop {
 #[derive(Debug)]
 pub struct TopTable {
     config: TopConfig,
-    policies: Mutex<HashMap<Arc<str>, PolicyTop>>,
+    policies: Mutex<HashMap<Arc<str>, PolicyTop, foldhash::fast::RandomState>>,
     /// Checks not recorded because `policies_max` policies are recorded already.
     unrecorded: AtomicU64,
 }
@@ -278,7 +278,7 @@ pub struct TopTable {
 impl TopTable {
     /// An empty table with `config`'s bounds.
     pub fn new(config: TopConfig) -> TopTable {
-        TopTable { config, policies: Mutex::new(HashMap::new()), unrecorded: AtomicU64::new(0) }
+        TopTable { config, policies: Mutex::new(HashMap::default()), unrecorded: AtomicU64::new(0) }
     }
 
     /// The bounds.
@@ -323,7 +323,7 @@ impl TopTable {
         self.lock().values().map(PolicyTop::heap_bytes).sum()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, PolicyTop>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, PolicyTop, foldhash::fast::RandomState>> {
         // Sketches are updated in place by plain arithmetic: a panic elsewhere leaves them usable.
         self.policies.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -23,7 +23,8 @@ pub struct SpaceSaving {
     counters: Vec<Counter>,
     heap: Vec<usize>,
     position: Vec<usize>,
-    index: HashMap<String, usize>,
+    /// Keys are the clients': a seeded hash (no flooding), fast (hashed on every check).
+    index: HashMap<String, usize, foldhash::fast::RandomState>,
     total: u64,
 }
 
@@ -36,7 +37,7 @@ impl SpaceSaving {
             counters: Vec::new(),
             heap: Vec::new(),
             position: Vec::new(),
-            index: HashMap::new(),
+            index: HashMap::default(),
             total: 0,
         }
     }
