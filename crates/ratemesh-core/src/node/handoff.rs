@@ -40,8 +40,7 @@ impl Node {
             if owned && self.config.replicate {
                 self.replicas_due.insert(key);
             }
-            let owner = self.ring.owner(key).filter(|&o| o != self.id && o != from);
-            if let (Some(owner), false) = (owner, replica || owned) {
+            if let (Some(owner), false) = (self.handoff_owner(key, from), replica || owned) {
                 let exported = self.keys.update(key, &limit, |bucket, _| bucket.export(now));
                 if let Some(exported) = exported {
                     let limit = LimitWire::from_limit(&limit);
@@ -54,6 +53,18 @@ impl Node {
             }
         }
         self.send_handoffs(pass_on, now);
+    }
+
+    /// Where a handoff of `key` from `from` goes on to: its owner in this node's view, unless that
+    /// is this node (it keeps it). A handoff's sender gave the key up (it is leaving, or no longer
+    /// owns it), so where this view still has the sender as the owner, the key is the sender's
+    /// successor's: members leaving at once hand keys to each other before their views agree.
+    fn handoff_owner(&self, key: KeyHash, from: NodeId) -> Option<NodeId> {
+        let owner = match self.ring.owner(key) {
+            Some(owner) if owner == from => self.ring.successor(key),
+            owner => owner,
+        };
+        owner.filter(|&owner| owner != self.id && owner != from)
     }
 
     /// Sends key states to their owners as handoffs, batched.
