@@ -109,10 +109,10 @@ limit = 10
 period_ms = 1000
 burst = 100
 EOF
-start_ratemeshd "$work/ratemesh.toml" RATEMESH_LISTEN_RESP="127.0.0.1:$p_resp"
-if [[ $pinned == 1 ]]; then
-    taskset -a -p -c 0 "$ratemeshd_pid" >/dev/null || fail "cannot pin ratemeshd to core 0"
-fi
+# Pinned, ratemeshd starts on core 0 alone: its runtime sizes itself to the cores it may run on
+# (sched_getaffinity, and a cgroup's CPU quota), so it runs one worker thread there instead of
+# two workers taking turns on one core. Unpinned, it runs one worker per core of the machine.
+start_ratemeshd "$work/ratemesh.toml" RATEMESH_LISTEN_RESP="127.0.0.1:$p_resp" "${server_cpu[@]}"
 wait_for "ratemeshd ready" answers "http://127.0.0.1:$p_http/readyz" 200
 [[ $(redis-cli -p "$p_resp" CL.THROTTLE probe 15 30 60 | head -n 1) == 0 ]] ||
     fail "ratemeshd's CL.THROTTLE did not allow its first call"
