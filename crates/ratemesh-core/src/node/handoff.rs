@@ -7,6 +7,10 @@ use alloc::sync::Arc;
 
 use super::*;
 
+/// How many members a leaving node hands each key to (see `Node::handoff_targets`): the handoff
+/// survives two other members leaving at the same moment without knowing of each other.
+const LEAVE_HANDOFF_OWNERS: usize = 3;
+
 impl Node {
     /// Joins state from a key's (previous) owner: a handoff when ownership moved, or a replica
     /// kept in case the owner fails. Joining is conservative and idempotent either way.
@@ -65,6 +69,19 @@ impl Node {
             owner => owner,
         };
         owner.filter(|&owner| owner != self.id && owner != from)
+    }
+
+    /// Where a key this node gave up goes: its owner; when this node leaves, its owner and the
+    /// next members clockwise ([`LEAVE_HANDOFF_OWNERS`] in all). Members leaving at the same
+    /// time do not know of each other's leave before they hand over: the owner in this view may
+    /// be leaving too and gone before it passes the key on, but the first member clockwise that
+    /// stays is the key's owner once the leaves are known, and it is among these unless more
+    /// members than that leave at once (joining is idempotent: the extra copies cost bytes only).
+    fn handoff_targets(&self, key: KeyHash, owner: NodeId) -> Vec<NodeId> {
+        match self.leave {
+            Some(_) => self.ring.owners(key, LEAVE_HANDOFF_OWNERS),
+            None => vec![owner],
+        }
     }
 
     /// Sends key states to their owners as handoffs, batched.
@@ -140,7 +157,9 @@ impl Node {
                 None
             });
             if let Some(state) = moved.flatten() {
-                handoffs.entry(owner).or_default().push(state);
+                for target in self.handoff_targets(key, owner) {
+                    handoffs.entry(target).or_default().push(state.clone());
+                }
                 self.dirty.insert(key);
             }
         }

@@ -17,6 +17,9 @@ use crate::key::KeyHash;
 /// with 256, 1.03 with 1024).
 pub const RING_VNODES_DEFAULT: u32 = 512;
 
+/// The most members [`Ring::owners`] names.
+pub const OWNERS_MAX: usize = 8;
+
 /// The ring of live members; answers "who owns this key".
 #[derive(Clone, Debug)]
 pub struct Ring {
@@ -103,24 +106,53 @@ impl Ring {
         self.ring.get(&key).map(|vnode| vnode.node)
     }
 
-    /// The member that would own `key` if its owner left: where the owner replicates it. Walks
-    /// the ring clockwise from the owner's virtual node to the next one of another member.
+    /// The member that would own `key` if its owner left: where the owner replicates it.
     pub fn successor(&self, key: KeyHash) -> Option<NodeId> {
-        // Alone on the ring there is no successor: don't walk all of its virtual nodes to learn it.
-        if self.members.len() < 2 {
-            return None;
+        let (mut found, mut successor) = (0, None);
+        self.walk(key, 2, |node| {
+            found += 1;
+            if found == 2 {
+                successor = Some(node);
+            }
+        });
+        successor
+    }
+
+    /// The first `count` distinct members clockwise from `key`: its owner, then each member that
+    /// would own it were the ones before it gone (at most every member, and at most
+    /// [`OWNERS_MAX`]).
+    pub fn owners(&self, key: KeyHash, count: usize) -> Vec<NodeId> {
+        let mut owners = Vec::with_capacity(count.min(self.members.len()));
+        self.walk(key, count, |node| owners.push(node));
+        owners
+    }
+
+    /// Calls `found` with each of the first `count` distinct members clockwise from `key`. Walks
+    /// the ring from the owner's virtual node, each step to the next virtual node; a member seen
+    /// already is passed over, and the walk visits each virtual node at most once.
+    fn walk(&self, key: KeyHash, count: usize, mut found: impl FnMut(NodeId)) {
+        let count = count.min(self.members.len()).min(OWNERS_MAX);
+        let Some(owner) = self.ring.get(&key) else { return };
+        if count == 0 {
+            return;
         }
-        let owner = self.ring.get(&key)?;
+        found(owner.node);
+        // At most OWNERS_MAX members are kept: a linear search is the cheapest set.
+        let mut seen = [owner.node; OWNERS_MAX];
+        let mut seen_len = 1;
         let mut point = position(owner);
-        // Each step passes one virtual node; the walk visits each at most once.
         for _ in 0..self.ring.len() {
-            let next = self.ring.get(&Position(point.wrapping_add(1)))?;
-            if next.node != owner.node {
-                return Some(next.node);
+            if seen_len >= count {
+                return;
+            }
+            let Some(next) = self.ring.get(&Position(point.wrapping_add(1))) else { return };
+            if !seen[..seen_len].contains(&next.node) {
+                found(next.node);
+                seen[seen_len] = next.node;
+                seen_len += 1;
             }
             point = position(next);
         }
-        None
     }
 
     /// The virtual nodes per member.
@@ -239,6 +271,21 @@ mod tests {
             assert_eq!(ring.successor(key), without[owner.0 as usize - 1].owner(key));
         }
         assert_eq!(Ring::new(&ids(1), 64).successor(keys(1)[0]), None);
+    }
+
+    /// Each of the first members clockwise owns the key once the ones before it are gone.
+    #[test]
+    fn owners_are_the_owners_as_the_members_before_them_leave() {
+        let ring = Ring::new(&ids(6), 64);
+        for key in keys(2_000) {
+            let owners = ring.owners(key, 4);
+            assert_eq!(owners.len(), 4);
+            for (i, &owner) in owners.iter().enumerate() {
+                let left: Vec<NodeId> = ids(6).into_iter().filter(|n| !owners[..i].contains(n)).collect();
+                assert_eq!(Ring::new(&left, 64).owner(key), Some(owner), "owner {i} of {owners:?}");
+            }
+        }
+        assert_eq!(Ring::new(&ids(2), 64).owners(keys(1)[0], 5).len(), 2, "at most every member");
     }
 
     /// Shares are exact: they sum to one and match how many of many keys each member owns.
