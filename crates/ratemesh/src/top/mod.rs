@@ -57,7 +57,8 @@ pub struct TopConfig {
     /// half-window and the previous one.
     pub half_window: Duration,
     /// Policies recorded (default [`defaults::TOP_POLICIES_MAX`]); checks under further policies are not
-    /// recorded.
+    /// recorded. Zero turns top keys off: no check pays for them (about 100 ns a check on
+    /// 10 000 evenly hit keys, where nearly every check takes a counter over).
     pub policies_max: usize,
 }
 
@@ -288,7 +289,7 @@ impl TopTable {
 
     /// Counts a check of `cost` hits (0, a query, counts nothing) of `key` under `policy`.
     pub fn record(&self, now: Instant, policy: &str, key: &[u8], cost: u64, refused: bool) {
-        if cost == 0 {
+        if cost == 0 || self.config.policies_max == 0 {
             return;
         }
         let key = cut_key(key, self.config.key_bytes_max);
