@@ -18,7 +18,10 @@ impl Node {
     /// A handoff of a key this node does not own (it handed its keys over already: it is
     /// leaving, or its view moved on) is passed on to the owner in its view, joined with what it
     /// holds — unless that owner is the sender — so that when several members leave at once a
-    /// state handed to one that has left already still reaches the key's owner.
+    /// state handed to one that has left already still reaches the key's owner. A key is passed
+    /// on at most once per sync interval: views that disagree for a moment (a leaving member
+    /// takes a later one for the owner, which takes it back) could otherwise pass a state around
+    /// a cycle at network speed until they agree.
     pub(super) fn on_states(&mut self, from: NodeId, states: Vec<KeyState>, replica: bool, now: Instant) {
         let mut pass_on: BTreeMap<NodeId, Vec<KeyState>> = BTreeMap::new();
         for state in states {
@@ -44,10 +47,12 @@ impl Node {
             if owned && self.config.replicate {
                 self.replicas_due.insert(key);
             }
-            if let (Some(owner), false) = (self.handoff_owner(key, from), replica || owned) {
+            let Some(owner) = self.handoff_owner(key, from).filter(|_| !replica && !owned) else { continue };
+            if self.passed_on.len() < self.config.store.keys_max && self.passed_on.insert(key) {
                 let exported = self.keys.update(key, &limit, |bucket, _| bucket.export(now));
                 if let Some(exported) = exported {
                     let limit = LimitWire::from_limit(&limit);
+                    self.stats.handoffs_sent += 1;
                     pass_on.entry(owner).or_default().push(KeyState {
                         key: key.0,
                         limit,
@@ -71,23 +76,27 @@ impl Node {
         owner.filter(|&owner| owner != self.id && owner != from)
     }
 
-    /// Where a key this node gave up goes: its owner; when this node leaves, its owner and the
-    /// next members clockwise ([`LEAVE_HANDOFF_OWNERS`] in all). Members leaving at the same
+    /// Where a key this node gave up goes: its owner; while this node leaves, its owner and the
+    /// next members clockwise other than itself ([`LEAVE_HANDOFF_OWNERS`] in all). Members leaving at the same
     /// time do not know of each other's leave before they hand over: the owner in this view may
     /// be leaving too and gone before it passes the key on, but the first member clockwise that
     /// stays is the key's owner once the leaves are known, and it is among these unless more
     /// members than that leave at once (joining is idempotent: the extra copies cost bytes only).
     fn handoff_targets(&self, key: KeyHash, owner: NodeId) -> Vec<NodeId> {
         match self.leave {
-            Some(_) => self.ring.owners(key, LEAVE_HANDOFF_OWNERS),
+            Some(_) => {
+                let mut targets = self.ring.owners(key, LEAVE_HANDOFF_OWNERS + 1);
+                targets.retain(|&target| target != self.id);
+                targets.truncate(LEAVE_HANDOFF_OWNERS);
+                targets
+            }
             None => vec![owner],
         }
     }
 
-    /// Sends key states to their owners as handoffs, batched.
+    /// Sends key states to their owners as handoffs, batched (the callers count the keys).
     fn send_handoffs(&mut self, handoffs: BTreeMap<NodeId, Vec<KeyState>>, now: Instant) {
         for (owner, states) in handoffs {
-            self.stats.handoffs_sent += states.len() as u64;
             for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
                 self.send(owner, Body { handoff: chunk.to_vec(), ..Body::default() }, now);
             }
@@ -157,6 +166,7 @@ impl Node {
                 None
             });
             if let Some(state) = moved.flatten() {
+                self.stats.handoffs_sent += 1;
                 for target in self.handoff_targets(key, owner) {
                     handoffs.entry(target).or_default().push(state.clone());
                 }

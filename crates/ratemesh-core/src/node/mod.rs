@@ -159,6 +159,9 @@ pub struct Node {
     outgoing: BTreeMap<NodeId, Body>,
     /// Followed keys with something to report or an allowance to keep (bounded by the key table).
     dirty: IndexSet<KeyHash, KeyHasherBuilder>,
+    /// Keys whose handoff this node passed on since the last tick (each at most once a tick;
+    /// bounded by the key table's `keys_max`).
+    passed_on: IndexSet<KeyHash, KeyHasherBuilder>,
     /// Owned keys changed since the last tick, to replicate to their successors.
     replicas_due: IndexSet<KeyHash, KeyHasherBuilder>,
     /// Owned approximate-mode keys this node decided since the last tick (its own allowance).
@@ -218,6 +221,7 @@ impl Node {
             flush_at: None,
             outgoing: BTreeMap::new(),
             dirty: IndexSet::default(),
+            passed_on: IndexSet::default(),
             replicas_due: IndexSet::default(),
             own_due: IndexSet::default(),
             next_sync_at: first_sync_at,
@@ -511,6 +515,7 @@ impl Node {
 
     fn sync(&mut self, now: Instant) {
         self.stats.sync_rounds += 1;
+        self.passed_on.clear();
         self.refresh_reachability(now, false);
         let all_reachable = self.ring.members().iter().all(|&m| m == self.id || self.peers.reachable(m, now));
         self.settled = all_reachable && self.fallbacks_since_sync == 0;

@@ -940,3 +940,45 @@ impl XorShift {
         self.0 % bound
     }
 }
+
+/// Views that disagree while members leave can make a cycle of handoffs: leaving 4 (which knows
+/// 5 leaves) hands k to 1; 1 (which knows of no leave) takes 4 for the owner and passes k to 5,
+/// 4's successor; leaving 5 (which does not know 4 leaves) passes it to 4, which passes it to 1
+/// again. Each member passes a key on at most once a sync interval, so the cycle turns at that
+/// pace, not at the network's, until the views agree.
+#[test]
+fn a_cycle_of_handoffs_between_disagreeing_views_turns_at_most_once_a_sync_interval() {
+    let mut cluster = Cluster::with_config(5, &NodeConfig { replicate: false, ..NodeConfig::default() });
+    let ring = |members: &[u64]| {
+        Ring::new(&members.iter().copied().map(NodeId).collect::<Vec<_>>(), RING_VNODES_DEFAULT)
+    };
+    let k = (0..)
+        .map(|i| key(&format!("cycle-{i}")))
+        .find(|&k| ring(&[1, 2, 3, 4, 5]).owners(k, 3) == [NodeId(4), NodeId(5), NodeId(1)])
+        .expect("a key whose first members clockwise are 4, 5, 1");
+    let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(3600));
+    let policy = Arc::new(Policy {
+        limit: Limit::new(spec).expect("valid"),
+        mode: Mode::Exact,
+        fallback: Fallback::LocalShare,
+    });
+    for i in 0..10 {
+        let request = CheckRequest { id: RequestId(i), key: k, policy: policy.clone(), cost: 1 };
+        let _ = cluster.check(1 + i % 5, request);
+    }
+    cluster.run_for(Duration::from_millis(50));
+    let plan = LeavePlan { own_for: Duration::from_millis(100), drain_for: Duration::from_secs(2) };
+    let passed_before = cluster.node(1).stats.handoffs_sent;
+    let now = cluster.now;
+    cluster.node(4).handle_leave(now, plan);
+    cluster.view(&[4], &[1, 2, 3, 4], &[]);
+    cluster.run_for(Duration::from_millis(30));
+    let now = cluster.now;
+    cluster.node(5).handle_leave(now, plan);
+    cluster.drain();
+    // 4 hands over at 100 ms, 5 at 130 ms; both drain for a while.
+    cluster.run_for(Duration::from_secs(1));
+    let passed = cluster.node(1).stats.handoffs_sent - passed_before;
+    let intervals = 1_000 / SYNC_INTERVAL_MS_DEFAULT;
+    assert!((1..=intervals + 2).contains(&passed), "node 1 passed k on {passed} times in 1 s");
+}
