@@ -24,8 +24,16 @@
 # default load generators and servers share the machine's cores (2 here), so absolute numbers
 # include that contention, for both sides alike; BENCH_PINNED=1 separates them (below).
 #
+# Peers mode (BENCH_PEERS=1): the two open-source peers from crates.io in the same table, the
+# same way: throttlecrab-server's HTTP `POST /throttle` (wrk, tests/bench/post_throttle.lua) and
+# RESP `THROTTLE` (redis-benchmark, pipeline 1), and rateguard-sidecar's `POST /v1/check`
+# (wrk, tests/bench/post_rateguard.lua), each a single node with a bucket like ratemeshd's; they
+# are installed with `cargo install --locked` into target/peers when missing (throttlecrab's
+# build needs Debian's protobuf-compiler), which takes minutes the first time.
+#
 # Environment: BENCH_ROUNDS (3), BENCH_SECONDS (10, at most 10), BENCH_CONNECTIONS (64),
-# BENCH_KEYS (10000), BENCH_REDIS_REQUESTS (200000; at pipeline 16, 5 times as many).
+# BENCH_KEYS (10000), BENCH_REDIS_REQUESTS (200000; at pipeline 16, 5 times as many),
+# BENCH_PEERS (0).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
@@ -36,6 +44,7 @@ seconds=${BENCH_SECONDS:-10}
 connections=${BENCH_CONNECTIONS:-64}
 keys=${BENCH_KEYS:-10000}
 pinned=${BENCH_PINNED:-0}
+peers=${BENCH_PEERS:-0}
 redis_requests=${BENCH_REDIS_REQUESTS:-200000}
 out_dir=$root/target/bench
 ((seconds >= 1 && seconds <= 10)) || { echo "bench.sh: BENCH_SECONDS must be 1..10" >&2; exit 1; }
@@ -76,14 +85,26 @@ else
     say "no crates/ratemeshd/examples/rls_load.rs: the gRPC RLS path is not measured"
 fi
 
+peers_root=$root/target/peers
+if [[ $peers == 1 ]]; then
+    command -v protoc >/dev/null || apt_install protobuf-compiler || fail "installing protobuf-compiler failed"
+    for crate in throttlecrab-server rateguard-sidecar; do
+        [[ -x $peers_root/bin/$crate ]] && continue
+        say "installing $crate from crates.io (cargo install --locked; minutes)"
+        cargo install --locked --root "$peers_root" "$crate" >&2 || fail "cargo install $crate failed"
+    done
+fi
+
 # --- processes and cleanup ----------------------------------------------------------------------
 ratemeshd_pid=
 redis_pid=
+throttlecrab_pid=
+rateguard_pid=
 make_work
-stop_at_exit ratemeshd_pid redis_pid
+stop_at_exit ratemeshd_pid redis_pid throttlecrab_pid rateguard_pid
 show_at_failure "ratemeshd log" 20 "$work/ratemeshd.log"
 
-ratemeshd_ports p_redis/tcp p_resp/tcp
+ratemeshd_ports p_redis/tcp p_resp/tcp p_tc_http/tcp p_tc_resp/tcp p_rg_http/tcp p_rg_gossip/udp
 
 # The same token bucket on both sides: capacity 100, 10 tokens per second.
 write_config "$work/ratemesh.toml" <<EOF
@@ -127,6 +148,18 @@ sha=$(redis-cli -p "$p_redis" SCRIPT LOAD "$(cat tests/bench/rate_limit.lua)")
 [[ $(redis-cli -p "$p_redis" EVALSHA "$sha" 1 rl:probe 100 10 1 "$(date +%s)" | head -n 1) == 1 ]] ||
     fail "the Lua token bucket did not allow its first call"
 
+if [[ $peers == 1 ]]; then
+    "${server_cpu[@]}" "$peers_root/bin/throttlecrab-server" --http --http-host 127.0.0.1 --http-port "$p_tc_http" \
+        --redis --redis-host 127.0.0.1 --redis-port "$p_tc_resp" --log-level warn >"$work/throttlecrab.log" 2>&1 &
+    throttlecrab_pid=$!
+    # Capacity 100, 10 a second, as ratemeshd's "bench" policy; one node, no seeds.
+    "${server_cpu[@]}" "$peers_root/bin/rateguard-sidecar" --limit 10 --burst 100 \
+        --bind "127.0.0.1:$p_rg_gossip" --listen "127.0.0.1:$p_rg_http" >"$work/rateguard.log" 2>&1 &
+    rateguard_pid=$!
+    wait_for "throttlecrab-server up" redis-cli -p "$p_tc_resp" ping
+    wait_for "rateguard-sidecar up" answers "http://127.0.0.1:$p_rg_http/healthz" 200
+fi
+
 # --- one measurement each -------------------------------------------------------------------------
 # Each prints: requests_per_second<TAB>p50_ms<TAB>p99_ms<TAB>decisions_answered
 
@@ -164,12 +197,13 @@ value, unit = re.fullmatch(r"([0-9.]+)(us|ms|s|m)", sys.argv[1]).groups()
 print(float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit])' "$1"
 }
 
+# run_http [SCRIPT URL]: wrk with SCRIPT against URL (default: ratemeshd's POST /v1/check).
 run_http() {
-    local log=$work/wrk.log
+    local log=$work/wrk.log script=${1:-tests/bench/post_check.lua} url=${2:-http://127.0.0.1:$p_http/v1/check}
     BENCH_KEYS=$keys timeout $((seconds + 20)) "${load_cpu[@]}" wrk -t"$load_threads" -c"$connections" -d"${seconds}s" --latency \
-        -s tests/bench/post_check.lua "http://127.0.0.1:$p_http/v1/check" >"$log" 2>&1 ||
+        -s "$script" "$url" >"$log" 2>&1 ||
         fail "wrk failed: $(cat "$log")"
-    ! grep -q 'Non-2xx' "$log" || fail "ratemeshd answered errors: $(grep -E 'Non-2xx|Socket errors' "$log")"
+    ! grep -q 'Non-2xx' "$log" || fail "$url answered errors: $(grep -E 'Non-2xx|Socket errors' "$log")"
     local rps p50 p99 requests
     rps=$(awk '/^Requests\/sec:/ { print $2 }' "$log")
     p50=$(awk '$1 == "50%" { print $2 }' "$log")
@@ -189,10 +223,12 @@ redis_benchmark() {
         -r "$keys" --csv "$@" >"$log" 2>&1 || fail "redis-benchmark failed: $(cat "$log")"
     python3 - "$log" "$requests" <<'EOF'
 import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-header, data = rows[0], rows[-1]
-if "p99_latency_ms" not in header:
+# A server without CONFIG (a peer) makes redis-benchmark print a warning line first.
+rows = [row for row in csv.reader(open(sys.argv[1])) if row]
+headers = [row for row in rows if "rps" in row]
+if not headers or "p99_latency_ms" not in headers[0]:
     sys.exit(f"this redis-benchmark reports no percentiles: {rows}")
+header, data = headers[0], rows[-1]
 row = dict(zip(header, data))
 print(f"{row['rps']}\t{row['p50_latency_ms']}\t{row['p99_latency_ms']}\t{sys.argv[2]}")
 EOF
@@ -239,6 +275,14 @@ for ((round = 1; round <= rounds; round++)); do
     measure_path "ratemeshd RESP CL.THROTTLE P16" "$ratemeshd_pid" run_resp 16
     if [[ -n $rls_load ]]; then
         measure_path "ratemeshd gRPC RLS" "$ratemeshd_pid" run_rls
+    fi
+    if [[ $peers == 1 ]]; then
+        measure_path "throttlecrab HTTP" "$throttlecrab_pid" run_http tests/bench/post_throttle.lua \
+            "http://127.0.0.1:$p_tc_http/throttle"
+        measure_path "throttlecrab RESP THROTTLE" "$throttlecrab_pid" \
+            redis_benchmark "$p_tc_resp" 1 THROTTLE 'key:__rand_int__' 15 30 60
+        measure_path "rateguard HTTP" "$rateguard_pid" run_http tests/bench/post_rateguard.lua \
+            "http://127.0.0.1:$p_rg_http/v1/check"
     fi
 done
 kill -0 "$ratemeshd_pid" || fail "ratemeshd died during the benchmark"

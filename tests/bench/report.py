@@ -7,7 +7,9 @@ RUNS_TSV lines: path<TAB>round<TAB>requests_per_second<TAB>p50_ms<TAB>p99_ms<TAB
 cpu_us is the server's CPU time per decision answered (µs). The path named "ratemeshd HTTP" is
 compared with the one named "Redis + Lua" (throughput ratio and p99 ratio); every ratemeshd path
 is compared per core (CPU per decision) with Redis + Lua at the same pipeline depth ("P16" paths
-with "Redis + Lua P16").
+with "Redis + Lua P16"), and so is every peer's path (BENCH_PEERS=1: paths named after
+throttlecrab or rateguard); then ratemeshd's paths are compared per core with the peers' paths
+of the same protocol (HTTP with HTTP, RESP with RESP).
 """
 
 import statistics
@@ -15,6 +17,12 @@ import sys
 
 HTTP = "ratemeshd HTTP"
 REDIS = "Redis + Lua"
+PEERS = ("throttlecrab", "rateguard")
+
+
+def protocol(path: str) -> str:
+    """The protocol a path speaks, for comparing servers on the same one."""
+    return "RESP" if "RESP" in path else "HTTP" if "HTTP" in path else path
 
 
 def baseline(path: str) -> str:
@@ -50,12 +58,21 @@ def main() -> int:
         print()
     for path, (_, _, p99, cpu_us) in medians.items():
         base = baseline(path)
-        if path.startswith("ratemeshd") and base in medians and cpu_us > 0:
+        if path.startswith(("ratemeshd",) + PEERS) and base in medians and cpu_us > 0:
             _, _, b_p99, b_cpu_us = medians[base]
             print(
                 f"- per core, {path} / {base}: ×{b_cpu_us / cpu_us:.2f} "
                 f"({cpu_us:.2f} against {b_cpu_us:.2f} CPU µs per decision), p99 ×{p99 / b_p99:.2f}"
             )
+    for path, (_, _, p99, cpu_us) in medians.items():
+        if not path.startswith("ratemeshd") or path.endswith(" P16") or cpu_us <= 0:
+            continue
+        for peer, (_, _, peer_p99, peer_cpu_us) in medians.items():
+            if peer.startswith(PEERS) and protocol(peer) == protocol(path) and peer_cpu_us > 0:
+                print(
+                    f"- per core, {path} / {peer}: ×{peer_cpu_us / cpu_us:.2f} "
+                    f"({cpu_us:.2f} against {peer_cpu_us:.2f} CPU µs per decision), p99 ×{p99 / peer_p99:.2f}"
+                )
     print()
     print(machine)
     return 0
