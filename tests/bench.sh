@@ -2,7 +2,7 @@
 # Benchmark, on this machine and in one run, of three ways to ask "may this request pass?":
 #
 #  - ratemeshd's HTTP API: `wrk -t2 -c64 -d10s --latency` POSTing /v1/check for one policy and
-#    keys spread over BENCH_KEYS (tests/bench/post_check.lua), against a single node;
+#    keys spread over BENCH_KEYS (tests/bench/post_json.lua), against a single node;
 #  - the seed article's Redis + Lua token bucket (tests/bench/rate_limit.lua, loaded with SCRIPT
 #    LOAD), against redis-server from Debian:
 #    `redis-benchmark --threads 2 -c 64 EVALSHA <sha> 1 rl:<random key> 100 10 1 <now>`;
@@ -25,9 +25,8 @@
 # include that contention, for both sides alike; BENCH_PINNED=1 separates them (below).
 #
 # Peers mode (BENCH_PEERS=1): the two open-source peers from crates.io in the same table, the
-# same way: throttlecrab-server's HTTP `POST /throttle` (wrk, tests/bench/post_throttle.lua) and
-# RESP `THROTTLE` (redis-benchmark, pipeline 1), and rateguard-sidecar's `POST /v1/check`
-# (wrk, tests/bench/post_rateguard.lua), each a single node with a bucket like ratemeshd's; they
+# same way: throttlecrab-server's HTTP `POST /throttle` (wrk) and RESP `THROTTLE`
+# (redis-benchmark, pipeline 1), and rateguard-sidecar's `POST /v1/check` (wrk), each a single node with a bucket like ratemeshd's; they
 # are installed with `cargo install --locked` into target/peers when missing (throttlecrab's
 # build needs Debian's protobuf-compiler), which takes minutes the first time.
 #
@@ -197,11 +196,12 @@ value, unit = re.fullmatch(r"([0-9.]+)(us|ms|s|m)", sys.argv[1]).groups()
 print(float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit])' "$1"
 }
 
-# run_http [SCRIPT URL]: wrk with SCRIPT against URL (default: ratemeshd's POST /v1/check).
+# run_http [URL BODY]: wrk POSTing BODY (a format string, %d the key number) to URL (default:
+# ratemeshd's POST /v1/check under the "bench" policy).
 run_http() {
-    local log=$work/wrk.log script=${1:-tests/bench/post_check.lua} url=${2:-http://127.0.0.1:$p_http/v1/check}
-    BENCH_KEYS=$keys timeout $((seconds + 20)) "${load_cpu[@]}" wrk -t"$load_threads" -c"$connections" -d"${seconds}s" --latency \
-        -s "$script" "$url" >"$log" 2>&1 ||
+    local log=$work/wrk.log url=${1:-http://127.0.0.1:$p_http/v1/check} body=${2:-'{"key":"user-%d","policy":"bench"}'}
+    BENCH_KEYS=$keys BENCH_BODY=$body timeout $((seconds + 20)) "${load_cpu[@]}" wrk -t"$load_threads" -c"$connections" -d"${seconds}s" --latency \
+        -s tests/bench/post_json.lua "$url" >"$log" 2>&1 ||
         fail "wrk failed: $(cat "$log")"
     ! grep -q 'Non-2xx' "$log" || fail "$url answered errors: $(grep -E 'Non-2xx|Socket errors' "$log")"
     local rps p50 p99 requests
@@ -277,12 +277,13 @@ for ((round = 1; round <= rounds; round++)); do
         measure_path "ratemeshd gRPC RLS" "$ratemeshd_pid" run_rls
     fi
     if [[ $peers == 1 ]]; then
-        measure_path "throttlecrab HTTP" "$throttlecrab_pid" run_http tests/bench/post_throttle.lua \
-            "http://127.0.0.1:$p_tc_http/throttle"
+        # The same bucket as ratemeshd's "bench" policy: capacity 100, 10 a second.
+        measure_path "throttlecrab HTTP" "$throttlecrab_pid" run_http "http://127.0.0.1:$p_tc_http/throttle" \
+            '{"key":"user-%d","max_burst":99,"count_per_period":10,"period":1}'
         measure_path "throttlecrab RESP THROTTLE" "$throttlecrab_pid" \
             redis_benchmark "$p_tc_resp" 1 THROTTLE 'key:__rand_int__' 15 30 60
-        measure_path "rateguard HTTP" "$rateguard_pid" run_http tests/bench/post_rateguard.lua \
-            "http://127.0.0.1:$p_rg_http/v1/check"
+        measure_path "rateguard HTTP" "$rateguard_pid" run_http "http://127.0.0.1:$p_rg_http/v1/check" \
+            '{"key":"user-%d"}'
     fi
 done
 kill -0 "$ratemeshd_pid" || fail "ratemeshd died during the benchmark"

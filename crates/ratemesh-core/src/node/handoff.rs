@@ -95,7 +95,7 @@ impl Node {
     }
 
     /// Sends key states to their owners as handoffs, batched (the callers count the keys).
-    fn send_handoffs(&mut self, handoffs: BTreeMap<NodeId, Vec<KeyState>>, now: Instant) {
+    pub(super) fn send_handoffs(&mut self, handoffs: BTreeMap<NodeId, Vec<KeyState>>, now: Instant) {
         for (owner, states) in handoffs {
             for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
                 self.send(owner, Body { handoff: chunk.to_vec(), ..Body::default() }, now);

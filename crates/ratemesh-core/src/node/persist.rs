@@ -106,13 +106,10 @@ impl Node {
                 handoffs.entry(owner).or_default().push(state);
             }
         }
-        for (owner, states) in handoffs {
-            stats.handed_over += states.len() as u64;
-            self.stats.handoffs_sent += states.len() as u64;
-            for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
-                self.send(owner, Body { handoff: chunk.to_vec(), ..Body::default() }, now);
-            }
-        }
+        let handed_over: u64 = handoffs.values().map(|states| states.len() as u64).sum();
+        stats.handed_over += handed_over;
+        self.stats.handoffs_sent += handed_over;
+        self.send_handoffs(handoffs, now);
         self.flush_out(now);
         stats
     }
