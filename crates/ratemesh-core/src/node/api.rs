@@ -156,6 +156,11 @@ pub struct NodeConfig {
     pub pending_forwards_max: usize,
     /// The most keys in one report or grant frame.
     pub sync_batch_len_max: usize,
+    /// The most keys one slice of a sync round visits (reports, own allowances, replicas): a
+    /// driver that holds a lock around each input holds it that long at most for a round, and
+    /// serves what waited between slices. Default 256 (a few hundred microseconds at most: a visit is
+    /// a few lookups in tables too large for the CPU's caches).
+    pub sync_slice_len_max: usize,
     /// A peer this node expects to hear from (they share allowance state), silent for this long,
     /// is treated as unreachable. Raised per peer to two sync intervals plus two retransmission
     /// timeouts when that is longer.
@@ -196,6 +201,7 @@ impl Default for NodeConfig {
             forward_timeout: Duration::from_secs(1),
             pending_forwards_max: 65_536,
             sync_batch_len_max: 1024,
+            sync_slice_len_max: 256,
             peer_silence: Duration::from_millis(200),
             unacked_frames_max: 1024,
             retransmit_initial: Duration::from_millis(20),
@@ -272,6 +278,7 @@ impl NodeConfig {
             ("forward_batch_len_max", self.forward_batch_len_max, 1),
             ("pending_forwards_max", self.pending_forwards_max, 1),
             ("sync_batch_len_max", self.sync_batch_len_max, 1),
+            ("sync_slice_len_max", self.sync_slice_len_max, 1),
             ("unacked_frames_max", self.unacked_frames_max, 1),
             ("frame_len_max", self.frame_len_max, self.frame_len_min()),
             ("ring_vnodes", self.ring_vnodes as usize, 1),

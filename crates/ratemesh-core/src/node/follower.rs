@@ -2,7 +2,6 @@
 //! fallback, reporting, applying grants.
 
 use crate::prelude::*;
-use alloc::collections::BTreeMap;
 use alloc::sync::Arc;
 
 use super::owner::{admitted_from_allowance, refused_until_grant};
@@ -191,51 +190,49 @@ impl Node {
         decision
     }
 
-    /// One report per key with news for its owner, batched per owner. A key without news costs
-    /// nothing: an idle key, or one whose checks are forwarded, sends no report.
-    pub(super) fn send_reports(&mut self, now: Instant) {
+    /// `key`'s report for its owner, if it has news: a key without news costs nothing (an idle
+    /// key, or one whose checks are forwarded, sends no report). A key whose owner is unreachable
+    /// keeps its news for when the owner is back, and one still active is due again next round.
+    pub(super) fn key_report(&mut self, key: KeyHash, now: Instant) -> Option<(NodeId, Report)> {
+        let owner = self.ring.owner(key).unwrap_or(self.id);
+        if owner == self.id {
+            return None;
+        }
+        if !self.peers.reachable(owner, now) {
+            self.dirty.insert(key);
+            return None;
+        }
         let half_life = self.half_life_nanos();
         // A holder that used nothing for a few intervals reports anyway: the owner keeps counting
         // what it holds, and may want it back.
         let keepalive = 4 * duration_nanos(self.config.sync_interval);
-        let mut batches: BTreeMap<NodeId, Vec<Report>> = BTreeMap::new();
-        for key in core::mem::take(&mut self.dirty) {
-            let owner = self.ring.owner(key).unwrap_or(self.id);
-            if owner == self.id {
-                continue;
-            }
-            if !self.peers.reachable(owner, now) {
-                // Keep the news for when the owner is back.
-                self.dirty.insert(key);
-                continue;
-            }
-            let horizon = self.report_horizon_nanos(owner);
-            let outcome = self.update_key(key, |bucket, meta| {
-                let limit = meta.policy.limit.clone();
-                let follower = meta.follower.as_mut()?;
-                follower.allowance.expire(now);
-                let keepalive_due = follower.allowance.hits > 0
-                    && follower.reported_at.is_none_or(|at| at.add_nanos(keepalive) <= now);
-                let report = (follower.has_news() || keepalive_due)
-                    .then(|| take_report(key, bucket, &limit, follower, now, half_life, horizon));
-                let active = follower.allowance.hits > 0 || follower.demand.per_second(now, half_life) > 0;
-                Some((report, active))
-            });
-            let Some(Some((report, active))) = outcome else { continue };
-            if active {
-                self.dirty.insert(key);
-            }
-            if let Some(report) = report {
-                batches.entry(owner).or_default().push(report);
-            }
+        let horizon = self.report_horizon_nanos(owner);
+        let outcome = self.update_key(key, |bucket, meta| {
+            let limit = meta.policy.limit.clone();
+            let follower = meta.follower.as_mut()?;
+            follower.allowance.expire(now);
+            let keepalive_due = follower.allowance.hits > 0
+                && follower.reported_at.is_none_or(|at| at.add_nanos(keepalive) <= now);
+            let report = (follower.has_news() || keepalive_due)
+                .then(|| take_report(key, bucket, &limit, follower, now, half_life, horizon));
+            let active = follower.allowance.hits > 0 || follower.demand.per_second(now, half_life) > 0;
+            Some((report, active))
+        });
+        let (report, active) = outcome.flatten()?;
+        if active {
+            self.dirty.insert(key);
         }
-        for (owner, reports) in batches {
-            self.stats.reports_sent += reports.len() as u64;
-            self.peers.expect(owner, now, self.release_nanos());
-            for chunk in reports.chunks(self.config.sync_batch_len_max.max(1)) {
-                self.send(owner, Body { report: chunk.to_vec(), ..Body::default() }, now);
-            }
+        Some((owner, report?))
+    }
+
+    /// Sends `reports` (at most `sync_batch_len_max`) to `owner`, whose answers are now expected.
+    pub(super) fn send_reports_to(&mut self, owner: NodeId, reports: Vec<Report>, now: Instant) {
+        if reports.is_empty() {
+            return;
         }
+        self.stats.reports_sent += reports.len() as u64;
+        self.peers.expect(owner, now, self.release_nanos());
+        self.send(owner, Body { report: reports, ..Body::default() }, now);
     }
 
     /// How long an allowance must last at this node before a report's answer can renew it.
@@ -260,7 +257,7 @@ impl Node {
                 self.dirty.insert(key);
             }
         }
-        self.send_reports(now);
+        self.report_all_now(now);
     }
 }
 

@@ -103,23 +103,23 @@ impl Node {
         }
     }
 
-    /// Sends the state of owned keys that changed since the last tick to their ring successors,
-    /// so that an owner's crash loses at most one interval.
-    pub(super) fn send_replicas(&mut self, now: Instant) {
-        let mut batches: BTreeMap<NodeId, Vec<KeyState>> = BTreeMap::new();
-        for key in core::mem::take(&mut self.replicas_due) {
-            let Some(successor) = self.ring.successor(key).filter(|&s| s != self.id) else { continue };
-            let Some(meta) = self.keys.extra(key).filter(|meta| meta.owned) else { continue };
-            let limit = LimitWire::from_limit(&meta.policy.limit);
-            let Some(state) = self.keys.export(key, now) else { continue };
-            batches.entry(successor).or_default().push(KeyState { key: key.0, limit, state: state.into() });
+    /// `key`'s state for its ring successor (so that the owner's crash loses at most one sync
+    /// interval), if it is still owned here and has one.
+    pub(super) fn key_replica(&mut self, key: KeyHash, now: Instant) -> Option<(NodeId, KeyState)> {
+        let successor = self.ring.successor(key).filter(|&s| s != self.id)?;
+        let meta = self.keys.extra(key).filter(|meta| meta.owned)?;
+        let limit = LimitWire::from_limit(&meta.policy.limit);
+        let state = self.keys.export(key, now)?;
+        Some((successor, KeyState { key: key.0, limit, state: state.into() }))
+    }
+
+    /// Sends `states` (at most `sync_batch_len_max`) to `successor` as replicas.
+    pub(super) fn send_replicas_to(&mut self, successor: NodeId, states: Vec<KeyState>, now: Instant) {
+        if states.is_empty() {
+            return;
         }
-        for (successor, states) in batches {
-            self.stats.replicas_sent += states.len() as u64;
-            for chunk in states.chunks(self.config.sync_batch_len_max.max(1)) {
-                self.send(successor, Body { replica: chunk.to_vec(), ..Body::default() }, now);
-            }
-        }
+        self.stats.replicas_sent += states.len() as u64;
+        self.send(successor, Body { replica: states, ..Body::default() }, now);
     }
 
     /// After a view change: hands keys this node owned and no longer owns to their new owners,

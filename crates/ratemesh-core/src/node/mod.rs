@@ -47,6 +47,7 @@ mod owner;
 mod peers;
 mod persist;
 mod ring;
+mod round;
 mod share;
 mod sizing;
 
@@ -166,6 +167,8 @@ pub struct Node {
     replicas_due: IndexSet<KeyHash, KeyHasherBuilder>,
     /// Owned approximate-mode keys this node decided since the last tick (its own allowance).
     own_due: IndexSet<KeyHash, KeyHasherBuilder>,
+    /// The sync round in progress, run in slices (`round.rs`).
+    round: Option<round::SyncRound>,
     next_sync_at: Instant,
     fallbacks_since_sync: u64,
     settled: bool,
@@ -224,6 +227,7 @@ impl Node {
             passed_on: IndexSet::default(),
             replicas_due: IndexSet::default(),
             own_due: IndexSet::default(),
+            round: None,
             next_sync_at: first_sync_at,
             fallbacks_since_sync: 0,
             settled: true,
@@ -395,6 +399,8 @@ impl Node {
     }
 
     fn apply_view(&mut self, now: Instant, live: Vec<NodeId>, dead: Vec<NodeId>) {
+        // A round's entries were all taken under one ring.
+        self.finish_round(now);
         let mut members: Vec<NodeId> = live.iter().chain(&dead).copied().collect();
         members.sort_unstable();
         members.dedup();
@@ -415,12 +421,23 @@ impl Node {
         self.expire_forwards(now);
         let retransmits = self.peers.retransmits(now);
         self.transmits.extend(retransmits);
-        let synced = now >= self.next_sync_at;
+        let sync_due = now >= self.next_sync_at;
+        let synced = sync_due && self.round.is_none();
         if synced {
             self.sync(now);
             let interval = duration_nanos(self.config.sync_interval);
             self.next_sync_at =
                 self.next_sync_at.add_nanos(interval).max(now.add_nanos((interval / 2).max(1)));
+        } else {
+            if self.round.as_ref().is_some_and(|round| round.next_slice_at <= now) {
+                self.run_slice(now, self.config.sync_slice_len_max);
+            }
+            if sync_due {
+                // The round in progress goes on in slices; the next begins once it ended (rounds
+                // stretch under a load the node cannot keep up with, rather than one input
+                // running the rest of a round under the driver's lock).
+                self.next_sync_at = now.add_nanos(1);
+            }
         }
         self.leave_progress(now);
         // Frames first: they carry the acknowledgements due; then what is still due goes alone,
@@ -468,6 +485,7 @@ impl Node {
         let deadlines = [
             (!matches!(self.leave, Some(leave::Leave::Left))).then_some(self.next_sync_at),
             self.flush_at,
+            self.round.as_ref().map(|round| round.next_slice_at),
             self.deadlines.first().map(|&(deadline, _)| deadline),
             self.peers.next_timeout(),
             self.leave_deadline(),
@@ -520,12 +538,8 @@ impl Node {
         let all_reachable = self.ring.members().iter().all(|&m| m == self.id || self.peers.reachable(m, now));
         self.settled = all_reachable && self.fallbacks_since_sync == 0;
         self.fallbacks_since_sync = 0;
-        self.send_reports(now);
-        self.refresh_own_allowances(now);
-        if self.config.replicate {
-            self.send_replicas(now);
-        }
         self.keys.sweep(now);
+        self.begin_round(now);
     }
 
     /// Runs `change` on a tracked key's bucket and bookkeeping (under the key's own policy).

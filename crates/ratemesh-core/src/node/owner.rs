@@ -233,18 +233,16 @@ impl Node {
         )
     }
 
-    /// At a sync tick: renews the owner's own allowance of every owned approximate key it used
-    /// since (sized like any holder's while the key is contended, given back when not).
-    pub(super) fn refresh_own_allowances(&mut self, now: Instant) {
-        let sizing = self.sizing_context(self.id, now);
-        for key in core::mem::take(&mut self.own_due) {
-            let Some(meta) = self.keys.extra(key).filter(|m| m.owned) else { continue };
-            let policy = meta.policy.clone();
-            let Some(limit) = self.owner_limit(&policy) else { continue };
-            let keep = self.keys.update(key, &limit, |bucket, meta| sizing.refresh_own(bucket, &limit, meta));
-            if keep == Some(true) {
-                self.own_due.insert(key);
-            }
+    /// At a sync round: renews the owner's own allowance of an owned approximate key it used
+    /// since (sized like any holder's while the key is contended, given back when not); due again
+    /// while it is shared.
+    pub(super) fn refresh_own_allowance(&mut self, key: KeyHash, sizing: &SizingContext) {
+        let Some(meta) = self.keys.extra(key).filter(|m| m.owned) else { return };
+        let policy = meta.policy.clone();
+        let Some(limit) = self.owner_limit(&policy) else { return };
+        let keep = self.keys.update(key, &limit, |bucket, meta| sizing.refresh_own(bucket, &limit, meta));
+        if keep == Some(true) {
+            self.own_due.insert(key);
         }
     }
 }

@@ -982,3 +982,106 @@ fn a_cycle_of_handoffs_between_disagreeing_views_turns_at_most_once_a_sync_inter
     let intervals = 1_000 / SYNC_INTERVAL_MS_DEFAULT;
     assert!((1..=intervals + 2).contains(&passed), "node 1 passed k on {passed} times in 1 s");
 }
+
+/// What one sync round of node 1 sent: per receiver and section, the keys carried; and the
+/// frames, slices and the most keys a slice visited.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct RoundSent {
+    keys: BTreeMap<(NodeId, &'static str), Vec<u128>>,
+    frames: usize,
+    slices: usize,
+    slice_len_most: usize,
+}
+
+/// Node 1 of 3 follows and owns about a thousand changed keys when its round begins; runs that
+/// round (and only node 1) to its end with slices of at most `slice_len_max` keys.
+fn run_sync_round(slice_len_max: usize) -> RoundSent {
+    let config =
+        NodeConfig { sync_slice_len_max: slice_len_max, sync_batch_len_max: 64, ..NodeConfig::default() };
+    let mut cluster = Cluster::with_config(3, &config);
+    let policy = policy(Mode::Approximate, 1_000, 1_000);
+    let keys: Vec<KeyHash> = (0..1_200).map(|i| key(&format!("round{i}"))).collect();
+    // Three passes over the keys, each just after a round of node 1: the first pass forwards,
+    // its round reports the demand and brings allowances back, the later passes decide from them
+    // (the followed keys are dirty when the last pass ends).
+    for pass in 0..3 {
+        let round_at = cluster.node(1).next_sync_at;
+        cluster.run_for(Duration::from_nanos(round_at.nanos_since(cluster.now) + 2_000_000));
+        // Demand worth an allowance: several hits per key an interval.
+        for (i, &k) in keys.iter().enumerate().cycle().take(keys.len() * 4) {
+            let id = RequestId(pass * 10_000 + i as u64);
+            cluster.check(1, CheckRequest { id, key: k, policy: policy.clone(), cost: 1 });
+        }
+    }
+    let mut sent = RoundSent::default();
+    let node = cluster.node(1);
+    let mut now = node.next_sync_at;
+    let frame_len_max = node.config.frame_len_max;
+    loop {
+        let visited_before = node.round.as_ref().map_or(0, |round| round.visited);
+        node.handle_timeout(now);
+        if let Some(round) = &node.round {
+            sent.slices += 1;
+            sent.slice_len_most = sent.slice_len_most.max(round.visited - visited_before);
+        }
+        while let Some(transmit) = node.poll_transmit() {
+            let frame = crate::wire::decode(&transmit.bytes, frame_len_max).expect("a valid frame");
+            sent.frames += 1;
+            let body = frame.body;
+            let sections = [
+                ("report", body.report.iter().map(|r| r.key).collect::<Vec<_>>()),
+                ("replica", body.replica.iter().map(|r| r.key).collect()),
+            ];
+            for (section, mut carried) in sections {
+                sent.keys.entry((transmit.to, section)).or_default().append(&mut carried);
+            }
+        }
+        let Some(round) = &node.round else { break };
+        now = round.next_slice_at;
+    }
+    sent.slices += 1; // the last, which ended the round
+    for carried in sent.keys.values_mut() {
+        carried.sort_unstable();
+    }
+    sent
+}
+
+#[test]
+fn a_sync_round_in_slices_visits_at_most_the_bound_per_slice_and_sends_what_one_slice_sends() {
+    let whole = run_sync_round(usize::MAX);
+    let sliced = run_sync_round(100);
+    let reported: usize = whole.keys.iter().filter(|((_, s), _)| *s == "report").map(|(_, k)| k.len()).sum();
+    let replicated: usize =
+        whole.keys.iter().filter(|((_, s), _)| *s == "replica").map(|(_, k)| k.len()).sum();
+    println!(
+        "round: {reported} reports, {replicated} replicas, {} frames; sliced: {} slices",
+        whole.frames, sliced.slices
+    );
+    assert!(
+        reported > 500 && replicated > 50,
+        "the round has work: {reported} reports, {replicated} replicas"
+    );
+    assert_eq!(whole.slices, 1);
+    assert!(sliced.slice_len_most <= 100, "a slice visited {}", sliced.slice_len_most);
+    assert!(sliced.slices >= (reported + replicated) / 100, "{} slices", sliced.slices);
+    assert_eq!(sliced.keys, whole.keys, "the same keys to the same peers");
+    assert_eq!(sliced.frames, whole.frames, "batches span slices");
+}
+
+#[test]
+fn a_view_change_finishes_the_round_in_progress() {
+    let config = NodeConfig { sync_slice_len_max: 10, ..NodeConfig::default() };
+    let mut cluster = Cluster::with_config(2, &config);
+    let policy = policy(Mode::Approximate, 1_000, 1_000);
+    for i in 0..200u64 {
+        let request =
+            CheckRequest { id: RequestId(i), key: key(&format!("view{i}")), policy: policy.clone(), cost: 1 };
+        cluster.check(1, request);
+    }
+    let node = cluster.node(1);
+    let now = node.next_sync_at;
+    node.handle_timeout(now);
+    assert!(node.round.as_ref().is_some_and(|round| round.visited == 10), "the first slice ran");
+    node.handle_membership(now, MemberView { live: vec![NodeId(1), NodeId(2), NodeId(3)], dead: vec![] });
+    assert!(node.round.is_none(), "the round ended before the ring changed");
+}
