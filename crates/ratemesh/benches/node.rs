@@ -28,6 +28,13 @@
 //!    same runtime, measured in the same run (the floor any peer protocol pays). Goals: mean batch
 //!    ≥ 8 at 64 in flight (forwards wait for the answer to the batch in flight to their owner, see
 //!    the core's `exact.rs`); p50 of a lone check ≤ 2 × the loopback round trip.
+//! 3. **Check latency under a sync-heavy load**: two nodes on loopback, approximate mode,
+//!    `SYNC_KEYS` keys; one thread times `check_now` at one node over `SYNC_CHECKS` random keys
+//!    (decided or `WouldWait`: both take the node's lock), so every sync round has work for tens of
+//!    thousands of keys (reports, own allowances, replicas). Latency p50/p99/p99.9/max with the
+//!    round in one piece (`NodeConfig::sync_slice_len_max` unbounded) and in the default slices,
+//!    `REPEATS` interleaved pairs, medians. Goal: no check waits behind a whole round (the sliced
+//!    p99.9 and max well below the unsliced ones).
 
 #![allow(missing_docs, clippy::unwrap_used)] // criterion_group! defines an undocumented `pub fn`.
 
@@ -185,6 +192,87 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+const SYNC_KEYS: usize = 100_000;
+const SYNC_CHECKS: usize = 1_500_000;
+
+/// Latency percentiles of checks, in microseconds (p50, p99, p99.9, max), the checks that took
+/// a millisecond or more, and the reports and replicas the loaded node sent per sync round
+/// meanwhile (how heavy its rounds were).
+type Percentiles = [f64; 6];
+
+/// Two nodes, `check_now` timed at one of them under a sync-heavy load (section 3), for each
+/// slice bound: the medians over `REPEATS` interleaved runs.
+fn sync_heavy_latency(slice_bounds: &[usize]) -> Vec<Percentiles> {
+    // The nodes on one worker, the timing thread on the other core: what a check waits for is the
+    // lock, not a core.
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let policy = policy(Mode::Approximate);
+    let keys: Vec<Vec<u8>> = (0..SYNC_KEYS).map(|i| format!("sync-{i}").into_bytes()).collect();
+    let mut runs: Vec<Vec<Percentiles>> = vec![vec![]; slice_bounds.len()];
+    for _ in 0..REPEATS {
+        for (bound, runs) in slice_bounds.iter().zip(&mut runs) {
+            let config = NodeConfig { sync_slice_len_max: *bound, ..NodeConfig::default() };
+            let (loaded, other) = runtime.block_on(pair(|id| builder(id).node_config(config.clone())));
+            runs.push(time_checks(&loaded, &policy, &keys));
+            runtime.block_on(loaded.shutdown());
+            runtime.block_on(other.shutdown());
+        }
+    }
+    runs.into_iter()
+        .map(|runs| core::array::from_fn(|i| median(runs.iter().map(|run| run[i]).collect())))
+        .collect()
+}
+
+/// Times `SYNC_CHECKS` checks over `keys` at `node` from this thread, after a second of warm-up
+/// (owners learn the demand and grant allowances).
+fn time_checks(node: &ratemesh::Node, policy: &NamedPolicy, keys: &[Vec<u8>]) -> Percentiles {
+    let mut pick = XorShift(0x2545_f491_4f6c_dd1d);
+    let warm_until = std::time::Instant::now() + Duration::from_secs(1);
+    while std::time::Instant::now() < warm_until {
+        black_box(node.check_now(policy, &keys[pick.next(keys.len())], 1)).ok();
+    }
+    let before = node.metrics().protocol;
+    let mut latencies = Vec::with_capacity(SYNC_CHECKS);
+    for _ in 0..SYNC_CHECKS {
+        let key = &keys[pick.next(keys.len())];
+        let started = std::time::Instant::now();
+        black_box(node.check_now(policy, key, 1)).ok();
+        latencies.push(started.elapsed());
+    }
+    let after = node.metrics().protocol;
+    let sent = (after.reports_sent + after.replicas_sent) - (before.reports_sent + before.replicas_sent);
+    let per_round = sent as f64 / (after.sync_rounds - before.sync_rounds).max(1) as f64;
+    latencies.sort_unstable();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let p999 = latencies[(latencies.len() - 1) * 999 / 1000];
+    let max = latencies[latencies.len() - 1];
+    let slow = latencies.iter().filter(|&&latency| latency >= Duration::from_millis(1)).count();
+    [
+        us(percentile(&latencies, 50)),
+        us(percentile(&latencies, 99)),
+        us(p999),
+        us(max),
+        slow as f64,
+        per_round,
+    ]
+}
+
+/// Starts two nodes (ids 1 and 2, the second seeded with the first) and waits until both see
+/// each other and serve.
+async fn pair(builder: impl Fn(u64) -> NodeBuilder) -> (ratemesh::Node, ratemesh::Node) {
+    let first = builder(1).start().await.unwrap();
+    let second = builder(2).seeds([first.gossip_addr()]).start().await.unwrap();
+    for node in [&first, &second] {
+        let mut members = node.subscribe_members();
+        let live =
+            |m: &Vec<ratemesh::Member>| m.iter().filter(|m| m.status == MemberStatus::Live).count() == 2;
+        tokio::time::timeout(Duration::from_secs(30), members.wait_for(live)).await.unwrap().unwrap();
+        // A seeded node serves once its join grace has passed.
+        node.wait_serving().await;
+    }
+    (second, first)
+}
+
 struct ExactResult {
     p50_us: f64,
     p99_us: f64,
@@ -193,16 +281,7 @@ struct ExactResult {
 }
 
 async fn exact_forwarded() -> ExactResult {
-    let owner = builder(1).start().await.unwrap();
-    let client = builder(2).seeds([owner.gossip_addr()]).start().await.unwrap();
-    for node in [&owner, &client] {
-        let mut members = node.subscribe_members();
-        let live =
-            |m: &Vec<ratemesh::Member>| m.iter().filter(|m| m.status == MemberStatus::Live).count() == 2;
-        tokio::time::timeout(Duration::from_secs(30), members.wait_for(live)).await.unwrap().unwrap();
-        // A seeded node serves once its join grace has passed.
-        node.wait_serving().await;
-    }
+    let (client, owner) = pair(builder).await;
     let policy = policy(Mode::Exact);
     let keys: Vec<Vec<u8>> =
         keys().into_iter().filter(|k| client.owner_of(&policy, k) == Some(NodeId(1))).take(1000).collect();
@@ -341,4 +420,18 @@ fn main() {
         exact.throughput_per_s,
         exact.batch_len_mean
     );
+    let bounds = [usize::MAX, NodeConfig::default().sync_slice_len_max];
+    let latencies = sync_heavy_latency(&bounds);
+    println!(
+        "\ncheck_now latency under a sync-heavy load ({SYNC_KEYS} keys, 2 nodes, medians of {REPEATS} runs):"
+    );
+    println!("| sync round | p50 | p99 | p99.9 | max | checks ≥ 1 ms | reports + replicas per round |");
+    println!("|---|---|---|---|---|---|---|");
+    for (bound, [p50, p99, p999, max, slow, per_round]) in bounds.iter().zip(latencies) {
+        let round =
+            if *bound == usize::MAX { "one piece".to_owned() } else { format!("slices of {bound} keys") };
+        println!(
+            "| {round} | {p50:.1} µs | {p99:.1} µs | {p999:.1} µs | {max:.0} µs | {slow:.0} | {per_round:.0} |"
+        );
+    }
 }

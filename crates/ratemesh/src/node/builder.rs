@@ -319,7 +319,7 @@ impl NodeBuilder {
         let shared = Arc::new(Shared {
             id: self.id,
             origin,
-            state: Mutex::new(State {
+            state: parking_lot::Mutex::new(State {
                 core,
                 waiters: HashMap::new(),
                 next_request: 0,

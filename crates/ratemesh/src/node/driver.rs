@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, MutexGuard, PoisonError};
+use std::sync::{Arc, PoisonError};
+
+use parking_lot::MutexGuard;
 use std::time::Duration;
 
 use chitchat::ChitchatHandle;
@@ -11,7 +13,7 @@ use ratemesh_core::{Event, MemberView, NodeId};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, trace_span};
 
-use super::{DEPARTED_ADDRS_MAX, FRAMES_PER_TURN_MAX, Origin, Shared, State};
+use super::{DEPARTED_ADDRS_MAX, FRAME_BYTES_PER_TURN_MAX, FRAMES_PER_TURN_MAX, Origin, Shared, State};
 use crate::defaults;
 use crate::durable::Persistence;
 use crate::gossip::{GossipSlot, GossipStarter, supervise};
@@ -43,9 +45,9 @@ impl Shared {
     }
 
     pub(super) fn lock_state(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the core half-updated in a way that matters
-        // more than stopping every check: keep serving.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        // No poisoning: a panic while holding the lock cannot leave the core half-updated in a
+        // way that matters more than stopping every check: keep serving.
+        self.state.lock()
     }
 
     /// Carries out what the core asked for after an input: frames to send, decisions to hand to
@@ -106,18 +108,22 @@ impl Shared {
 
     pub(super) async fn run_timer(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let _guard = TaskGuard(self.clone());
+        let mut deadline = self.next_deadline(&mut self.lock_state());
         loop {
-            let deadline = {
-                let mut state = self.lock_state();
-                let next = state.core.poll_timeout();
-                state.timer_at = next;
-                next
-            };
-            let sleep_until = deadline.map(|at| self.tokio_instant(at));
-            tokio::select! {
-                () = sleep_or_forever(sleep_until) => {}
-                () = self.timer_wake.notified() => {}
-                _ = stop.wait_for(|stopped| *stopped) => return,
+            if deadline.is_some_and(|at| at <= self.now()) {
+                // Due already (the next slice of a sync round): tokio's timer would round the
+                // wait up to a millisecond; a yield lets the runtime's other tasks run first.
+                tokio::task::yield_now().await;
+                if *stop.borrow() {
+                    return;
+                }
+            } else {
+                let sleep_until = deadline.map(|at| self.tokio_instant(at));
+                tokio::select! {
+                    () = sleep_or_forever(sleep_until) => {}
+                    () = self.timer_wake.notified() => {}
+                    _ = stop.wait_for(|stopped| *stopped) => return,
+                }
             }
             let mut state = self.lock_state();
             let now = self.now();
@@ -127,7 +133,16 @@ impl Shared {
                 state.core.handle_timeout(now);
                 self.after_input(&mut state);
             }
+            deadline = self.next_deadline(&mut state);
+            // A check waiting for the lock gets it before the next slice of a round does.
+            MutexGuard::unlock_fair(state);
         }
+    }
+
+    /// The core's next deadline, which the timer task sleeps until.
+    fn next_deadline(&self, state: &mut State) -> Option<ratemesh_core::Instant> {
+        state.timer_at = state.core.poll_timeout();
+        state.timer_at
     }
 
     pub(super) async fn run_receive(
@@ -144,11 +159,17 @@ impl Shared {
             let mut state = self.lock_state();
             let now = self.now();
             state.core.handle_frame(now, first.0, &first.1);
+            let mut turn_bytes = first.1.len();
             for _ in 1..FRAMES_PER_TURN_MAX {
+                if turn_bytes >= FRAME_BYTES_PER_TURN_MAX {
+                    break;
+                }
                 let Ok((from, bytes)) = received.try_recv() else { break };
+                turn_bytes += bytes.len();
                 state.core.handle_frame(now, from, &bytes);
             }
             self.after_input(&mut state);
+            MutexGuard::unlock_fair(state);
         }
     }
 

@@ -58,6 +58,10 @@ pub use handle::Node;
 /// Frames handed to the core per lock taken by the receive task (the rest wait for the next turn,
 /// so that client checks are not starved by a burst of frames).
 const FRAMES_PER_TURN_MAX: usize = 64;
+/// Bytes of frames handed to the core per lock taken by the receive task: a turn of full sync
+/// frames (a thousand entries each) would otherwise hold the lock for milliseconds. A turn takes
+/// at least one frame.
+const FRAME_BYTES_PER_TURN_MAX: usize = 64 * 1024;
 /// The most addresses of members that left the view kept for answering them (a leaving member
 /// waits for acknowledgements of its handoff after the others dropped it from their views).
 const DEPARTED_ADDRS_MAX: usize = 4096;
@@ -259,7 +263,7 @@ pub struct NodeMetrics {
 struct Shared {
     id: NodeId,
     origin: Origin,
-    state: Mutex<State>,
+    state: parking_lot::Mutex<State>,
     /// The core's next deadline moved earlier than the one the timer task sleeps until.
     timer_wake: Notify,
     /// The core's leave is complete (the shutdown waits for it).
