@@ -1,6 +1,8 @@
 //! [`SpaceSaving`]: the bounded heavy-hitter sketch (fixed slots, a heap of slot numbers).
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
 
 use super::{TopEntry, TopSummary};
 
@@ -8,6 +10,8 @@ use super::{TopEntry, TopSummary};
 #[derive(Clone, Debug)]
 struct Counter {
     key: String,
+    /// The key's hash in the index (kept, so that a key is hashed once per hit).
+    hash: u64,
     count: u64,
     error: u64,
 }
@@ -15,16 +19,19 @@ struct Counter {
 /// A Space-Saving heavy-hitter sketch of at most `capacity` counters (see the module
 /// documentation for its bound). The counters live in slots that never move; a min-heap of slot
 /// numbers orders them by count (`position` maps a slot to its place in the heap, so moving a
-/// counter in the heap costs no hashing), and a hash table maps keys to slots. A key taking over
-/// a counter reuses the evicted key's buffers: in steady state a check allocates nothing.
+/// counter in the heap costs no hashing), and a hash table of slot numbers finds a key's slot (the
+/// key is stored once, in its counter). A key taking over a counter reuses the evicted key's
+/// buffer: in steady state a check allocates nothing and hashes its key once.
 #[derive(Clone, Debug)]
 pub struct SpaceSaving {
     pub(super) capacity: usize,
     counters: Vec<Counter>,
     heap: Vec<usize>,
     position: Vec<usize>,
+    /// Slots by their key's hash.
+    index: HashTable<usize>,
     /// Keys are the clients': a seeded hash (no flooding), fast (hashed on every check).
-    index: HashMap<String, usize, foldhash::fast::RandomState>,
+    hasher: foldhash::fast::RandomState,
     total: u64,
 }
 
@@ -37,7 +44,8 @@ impl SpaceSaving {
             counters: Vec::new(),
             heap: Vec::new(),
             position: Vec::new(),
-            index: HashMap::default(),
+            index: HashTable::new(),
+            hasher: foldhash::fast::RandomState::default(),
             total: 0,
         }
     }
@@ -48,15 +56,16 @@ impl SpaceSaving {
             return;
         }
         self.total = self.total.saturating_add(weight);
-        if let Some(&slot) = self.index.get(key) {
+        let hash = self.hasher.hash_one(key);
+        if let Some(slot) = self.slot(hash, key) {
             self.counters[slot].count = self.counters[slot].count.saturating_add(weight);
             self.sift_down(self.position[slot]);
             return;
         }
         if self.counters.len() < self.capacity {
             let slot = self.counters.len();
-            self.counters.push(Counter { key: key.to_owned(), count: weight, error: 0 });
-            self.index.insert(key.to_owned(), slot);
+            self.counters.push(Counter { key: key.to_owned(), hash, count: weight, error: 0 });
+            self.index_slot(slot);
             self.heap.push(slot);
             self.position.push(self.heap.len() - 1);
             self.sift_up(self.heap.len() - 1);
@@ -64,21 +73,29 @@ impl SpaceSaving {
         }
         // Full: the new key takes over the smallest counter (the heap's root).
         let slot = self.heap[0];
+        if let Ok(indexed) = self.index.find_entry(self.counters[slot].hash, |&other| other == slot) {
+            indexed.remove();
+        }
         let counter = &mut self.counters[slot];
         let smallest = counter.count;
-        let mut indexed = match self.index.remove_entry(counter.key.as_str()) {
-            Some((indexed, _)) => indexed,
-            // Every counter's key is in the index (they change together, here and above).
-            None => String::new(),
-        };
-        indexed.clear();
-        indexed.push_str(key);
-        self.index.insert(indexed, slot);
         counter.key.clear();
         counter.key.push_str(key);
+        counter.hash = hash;
         counter.count = smallest.saturating_add(weight);
         counter.error = smallest;
+        self.index_slot(slot);
         self.sift_down(0);
+    }
+
+    /// The slot counting `key` (of hash `hash`), if any.
+    fn slot(&self, hash: u64, key: &str) -> Option<usize> {
+        self.index.find(hash, |&slot| self.counters[slot].key == key).copied()
+    }
+
+    /// Enters `slot` into the index under its counter's hash.
+    fn index_slot(&mut self, slot: usize) {
+        let counters = &self.counters;
+        self.index.insert_unique(counters[slot].hash, slot, |&other| counters[other].hash);
     }
 
     /// Hits counted.
@@ -104,15 +121,15 @@ impl SpaceSaving {
 
     /// The estimate of `key`: its counter's count, or [`SpaceSaving::error_bound`] without one.
     pub fn estimate(&self, key: &str) -> u64 {
-        self.index.get(key).map_or_else(|| self.error_bound(), |&slot| self.counters[slot].count)
+        let hash = self.hasher.hash_one(key);
+        self.slot(hash, key).map_or_else(|| self.error_bound(), |slot| self.counters[slot].count)
     }
 
     /// Bytes of heap memory the sketch holds, from its allocations' capacities (the hash table
     /// counted at one control byte and one slot per bucket).
     pub fn heap_bytes(&self) -> usize {
-        let keys: usize = self.counters.iter().map(|counter| counter.key.capacity()).sum::<usize>()
-            + self.index.keys().map(String::capacity).sum::<usize>();
-        let table_slot = std::mem::size_of::<(String, usize)>() + 1;
+        let keys: usize = self.counters.iter().map(|counter| counter.key.capacity()).sum();
+        let table_slot = std::mem::size_of::<usize>() + 1;
         keys + self.counters.capacity() * std::mem::size_of::<Counter>()
             + (self.heap.capacity() + self.position.capacity()) * std::mem::size_of::<usize>()
             + self.index.capacity() * table_slot
