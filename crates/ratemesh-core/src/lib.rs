@@ -52,7 +52,7 @@ pub use limit::{
 };
 #[cfg(feature = "std")]
 pub use node::{
-    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, DeliveryStats, DurableKey, Event,
+    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, DeliveryStats, DurableCursor, DurableKey, Event,
     FRAME_ENTRY_BYTES_MAX, FRAME_LEN_MIN, Fallback, LeavePlan, MemberView, Mode, Node, NodeConfig,
     NodeConfigError, NodeId, NodeStats, Policy, RING_VNODES_DEFAULT, RING_VNODES_MAX, RequestId,
     RestoreStats, Ring, SYNC_INTERVAL_MS_DEFAULT, Transmit,

@@ -256,6 +256,18 @@ impl<X: KeyExtra> Store<X> {
         self.entries.iter().map(|entry| (entry.key, &entry.bucket, &entry.extra))
     }
 
+    /// The table's slots, entries and empty ones: the positions [`Store::at_slot`] reads. Removing
+    /// an entry moves no other one; the number changes only when the table grows, which moves
+    /// them all.
+    pub fn slots(&self) -> usize {
+        self.entries.num_buckets()
+    }
+
+    /// The key, bucket and extra data in slot `slot`, if one is there.
+    pub fn at_slot(&self, slot: usize) -> Option<(KeyHash, &Bucket, &X)> {
+        self.entries.get_bucket(slot).map(|entry| (entry.key, &entry.bucket, &entry.extra))
+    }
+
     /// Examines up to `sweep_len_max` entries, continuing where the last call stopped, and drops
     /// those that are fresh at `now`. Returns how many it dropped. A call passes over at most one
     /// lap of the table and at most `8 × sweep_len_max` slots, empty ones included.

@@ -64,7 +64,7 @@ pub use api::{
 };
 pub use leave::LeavePlan;
 pub use peers::DeliveryStats;
-pub use persist::{DurableKey, RestoreStats};
+pub use persist::{DurableCursor, DurableKey, RestoreStats};
 pub use ring::{RING_VNODES_DEFAULT, Ring};
 
 use crate::algorithm::{Bucket, CoreRng};

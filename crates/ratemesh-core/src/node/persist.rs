@@ -46,23 +46,75 @@ pub struct RestoreStats {
     pub handed_over: u64,
 }
 
+/// Where an export of the durable state in pages stands (see [`Node::export_durable`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DurableCursor {
+    /// The next slot of the key table to visit.
+    slot: usize,
+    /// The table's slots when the export (re)started; `None` before the first page.
+    slots: Option<usize>,
+    /// Times the export started again because the table grew.
+    restarts: u32,
+}
+
+impl DurableCursor {
+    /// Whether every slot of the key table was visited: the export is complete.
+    pub fn is_done(&self) -> bool {
+        self.slots.is_some_and(|slots| self.slot >= slots)
+    }
+}
+
+/// Restarts of a paged export (the key table grew meanwhile) after which the rest is exported
+/// in one page, so that an export always ends.
+const DURABLE_RESTARTS_MAX: u32 = 2;
+
 impl Node {
     /// The state worth keeping across a full restart, relative to `now`: every tracked key whose
     /// bucket is not fresh at `now` and whose limit's period is at least `period_min` (state of
     /// short periods is worth little after a restart: it would be fresh again soon anyway).
+    /// In one piece; [`Node::export_durable`] takes it in pages.
     pub fn durable_keys(&self, now: Instant, period_min: core::time::Duration) -> Vec<DurableKey> {
-        self.keys
-            .iter()
-            .filter(|(_, bucket, meta)| {
-                let limit = &meta.policy.limit;
-                limit.spec().period >= period_min && bucket.fresh_at(limit) > now
-            })
-            .map(|(key, bucket, meta)| DurableKey {
-                key,
-                limit: meta.policy.limit.clone(),
-                state: bucket.export(now),
-            })
-            .collect()
+        let mut keys = Vec::new();
+        self.export_durable(now, period_min, &mut DurableCursor::default(), usize::MAX, &mut keys);
+        keys
+    }
+
+    /// Appends to `into` the durable keys (as [`Node::durable_keys`] chooses them) of the next
+    /// `slots_max` slots of the key table, relative to `now`, and moves `cursor` past them: a
+    /// driver holding a lock around each call exports a large table without holding it for the
+    /// whole table. Each page's states are relative to its own `now`, so a snapshot is written
+    /// with a time no earlier than its last page's (its earlier pages then look older than they
+    /// are: less refill is credited at restore, never more). A key tracked for the whole export
+    /// is in it once, in its state at its page; one tracked meanwhile may be missed (it is in
+    /// the next snapshot). If the table grew since the previous page (its entries moved), `into`
+    /// is cleared and the export starts again; after [`DURABLE_RESTARTS_MAX`] restarts the rest
+    /// comes in one page. Give `into` room for [`Node::keys_len`] keys first: growing it would
+    /// copy what it holds within a page.
+    pub fn export_durable(
+        &self,
+        now: Instant,
+        period_min: core::time::Duration,
+        cursor: &mut DurableCursor,
+        slots_max: usize,
+        into: &mut Vec<DurableKey>,
+    ) {
+        let slots = self.keys.slots();
+        if cursor.slots.is_some_and(|before| before != slots) {
+            into.clear();
+            cursor.slot = 0;
+            cursor.restarts += 1;
+        }
+        cursor.slots = Some(slots);
+        let len = if cursor.restarts >= DURABLE_RESTARTS_MAX { usize::MAX } else { slots_max.max(1) };
+        let end = cursor.slot.saturating_add(len).min(slots);
+        for slot in cursor.slot..end {
+            let Some((key, bucket, meta)) = self.keys.at_slot(slot) else { continue };
+            let limit = &meta.policy.limit;
+            if limit.spec().period >= period_min && bucket.fresh_at(limit) > now {
+                into.push(DurableKey { key, limit: limit.clone(), state: bucket.export(now) });
+            }
+        }
+        cursor.slot = end;
     }
 
     /// Joins state read back from durable storage, written `age` ago, into this node's state (see
@@ -237,5 +289,65 @@ mod tests {
         let mut after = node(1);
         assert_eq!(after.restore(T0, kept, Duration::ZERO).refused, 1);
         assert_eq!(remaining(&mut after, &daily, key("a"), T0), 100);
+    }
+
+    /// Exports `node` in pages of `slots_max` slots, running `between` after each page; returns
+    /// the keys and the cursor at its end.
+    fn export_in_pages(
+        node: &mut Node,
+        slots_max: usize,
+        mut between: impl FnMut(&mut Node),
+    ) -> (Vec<DurableKey>, DurableCursor, usize) {
+        let (mut cursor, mut keys, mut pages) = (DurableCursor::default(), Vec::new(), 0);
+        while !cursor.is_done() {
+            node.export_durable(T0, Duration::ZERO, &mut cursor, slots_max, &mut keys);
+            pages += 1;
+            between(node);
+        }
+        (keys, cursor, pages)
+    }
+
+    fn sorted(mut keys: Vec<DurableKey>) -> Vec<DurableKey> {
+        keys.sort_unstable_by_key(|kept| kept.key);
+        keys
+    }
+
+    #[test]
+    fn an_export_in_pages_is_the_export_in_one_piece() {
+        let daily = policy(Algorithm::TokenBucket, DAY);
+        let mut writer = node(1);
+        for i in 0..1_000 {
+            spend(&mut writer, &daily, key(&format!("k{i}")), 1 + i % 50, T0);
+        }
+        let whole = writer.durable_keys(T0, Duration::ZERO);
+        assert_eq!(whole.len(), 1_000);
+        let (paged, _, pages) = export_in_pages(&mut writer, 64, |_| {});
+        assert!(pages >= writer.keys.slots() / 64, "{pages} pages");
+        assert_eq!(sorted(paged), sorted(whole));
+    }
+
+    #[test]
+    fn a_table_that_grows_during_an_export_restarts_it_and_it_still_ends() {
+        let daily = policy(Algorithm::TokenBucket, DAY);
+        let mut writer = node(1);
+        for i in 0..100 {
+            spend(&mut writer, &daily, key(&format!("k{i}")), 10, T0);
+        }
+        let mut added = 100;
+        // Every page inserts enough keys to grow the table now and then: entries move.
+        let (paged, cursor, _) = export_in_pages(&mut writer, 16, |node| {
+            for _ in 0..40 {
+                spend(node, &daily, key(&format!("k{added}")), 10, T0);
+                added += 1;
+            }
+        });
+        assert_eq!(cursor.restarts, DURABLE_RESTARTS_MAX, "the table grew, then the rest came in one page");
+        let keys: Vec<KeyHash> = sorted(paged).into_iter().map(|kept| kept.key).collect();
+        let mut unique = keys.clone();
+        unique.dedup();
+        assert_eq!(keys, unique, "no key twice");
+        for i in 0..100 {
+            assert!(keys.contains(&key(&format!("k{i}"))), "k{i}, tracked for the whole export, is in it");
+        }
     }
 }

@@ -84,7 +84,8 @@ pub struct SnapshotMetrics {
     pub last_keys: u64,
     /// Bytes of the last snapshot written.
     pub last_bytes: u64,
-    /// How long the last snapshot held the node's lock (taking the keys out of the core).
+    /// How long the last snapshot held the node's lock (taking the keys out of the core), its
+    /// pages together (checks go between two pages).
     pub last_export: Duration,
     /// How long the last snapshot took in all: export, encoding and the atomic write.
     pub last_duration: Duration,

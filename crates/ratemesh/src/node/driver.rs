@@ -9,11 +9,14 @@ use parking_lot::MutexGuard;
 use std::time::Duration;
 
 use chitchat::ChitchatHandle;
-use ratemesh_core::{Event, MemberView, NodeId};
+use ratemesh_core::{DurableCursor, DurableKey, Event, MemberView, NodeId};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, trace_span};
 
-use super::{DEPARTED_ADDRS_MAX, FRAME_BYTES_PER_TURN_MAX, FRAMES_PER_TURN_MAX, Origin, Shared, State};
+use super::{
+    DEPARTED_ADDRS_MAX, FRAME_BYTES_PER_TURN_MAX, FRAMES_PER_TURN_MAX, Origin, SNAPSHOT_SLOTS_PER_TURN,
+    Shared, State,
+};
 use crate::defaults;
 use crate::durable::Persistence;
 use crate::gossip::{GossipSlot, GossipStarter, supervise};
@@ -215,14 +218,38 @@ impl Shared {
         self.lock_state().waiters.clear();
     }
 
-    /// Takes the core's durable state out under the lock and writes it (off the lock).
+    /// Takes the core's durable state out under the lock, `SNAPSHOT_SLOTS_PER_TURN` slots of its
+    /// key table per lock (checks go between two pages), and writes it (off the lock). Returns
+    /// once written; `save` stamps the snapshot after the last page (see
+    /// `ratemesh_core::Node::export_durable`).
     pub(super) async fn save_snapshot(&self, durable: &Arc<Persistence>) {
         let started = std::time::Instant::now();
-        let keys = {
-            let state = self.lock_state();
-            state.core.durable_keys(self.now(), durable.settings().period_min)
-        };
-        durable.save(keys, started.elapsed(), started).await;
+        let period_min = durable.settings().period_min;
+        // Room for every tracked key, allocated off the lock: a vector growing under it would
+        // copy all it holds (milliseconds at a hundred thousand keys).
+        let tracked = self.lock_state().core.keys_len();
+        let (mut cursor, mut keys, mut export) =
+            (DurableCursor::default(), Vec::with_capacity(tracked), Duration::ZERO);
+        while !cursor.is_done() {
+            export += self.export_page(period_min, &mut cursor, &mut keys);
+            tokio::task::yield_now().await;
+        }
+        durable.save(keys, export, started).await;
+    }
+
+    /// One page of a snapshot's export under the lock; returns how long it held it.
+    fn export_page(
+        &self,
+        period_min: Duration,
+        cursor: &mut DurableCursor,
+        keys: &mut Vec<DurableKey>,
+    ) -> Duration {
+        let state = self.lock_state();
+        let started = std::time::Instant::now();
+        state.core.export_durable(self.now(), period_min, cursor, SNAPSHOT_SLOTS_PER_TURN, keys);
+        let held = started.elapsed();
+        MutexGuard::unlock_fair(state);
+        held
     }
 
     /// Writes a snapshot every snapshot interval until the node stops.
