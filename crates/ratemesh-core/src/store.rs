@@ -156,6 +156,8 @@ pub struct Store<X = ()> {
     rng: CoreRng,
     /// The table slot (bucket index) the next sweep starts at.
     sweep_cursor: usize,
+    /// Counts inserts that may have moved entries (see [`Store::layout`]).
+    layout: u64,
     stats: StoreStats,
     logs: LogBudget,
 }
@@ -168,6 +170,7 @@ impl<X: KeyExtra> Store<X> {
             entries: HashTable::new(),
             rng: CoreRng::seed_from_u64(seed),
             sweep_cursor: 0,
+            layout: 0,
             stats: StoreStats::default(),
             logs: LogBudget { entries_max: config.log_bytes_max / LOG_ENTRY_BYTES, ..LogBudget::default() },
         }
@@ -256,11 +259,17 @@ impl<X: KeyExtra> Store<X> {
         self.entries.iter().map(|entry| (entry.key, &entry.bucket, &entry.extra))
     }
 
-    /// The table's slots, entries and empty ones: the positions [`Store::at_slot`] reads. Removing
-    /// an entry moves no other one; the number changes only when the table grows, which moves
-    /// them all.
+    /// The table's slots, entries and empty ones: the positions [`Store::at_slot`] reads.
     pub fn slots(&self) -> usize {
         self.entries.num_buckets()
+    }
+
+    /// Changes whenever entries may have moved between slots: an insert with no room left (the
+    /// table grows, or rehashes in place to reclaim the slots of removed entries). Removals and
+    /// other inserts move no entry, so a walk over the slots that sees the same layout before
+    /// and after each step visits every entry that stayed, once.
+    pub fn layout(&self) -> u64 {
+        self.layout
     }
 
     /// The key, bucket and extra data in slot `slot`, if one is there.
@@ -336,6 +345,11 @@ impl<X: KeyExtra> Store<X> {
         self.logs.changed(0, &mut bucket);
         let mut entry = Entry { key, fresh_at: Instant::ZERO, bucket, extra };
         entry.refresh(limit);
+        if self.entries.len() >= self.entries.capacity() {
+            // No room left: the table grows or, with many tombstones, rehashes in place; either
+            // way its entries may move.
+            self.layout += 1;
+        }
         self.entries.insert_unique(table_hash(key), entry, |entry| table_hash(entry.key));
         self.stats.inserted += 1;
     }

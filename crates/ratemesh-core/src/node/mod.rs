@@ -538,7 +538,6 @@ impl Node {
         let all_reachable = self.ring.members().iter().all(|&m| m == self.id || self.peers.reachable(m, now));
         self.settled = all_reachable && self.fallbacks_since_sync == 0;
         self.fallbacks_since_sync = 0;
-        self.keys.sweep(now);
         self.begin_round(now);
     }
 

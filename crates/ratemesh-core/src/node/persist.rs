@@ -51,21 +51,22 @@ pub struct RestoreStats {
 pub struct DurableCursor {
     /// The next slot of the key table to visit.
     slot: usize,
-    /// The table's slots when the export (re)started; `None` before the first page.
-    slots: Option<usize>,
-    /// Times the export started again because the table grew.
+    /// The table's slots and layout ([`Store::layout`]) when the export (re)started; `None`
+    /// before the first page.
+    table: Option<(usize, u64)>,
+    /// Times the export started again because entries may have moved.
     restarts: u32,
 }
 
 impl DurableCursor {
     /// Whether every slot of the key table was visited: the export is complete.
     pub fn is_done(&self) -> bool {
-        self.slots.is_some_and(|slots| self.slot >= slots)
+        self.table.is_some_and(|(slots, _)| self.slot >= slots)
     }
 }
 
-/// Restarts of a paged export (the key table grew meanwhile) after which the rest is exported
-/// in one page, so that an export always ends.
+/// Restarts of a paged export (entries of the key table moved meanwhile) after which the rest is
+/// exported in one page, so that an export always ends.
 const DURABLE_RESTARTS_MAX: u32 = 2;
 
 impl Node {
@@ -86,9 +87,9 @@ impl Node {
     /// with a time no earlier than its last page's (its earlier pages then look older than they
     /// are: less refill is credited at restore, never more). A key tracked for the whole export
     /// is in it once, in its state at its page; one tracked meanwhile may be missed (it is in
-    /// the next snapshot). If the table grew since the previous page (its entries moved), `into`
-    /// is cleared and the export starts again; after [`DURABLE_RESTARTS_MAX`] restarts the rest
-    /// comes in one page. Give `into` room for [`Node::keys_len`] keys first: growing it would
+    /// the next snapshot). If entries may have moved since the previous page (the table grew or
+    /// rehashed in place: [`Store::layout`]), `into` is cleared and the export starts again;
+    /// after [`DURABLE_RESTARTS_MAX`] restarts the rest comes in one page. Give `into` room for [`Node::keys_len`] keys first: growing it would
     /// copy what it holds within a page.
     pub fn export_durable(
         &self,
@@ -98,13 +99,14 @@ impl Node {
         slots_max: usize,
         into: &mut Vec<DurableKey>,
     ) {
-        let slots = self.keys.slots();
-        if cursor.slots.is_some_and(|before| before != slots) {
+        let table = (self.keys.slots(), self.keys.layout());
+        if cursor.table.is_some_and(|before| before != table) {
             into.clear();
             cursor.slot = 0;
             cursor.restarts += 1;
         }
-        cursor.slots = Some(slots);
+        cursor.table = Some(table);
+        let slots = table.0;
         let len = if cursor.restarts >= DURABLE_RESTARTS_MAX { usize::MAX } else { slots_max.max(1) };
         let end = cursor.slot.saturating_add(len).min(slots);
         for slot in cursor.slot..end {
@@ -349,5 +351,52 @@ mod tests {
         for i in 0..100 {
             assert!(keys.contains(&key(&format!("k{i}"))), "k{i}, tracked for the whole export, is in it");
         }
+    }
+
+    /// Where each tracked key sits in the table.
+    fn positions(node: &Node) -> Vec<(usize, KeyHash)> {
+        (0..node.keys.slots())
+            .filter_map(|slot| node.keys.at_slot(slot).map(|(key, _, _)| (slot, key)))
+            .collect()
+    }
+
+    #[test]
+    fn a_table_that_rehashes_in_place_during_an_export_loses_no_key() {
+        let daily = policy(Algorithm::TokenBucket, DAY);
+        let mut writer = node(1);
+        // 124 short-lived keys, then 100 kept: 224 keys in 256 slots.
+        let gone: Vec<KeyHash> = (0..124).map(|i| key(&format!("g{i}"))).collect();
+        let tracked: Vec<KeyHash> = (0..100).map(|i| key(&format!("t{i}"))).collect();
+        for &k in gone.iter().chain(&tracked) {
+            spend(&mut writer, &daily, k, 1, T0);
+        }
+        let (slots, before) = (writer.keys.slots(), positions(&writer));
+        let mut churn = 0;
+        let (paged, cursor, _) = export_in_pages(&mut writer, 1, |node| {
+            // The short-lived keys go (tombstones in a full table), then keys come and go: with
+            // no room left, an insert rehashes the table in place.
+            for k in gone.iter().filter(|&&k| node.keys.extra(k).is_some()).copied().collect::<Vec<_>>() {
+                node.keys.remove(k);
+            }
+            for _ in 0..40 {
+                spend(node, &daily, key(&format!("c{churn}")), 1, T0);
+                if churn >= 10 {
+                    node.keys.remove(key(&format!("c{}", churn - 10)));
+                }
+                churn += 1;
+            }
+        });
+        let after = positions(&writer);
+        assert_eq!(writer.keys.slots(), slots, "the table never grew");
+        assert!(
+            before.iter().any(|entry| tracked.contains(&entry.1) && !after.contains(entry)),
+            "entries moved"
+        );
+        assert!(cursor.restarts > 0, "the export saw it");
+        let keys: Vec<KeyHash> = sorted(paged).into_iter().map(|kept| kept.key).collect();
+        let mut unique = keys.clone();
+        unique.dedup();
+        assert_eq!(keys, unique, "no key twice");
+        assert!(tracked.iter().all(|k| keys.contains(k)), "every key tracked for the whole export is in it");
     }
 }

@@ -102,6 +102,9 @@ impl Node {
         for (successor, states) in round.replica_batches {
             self.send_replicas_to(successor, states, now);
         }
+        // After the round's sends, as every round: a key whose replica was due goes out before
+        // the sweep may drop it as fresh.
+        self.keys.sweep(now);
     }
 
     /// Takes `key`'s report, if it has news for its owner, into `batches`; a full batch is sent.
