@@ -80,8 +80,8 @@ impl Node {
         let Some(mut round) = self.round.take() else { return };
         let end = round.visited.saturating_add(len_max.max(1)).min(round.len());
         let sizing = self.sizing_context(self.id, now);
+        let (reports, own) = (round.reports.len(), round.own.len());
         for index in round.visited..end {
-            let (reports, own) = (round.reports.len(), round.own.len());
             if index < reports {
                 self.take_key_report(round.reports[index], now, &mut round.report_batches);
             } else if index < reports + own {
@@ -110,10 +110,7 @@ impl Node {
     /// Takes `key`'s report, if it has news for its owner, into `batches`; a full batch is sent.
     fn take_key_report(&mut self, key: KeyHash, now: Instant, batches: &mut BTreeMap<NodeId, Vec<Report>>) {
         let Some((owner, report)) = self.key_report(key, now) else { return };
-        let batch = batches.entry(owner).or_default();
-        batch.push(report);
-        if batch.len() >= self.config.sync_batch_len_max.max(1) {
-            let full = core::mem::take(batch);
+        if let Some(full) = push_batched(batches, owner, report, self.config.sync_batch_len_max) {
             self.send_reports_to(owner, full, now);
         }
     }
@@ -121,11 +118,20 @@ impl Node {
     /// Takes `key`'s replica, if it has a successor, into `batches`; a full batch is sent.
     fn take_replica(&mut self, key: KeyHash, now: Instant, batches: &mut BTreeMap<NodeId, Vec<KeyState>>) {
         let Some((successor, state)) = self.key_replica(key, now) else { return };
-        let batch = batches.entry(successor).or_default();
-        batch.push(state);
-        if batch.len() >= self.config.sync_batch_len_max.max(1) {
-            let full = core::mem::take(batch);
+        if let Some(full) = push_batched(batches, successor, state, self.config.sync_batch_len_max) {
             self.send_replicas_to(successor, full, now);
         }
     }
+}
+
+/// Adds `entry` to the batch for `to`; returns the batch, taken out, once it holds `len_max`.
+fn push_batched<T>(
+    batches: &mut BTreeMap<NodeId, Vec<T>>,
+    to: NodeId,
+    entry: T,
+    len_max: usize,
+) -> Option<Vec<T>> {
+    let batch = batches.entry(to).or_default();
+    batch.push(entry);
+    (batch.len() >= len_max.max(1)).then(|| core::mem::take(batch))
 }

@@ -4,11 +4,10 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError};
-
-use parking_lot::MutexGuard;
 use std::time::Duration;
 
 use chitchat::ChitchatHandle;
+use parking_lot::MutexGuard;
 use ratemesh_core::{DurableCursor, DurableKey, Event, MemberView, NodeId};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, trace_span};

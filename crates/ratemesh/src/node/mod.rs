@@ -62,8 +62,8 @@ const FRAMES_PER_TURN_MAX: usize = 64;
 /// frames (a thousand entries each) would otherwise hold the lock for milliseconds. A turn takes
 /// at least one frame.
 const FRAME_BYTES_PER_TURN_MAX: usize = 64 * 1024;
-/// Slots of the key table (entries and empty ones) a snapshot exports per lock: about half as many
-/// keys, a fraction of a millisecond.
+/// Slots of the key table (entries and empty ones) a snapshot exports per lock: at most seven
+/// eighths as many keys (the table's load), a fraction of a millisecond.
 const SNAPSHOT_SLOTS_PER_TURN: usize = 1024;
 /// The most addresses of members that left the view kept for answering them (a leaving member
 /// waits for acknowledgements of its handoff after the others dropped it from their views).
