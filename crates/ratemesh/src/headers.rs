@@ -41,7 +41,6 @@
 //! # }
 //! ```
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -80,21 +79,81 @@ pub fn insert_headers(headers: &mut HeaderMap, policy: &NamedPolicy, decision: &
 /// (the daemon, whose policies live in its own table): `name` is the policy's name in
 /// `RateLimit-Policy` and `RateLimit`, `window` its period.
 pub fn insert_headers_for(headers: &mut HeaderMap, name: &str, window: Duration, decision: &Decision) {
-    let reset = ceil_secs(decision.reset_after);
-    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
-    headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
-    headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
-    match retry_after_secs(decision) {
+    let fields = Fields::of(window, decision);
+    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(fields.limit));
+    headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(fields.remaining));
+    headers.insert(X_RATELIMIT_RESET, HeaderValue::from(fields.reset));
+    match fields.retry_after {
         Some(secs) => headers.insert(RETRY_AFTER, HeaderValue::from(secs)),
         // A stale `Retry-After` from an inner service would contradict an admission.
         None => headers.remove(RETRY_AFTER),
     };
     let name = sf_string(name);
-    let window = sf_integer(ceil_secs(window).max(1));
-    let (quota, remaining, reset) =
-        (sf_integer(decision.limit), sf_integer(decision.remaining), sf_integer(reset));
+    let Fields { quota, window, sf_remaining, sf_reset, .. } = fields;
     insert_ascii(headers, RATELIMIT_POLICY, format!("{name};q={quota};w={window}"));
-    insert_ascii(headers, RATELIMIT, format!("{name};r={remaining};t={reset}"));
+    insert_ascii(headers, RATELIMIT, format!("{name};r={sf_remaining};t={sf_reset}"));
+}
+
+/// Appends the rate-limit headers of [`insert_headers_for`] (the same fields, values and order) to
+/// `out` as HTTP/1.1 header lines, `name: value\r\n` with lowercase names, without an allocation:
+/// for a server that writes its responses itself (the daemon's `POST /v1/check` front).
+pub fn write_header_lines(out: &mut Vec<u8>, name: &str, window: Duration, decision: &Decision) {
+    let fields = Fields::of(window, decision);
+    let mut number = itoa::Buffer::new();
+    let mut line = |header: &HeaderName, value: u64| {
+        out.extend_from_slice(header.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(number.format(value).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    };
+    line(&X_RATELIMIT_LIMIT, fields.limit);
+    line(&X_RATELIMIT_REMAINING, fields.remaining);
+    line(&X_RATELIMIT_RESET, fields.reset);
+    if let Some(secs) = fields.retry_after {
+        line(&RETRY_AFTER, secs);
+    }
+    let mut structured = |header: &HeaderName, parameters: [(&[u8], u64); 2]| {
+        out.extend_from_slice(header.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        push_sf_string(out, name);
+        for (parameter, value) in parameters {
+            out.extend_from_slice(parameter);
+            out.extend_from_slice(number.format(value).as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+    };
+    structured(&RATELIMIT_POLICY, [(b";q=", fields.quota), (b";w=", fields.window)]);
+    structured(&RATELIMIT, [(b";r=", fields.sf_remaining), (b";t=", fields.sf_reset)]);
+}
+
+/// The values of one decision's rate-limit headers, computed once for either way of writing them.
+struct Fields {
+    limit: u64,
+    remaining: u64,
+    /// Seconds until fresh, rounded up.
+    reset: u64,
+    retry_after: Option<u64>,
+    /// The structured fields' integers (clamped to 15 digits).
+    quota: u64,
+    window: u64,
+    sf_remaining: u64,
+    sf_reset: u64,
+}
+
+impl Fields {
+    fn of(window: Duration, decision: &Decision) -> Fields {
+        let reset = ceil_secs(decision.reset_after);
+        Fields {
+            limit: decision.limit,
+            remaining: decision.remaining,
+            reset,
+            retry_after: retry_after_secs(decision),
+            quota: sf_integer(decision.limit),
+            window: sf_integer(ceil_secs(window).max(1)),
+            sf_remaining: sf_integer(decision.remaining),
+            sf_reset: sf_integer(reset),
+        }
+    }
 }
 
 /// The largest structured-field integer (RFC 8941: at most 15 digits).
@@ -123,27 +182,31 @@ pub fn retry_after_secs(decision: &Decision) -> Option<u64> {
 /// `%` itself as `%25`: the mapping stays one-to-one (two policy names never render the same) and
 /// the result is always a valid header value.
 pub fn sf_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
+    let mut out = Vec::with_capacity(text.len() + 2);
+    push_sf_string(&mut out, text);
+    // Printable ASCII by construction.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Appends [`sf_string`]`(text)` to `out`.
+fn push_sf_string(out: &mut Vec<u8>, text: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.push(b'"');
     for c in text.chars() {
         match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            '%' => out.push_str("%25"),
-            ' '..='~' => out.push(c),
+            '"' | '\\' => out.extend_from_slice(&[b'\\', c as u8]),
+            '%' => out.extend_from_slice(b"%25"),
+            // Printable ASCII: one byte.
+            ' '..='~' => out.push(c as u8),
             _ => {
                 let mut utf8 = [0; 4];
                 for byte in c.encode_utf8(&mut utf8).bytes() {
-                    // Writing to a String cannot fail.
-                    let _ = write!(out, "%{byte:02X}");
+                    out.extend_from_slice(&[b'%', HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 0xf)]]);
                 }
             }
         }
     }
-    out.push('"');
-    out
+    out.push(b'"');
 }
 
 /// Whole seconds in `duration`, rounded up (saturating at `u64::MAX`).
@@ -380,5 +443,36 @@ mod tests {
         let encoded = sf_string(&all);
         assert!(is_sf_string(&encoded));
         assert!(HeaderValue::try_from(encoded).is_ok());
+    }
+
+    #[test]
+    fn header_lines_are_the_header_map_written_out() {
+        let names = ["api", "a\"b\\c", "100%", "名前", "a\r\nSet-Cookie: x=1"];
+        let decisions = [
+            decision(true, 7, Duration::from_millis(1_500), None),
+            decision(false, 0, Duration::from_secs(5), Some(Duration::from_millis(1))),
+            decision(false, 0, Duration::from_secs(5), None),
+            Decision { limit: u64::MAX, remaining: u64::MAX, ..decision(true, 0, Duration::MAX, None) },
+        ];
+        for name in names {
+            for decision in &decisions {
+                let window = Duration::from_millis(2_500);
+                let mut headers = HeaderMap::new();
+                insert_headers_for(&mut headers, name, window, decision);
+                let mut expected = Vec::new();
+                for (header, value) in &headers {
+                    expected.extend_from_slice(format!("{header}: ").as_bytes());
+                    expected.extend_from_slice(value.as_bytes());
+                    expected.extend_from_slice(b"\r\n");
+                }
+                let mut lines = b"before\r\n".to_vec();
+                write_header_lines(&mut lines, name, window, decision);
+                assert_eq!(
+                    String::from_utf8_lossy(&lines[8..]),
+                    String::from_utf8_lossy(&expected),
+                    "{name:?} {decision:?}"
+                );
+            }
+        }
     }
 }

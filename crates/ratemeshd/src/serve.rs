@@ -18,8 +18,9 @@
 //! # Connections
 //!
 //! Each listener keeps at most `limits.connections_max` connections open (`crate::listener`:
-//! one more is closed as soon as it is accepted). The HTTP API is served by hyper's HTTP/1
-//! server with a timer, so that a request's head must arrive within
+//! one more is closed as soon as it is accepted). An HTTP connection is served by the API's
+//! front (`crate::http::Front`: `POST /v1/check` itself, anything else by hyper's HTTP/1 server
+//! with a timer, to which it hands the connection), so that a request's head must arrive within
 //! [`crate::http::HEADER_READ_TIMEOUT`] of the connection waiting for it: a connection that
 //! sends nothing, sends its head a byte at a time, or sits idle after a keep-alive answer is
 //! closed then. (`axum::serve` installs no timer and could not bound this.)
@@ -28,19 +29,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_stream::wrappers::TcpListenerStream;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use crate::config::Config;
 use crate::daemon::{ConfigSource, Daemon, DaemonError, FileStamp, ReloadError, Reloaded};
-use crate::listener::{LimitedIncoming, LimitedStream, serve_connections};
+use crate::http::Front;
+use crate::listener::{LimitedIncoming, serve_connections};
 use crate::logging::LogControl;
 
 /// How long the servers may take to finish the requests in progress at shutdown.
@@ -236,60 +234,26 @@ async fn start_http(
     let refused = daemon.metrics().connections_refused("http");
     let incoming = LimitedIncoming::new(TcpListenerStream::new(listener), connections, "http", refused)
         .write_timeout(timeouts.write);
-    let app = crate::http::router_with(Arc::clone(daemon), timeouts);
+    let front = Front::new(Arc::clone(daemon), timeouts);
     let shutdown = daemon.close_signal();
     tasks.spawn(async move {
-        serve_http(incoming, app, timeouts.header_read, shutdown).await;
+        serve_http(incoming, front, shutdown).await;
         ("HTTP", Ok(()))
     });
     Ok(local)
 }
 
-/// Serves `app` on every connection of `incoming` until `shutdown` completes, then stops
-/// accepting, asks every connection to close after its request in progress, and returns once
-/// they all did. The connections are tasks of this future: dropping it (the drain timeout)
-/// drops them.
+/// Serves the API on every connection of `incoming` ([`Front`]) until `shutdown` completes,
+/// then stops accepting, asks every connection to close after its request in progress, and
+/// returns once they all did. The connections are tasks of this future: dropping it (the drain
+/// timeout) drops them.
 async fn serve_http(
     incoming: LimitedIncoming<TcpListenerStream>,
-    app: Router,
-    header_read_timeout: Duration,
+    front: Front,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout).keep_alive(true);
-    serve_connections(incoming, "HTTP", shutdown, |stream, closing| {
-        serve_http_connection(builder.clone(), stream, app.clone(), closing)
-    })
-    .await;
-}
-
-/// Serves one HTTP connection until it closes, or until `closing` turns true, then lets its
-/// request in progress finish and closes it.
-async fn serve_http_connection(
-    builder: auto::Builder<TokioExecutor>,
-    stream: LimitedStream,
-    app: Router,
-    mut closing: watch::Receiver<bool>,
-) {
-    let connection = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
-    tokio::pin!(connection);
-    let closing = async move {
-        // An error means the server is gone: closing too. The guard is dropped at once (it is
-        // not `Send`).
-        let _ = closing.wait_for(|closing| *closing).await;
-    };
-    let served = tokio::select! {
-        served = connection.as_mut() => served,
-        () = closing => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
-        }
-    };
-    // A client that closed early, a header timeout, a malformed request: the connection's own
-    // business, not the server's.
-    if let Err(error) = served {
-        debug!(%error, "HTTP connection ended with an error");
-    }
+    serve_connections(incoming, "HTTP", shutdown, |stream, closing| front.clone().serve(stream, closing))
+        .await;
 }
 
 /// The Envoy Rate Limit Service (gRPC) server: binds `listen.grpc` and runs

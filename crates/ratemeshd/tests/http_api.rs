@@ -1403,3 +1403,123 @@ async fn passes_after_delete(h: &Harness) -> u64 {
     }
     passed
 }
+
+/// `POST /v1/check` raw over one keep-alive connection: `count` requests for `keys`, pipelined in
+/// one write.
+fn check_requests(keys: &[&str], extra_header: &str) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for key in keys {
+        let body = format!(r#"{{"key": "{key}", "policy": "token_bucket"}}"#);
+        let head = format!(
+            "POST /v1/check HTTP/1.1\r\nHost: t\r\n{extra_header}Content-Length: {}\r\n\r\n",
+            body.len()
+        );
+        bytes.extend_from_slice(head.as_bytes());
+        bytes.extend_from_slice(body.as_bytes());
+    }
+    bytes
+}
+
+/// Reads `count` whole responses from `stream` and returns their raw bytes, each without its
+/// `date` line (the only part that may differ between two servers a second apart).
+async fn raw_responses(stream: &mut TcpStream, count: usize) -> Vec<String> {
+    let mut received = Vec::new();
+    let mut responses = Vec::new();
+    let mut buffer = [0_u8; 4096];
+    let read = async {
+        // Bounded by the timeout around it; each round parses what arrived or reads more.
+        while responses.len() < count {
+            let text = String::from_utf8_lossy(&received).into_owned();
+            let whole = text.find("\r\n\r\n").and_then(|head_end| {
+                let head = &text[..head_end];
+                let len: usize = head
+                    .lines()
+                    .find_map(|line| line.strip_prefix("content-length: "))
+                    .and_then(|len| len.parse().ok())?;
+                (text.len() >= head_end + 4 + len).then_some((head_end + 4 + len, head.to_owned()))
+            });
+            if let Some((end, head)) = whole {
+                let body = &text[head.len() + 4..end];
+                let head: Vec<&str> = head.lines().filter(|line| !line.starts_with("date: ")).collect();
+                responses.push(format!("{}\r\n\r\n{body}", head.join("\r\n")));
+                received.drain(..end);
+                continue;
+            }
+            let n = stream.read(&mut buffer).await.expect("reads");
+            assert!(n > 0, "closed before {count} answers: {responses:?} {text}");
+            received.extend_from_slice(&buffer[..n]);
+        }
+    };
+    tokio::time::timeout(TIMEOUT, read).await.expect("answers within the timeout");
+    responses
+}
+
+/// The front that answers `POST /v1/check` itself answers with the router's bytes: the same
+/// check answered by the front (first on its connection) and by the router (after another
+/// route handed the connection over) gives the same response but for its date; pipelined
+/// checks are answered in order, a check split across writes waits for its rest, and requests
+/// the front does not take (chunked bodies, bad bodies, HTTP/1.0) are still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_front_answers_with_the_routers_bytes() {
+    let h = Harness::standard("front").await;
+    // The front: three pipelined checks in one write, then a fourth split mid-body.
+    let mut front = TcpStream::connect(&h.addr).await.expect("connects");
+    front.write_all(&check_requests(&["f1", "f2", "f1"], "")).await.expect("sends");
+    let split = check_requests(&["f3"], "");
+    front.write_all(&split[..split.len() - 5]).await.expect("sends");
+    let answers = raw_responses(&mut front, 3).await;
+    front.write_all(&split[split.len() - 5..]).await.expect("sends");
+    let split_answer = raw_responses(&mut front, 1).await;
+
+    // The router: a scrape first hands the connection over, then the same checks.
+    let mut router = TcpStream::connect(&h.addr).await.expect("connects");
+    let mut bytes = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n".to_vec();
+    bytes.extend_from_slice(&check_requests(&["r1", "r2", "r1", "r3"], ""));
+    router.write_all(&bytes).await.expect("sends");
+    let routed = raw_responses(&mut router, 5).await;
+    assert!(routed[0].starts_with("HTTP/1.1 200 OK"), "{}", routed[0]);
+    assert_eq!(answers, routed[1..4], "front and router answer the same checks alike");
+    assert_eq!(split_answer[0], routed[4]);
+    assert!(answers[0].contains("x-ratelimit-remaining: 2\r\n"), "{}", answers[0]);
+    assert!(answers[2].contains("x-ratelimit-remaining: 1\r\n"), "{}", answers[2]);
+
+    // `Connection: close`: answered alike, then closed.
+    let (front_closed, _) = until_closed(&h.addr, &check_requests(&["c1"], "Connection: close\r\n")).await;
+    let bytes = [
+        b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n".as_slice(),
+        &check_requests(&["c2"], "Connection: close\r\n"),
+    ]
+    .concat();
+    let (router_closed, _) = until_closed(&h.addr, &bytes).await;
+    let without_date = |bytes: &[u8]| -> String {
+        let text = String::from_utf8_lossy(bytes);
+        text.split("\r\n").filter(|line| !line.starts_with("date: ")).collect::<Vec<_>>().join("\r\n")
+    };
+    let router_text = without_date(&router_closed);
+    let check_at = router_text.rfind("HTTP/1.1 ").expect("two answers");
+    assert_eq!(without_date(&front_closed), router_text[check_at..]);
+    assert!(router_text[check_at..].contains("connection: close\r\n"), "{router_text}");
+
+    // Not the front's: a chunked body, HTTP/1.0, a bad body. Still answered, by the router.
+    let mut chunked =
+        b"POST /v1/check HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            .to_vec();
+    for chunk in [r#"{"key": "k", "#, r#""policy": "gcra"}"#] {
+        chunked.extend_from_slice(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes());
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let Closed::Answered(r) = exchange(&h.addr, &chunked).await else { panic!("no answer") };
+    assert_eq!(r.status, 200, "{}", r.text());
+    let old =
+        b"POST /v1/check HTTP/1.0\r\nContent-Length: 34\r\n\r\n{\"key\": \"k\", \"policy\": \"gcra\"}    ";
+    let Closed::Answered(r) = exchange(&h.addr, old).await else { panic!("no answer") };
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = h.post_raw("/v1/check", br#"{"key": "k", "policy": "gcra", "cost": "x"}"#).await;
+    assert_error(&r, 400, Some("cost"), "a bad body is the router's to answer");
+    let metrics = h.get("/metrics").await.text();
+    assert!(
+        metrics.contains(r#"ratemesh_http_request_duration_seconds_count{route="check",status="200"}"#),
+        "{metrics}"
+    );
+    h.stop().await;
+}

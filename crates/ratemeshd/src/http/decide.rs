@@ -38,7 +38,7 @@ pub(super) async fn check(
 }
 
 /// One check's answer: a refund when its cost was negative.
-async fn decide(api: &Api, check: &ValidCheck) -> Result<Answer, ApiError> {
+pub(super) async fn decide(api: &Api, check: &ValidCheck) -> Result<Answer, ApiError> {
     match check.refund {
         true => Ok(api.daemon.refund(&check.target, check.key, check.cost).await?),
         false => Ok(api.daemon.check(&check.target, check.key, &check.key_text, check.cost).await?),

@@ -1,4 +1,5 @@
-//! The HTTP API (axum 0.8, HTTP/1.1).
+//! The HTTP API (axum 0.8, HTTP/1.1), behind a front ([`Front`]) that answers `POST /v1/check`
+//! on its own and hands every connection that asks anything else to hyper and this router.
 //!
 //! | route | answer |
 //! | --- | --- |
@@ -73,7 +74,10 @@ use crate::policy::PolicyTable;
 mod admin;
 pub mod body;
 mod decide;
+mod front;
 mod observe;
+
+pub(crate) use front::Front;
 
 pub use observe::{TOP_BY_DEFAULT, TOP_N_DEFAULT, TOP_N_MAX};
 
