@@ -15,8 +15,12 @@
 # Per core: each server's own CPU time (utime + stime of /proc/PID/stat, from before to after a
 # load) divided by the decisions it answered in that load, in CPU µs per decision.
 #
-# Each measurement runs 3 times, interleaved (HTTP, Redis, RESP, Redis P16, RESP P16, gRPC, HTTP,
-# ...), each load at most 10 s (redis-benchmark: a request count); the table reports the medians
+# The floor: Redis answering PING at pipeline 1 with the same client, the cost on this kernel of a
+# request and its answer (a read and a write system call on loopback TCP) with nearly no work
+# between them; every server here pays it per request at pipeline 1.
+#
+# Each measurement runs 3 times, interleaved (HTTP, Redis, PING, RESP, Redis P16, RESP P16, gRPC,
+# HTTP, ...), each load at most 10 s (redis-benchmark: a request count); the table reports the medians
 # (per column), the throughput and p99 ratios ratemeshd HTTP / Redis+Lua and the per-core ratios
 # (CPU per decision) of each ratemeshd path / Redis+Lua at the same pipeline depth, on stdout and
 # in target/bench/results.md. Not run by .ci/run (it measures, it does not assert), but bounded
@@ -270,6 +274,8 @@ measure_path() {
 for ((round = 1; round <= rounds; round++)); do
     measure_path "ratemeshd HTTP" "$ratemeshd_pid" run_http
     measure_path "Redis + Lua" "$redis_pid" run_redis 1
+    # The floor: a request and its answer, one read and one write, and almost nothing between.
+    measure_path "Redis PING (floor)" "$redis_pid" redis_benchmark "$p_redis" 1 PING
     measure_path "ratemeshd RESP CL.THROTTLE" "$ratemeshd_pid" run_resp 1
     measure_path "Redis + Lua P16" "$redis_pid" run_redis 16
     measure_path "ratemeshd RESP CL.THROTTLE P16" "$ratemeshd_pid" run_resp 16

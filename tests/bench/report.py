@@ -9,7 +9,8 @@ compared with the one named "Redis + Lua" (throughput ratio and p99 ratio); ever
 is compared per core (CPU per decision) with Redis + Lua at the same pipeline depth ("P16" paths
 with "Redis + Lua P16"), and so is every peer's path (BENCH_PEERS=1: paths named after
 throttlecrab or rateguard); then ratemeshd's paths are compared per core with the peers' paths
-of the same protocol (HTTP with HTTP, RESP with RESP).
+of the same protocol (HTTP with HTTP, RESP with RESP). The path named "Redis PING (floor)" is
+the cost of a bare request and answer: the per-core goals are set against it.
 """
 
 import statistics
@@ -17,6 +18,7 @@ import sys
 
 HTTP = "ratemeshd HTTP"
 REDIS = "Redis + Lua"
+FLOOR = "Redis PING (floor)"
 PEERS = ("throttlecrab", "rateguard")
 
 
@@ -56,6 +58,14 @@ def main() -> int:
             f"p99 ×{h_p99 / r_p99:.2f} (goal: throughput ≥ ×1.00 at comparable p99)."
         )
         print()
+    if FLOOR in medians and REDIS in medians:
+        floor_us, redis_us = medians[FLOOR][3], medians[REDIS][3]
+        print(
+            f"- floor: a request and its answer at pipeline 1 (Redis PING) cost {floor_us:.2f} CPU µs here; "
+            f"× 2 Redis + Lua per core is {redis_us / 2:.2f} µs per decision "
+            f"({redis_us / 2 / floor_us:.2f} × the floor), × 3 is {redis_us / 3:.2f} µs "
+            f"({redis_us / 3 / floor_us:.2f} × the floor)"
+        )
     for path, (_, _, p99, cpu_us) in medians.items():
         base = baseline(path)
         if path.startswith(("ratemeshd",) + PEERS) and base in medians and cpu_us > 0:

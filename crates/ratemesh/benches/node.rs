@@ -25,7 +25,9 @@
 //!    of `SEQUENTIAL_CHECKS`, medians of the percentiles), and throughput with `IN_FLIGHT` checks
 //!    in flight, with the mean forward batch length from the node's counters (batches form
 //!    under load), beside the loopback round trip of a UDP datagram between two tokio tasks on the
-//!    same runtime, measured in the same run (the floor any peer protocol pays). Goals: mean batch
+//!    same runtime, measured in the same run (the floor any peer protocol pays), and of a message
+//!    over bare quinn the way the transport sends frames (a unidirectional stream each way, no
+//!    node: the floor of QUIC on this runtime). Goals: mean batch
 //!    ≥ 8 at 64 in flight (forwards wait for the answer to the batch in flight to their owner, see
 //!    the core's `exact.rs`); p50 of a lone check ≤ 2 × the loopback round trip.
 //! 3. **Check latency under a sync-heavy load**: two nodes on loopback, approximate mode,
@@ -358,6 +360,52 @@ async fn loopback_round_trip_us() -> f64 {
     percentile(&round_trips, 50).as_secs_f64() * 1e6
 }
 
+/// The median round trip of one message over bare quinn on loopback, as the node's transport
+/// sends frames (a unidirectional stream per message, each way) but with no node around it:
+/// the floor of a forwarded check over QUIC on this runtime, measured beside the UDP echo.
+async fn quic_round_trip_us() -> f64 {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let cert = rustls_pki_types::CertificateDer::from(certified.cert);
+    let key = rustls_pki_types::PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der());
+    let server_config = quinn::ServerConfig::with_single_cert(vec![cert.clone()], key.into()).unwrap();
+    let server = quinn::Endpoint::server(server_config, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert).unwrap();
+    let mut client = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    client.set_default_client_config(quinn::ClientConfig::with_root_certificates(Arc::new(roots)).unwrap());
+    let addr = server.local_addr().unwrap();
+    let echoing = tokio::spawn(async move {
+        let at_server = server.accept().await.unwrap().await.unwrap();
+        for _ in 0..SEQUENTIAL_CHECKS + 100 {
+            let mut stream = at_server.accept_uni().await.unwrap();
+            let message = stream.read_to_end(64).await.unwrap();
+            let mut answer = at_server.open_uni().await.unwrap();
+            answer.write_all(&message).await.unwrap();
+            answer.finish().unwrap();
+        }
+        at_server
+    });
+    let at_client = client.connect(addr, "localhost").unwrap().await.unwrap();
+    let mut round_trips = Vec::with_capacity(SEQUENTIAL_CHECKS + 100);
+    for i in 0..SEQUENTIAL_CHECKS + 100 {
+        let started = std::time::Instant::now();
+        let mut stream = at_client.open_uni().await.unwrap();
+        stream.write_all(&(i as u64).to_le_bytes()).await.unwrap();
+        stream.finish().unwrap();
+        let mut answer = at_client.accept_uni().await.unwrap();
+        answer.read_to_end(64).await.unwrap();
+        // The first hundred warm up.
+        if i >= 100 {
+            round_trips.push(started.elapsed());
+        }
+    }
+    let at_server = echoing.await.unwrap();
+    at_client.close(0u32.into(), b"done");
+    at_server.closed().await;
+    round_trips.sort_unstable();
+    percentile(&round_trips, 50).as_secs_f64() * 1e6
+}
+
 /// Where criterion writes its reports (cargo's target directory, as for the core's bench).
 fn criterion_dir() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -408,15 +456,17 @@ fn main() {
     );
     let exact = runtime.block_on(exact_forwarded());
     let round_trip_us = runtime.block_on(loopback_round_trip_us());
+    let quic_us = runtime.block_on(quic_round_trip_us());
     println!("\nexact mode, forwarded to the owner over QUIC on loopback (medians of {REPEATS} runs):");
     println!(
-        "| one at a time p50 (× UDP loopback round trip) | p99 | {IN_FLIGHT} in flight: checks/s | mean batch |"
+        "| one at a time p50 (× UDP loopback round trip) | bare quinn round trip p50 (× UDP) | p99 | {IN_FLIGHT} in flight: checks/s | mean batch |"
     );
-    println!("|---|---|---|---|");
+    println!("|---|---|---|---|---|");
     println!(
-        "| {:.0} µs ({:.2} × {round_trip_us:.0} µs) | {:.0} µs | {:.0} | {:.1} |",
+        "| {:.0} µs ({:.2} × {round_trip_us:.0} µs) | {quic_us:.0} µs ({:.2} ×) | {:.0} µs | {:.0} | {:.1} |",
         exact.p50_us,
         exact.p50_us / round_trip_us,
+        quic_us / round_trip_us,
         exact.p99_us,
         exact.throughput_per_s,
         exact.batch_len_mean

@@ -1516,6 +1516,25 @@ async fn the_check_front_answers_with_the_routers_bytes() {
     assert_eq!(r.status, 200, "{}", r.text());
     let r = h.post_raw("/v1/check", br#"{"key": "k", "policy": "gcra", "cost": "x"}"#).await;
     assert_error(&r, 400, Some("cost"), "a bad body is the router's to answer");
+    // A check, then garbage on the same connection: the check is answered, the garbage gets
+    // hyper's 400 and the connection closes.
+    let bytes = [check_requests(&["g1"], "").as_slice(), b"\x00\x01 GARBAGE\r\n\r\n"].concat();
+    let (received, _) = until_closed(&h.addr, &bytes).await;
+    let text = String::from_utf8_lossy(&received);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.contains("}HTTP/1.1 400 Bad Request\r\n"), "{text}");
+    // Two lengths, or a length and chunked (request smuggling): never the front's, refused.
+    for smuggled in [
+        "Content-Length: 34\r\nContent-Length: 35\r\n",
+        "Content-Length: 34\r\nTransfer-Encoding: chunked\r\n",
+    ] {
+        let head = format!("POST /v1/check HTTP/1.1\r\nHost: t\r\n{smuggled}Connection: close\r\n\r\n");
+        let bytes = [head.as_bytes(), br#"{"key": "k", "policy": "gcra"}    "#].concat();
+        let (received, _) = until_closed(&h.addr, &bytes).await;
+        let text = String::from_utf8_lossy(&received);
+        assert!(text.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{smuggled:?}: {text}");
+    }
+    assert_still_serving(&h).await;
     let metrics = h.get("/metrics").await.text();
     assert!(
         metrics.contains(r#"ratemesh_http_request_duration_seconds_count{route="check",status="200"}"#),
