@@ -202,9 +202,7 @@ impl Connection {
         timeouts: Timeouts,
     ) -> std::io::Result<Ended> {
         if body_deadline {
-            let message = format!("body: not received within {:?}", timeouts.body_read);
-            let error = ApiError::new(StatusCode::REQUEST_TIMEOUT, message, Some("body"));
-            write_error(&mut self.output, &error, true);
+            write_error(&mut self.output, &ApiError::body_timeout(timeouts.body_read), true);
             stream.write_all(&self.output).await?;
         }
         Ok(Ended::Closed)
@@ -318,8 +316,7 @@ async fn answer(api: &Api, check: &crate::check::ValidCheck, close: bool, output
     let status = match daemon.http_permits().try_acquire() {
         Err(_) => {
             daemon.metrics().record_shed("http", "check");
-            let message = "overloaded: too many requests in flight, retry";
-            write_error(output, &ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message, None), close)
+            write_error(output, &ApiError::overloaded(), close)
         }
         Ok(_permit) => {
             let gauge = daemon.metrics().http_in_flight();

@@ -224,7 +224,7 @@ async fn admit(State(api): ApiState, request: Request, next: Next) -> Response {
     let response = match pool.map(|pool| pool.try_acquire()).transpose() {
         Err(_) => {
             daemon.metrics().record_shed("http", route);
-            error(StatusCode::SERVICE_UNAVAILABLE, "overloaded: too many requests in flight, retry", None)
+            ApiError::overloaded().into_response()
         }
         // The permit (if any) is held until the response is ready.
         Ok(_permit) => {
@@ -262,6 +262,20 @@ struct ApiError {
 impl ApiError {
     fn new(status: StatusCode, message: impl Into<String>, field: Option<&str>) -> ApiError {
         ApiError { status, body: ErrorResponse { error: message.into(), field: field.map(str::to_owned) } }
+    }
+
+    /// 503: no in-flight permit was free (shed at once, never queued).
+    fn overloaded() -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded: too many requests in flight, retry", None)
+    }
+
+    /// 408: the body did not arrive within `timeout`.
+    fn body_timeout(timeout: Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("body: not received within {timeout:?}"),
+            Some("body"),
+        )
     }
 
     fn bad_request(field: &str, message: impl std::fmt::Display) -> ApiError {
@@ -322,8 +336,7 @@ async fn read_body(
     }
     let read = tokio::time::timeout(timeout, axum::body::to_bytes(body, max_bytes)).await;
     let Ok(read) = read else {
-        let message = format!("body: not received within {timeout:?}");
-        return Err(ApiError::new(StatusCode::REQUEST_TIMEOUT, message, Some("body")));
+        return Err(ApiError::body_timeout(timeout));
     };
     read.map_err(|e| {
         if e.into_inner().is::<http_body_util::LengthLimitError>() {
