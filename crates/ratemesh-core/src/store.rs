@@ -70,6 +70,18 @@ pub struct StoreStats {
     pub logs_coarsened: u64,
 }
 
+/// The counters of several stores (a driver's lanes) add up field by field.
+impl core::ops::AddAssign for StoreStats {
+    fn add_assign(&mut self, other: StoreStats) {
+        let StoreStats { inserted, expired, evicted, log_bytes, logs_coarsened } = other;
+        self.inserted += inserted;
+        self.expired += expired;
+        self.evicted += evicted;
+        self.log_bytes += log_bytes;
+        self.logs_coarsened += logs_coarsened;
+    }
+}
+
 /// What the sliding window logs of a store take, against its bound.
 #[derive(Clone, Copy, Debug, Default)]
 struct LogBudget {

@@ -18,8 +18,9 @@
 //!
 //!    Goal: `check_now` within 1.3 × `core_clock`.
 //!
-//!    Then the throughput of `check_now` on 2 threads over 1 thread (goal ≥ 1.7; the node's state
-//!    is behind one lock).
+//!    Then the throughput of `check_now` on 2 threads over 1 thread at 1, 2, 4 and 8 lanes
+//!    (`NodeBuilder::lanes`; goal ≥ 1.7): each lane is behind its own lock, so two threads contend
+//!    only when their keys fall in the same lane.
 //! 2. **Exact-mode forwarded checks between two nodes on loopback** (real QUIC with mutual TLS):
 //!    every key is owned by the other node. Latency p50/p99 of one check at a time (`REPEATS` runs
 //!    of `SEQUENTIAL_CHECKS`, medians of the percentiles), and throughput with `IN_FLIGHT` checks
@@ -59,6 +60,8 @@ const SEQUENTIAL_CHECKS: usize = 2_000;
 const CONCURRENT_CHECKS: usize = 40_000;
 const IN_FLIGHT: usize = 64;
 const REPEATS: usize = 5;
+/// The lane counts whose thread scaling is measured (`NodeBuilder::lanes`).
+const LANE_COUNTS: [usize; 4] = [1, 2, 4, 8];
 const SECRET: &str = "benchmark cluster secret, 16+";
 
 fn policy(mode: Mode) -> NamedPolicy {
@@ -88,7 +91,7 @@ impl XorShift {
     }
 }
 
-fn approximate_check(c: &mut Criterion, runtime: &Runtime) -> f64 {
+fn approximate_check(c: &mut Criterion, runtime: &Runtime) {
     let policy = policy(Mode::Approximate);
     let keys = keys();
     let hashes: Vec<KeyHash> = keys.iter().map(|k| policy.key(k)).collect();
@@ -147,22 +150,39 @@ fn approximate_check(c: &mut Criterion, runtime: &Runtime) -> f64 {
         b.iter(|| black_box(local.block_on(node.check(&policy, &keys[pick.next(KEYS)], 1)).unwrap()))
     });
     // What counting a check in the top-keys sketches adds (part of both library checks above).
-    let top = ratemesh::top::TopTable::new(TopConfig::default());
+    let top = ratemesh::top::TopTable::new(TopConfig::default(), 1);
     group.bench_function("top_record", |b| {
         b.iter(|| {
             nanos += 50;
-            top.record(Instant::from_nanos(nanos), "bench", &keys[pick.next(KEYS)], 1, false);
+            top.record(0, Instant::from_nanos(nanos), "bench", &keys[pick.next(KEYS)], 1, false);
         })
     });
     group.finish();
-    let scaling = thread_scaling(&node, &policy, &keys);
     runtime.block_on(node.shutdown());
-    scaling
 }
 
-/// In-process throughput of `check_now` on 2 threads over 1 thread (each thread its own key
-/// sequence over the same 10 000 keys), the median of `REPEATS` interleaved pairs of runs.
-fn thread_scaling(node: &ratemesh::Node, policy: &NamedPolicy, keys: &[Vec<u8>]) -> f64 {
+/// For each of `LANE_COUNTS`: a node with that many lanes, its `check_now` throughput on one
+/// thread and on 2 threads over 1 (the median of `REPEATS` interleaved pairs of runs).
+fn lane_scaling(runtime: &Runtime) -> Vec<(usize, f64, f64)> {
+    let policy = policy(Mode::Approximate);
+    let keys = keys();
+    LANE_COUNTS
+        .iter()
+        .map(|&lanes| {
+            let node = runtime.block_on(builder(10 + lanes as u64).lanes(lanes).start()).unwrap();
+            for key in &keys {
+                node.check_now(&policy, key, 1).unwrap();
+            }
+            let (one_thread, ratio) = thread_scaling(&node, &policy, &keys);
+            runtime.block_on(node.shutdown());
+            (lanes, one_thread, ratio)
+        })
+        .collect()
+}
+
+/// In-process throughput of `check_now` on 1 thread, and on 2 threads over 1 thread (each thread
+/// its own key sequence over the same 10 000 keys): medians of `REPEATS` interleaved pairs of runs.
+fn thread_scaling(node: &ratemesh::Node, policy: &NamedPolicy, keys: &[Vec<u8>]) -> (f64, f64) {
     const CHECKS_PER_THREAD: usize = 400_000;
     let run = |threads: usize| -> f64 {
         let started = std::time::Instant::now();
@@ -178,7 +198,9 @@ fn thread_scaling(node: &ratemesh::Node, policy: &NamedPolicy, keys: &[Vec<u8>])
         });
         (threads * CHECKS_PER_THREAD) as f64 / started.elapsed().as_secs_f64()
     };
-    median((0..REPEATS).map(|_| run(2) / run(1)).collect())
+    let pairs: Vec<(f64, f64)> = (0..REPEATS).map(|_| (run(1), run(2))).collect();
+    let one_thread = median(pairs.iter().map(|(one, _)| *one).collect());
+    (one_thread, median(pairs.iter().map(|(one, two)| two / one).collect()))
 }
 
 fn builder(id: u64) -> NodeBuilder {
@@ -448,12 +470,15 @@ fn print_approximate_summary() {
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut criterion = Criterion::default().output_directory(&criterion_dir()).configure_from_args();
-    let scaling = approximate_check(&mut criterion, &runtime);
+    approximate_check(&mut criterion, &runtime);
     criterion.final_summary();
     print_approximate_summary();
-    println!(
-        "\nin-process check_now throughput, 2 threads / 1 thread (10k keys, median of {REPEATS}): {scaling:.2}"
-    );
+    println!("\nin-process check_now throughput by lanes (10k keys, medians of {REPEATS}):");
+    println!("| lanes | 1 thread: checks/s | 2 threads / 1 thread |");
+    println!("|---|---|---|");
+    for (lanes, one_thread, ratio) in lane_scaling(&runtime) {
+        println!("| {lanes} | {one_thread:.0} | {ratio:.2} |");
+    }
     let exact = runtime.block_on(exact_forwarded());
     let round_trip_us = runtime.block_on(loopback_round_trip_us());
     let quic_us = runtime.block_on(quic_round_trip_us());

@@ -29,6 +29,9 @@ pub const TOP_QUERY_TIMEOUT_MS: u64 = 1000;
 /// forwarded checks by scheduling (a check wakes the timer task; every check that arrives before
 /// it runs joins the batch), not by a timer (tokio timers have 1 ms granularity).
 pub const FORWARD_WAIT_MS: u64 = 0;
+/// Lanes of a node ([`crate::NodeBuilder::lanes`]): one, the wire of a node without lanes.
+/// Every member of a cluster runs the same number.
+pub const LANES: usize = 1;
 /// Gossip rounds a leaving node waits, beyond log2 of the cluster's size, for its peers to learn
 /// of the leave; a node that joins through seeds takes no checks for one more round than this
 /// (its join grace) unless `NodeConfig::join_grace` is set.

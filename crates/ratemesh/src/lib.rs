@@ -55,8 +55,8 @@ pub use gossip::{GossipHealth, GossipLimits, GossipStats};
 pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};
 pub use membership::{Member, MemberStatus};
 pub use node::{
-    CheckError, MissingMember, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released, SHARED_VALUE_BYTES_MAX,
-    SHARED_VALUES_MAX, SharedValuesError, StartError, TopLabel, TopReport,
+    CheckError, LANES_MAX, MissingMember, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released,
+    SHARED_VALUE_BYTES_MAX, SHARED_VALUES_MAX, SharedValuesError, StartError, TopLabel, TopReport,
 };
 pub use overrides::{LiveOverride, LiveOverrides, OverrideError, OverrideLimit};
 pub use ratemesh_core::{Adjustment, NodeId};

@@ -99,7 +99,7 @@ impl Node {
             return Err(AdjustError::Concurrency);
         }
         let decision = self
-            .decide_with(|core, id, now| {
+            .decide_with(key, |core, id, now| {
                 core.handle_adjust(now, AdjustRequest { id, key, policy: policy.clone(), adjustment, hits })
             })
             .await?;

@@ -94,6 +94,28 @@ async fn a_daily_quota_survives_a_graceful_restart_and_a_crash() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A snapshot holds keys, not lanes: a node of four lanes writes one that a node of one lane
+/// takes back exactly (and the other way round), every key into its own lane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_is_taken_back_whatever_the_lane_count() {
+    let dir = data_dir("lanes");
+    let policy = daily(Mode::Exact);
+    let tenants: Vec<String> = (0..32).map(|i| format!("tenant-{i}")).collect();
+    for (spent, lanes) in [4, 1, 3].into_iter().enumerate() {
+        let spent = spent as u64;
+        let node = TestNode::start(durable_builder(&dir, SECRET).lanes(lanes)).await;
+        for (i, tenant) in tenants.iter().enumerate() {
+            let remaining = node.node.check(&policy, tenant.as_bytes(), 0).await.unwrap().remaining;
+            assert_eq!(remaining, 100 - spent * (i as u64 % 5), "{lanes} lanes, {tenant}");
+            for _ in 0..i % 5 {
+                assert!(node.node.check(&policy, tenant.as_bytes(), 1).await.unwrap().allowed);
+            }
+        }
+        node.shutdown().await;
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_truncated_or_foreign_snapshot_is_refused_and_the_node_starts_fresh() {
     let dir = data_dir("refused");

@@ -15,22 +15,21 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// `count` nodes (ids 1…) on `network`, all seeing each other live and serving.
 async fn cluster(network: &MemoryNetwork, count: u64) -> Vec<Node> {
+    cluster_of_lanes(network, count, 1).await
+}
+
+/// A node of the virtual-time cluster on `network`, with `lanes` lanes.
+fn builder(network: &MemoryNetwork, id: u64, lanes: usize) -> NodeBuilder {
     let security = ClusterSecurity::from_secret("virtual time secret, 16+ bytes").expect("long enough");
-    let first = NodeBuilder::new(NodeId(1))
-        .security(security.clone())
-        .memory_network(network.clone())
-        .start()
-        .await
-        .expect("starts");
+    NodeBuilder::new(NodeId(id)).security(security).memory_network(network.clone()).lanes(lanes)
+}
+
+/// [`cluster`] of nodes with `lanes` lanes each.
+async fn cluster_of_lanes(network: &MemoryNetwork, count: u64, lanes: usize) -> Vec<Node> {
+    let first = builder(network, 1, lanes).start().await.expect("starts");
     let mut nodes = vec![first];
     for id in 2..=count {
-        let node = NodeBuilder::new(NodeId(id))
-            .security(security.clone())
-            .memory_network(network.clone())
-            .seeds([nodes[0].gossip_addr()])
-            .start()
-            .await
-            .expect("starts");
+        let node = builder(network, id, lanes).seeds([nodes[0].gossip_addr()]).start().await.expect("starts");
         nodes.push(node);
     }
     for node in &nodes {
@@ -171,4 +170,77 @@ async fn a_graceful_leave_hands_the_owners_counts_over() {
     assert_eq!(decision.remaining, 6);
     assert_eq!(nodes[0].metrics().protocol.fallback_decisions, 0);
     shutdown(nodes).await;
+}
+
+/// Keys `user:0`… owned by another member than `asker`, at most `count`.
+fn keys_owned_elsewhere(asker: &Node, policy: &NamedPolicy, count: usize) -> Vec<Vec<u8>> {
+    (0..10_000)
+        .map(|i| format!("user:{i}").into_bytes())
+        .filter(|key| asker.owner_of(policy, key) != Some(asker.id()))
+        .take(count)
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cluster_of_four_lane_nodes_enforces_each_limit_exactly_and_hands_it_over() {
+    let network = MemoryNetwork::new();
+    let mut nodes = cluster_of_lanes(&network, 3, 4).await;
+    // 10 per minute: nothing refills during the test's few virtual seconds.
+    let limit =
+        Limit::new(LimitSpec::new(Algorithm::TokenBucket, 10, Duration::from_secs(60))).expect("valid");
+    let policy =
+        NamedPolicy::new("lanes", Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare });
+    // Keys of every lane (64 keys over 4 lanes), all owned by the other nodes: forwarded.
+    let keys = keys_owned_elsewhere(&nodes[0], &policy, 64);
+    for key in &keys {
+        let mut admitted = 0;
+        for _ in 0..4 {
+            let decision =
+                timeout(WAIT, nodes[0].check(&policy, key, 1)).await.expect("bounded").expect("decided");
+            admitted += u64::from(decision.allowed);
+        }
+        assert_eq!(admitted, 4);
+    }
+    let asker = nodes[0].metrics().protocol;
+    assert_eq!((asker.forwarded, asker.forward_timeouts, asker.fallback_decisions), (256, 0, 0));
+    let owners: u64 = nodes[1..].iter().map(|node| node.metrics().protocol.owner_decisions).sum();
+    assert_eq!(owners, 256, "every lane of the owners decided its keys");
+    // Node 2 leaves: its keys' counts move to their new owners, lane by lane.
+    let leaving = nodes.remove(1);
+    timeout(WAIT, leaving.shutdown()).await.expect("the leave is bounded");
+    let mut members = nodes[0].subscribe_members();
+    let two_live = |members: &Vec<ratemesh::Member>| {
+        members.iter().filter(|m| m.status == MemberStatus::Live).count() == 2
+    };
+    timeout(WAIT, members.wait_for(two_live)).await.expect("the leave is seen").expect("open");
+    for key in &keys {
+        // 4 of 10 spent before the leave, wherever the key is owned now.
+        let decision =
+            timeout(WAIT, nodes[0].check(&policy, key, 6)).await.expect("bounded").expect("decided");
+        assert!(decision.allowed, "the rest of the limit is left");
+        let over = timeout(WAIT, nodes[0].check(&policy, key, 1)).await.expect("bounded").expect("decided");
+        assert!(!over.allowed, "no more than the limit after the handover");
+    }
+    assert_eq!(nodes[0].metrics().protocol.fallback_decisions, 0);
+    shutdown(nodes).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_running_another_lane_count_is_not_proposed() {
+    let network = MemoryNetwork::new();
+    let two_lanes = builder(&network, 1, 2).start().await.expect("starts");
+    let one_lane = builder(&network, 2, 1).seeds([two_lanes.gossip_addr()]).start().await.expect("starts");
+    let three = builder(&network, 3, 2).seeds([two_lanes.gossip_addr()]).start().await.expect("starts");
+    // Node 3 speaks node 1's protocol: once it is live at node 1, gossip has carried node 2's
+    // entry too (both seeded from node 1), which node 1 still does not propose.
+    let mut members = two_lanes.subscribe_members();
+    let three_live = |members: &Vec<ratemesh::Member>| {
+        members.iter().any(|m| m.id == NodeId(3) && m.status == MemberStatus::Live)
+    };
+    timeout(WAIT, members.wait_for(three_live)).await.expect("node 3 joins").expect("open");
+    // Many gossip rounds more: node 2 never enters node 1's ring, nor node 1 node 2's.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(two_lanes.members().iter().all(|m| m.id != NodeId(2)), "{:?}", two_lanes.members());
+    assert!(one_lane.members().iter().all(|m| m.id == NodeId(2)), "{:?}", one_lane.members());
+    shutdown(vec![two_lanes, one_lane, three]).await;
 }

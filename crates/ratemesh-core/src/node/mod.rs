@@ -52,6 +52,7 @@ mod share;
 mod sizing;
 
 use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use alloc::sync::Arc;
 
 use hashbrown::HashMap;
 
@@ -121,6 +122,46 @@ pub struct NodeStats {
     pub sync_rounds: u64,
     /// Delivery counters.
     pub delivery: DeliveryStats,
+}
+
+/// The counters of several nodes (a driver's lanes) add up field by field.
+impl core::ops::AddAssign for NodeStats {
+    fn add_assign(&mut self, other: NodeStats) {
+        let NodeStats {
+            owner_decisions,
+            allowance_decisions,
+            fallback_decisions,
+            forwarded,
+            forward_timeouts,
+            forward_batches,
+            reports_sent,
+            grants_sent,
+            handoffs_sent,
+            handoffs_received,
+            replicas_sent,
+            replicas_received,
+            items_refused,
+            membership_changes,
+            sync_rounds,
+            delivery,
+        } = other;
+        self.owner_decisions += owner_decisions;
+        self.allowance_decisions += allowance_decisions;
+        self.fallback_decisions += fallback_decisions;
+        self.forwarded += forwarded;
+        self.forward_timeouts += forward_timeouts;
+        self.forward_batches += forward_batches;
+        self.reports_sent += reports_sent;
+        self.grants_sent += grants_sent;
+        self.handoffs_sent += handoffs_sent;
+        self.handoffs_received += handoffs_received;
+        self.replicas_sent += replicas_sent;
+        self.replicas_received += replicas_received;
+        self.items_refused += items_refused;
+        self.membership_changes += membership_changes;
+        self.sync_rounds += sync_rounds;
+        self.delivery += delivery;
+    }
 }
 
 /// One ratemesh node. See the module documentation for the driver contract.
@@ -329,24 +370,33 @@ impl Node {
     /// Decides a client's check without a round trip, or returns `None` when only the owner can
     /// (an exact-mode key owned by another node, an approximate-mode key this node holds no
     /// allowance of, a node that does not serve now): for callers that must never wait.
-    pub fn handle_check_now(&mut self, now: Instant, request: &CheckRequest) -> Option<Decision> {
-        let decision = self.check_now(now, request);
+    ///
+    /// It takes the check's parts by reference (there is no request to keep): a caller on many
+    /// threads does not touch the policy's reference count, a cache line all of them share.
+    pub fn handle_check_now(
+        &mut self,
+        now: Instant,
+        key: KeyHash,
+        policy: &Arc<Policy>,
+        cost: u64,
+    ) -> Option<Decision> {
+        let decision = self.check_now(now, key, policy, cost);
         self.flush_out(now);
         decision
     }
 
-    fn check_now(&mut self, now: Instant, request: &CheckRequest) -> Option<Decision> {
+    fn check_now(&mut self, now: Instant, key: KeyHash, policy: &Arc<Policy>, cost: u64) -> Option<Decision> {
         if !self.is_serving(now) {
             return None;
         }
-        let owner = self.ring.owner(request.key).unwrap_or(self.id);
+        let owner = self.ring.owner(key).unwrap_or(self.id);
         if owner == self.id {
-            return Some(self.decide_as_owner(&request.policy, request.key, request.cost, now));
+            return Some(self.decide_as_owner(policy, key, cost, now));
         }
-        if effective_mode(&request.policy) == api::Mode::Exact {
+        if effective_mode(policy) == api::Mode::Exact {
             return None;
         }
-        match self.decide_as_follower(owner, &request.policy, request.key, request.cost, now) {
+        match self.decide_as_follower(owner, policy, key, cost, now) {
             FollowerStep::Decided(decision) => Some(decision),
             FollowerStep::Forward => None,
         }

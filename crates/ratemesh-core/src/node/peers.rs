@@ -122,6 +122,32 @@ pub struct DeliveryStats {
     pub unencodable: u64,
 }
 
+/// The counters of several nodes (a driver's lanes) add up field by field.
+impl core::ops::AddAssign for DeliveryStats {
+    fn add_assign(&mut self, other: DeliveryStats) {
+        let DeliveryStats {
+            frames_sent,
+            bytes_sent,
+            frames_received,
+            bytes_received,
+            retransmits,
+            duplicates,
+            malformed,
+            overflowed,
+            unencodable,
+        } = other;
+        self.frames_sent += frames_sent;
+        self.bytes_sent += bytes_sent;
+        self.frames_received += frames_received;
+        self.bytes_received += bytes_received;
+        self.retransmits += retransmits;
+        self.duplicates += duplicates;
+        self.malformed += malformed;
+        self.overflowed += overflowed;
+        self.unencodable += unencodable;
+    }
+}
+
 /// All peers of this node.
 #[derive(Debug)]
 pub(crate) struct Peers {

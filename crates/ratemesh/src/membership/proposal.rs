@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 
 use chitchat::{Chitchat, ChitchatId, NodeState};
 use ratemesh_core::NodeId;
-use ratemesh_core::wire::WIRE_VERSION;
 
 use super::{ADDRS_PER_ID_MAX, CANDIDATES_MAX, KEY_LEAVING, KEY_PROTOCOL, KEY_QUIC_ADDR};
 
@@ -18,7 +17,8 @@ pub(super) struct Entry {
     /// Chitchat's generation of the entry (a restart gossips under a new one).
     pub(super) generation: u64,
     pub(super) quic_addr: SocketAddr,
-    pub(super) protocol: u8,
+    /// It gossips the protocol this node gossips (the wire version and the lane count).
+    pub(super) speaks_ours: bool,
     pub(super) leaving: bool,
     /// Live by the failure detector (else dead).
     pub(super) live: bool,
@@ -66,11 +66,12 @@ pub(super) fn propose(
     verified: &HashMap<NodeId, SocketAddr>,
     newest: &mut HashMap<NodeId, u64>,
 ) -> Proposal {
+    let ours = chitchat.node_state(chitchat.self_chitchat_id()).and_then(|state| state.get(KEY_PROTOCOL));
     let live = chitchat.live_nodes().map(|id| (id, true));
     let dead = chitchat.dead_nodes().map(|id| (id, false));
     let entries = live
         .chain(dead)
-        .filter_map(|(chitchat_id, live)| entry(chitchat_id, chitchat.node_state(chitchat_id)?, live));
+        .filter_map(|(chitchat_id, live)| entry(chitchat_id, chitchat.node_state(chitchat_id)?, live, ours?));
     let present = chitchat.node_states().keys().filter_map(|id| parse_node_id(&id.node_id));
     proposal(entries, present, me, verified, newest)
 }
@@ -147,7 +148,7 @@ fn select(
 ) -> Vec<Candidate> {
     let mut by_id: BTreeMap<NodeId, Vec<(u64, SocketAddr)>> = BTreeMap::new();
     for entry in entries {
-        if entry.live && entry.id != me && entry.protocol == WIRE_VERSION && !entry.leaving {
+        if entry.live && entry.id != me && entry.speaks_ours && !entry.leaving {
             by_id.entry(entry.id).or_default().push((entry.generation, entry.quic_addr));
         }
     }
@@ -186,12 +187,12 @@ fn select(
     candidates
 }
 
-fn entry(chitchat_id: &ChitchatId, state: &NodeState, live: bool) -> Option<Entry> {
+fn entry(chitchat_id: &ChitchatId, state: &NodeState, live: bool, ours: &str) -> Option<Entry> {
     Some(Entry {
         id: parse_node_id(&chitchat_id.node_id)?,
         generation: chitchat_id.generation_id,
         quic_addr: state.get(KEY_QUIC_ADDR)?.parse().ok()?,
-        protocol: state.get(KEY_PROTOCOL)?.parse().ok()?,
+        speaks_ours: state.get(KEY_PROTOCOL)? == ours,
         leaving: state.get(KEY_LEAVING).is_some(),
         live,
     })
@@ -230,7 +231,7 @@ mod tests {
             id: NodeId(id),
             generation,
             quic_addr: addr(port),
-            protocol: WIRE_VERSION,
+            speaks_ours: true,
             leaving: false,
             live: true,
         }
@@ -326,7 +327,7 @@ mod tests {
     #[test]
     fn entries_of_another_protocol_leaving_or_of_this_node_are_not_proposed() {
         let mut old_protocol = live(3, 1, 3);
-        old_protocol.protocol = WIRE_VERSION.wrapping_add(1);
+        old_protocol.speaks_ours = false;
         let mut leaving = live(4, 1, 4);
         leaving.leaving = true;
         let candidates =

@@ -3,17 +3,20 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use chitchat::ChitchatHandle;
-use ratemesh_core::wire::WIRE_VERSION;
 use ratemesh_core::{MemberView, NodeConfig, NodeId};
 use tokio::sync::{Notify, mpsc, watch};
 use tracing::info;
 
 use super::driver::{restore, top_query_handler};
-use super::{GOSSIP_BIND_ATTEMPTS_MAX, Node, Origin, Shared, StartError, State};
+use super::{
+    GOSSIP_BIND_ATTEMPTS_MAX, LANE_SEED_STEP, LANES_MAX, Lane, Node, Origin, Shared, StartError, State,
+    protocol_tag,
+};
 use crate::defaults;
 use crate::durable::{FileStateStore, Persistence, SnapshotSettings, StateStore, cluster_fingerprint};
 use crate::gossip::{
@@ -58,6 +61,7 @@ pub struct NodeBuilder {
     snapshots: SnapshotSettings,
     top: TopConfig,
     top_query_timeout: Duration,
+    lanes: usize,
     /// Run on this in-process network instead of QUIC and UDP.
     network: Option<MemoryNetwork>,
 }
@@ -89,8 +93,24 @@ impl NodeBuilder {
             snapshots: SnapshotSettings::default(),
             top: TopConfig::default(),
             top_query_timeout: millis(defaults::TOP_QUERY_TIMEOUT_MS),
+            lanes: defaults::LANES,
             network: None,
         }
+    }
+
+    /// How many lanes the node runs (default [`defaults::LANES`], at most [`LANES_MAX`]): each
+    /// is a core node for the keys that hash to it ([`Node`]'s checks of different lanes take
+    /// different locks, and the lanes' sync rounds run apart), so that checks from several
+    /// threads scale with cores. **Every member of a cluster must run the same number**: it is
+    /// part of the protocol members gossip, and a member with another count is not proposed (it
+    /// forms a cluster of its own). Costs per lane: a timer task, a heartbeat per peer and sync
+    /// interval when there is no news, and forward batches split among the lanes. The key
+    /// table's `keys_max` is the node's, split evenly among its lanes; the other bounds of the
+    /// core's [`NodeConfig`] are each lane's.
+    #[must_use]
+    pub fn lanes(mut self, lanes: usize) -> Self {
+        self.lanes = lanes;
+        self
     }
 
     /// Bounds of the top-keys sketches ([`Node::top`]; default [`TopConfig::default`]).
@@ -308,10 +328,21 @@ impl NodeBuilder {
         let (gossip_health, gossip_health_rx) = watch::channel(GossipHealth::Running);
         let durable = self.persistence(&security)?;
         let origin = Origin::start();
-        let mut core =
-            ratemesh_core::Node::new(self.id, incarnation, self.core_config(), seed, origin.now_instant())?;
+        let mut cores = (0..self.lanes)
+            .map(|lane| {
+                // Each lane its own random stream; lane 0's is the node's seed as without lanes.
+                let lane_seed = seed ^ (lane as u64).wrapping_mul(LANE_SEED_STEP);
+                ratemesh_core::Node::new(
+                    self.id,
+                    incarnation,
+                    self.lane_config(),
+                    lane_seed,
+                    origin.now_instant(),
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         if let Some(durable) = &durable {
-            restore(&mut core, durable, origin.now_instant()).await;
+            restore(&mut cores, durable, origin.now_instant()).await;
         }
         let me = Member { id: self.id, quic_addr, status: MemberStatus::Live };
         let (members_tx, members_rx) = watch::channel(vec![me]);
@@ -319,19 +350,10 @@ impl NodeBuilder {
         let shared = Arc::new(Shared {
             id: self.id,
             origin,
-            state: parking_lot::Mutex::new(State {
-                core,
-                waiters: HashMap::new(),
-                next_request: 0,
-                addrs: HashMap::new(),
-                timer_at: None,
-                timer_lag: Duration::ZERO,
-                leaving: false,
-                left: false,
-                view: MemberView { live: vec![self.id], dead: Vec::new() },
-            }),
-            timer_wake: Notify::new(),
+            lanes: cores.into_iter().enumerate().map(|(index, core)| self.lane(index, core)).collect(),
             left: Notify::new(),
+            lanes_left: AtomicUsize::new(0),
+            frames_unlaned: AtomicU64::new(0),
             transport,
             gossip_addr: gossip.chitchat_id().gossip_advertise_addr,
             quic_addr,
@@ -345,7 +367,7 @@ impl NodeBuilder {
             gossip_interval: self.gossip_interval,
             durable,
             final_snapshot: std::sync::atomic::AtomicBool::new(false),
-            top: Arc::new(TopTable::new(self.top.clone())),
+            top: Arc::new(TopTable::new(self.top.clone(), self.lanes)),
             top_query_timeout: self.top_query_timeout,
         });
         shared.transport.set_query_handler(top_query_handler(Arc::clone(&shared.top), origin));
@@ -376,14 +398,38 @@ impl NodeBuilder {
         })
     }
 
-    /// The core's configuration: a node that joins through seeds takes no checks for a few gossip
-    /// rounds (unless set), while the members learn of it and stop routing its keys elsewhere.
-    fn core_config(&self) -> NodeConfig {
+    /// A lane's core configuration: a node that joins through seeds takes no checks for a few
+    /// gossip rounds (unless set), while the members learn of it and stop routing its keys
+    /// elsewhere; with several lanes, each holds its part of `keys_max` and its frames leave a
+    /// byte for the lane's index.
+    fn lane_config(&self) -> NodeConfig {
         let mut config = self.core.clone();
         if config.join_grace.is_zero() && !self.seeds.is_empty() {
             config.join_grace = self.gossip_interval * (defaults::LEAVE_GOSSIP_ROUNDS_MIN + 1);
         }
+        if self.lanes > 1 {
+            config.store.keys_max = config.store.keys_max.div_ceil(self.lanes);
+            config.frame_len_max -= 1;
+        }
         config
+    }
+
+    /// Lane `index` around its core, alone in its view until the first membership view.
+    fn lane(&self, index: usize, core: ratemesh_core::Node) -> Lane {
+        let state = State {
+            core,
+            waiters: HashMap::new(),
+            next_request: 0,
+            addrs: HashMap::new(),
+            timer_at: None,
+            timer_lag: Duration::ZERO,
+            leaving: false,
+            left: false,
+            view: MemberView { live: vec![self.id], dead: Vec::new() },
+        };
+        // `validate` bounds the lanes by `LANES_MAX`, which fits a byte.
+        let index = u8::try_from(index).unwrap_or(u8::MAX);
+        Lane { index, state: parking_lot::Mutex::new(state), timer_wake: Notify::new() }
     }
 
     /// Refuses settings that would make a timer spin (zero durations) or a node unreachable (a
@@ -399,7 +445,13 @@ impl NodeBuilder {
         if let Some((field, _)) = durations.iter().find(|(_, duration)| duration.is_zero()) {
             return Err(StartError::Config { field, reason: "must be longer than zero" });
         }
-        self.core_config().validate()?;
+        if self.lanes == 0 || self.lanes > LANES_MAX {
+            return Err(StartError::Config {
+                field: "lanes",
+                reason: "must be at least 1 and at most LANES_MAX (64)",
+            });
+        }
+        self.lane_config().validate()?;
         if self.gossip_addr.ip().is_unspecified() && self.gossip_advertise_addr.is_none() {
             return Err(StartError::Config {
                 field: "gossip_advertise_addr",
@@ -492,7 +544,7 @@ impl NodeBuilder {
             };
             let key_values = vec![
                 (KEY_QUIC_ADDR.to_owned(), quic_addr.to_string()),
-                (KEY_PROTOCOL.to_owned(), WIRE_VERSION.to_string()),
+                (KEY_PROTOCOL.to_owned(), protocol_tag(self.lanes)),
             ];
             match starter.spawn(incarnation, key_values).await {
                 Ok(handle) => return Ok((handle, starter)),

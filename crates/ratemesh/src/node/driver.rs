@@ -3,18 +3,19 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use chitchat::ChitchatHandle;
 use parking_lot::MutexGuard;
-use ratemesh_core::{DurableCursor, DurableKey, Event, MemberView, NodeId};
+use ratemesh_core::{DurableCursor, DurableKey, Event, KeyHash, MemberView, NodeId};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, trace_span};
 
 use super::{
-    DEPARTED_ADDRS_MAX, FRAME_BYTES_PER_TURN_MAX, FRAMES_PER_TURN_MAX, Origin, SNAPSHOT_SLOTS_PER_TURN,
-    Shared, State,
+    DEPARTED_ADDRS_MAX, FRAME_BYTES_PER_TURN_MAX, FRAMES_PER_TURN_MAX, Lane, Origin, SNAPSHOT_SLOTS_PER_TURN,
+    Shared, State, lane_index,
 };
 use crate::defaults;
 use crate::durable::Persistence;
@@ -41,24 +42,47 @@ pub(super) fn top_query_handler(top: Arc<TopTable>, origin: Origin) -> QueryHand
     })
 }
 
+impl Lane {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        // No poisoning: a panic while holding the lock cannot leave the core half-updated in a
+        // way that matters more than stopping every check: keep serving.
+        self.state.lock()
+    }
+}
+
 impl Shared {
     pub(super) fn now(&self) -> ratemesh_core::Instant {
         self.origin.now_instant()
     }
 
-    pub(super) fn lock_state(&self) -> MutexGuard<'_, State> {
-        // No poisoning: a panic while holding the lock cannot leave the core half-updated in a
-        // way that matters more than stopping every check: keep serving.
-        self.state.lock()
+    /// The lane that holds `key`.
+    pub(super) fn lane(&self, key: KeyHash) -> &Lane {
+        &self.lanes[lane_index(key, self.lanes.len())]
     }
 
-    /// Carries out what the core asked for after an input: frames to send, decisions to hand to
-    /// waiting checks, and a timer to move earlier.
-    pub(super) fn after_input(&self, state: &mut State) {
+    /// The first lane: every lane sees the same views, so its ring, ranks and join grace are
+    /// the node's.
+    pub(super) fn first_lane(&self) -> MutexGuard<'_, State> {
+        self.lanes[0].lock()
+    }
+
+    /// Whether every lane's leave is complete.
+    pub(super) fn has_left(&self) -> bool {
+        self.lanes_left.load(Ordering::Acquire) == self.lanes.len()
+    }
+
+    /// Carries out what a lane's core asked for after an input: frames to send (naming the lane
+    /// in their last byte when the node has several), decisions to hand to waiting checks, and a
+    /// timer to move earlier.
+    pub(super) fn after_input(&self, lane: &Lane, state: &mut State) {
         while let Some(transmit) = state.core.poll_transmit() {
             if let Some(&addr) = state.addrs.get(&transmit.to) {
+                let mut frame = transmit.bytes;
+                if self.lanes.len() > 1 {
+                    frame.push(lane.index);
+                }
                 // A dropped frame is counted by the transport and retransmitted by the core.
-                let _ = self.transport.send(transmit.to, addr, transmit.bytes);
+                let _ = self.transport.send(transmit.to, addr, frame);
             }
         }
         while let Some(event) = state.core.poll_event() {
@@ -69,16 +93,29 @@ impl Shared {
                         let _ = waiter.send(decision);
                     }
                 }
-                Event::Left => {
+                Event::Left if !state.left => {
                     state.left = true;
-                    self.left.notify_waiters();
+                    if self.lanes_left.fetch_add(1, Ordering::AcqRel) + 1 == self.lanes.len() {
+                        self.left.notify_waiters();
+                    }
                 }
+                Event::Left => {}
             }
         }
         let next = state.core.poll_timeout();
         if next.is_some() && (state.timer_at.is_none() || next < state.timer_at) {
             state.timer_at = next;
-            self.timer_wake.notify_one();
+            lane.timer_wake.notify_one();
+        }
+    }
+
+    /// Runs `input` on every lane's core in turn, each under its own lock, and carries out its
+    /// outputs.
+    pub(super) fn each_lane(&self, mut input: impl FnMut(&mut State)) {
+        for lane in &self.lanes {
+            let mut state = lane.lock();
+            input(&mut state);
+            self.after_input(lane, &mut state);
         }
     }
 
@@ -90,8 +127,10 @@ impl Shared {
         stop: watch::Receiver<bool>,
         gossip: watch::Receiver<Arc<tokio::sync::Mutex<chitchat::Chitchat>>>,
     ) {
-        let mut tasks = Vec::with_capacity(3);
-        tasks.push(tokio::spawn(self.clone().run_timer(stop.clone())));
+        let mut tasks = Vec::with_capacity(self.lanes.len() + 3);
+        for lane in 0..self.lanes.len() {
+            tasks.push(tokio::spawn(self.clone().run_timer(lane, stop.clone())));
+        }
         tasks.push(tokio::spawn(self.clone().run_receive(received, stop.clone())));
         if let Some(durable) = self.durable.clone() {
             tasks.push(tokio::spawn(self.clone().run_snapshots(durable, stop.clone())));
@@ -108,9 +147,11 @@ impl Shared {
         self.tasks.lock().unwrap_or_else(PoisonError::into_inner).push(task);
     }
 
-    pub(super) async fn run_timer(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+    /// The timer task of lane `lane`.
+    pub(super) async fn run_timer(self: Arc<Self>, lane: usize, mut stop: watch::Receiver<bool>) {
         let _guard = TaskGuard(self.clone());
-        let mut deadline = self.next_deadline(&mut self.lock_state());
+        let lane = &self.lanes[lane];
+        let mut deadline = next_deadline(&mut lane.lock());
         loop {
             if deadline.is_some_and(|at| at <= self.now()) {
                 // Due already (the next slice of a sync round): tokio's timer would round the
@@ -123,28 +164,22 @@ impl Shared {
                 let sleep_until = deadline.map(|at| self.tokio_instant(at));
                 tokio::select! {
                     () = sleep_or_forever(sleep_until) => {}
-                    () = self.timer_wake.notified() => {}
+                    () = lane.timer_wake.notified() => {}
                     _ = stop.wait_for(|stopped| *stopped) => return,
                 }
             }
-            let mut state = self.lock_state();
+            let mut state = lane.lock();
             let now = self.now();
             if let Some(due) = state.core.poll_timeout().filter(|&at| at <= now) {
                 let _span = trace_span!("timers", node = ?self.id).entered();
                 state.timer_lag = Duration::from_nanos(now.nanos_since(due));
                 state.core.handle_timeout(now);
-                self.after_input(&mut state);
+                self.after_input(lane, &mut state);
             }
-            deadline = self.next_deadline(&mut state);
+            deadline = next_deadline(&mut state);
             // A check waiting for the lock gets it before the next slice of a round does.
             MutexGuard::unlock_fair(state);
         }
-    }
-
-    /// The core's next deadline, which the timer task sleeps until.
-    fn next_deadline(&self, state: &mut State) -> Option<ratemesh_core::Instant> {
-        state.timer_at = state.core.poll_timeout();
-        state.timer_at
     }
 
     pub(super) async fn run_receive(
@@ -158,19 +193,43 @@ impl Shared {
                 frame = received.recv() => match frame { Some(frame) => frame, None => return },
                 _ = stop.wait_for(|stopped| *stopped) => return,
             };
-            let mut state = self.lock_state();
-            let now = self.now();
-            state.core.handle_frame(now, first.0, &first.1);
             let mut turn_bytes = first.1.len();
-            for _ in 1..FRAMES_PER_TURN_MAX {
-                if turn_bytes >= FRAME_BYTES_PER_TURN_MAX {
-                    break;
-                }
-                let Ok((from, bytes)) = received.try_recv() else { break };
-                turn_bytes += bytes.len();
-                state.core.handle_frame(now, from, &bytes);
+            let mut turn = vec![first];
+            while turn.len() < FRAMES_PER_TURN_MAX && turn_bytes < FRAME_BYTES_PER_TURN_MAX {
+                let Ok(frame) = received.try_recv() else { break };
+                turn_bytes += frame.1.len();
+                turn.push(frame);
             }
-            self.after_input(&mut state);
+            self.hand_frames(turn);
+        }
+    }
+
+    /// Hands a turn of received frames to their lanes' cores, each lane's under one lock, in the
+    /// order they arrived within a lane. A frame that names no lane of this node (a peer
+    /// configured with another lane count, which gossip would not have proposed) is counted as
+    /// malformed and dropped.
+    fn hand_frames(&self, mut turn: Vec<Received>) {
+        let lanes = self.lanes.len();
+        let mut laned: Vec<(usize, Received)> = Vec::with_capacity(turn.len());
+        for (from, mut bytes) in turn.drain(..) {
+            let lane = match lanes {
+                1 => Some(0),
+                _ => bytes.pop().map(usize::from).filter(|&lane| lane < lanes),
+            };
+            match lane {
+                Some(lane) => laned.push((lane, (from, bytes))),
+                None => _ = self.frames_unlaned.fetch_add(1, Ordering::Relaxed),
+            }
+        }
+        laned.sort_by_key(|(lane, _)| *lane);
+        for group in laned.chunk_by(|a, b| a.0 == b.0) {
+            let lane = &self.lanes[group[0].0];
+            let mut state = lane.lock();
+            let now = self.now();
+            for (_, (from, bytes)) in group {
+                state.core.handle_frame(now, *from, bytes);
+            }
+            self.after_input(lane, &mut state);
             MutexGuard::unlock_fair(state);
         }
     }
@@ -184,14 +243,16 @@ impl Shared {
     /// owning while peers learn of it (a few gossip rounds, growing with the log of the cluster's
     /// size: epidemic dissemination), or `None` when a shutdown already began.
     pub(super) async fn announce_leave(&self) -> Option<Duration> {
-        let members = {
-            let mut state = self.lock_state();
+        let mut members = None;
+        for lane in &self.lanes {
+            let mut state = lane.lock();
             if state.leaving {
                 return None;
             }
             state.leaving = true;
-            state.view.live.len() + state.view.dead.len()
-        };
+            members.get_or_insert(state.view.live.len() + state.view.dead.len());
+        }
+        let members = members.unwrap_or(1);
         let gossip =
             self.gossip.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(ChitchatHandle::chitchat);
         if let Some(chitchat) = gossip {
@@ -214,36 +275,41 @@ impl Shared {
         for task in tasks {
             task.abort();
         }
-        self.lock_state().waiters.clear();
+        for lane in &self.lanes {
+            lane.lock().waiters.clear();
+        }
     }
 
-    /// Takes the core's durable state out under the lock, `SNAPSHOT_SLOTS_PER_TURN` slots of its
-    /// key table per lock (checks go between two pages), and writes it (off the lock). Returns
-    /// once written; `save` stamps the snapshot after the last page (see
+    /// Takes every lane's durable state out under its lock, `SNAPSHOT_SLOTS_PER_TURN` slots of
+    /// its key table per lock (checks go between two pages), and writes it (off the locks) as one
+    /// snapshot. Returns once written; `save` stamps the snapshot after the last page (see
     /// `ratemesh_core::Node::export_durable`).
     pub(super) async fn save_snapshot(&self, durable: &Arc<Persistence>) {
         let started = std::time::Instant::now();
         let period_min = durable.settings().period_min;
-        // Room for every tracked key, allocated off the lock: a vector growing under it would
+        // Room for every tracked key, allocated off the locks: a vector growing under one would
         // copy all it holds (milliseconds at a hundred thousand keys).
-        let tracked = self.lock_state().core.keys_len();
-        let (mut cursor, mut keys, mut export) =
-            (DurableCursor::default(), Vec::with_capacity(tracked), Duration::ZERO);
-        while !cursor.is_done() {
-            export += self.export_page(period_min, &mut cursor, &mut keys);
-            tokio::task::yield_now().await;
+        let tracked = self.lanes.iter().map(|lane| lane.lock().core.keys_len()).sum();
+        let (mut keys, mut export) = (Vec::with_capacity(tracked), Duration::ZERO);
+        for lane in &self.lanes {
+            let mut cursor = DurableCursor::default();
+            while !cursor.is_done() {
+                export += self.export_page(lane, period_min, &mut cursor, &mut keys);
+                tokio::task::yield_now().await;
+            }
         }
         durable.save(keys, export, started).await;
     }
 
-    /// One page of a snapshot's export under the lock; returns how long it held it.
+    /// One page of a lane's snapshot export under its lock; returns how long it held it.
     fn export_page(
         &self,
+        lane: &Lane,
         period_min: Duration,
         cursor: &mut DurableCursor,
         keys: &mut Vec<DurableKey>,
     ) -> Duration {
-        let state = self.lock_state();
+        let state = lane.lock();
         let started = std::time::Instant::now();
         state.core.export_durable(self.now(), period_min, cursor, SNAPSHOT_SLOTS_PER_TURN, keys);
         let held = started.elapsed();
@@ -297,30 +363,32 @@ impl Drop for TaskGuard {
         if *self.0.stop.borrow() {
             return;
         }
-        let mut state = self.0.lock_state();
-        if !state.leaving {
-            tracing::error!(node = ?self.0.id, "a node task ended while the node runs: refusing checks");
+        for lane in &self.0.lanes {
+            let mut state = lane.lock();
+            if !state.leaving && lane.index == 0 {
+                tracing::error!(node = ?self.0.id, "a node task ended while the node runs: refusing checks");
+            }
+            state.leaving = true;
+            state.waiters.clear();
         }
-        state.leaving = true;
-        state.waiters.clear();
     }
 }
 
 impl ViewSink for Shared {
     fn apply(&self, view: &MemberView, addrs: &HashMap<NodeId, SocketAddr>) {
-        let mut state = self.lock_state();
-        if state.addrs.len() > DEPARTED_ADDRS_MAX {
-            state.addrs.clear();
-        }
-        let live = addrs.iter().filter(|(id, _)| view.live.contains(id));
-        state.addrs.extend(live.map(|(&id, &addr)| (id, addr)));
-        state.view = view.clone();
-        let now = self.now();
-        let before = state.core.stats().handoffs_sent;
-        state.core.handle_membership(now, view.clone());
-        let moved = state.core.stats().handoffs_sent - before;
+        let mut moved = 0;
+        self.each_lane(|state| {
+            if state.addrs.len() > DEPARTED_ADDRS_MAX {
+                state.addrs.clear();
+            }
+            let live = addrs.iter().filter(|(id, _)| view.live.contains(id));
+            state.addrs.extend(live.map(|(&id, &addr)| (id, addr)));
+            state.view = view.clone();
+            let before = state.core.stats().handoffs_sent;
+            state.core.handle_membership(self.now(), view.clone());
+            moved += state.core.stats().handoffs_sent - before;
+        });
         info!(node = ?self.id, live = view.live.len(), dead = view.dead.len(), keys_handed_over = moved, "ownership moved");
-        self.after_input(&mut state);
     }
 }
 
@@ -338,17 +406,31 @@ impl SeedSink for Shared {
     }
 }
 
-/// Takes back the stored snapshot, if any, into a core that knows only itself: it owns every key
+/// Takes back the stored snapshot, if any, into the lanes' cores (each key into its lane's; the
+/// snapshot does not depend on the lane count), which know only themselves: they own every key
 /// until the first membership view hands each one to its owner.
 pub(super) async fn restore(
-    core: &mut ratemesh_core::Node,
+    cores: &mut [ratemesh_core::Node],
     durable: &Arc<Persistence>,
     now: ratemesh_core::Instant,
 ) {
-    if let Some((keys, age)) = durable.load().await {
-        let stats = core.restore(now, keys, age);
-        info!(joined = stats.joined, refused = stats.refused, "snapshot restored");
+    let Some((keys, age)) = durable.load().await else { return };
+    let mut by_lane: Vec<Vec<DurableKey>> = cores.iter().map(|_| Vec::new()).collect();
+    for key in keys {
+        by_lane[lane_index(key.key, cores.len())].push(key);
     }
+    let (mut joined, mut refused) = (0, 0);
+    for (core, keys) in cores.iter_mut().zip(by_lane) {
+        let stats = core.restore(now, keys, age);
+        (joined, refused) = (joined + stats.joined, refused + stats.refused);
+    }
+    info!(joined, refused, "snapshot restored");
+}
+
+/// A lane core's next deadline, which its timer task sleeps until.
+fn next_deadline(state: &mut State) -> Option<ratemesh_core::Instant> {
+    state.timer_at = state.core.poll_timeout();
+    state.timer_at
 }
 
 async fn sleep_or_forever(until: Option<tokio::time::Instant>) {

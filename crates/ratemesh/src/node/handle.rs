@@ -1,17 +1,22 @@
 //! [`Node`]: the handle applications hold — checks, releases, members, shared values, top keys,
 //! metrics, the graceful leave.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ratemesh_core::{CheckOutcome, CheckRequest, Decision, KeyHash, LeaseId, LeavePlan, Policy, RequestId};
+use ratemesh_core::{
+    CheckOutcome, CheckRequest, Decision, KeyHash, LeaseId, LeavePlan, NodeStats, Policy, RequestId,
+    StoreStats,
+};
 use tokio::sync::{oneshot, watch};
 use tracing::{Instrument, info, info_span};
 
 use super::{
     CheckError, MissingMember, NamedPolicy, NodeMetrics, Released, SHARED_VALUE_BYTES_MAX, SHARED_VALUES_MAX,
-    Shared, SharedValuesError, TopLabel, TopReport,
+    Shared, SharedValuesError, TopLabel, TopReport, lane_index,
 };
 use crate::durable::SnapshotMetrics;
 use crate::gossip::GossipHealth;
@@ -105,8 +110,17 @@ impl Node {
         self.check_hashed(&policy.policy, policy.key(key), cost, Some(label)).await
     }
 
-    fn record_top(&self, now: ratemesh_core::Instant, label: TopLabel<'_>, cost: u64, decision: &Decision) {
-        self.shared.top.record(now, label.policy, label.key, cost, !decision.allowed);
+    /// Counts a check of `key` in the top-keys shard of its lane.
+    fn record_top(
+        &self,
+        now: ratemesh_core::Instant,
+        key: KeyHash,
+        label: TopLabel<'_>,
+        cost: u64,
+        decision: &Decision,
+    ) {
+        let shard = lane_index(key, self.shared.lanes.len());
+        self.shared.top.record(shard, now, label.policy, label.key, cost, !decision.allowed);
     }
 
     /// [`Node::check`] of a bucket named by its hash, for callers that keep their own key
@@ -120,24 +134,27 @@ impl Node {
         label: Option<TopLabel<'_>>,
     ) -> Result<Decision, CheckError> {
         let decision = self
-            .decide_with(|core, id, now| {
+            .decide_with(key, |core, id, now| {
                 core.handle_check(now, CheckRequest { id, key, policy: policy.clone(), cost })
             })
             .await?;
         if let Some(label) = label {
-            self.record_top(self.shared.now(), label, cost, &decision);
+            self.record_top(self.shared.now(), key, label, cost, &decision);
         }
         Ok(decision)
     }
 
-    /// Runs one client input (`input` hands it to the core under the lock, with a fresh request
-    /// id and the node's `now`) and waits for its decision when the core answers later.
+    /// Runs one client input about `key` (`input` hands it to the core of the key's lane under
+    /// its lock, with a fresh request id and the node's `now`) and waits for its decision when
+    /// the core answers later.
     pub(crate) async fn decide_with(
         &self,
+        key: KeyHash,
         input: impl FnOnce(&mut ratemesh_core::Node, RequestId, ratemesh_core::Instant) -> CheckOutcome,
     ) -> Result<Decision, CheckError> {
+        let lane = self.shared.lane(key);
         let waiter = {
-            let mut state = self.shared.lock_state();
+            let mut state = lane.lock();
             if state.leaving {
                 return Err(CheckError::ShutDown);
             }
@@ -154,7 +171,7 @@ impl Node {
                     Ok(rx)
                 }
             };
-            self.shared.after_input(&mut state);
+            self.shared.after_input(lane, &mut state);
             waiter
         };
         match waiter {
@@ -170,27 +187,23 @@ impl Node {
     /// approximate-mode key this node holds no allowance of (a key whose share per node is a few
     /// hits or less is decided by its owner) — is [`CheckError::WouldWait`].
     pub fn check_now(&self, policy: &NamedPolicy, key: &[u8], cost: u64) -> Result<Decision, CheckError> {
-        let mut state = self.shared.lock_state();
+        let hash = policy.key(key);
+        let lane = self.shared.lane(hash);
+        let mut state = lane.lock();
         if state.leaving {
             return Err(CheckError::ShutDown);
         }
         let now = self.shared.now();
-        let request = CheckRequest {
-            id: RequestId(u64::MAX),
-            key: policy.key(key),
-            policy: policy.policy.clone(),
-            cost,
-        };
-        let decision = match state.core.handle_check_now(now, &request) {
+        let decision = match state.core.handle_check_now(now, hash, &policy.policy, cost) {
             Some(decision) => Ok(decision),
             None if !state.core.is_serving(now) => Err(CheckError::Joining),
             None => Err(CheckError::WouldWait),
         };
-        self.shared.after_input(&mut state);
+        self.shared.after_input(lane, &mut state);
         drop(state);
         if let Ok(decision) = &decision {
             // The clock read once: the decision's instant is the sketches' too.
-            self.record_top(now, TopLabel { policy: policy.name(), key }, cost, decision);
+            self.record_top(now, hash, TopLabel { policy: policy.name(), key }, cost, decision);
         }
         decision
     }
@@ -208,14 +221,15 @@ impl Node {
         key: KeyHash,
         lease: LeaseId,
     ) -> Result<Released, CheckError> {
-        let mut state = self.shared.lock_state();
+        let lane = self.shared.lane(key);
+        let mut state = lane.lock();
         if state.leaving {
             return Err(CheckError::ShutDown);
         }
         let now = self.shared.now();
         let owner = state.core.owner_of(key).unwrap_or(self.shared.id);
         let ended = state.core.handle_release(now, key, policy, lease);
-        self.shared.after_input(&mut state);
+        self.shared.after_input(lane, &mut state);
         Ok(match (owner == self.shared.id, ended) {
             (false, _) => Released::SentToOwner(owner),
             (true, true) => Released::Ended,
@@ -225,14 +239,14 @@ impl Node {
 
     /// Whether the node takes checks: not while it joins (its first few gossip rounds) or leaves.
     pub fn is_serving(&self) -> bool {
-        let state = self.shared.lock_state();
+        let state = self.shared.first_lane();
         !state.leaving && state.core.is_serving(self.shared.now())
     }
 
     /// Waits until the node's join grace has passed (at once for a node started without seeds).
     /// A node that is leaving never serves again: this returns at once and checks fail.
     pub async fn wait_serving(&self) {
-        let until = self.shared.lock_state().core.joining_until();
+        let until = self.shared.first_lane().core.joining_until();
         tokio::time::sleep_until(self.shared.tokio_instant(until)).await;
     }
 
@@ -254,21 +268,21 @@ impl Node {
 
     /// The owner of a bucket named by its hash in this node's current ring.
     pub fn owner_of_hashed(&self, key: KeyHash) -> Option<NodeId> {
-        self.shared.lock_state().core.owner_of(key)
+        self.shared.lane(key).lock().core.owner_of(key)
     }
 
     /// Each member's part of the key space in this node's current ring, exactly
     /// ([`ratemesh_core::Ring::shares`]): `(member, share)` by member id, summing to 1. The ring is
     /// copied under the node's lock and measured outside it.
     pub fn ring_shares(&self) -> Vec<(NodeId, f64)> {
-        let ring = self.shared.lock_state().core.ring().clone();
+        let ring = self.shared.first_lane().core.ring().clone();
         ring.shares()
     }
 
     /// Whether this node is on its own ring: it owns keys and answers for them (a node is off its
     /// ring before its first view that has it live, and after the handoff of a graceful leave).
     pub fn is_on_ring(&self) -> bool {
-        let state = self.shared.lock_state();
+        let state = self.shared.first_lane();
         state.core.ring().contains(state.core.id())
     }
 
@@ -392,22 +406,38 @@ impl Node {
     }
 
     /// Counters and gauges, for metrics.
+    /// The counters of the lanes add up; the sync lag is the largest lane's, a peer's round trip
+    /// the first lane's that measured one.
     pub fn metrics(&self) -> NodeMetrics {
-        let state = self.shared.lock_state();
+        let (mut protocol, mut store) = (NodeStats::default(), StoreStats::default());
+        let (mut keys, mut checks_waiting, mut sync_lag) = (0, 0, Duration::ZERO);
+        let mut round_trips = BTreeMap::new();
+        for lane in &self.shared.lanes {
+            let state = lane.lock();
+            protocol += state.core.stats();
+            store += state.core.store_stats();
+            keys += state.core.keys_len();
+            checks_waiting += state.waiters.len();
+            sync_lag = sync_lag.max(state.timer_lag);
+            for (peer, round_trip) in state.core.round_trips() {
+                round_trips.entry(peer).or_insert(round_trip);
+            }
+        }
+        protocol.delivery.malformed += self.shared.frames_unlaned.load(Ordering::Relaxed);
         let members = self.shared.members.borrow();
         let count = |status: MemberStatus| members.iter().filter(|m| m.status == status).count();
         NodeMetrics {
-            protocol: state.core.stats(),
-            store: state.core.store_stats(),
+            protocol,
+            store,
             transport: self.shared.transport.stats(),
             gossip: self.shared.gossip_counters.stats(),
-            keys: state.core.keys_len(),
+            keys,
             members_live: count(MemberStatus::Live),
             members_dead: count(MemberStatus::Dead),
             members_unverified: count(MemberStatus::Unverified),
-            checks_waiting: state.waiters.len(),
-            sync_lag: state.timer_lag,
-            peer_round_trips: state.core.round_trips(),
+            checks_waiting,
+            sync_lag,
+            peer_round_trips: round_trips.into_iter().collect(),
             snapshots: self.shared.durable.as_ref().map_or_else(
                 || SnapshotMetrics { load_result: "disabled", ..SnapshotMetrics::default() },
                 |durable| durable.metrics(),
@@ -438,27 +468,20 @@ impl Node {
         };
         let plan = LeavePlan { own_for, drain_for: self.shared.leave_linger };
         let left = self.shared.left.notified();
-        {
-            let mut state = self.shared.lock_state();
-            let now = self.shared.now();
-            state.core.handle_leave(now, plan);
-            self.shared.after_input(&mut state);
-        }
-        // The core emits `Left` by its own deadline (owning, then the drain bound); the timeout
-        // only guards against a stopped timer task.
+        self.shared.each_lane(|state| state.core.handle_leave(self.shared.now(), plan));
+        // Every lane's core emits `Left` by its own deadline (owning, then the drain bound); the
+        // timeout only guards against a stopped timer task.
         let bound = own_for + self.shared.leave_linger + self.shared.gossip_interval;
-        let already_left = self.shared.lock_state().left;
-        if !already_left {
+        if !self.shared.has_left() {
             let _ = tokio::time::timeout(bound, left).await;
         }
-        {
-            let state = self.shared.lock_state();
-            info!(
-                handoffs = state.core.stats().handoffs_sent,
-                unacked = state.core.unacked_frames(),
-                "leaving: keys handed over and acknowledged (or drain bound reached)"
-            );
+        let (mut handoffs, mut unacked) = (0, 0);
+        for lane in &self.shared.lanes {
+            let state = lane.lock();
+            (handoffs, unacked) =
+                (handoffs + state.core.stats().handoffs_sent, unacked + state.core.unacked_frames());
         }
+        info!(handoffs, unacked, "leaving: keys handed over and acknowledged (or drain bound reached)");
         self.shared.stop().await;
     }
 }

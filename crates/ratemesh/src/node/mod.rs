@@ -2,18 +2,23 @@
 //!
 //! The protocol is entirely in [`ratemesh_core::Node`]; this module only feeds it time, client
 //! checks, peer frames and membership views, and carries out what it asks for (frames to send,
-//! decisions to return, the next timer). Four tasks drive one node:
+//! decisions to return, the next timer). Four kinds of task drive one node:
 //!
-//! - the **timer** task sleeps until the core's next deadline (or until a check moved it
-//!   earlier) and runs the core's timers: forward batches, acknowledgements, retransmissions,
-//!   sync rounds;
-//! - the **receive** task hands authenticated peer frames to the core;
+//! - the **timer** task of each lane sleeps until its core's next deadline (or until a check
+//!   moved it earlier) and runs the core's timers: forward batches, acknowledgements,
+//!   retransmissions, sync rounds;
+//! - the **receive** task hands authenticated peer frames to their lanes' cores;
 //! - the **membership** task turns gossip plus mutual-TLS confirmation into membership views
 //!   (see [`crate::membership`]);
 //! - the **gossip supervisor** restarts gossip should it end while the node runs (see
 //!   [`crate::gossip`]).
 //!
-//! Client checks run on the caller's task: lock, decide, unlock. A check that must wait for its
+//! A node runs one or more **lanes** ([`NodeBuilder::lanes`]): a core node per lane, each for
+//! the keys whose hash falls in it, behind its own lock, with its own timer task. Lane *i* of a
+//! node talks only to lane *i* of its peers (with several lanes a frame names its lane in its
+//! last byte), so each lane is the whole protocol over its part of the keys.
+//!
+//! Client checks run on the caller's task: lock the key's lane, decide, unlock. A check that must wait for its
 //! owner (exact mode, or an approximate allowance that ran dry) registers a one-shot channel that
 //! the receive or timer task completes. Forwarded checks are batched without a timer: a check
 //! asks the timer task to flush, and every check that arrives before that task runs joins the
@@ -29,6 +34,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -70,6 +76,12 @@ const SNAPSHOT_SLOTS_PER_TURN: usize = 1024;
 const DEPARTED_ADDRS_MAX: usize = 4096;
 /// Attempts at binding the gossip socket when its port is chosen by the node (port 0).
 const GOSSIP_BIND_ATTEMPTS_MAX: usize = 16;
+/// The most lanes a node runs ([`NodeBuilder::lanes`]): a frame names its lane in one byte.
+pub const LANES_MAX: usize = 64;
+/// Spreads key hashes over lanes (the golden ratio's odd 64-bit constant).
+const LANE_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
+/// Separates the lanes' random streams (an odd constant: lane `i` is seeded `seed ^ i × step`).
+const LANE_SEED_STEP: u64 = 0xD1B5_4A32_D192_ED03;
 
 /// A policy with a name. The name separates its keys from other policies' (the same key under two
 /// policies is two buckets) and appears in the `RateLimit-Policy` header.
@@ -266,11 +278,14 @@ pub struct NodeMetrics {
 struct Shared {
     id: NodeId,
     origin: Origin,
-    state: parking_lot::Mutex<State>,
-    /// The core's next deadline moved earlier than the one the timer task sleeps until.
-    timer_wake: Notify,
-    /// The core's leave is complete (the shutdown waits for it).
+    /// The node's lanes, each a core node for the keys of its lane ([`lane_index`]).
+    lanes: Box<[Lane]>,
+    /// Every lane's leave is complete (the shutdown waits for it).
     left: Notify,
+    /// Lanes whose leave is complete.
+    lanes_left: AtomicUsize,
+    /// Frames received that named no lane of this node (counted as malformed).
+    frames_unlaned: AtomicU64,
     transport: Arc<dyn PeerTransport>,
     gossip_addr: SocketAddr,
     quic_addr: SocketAddr,
@@ -287,12 +302,23 @@ struct Shared {
     durable: Option<Arc<Persistence>>,
     /// The final snapshot was taken (a second shutdown does not take another).
     final_snapshot: std::sync::atomic::AtomicBool,
-    /// Top keys per policy (its own lock: recording never holds the core's).
+    /// Top keys per policy, one shard per lane (their own locks: recording never holds a core's).
     top: Arc<TopTable>,
     top_query_timeout: Duration,
 }
 
-/// Everything behind the node's lock.
+/// One lane of a node: a core node that holds the keys of the lane, behind its own lock, with its
+/// own timer task. Lanes share nothing but the transport: a check takes the lock of its key's lane
+/// only, so checks of different lanes run in parallel, and so do the lanes' sync rounds.
+struct Lane {
+    /// Its index, the last byte of its frames when the node has more than one lane.
+    index: u8,
+    state: parking_lot::Mutex<State>,
+    /// The core's next deadline moved earlier than the one the lane's timer task sleeps until.
+    timer_wake: Notify,
+}
+
+/// Everything behind a lane's lock.
 struct State {
     core: ratemesh_core::Node,
     /// Checks waiting for a decision from their owner.
@@ -310,4 +336,23 @@ struct State {
     /// The core's leave is complete.
     left: bool,
     view: MemberView,
+}
+
+/// The lane of `key` among `lanes`: a function of the key's hash alone, the same on every member
+/// (a lane talks only to the same lane of its peers), and independent of the bits the key table
+/// and the ring use (the hash's halves folded, multiplied by an odd constant, then the high bits).
+fn lane_index(key: KeyHash, lanes: usize) -> usize {
+    let folded = (key.0 >> 64) as u64 ^ key.0 as u64;
+    let mixed = folded.wrapping_mul(LANE_MIX);
+    ((u128::from(mixed) * lanes as u128) >> 64) as usize
+}
+
+/// The value of the gossip key `ratemesh.protocol`: the core's wire version, and the lane count
+/// when it is not one (members of one cluster must run the same number of lanes, and a member
+/// that speaks another protocol is not proposed; one lane is the wire of a node without lanes).
+fn protocol_tag(lanes: usize) -> String {
+    match lanes {
+        1 => ratemesh_core::wire::WIRE_VERSION.to_string(),
+        lanes => format!("{}/{lanes}", ratemesh_core::wire::WIRE_VERSION),
+    }
 }

@@ -11,8 +11,8 @@
 //!   refused) per *half-window*; two half-windows rotate (`half_window`, 30 s by default), so a
 //!   query covers between one and two half-windows: the last minute at most.
 //! - [`TopTable`] holds the policies (at most `policies_max`; further policies are not recorded,
-//!   and counted) behind its own lock, apart from the node's core: recording never contends with
-//!   the protocol.
+//!   and counted) in one shard per lane of the node, each behind its own lock, apart from the
+//!   node's core: recording never contends with the protocol, nor with checks of other lanes.
 //! - [`TopSummary`] is one sketch's content as it travels between members; [`merge`] joins the
 //!   summaries of every member and half-window into a [`TopAnswer`]. **Merged bound:** an
 //!   estimate is the sum over summaries of the key's count there, or of that summary's smallest
@@ -267,19 +267,26 @@ impl PolicyTop {
     }
 }
 
-/// The policies' sketches of one node, behind a lock of their own.
+/// The policies' sketches of one node, in shards behind locks of their own: the node records a
+/// check in the shard of the key's lane (see `crate::NodeBuilder::lanes`), so that checks of
+/// different lanes never contend here either. A key is counted in one shard only; a query merges
+/// the shards' summaries like those of members ([`merge`]). Each shard keeps `capacity` counters
+/// per sketch.
 #[derive(Debug)]
 pub struct TopTable {
     config: TopConfig,
-    policies: Mutex<HashMap<Arc<str>, PolicyTop, foldhash::fast::RandomState>>,
+    shards: Box<[Mutex<Policies>]>,
     /// Checks not recorded because `policies_max` policies are recorded already.
     unrecorded: AtomicU64,
 }
 
+type Policies = HashMap<Arc<str>, PolicyTop, foldhash::fast::RandomState>;
+
 impl TopTable {
-    /// An empty table with `config`'s bounds.
-    pub fn new(config: TopConfig) -> TopTable {
-        TopTable { config, policies: Mutex::new(HashMap::default()), unrecorded: AtomicU64::new(0) }
+    /// An empty table with `config`'s bounds, in `shards` shards (at least one).
+    pub fn new(config: TopConfig, shards: usize) -> TopTable {
+        let shards = (0..shards.max(1)).map(|_| Mutex::new(HashMap::default())).collect();
+        TopTable { config, shards, unrecorded: AtomicU64::new(0) }
     }
 
     /// The bounds.
@@ -287,13 +294,14 @@ impl TopTable {
         &self.config
     }
 
-    /// Counts a check of `cost` hits (0, a query, counts nothing) of `key` under `policy`.
-    pub fn record(&self, now: Instant, policy: &str, key: &[u8], cost: u64, refused: bool) {
+    /// Counts a check of `cost` hits (0, a query, counts nothing) of `key` under `policy`, in
+    /// shard `shard` (modulo the shards; a key must always be counted in the same one).
+    pub fn record(&self, shard: usize, now: Instant, policy: &str, key: &[u8], cost: u64, refused: bool) {
         if cost == 0 || self.config.policies_max == 0 {
             return;
         }
         let key = cut_key(key, self.config.key_bytes_max);
-        let mut policies = self.lock();
+        let mut policies = lock(&self.shards[shard % self.shards.len()]);
         if let Some(top) = policies.get_mut(policy) {
             return top.record(now, &key, cost, refused);
         }
@@ -306,12 +314,18 @@ impl TopTable {
         policies.insert(policy.into(), top);
     }
 
-    /// This node's summaries of `policy` at `now` (none if nothing was recorded under it).
+    /// This node's summaries of `policy` at `now`, every shard's (none if nothing was recorded
+    /// under it), and the longest span they cover.
     pub fn summaries(&self, now: Instant, policy: &str, by: TopBy) -> (Vec<TopSummary>, Duration) {
-        match self.lock().get_mut(policy) {
-            Some(top) => top.summaries(now, by),
-            None => (Vec::new(), Duration::ZERO),
+        let (mut summaries, mut window) = (Vec::new(), Duration::ZERO);
+        for shard in &self.shards {
+            if let Some(top) = lock(shard).get_mut(policy) {
+                let (shard_summaries, shard_window) = top.summaries(now, by);
+                summaries.extend(shard_summaries);
+                window = window.max(shard_window);
+            }
         }
+        (summaries, window)
     }
 
     /// Checks not recorded because the table was full of other policies.
@@ -321,13 +335,13 @@ impl TopTable {
 
     /// Bytes of heap memory held by every policy's sketches.
     pub fn heap_bytes(&self) -> usize {
-        self.lock().values().map(PolicyTop::heap_bytes).sum()
+        self.shards.iter().map(|shard| lock(shard).values().map(PolicyTop::heap_bytes).sum::<usize>()).sum()
     }
+}
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, PolicyTop, foldhash::fast::RandomState>> {
-        // Sketches are updated in place by plain arithmetic: a panic elsewhere leaves them usable.
-        self.policies.lock().unwrap_or_else(PoisonError::into_inner)
-    }
+fn lock(shard: &Mutex<Policies>) -> std::sync::MutexGuard<'_, Policies> {
+    // Sketches are updated in place by plain arithmetic: a panic elsewhere leaves them usable.
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -383,13 +397,24 @@ mod tests {
 
     #[test]
     fn the_table_records_at_most_policies_max_policies() {
-        let table = TopTable::new(TopConfig { policies_max: 1, ..TopConfig::default() });
-        table.record(Instant::ZERO, "p", b"k", 1, false);
-        table.record(Instant::ZERO, "q", b"k", 1, false);
-        table.record(Instant::ZERO, "p", b"k", 0, true);
+        let table = TopTable::new(TopConfig { policies_max: 1, ..TopConfig::default() }, 1);
+        table.record(0, Instant::ZERO, "p", b"k", 1, false);
+        table.record(0, Instant::ZERO, "q", b"k", 1, false);
+        table.record(0, Instant::ZERO, "p", b"k", 0, true);
         assert_eq!(table.unrecorded(), 1);
         let (summaries, _) = table.summaries(Instant::ZERO, "p", TopBy::Demand);
         assert_eq!(summaries[0].total, 1, "a query counts nothing");
         assert!(table.summaries(Instant::ZERO, "q", TopBy::Demand).0.is_empty());
+    }
+
+    #[test]
+    fn every_shard_is_in_the_summaries() {
+        let table = TopTable::new(TopConfig::default(), 3);
+        table.record(0, Instant::ZERO, "p", b"a", 2, false);
+        table.record(4, Instant::ZERO, "p", b"b", 3, false);
+        let (summaries, _) = table.summaries(Instant::ZERO, "p", TopBy::Demand);
+        let answer = merge(&summaries, 10, Duration::from_secs(1));
+        let counts: Vec<(&str, u64)> = answer.entries.iter().map(|e| (e.key.as_str(), e.count)).collect();
+        assert_eq!(counts, [("b", 3), ("a", 2)]);
     }
 }
