@@ -19,8 +19,10 @@
 //!    Goal: `check_now` within 1.3 × `core_clock`.
 //!
 //!    Then the throughput of `check_now` on 2 threads over 1 thread at 1, 2, 4 and 8 lanes
-//!    (`NodeBuilder::lanes`; goal ≥ 1.7): each lane is behind its own lock, so two threads contend
-//!    only when their keys fall in the same lane.
+//!    (`NodeBuilder::lanes`; goal ≥ 1.7), both threads over every key, and each thread over the
+//!    keys of its own lanes (`Node::lane_of`, as a dispatcher routing keys to per-lane threads
+//!    would): each lane is behind its own lock, so two threads contend only when their keys fall
+//!    in the same lane, and share cache lines only when they check keys of the same lanes.
 //! 2. **Exact-mode forwarded checks between two nodes on loopback** (real QUIC with mutual TLS):
 //!    every key is owned by the other node. Latency p50/p99 of one check at a time (`REPEATS` runs
 //!    of `SEQUENTIAL_CHECKS`, medians of the percentiles), and throughput with `IN_FLIGHT` checks
@@ -161,9 +163,22 @@ fn approximate_check(c: &mut Criterion, runtime: &Runtime) {
     runtime.block_on(node.shutdown());
 }
 
+/// `check_now` throughput by lane count (one row of [`lane_scaling`]).
+struct LaneScaling {
+    lanes: usize,
+    /// Checks per second on one thread over every key.
+    one_thread: f64,
+    /// Two threads over every key, over one thread.
+    shared: f64,
+    /// Two threads each over the keys of its own lanes (`Node::lane_of`: even lanes, odd lanes)
+    /// over one thread over every key; `None` with one lane.
+    lane_affine: Option<f64>,
+}
+
 /// For each of `LANE_COUNTS`: a node with that many lanes, its `check_now` throughput on one
-/// thread and on 2 threads over 1 (the median of `REPEATS` interleaved pairs of runs).
-fn lane_scaling(runtime: &Runtime) -> Vec<(usize, f64, f64)> {
+/// thread, and on 2 threads over 1, with threads sharing every key or each owning half the lanes
+/// (medians of `REPEATS` interleaved runs).
+fn lane_scaling(runtime: &Runtime) -> Vec<LaneScaling> {
     let policy = policy(Mode::Approximate);
     let keys = keys();
     LANE_COUNTS
@@ -173,34 +188,43 @@ fn lane_scaling(runtime: &Runtime) -> Vec<(usize, f64, f64)> {
             for key in &keys {
                 node.check_now(&policy, key, 1).unwrap();
             }
-            let (one_thread, ratio) = thread_scaling(&node, &policy, &keys);
+            let halves: Vec<Vec<Vec<u8>>> = (0..2)
+                .map(|half| {
+                    keys.iter().filter(|key| node.lane_of(&policy, key) % 2 == half).cloned().collect()
+                })
+                .collect();
+            let (mut one, mut shared, mut affine) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..REPEATS {
+                let alone = checks_per_s(&node, &policy, &[&keys]);
+                one.push(alone);
+                shared.push(checks_per_s(&node, &policy, &[&keys, &keys]) / alone);
+                if lanes > 1 {
+                    affine.push(checks_per_s(&node, &policy, &[&halves[0], &halves[1]]) / alone);
+                }
+            }
             runtime.block_on(node.shutdown());
-            (lanes, one_thread, ratio)
+            let lane_affine = (lanes > 1).then(|| median(affine));
+            LaneScaling { lanes, one_thread: median(one), shared: median(shared), lane_affine }
         })
         .collect()
 }
 
-/// In-process throughput of `check_now` on 1 thread, and on 2 threads over 1 thread (each thread
-/// its own key sequence over the same 10 000 keys): medians of `REPEATS` interleaved pairs of runs.
-fn thread_scaling(node: &ratemesh::Node, policy: &NamedPolicy, keys: &[Vec<u8>]) -> (f64, f64) {
+/// In-process throughput of `check_now`, one thread per entry of `key_sets` (each its own
+/// sequence over its keys), in checks per second.
+fn checks_per_s(node: &ratemesh::Node, policy: &NamedPolicy, key_sets: &[&Vec<Vec<u8>>]) -> f64 {
     const CHECKS_PER_THREAD: usize = 400_000;
-    let run = |threads: usize| -> f64 {
-        let started = std::time::Instant::now();
-        std::thread::scope(|scope| {
-            for thread in 0..threads {
-                scope.spawn(move || {
-                    let mut pick = XorShift(0x9E37_79B9_7F4A_7C15 ^ (thread as u64 + 1));
-                    for _ in 0..CHECKS_PER_THREAD {
-                        black_box(node.check_now(policy, &keys[pick.next(keys.len())], 1).unwrap());
-                    }
-                });
-            }
-        });
-        (threads * CHECKS_PER_THREAD) as f64 / started.elapsed().as_secs_f64()
-    };
-    let pairs: Vec<(f64, f64)> = (0..REPEATS).map(|_| (run(1), run(2))).collect();
-    let one_thread = median(pairs.iter().map(|(one, _)| *one).collect());
-    (one_thread, median(pairs.iter().map(|(one, two)| two / one).collect()))
+    let started = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        for (thread, keys) in key_sets.iter().enumerate() {
+            scope.spawn(move || {
+                let mut pick = XorShift(0x9E37_79B9_7F4A_7C15 ^ (thread as u64 + 1));
+                for _ in 0..CHECKS_PER_THREAD {
+                    black_box(node.check_now(policy, &keys[pick.next(keys.len())], 1).unwrap());
+                }
+            });
+        }
+    });
+    (key_sets.len() * CHECKS_PER_THREAD) as f64 / started.elapsed().as_secs_f64()
 }
 
 fn builder(id: u64) -> NodeBuilder {
@@ -474,10 +498,11 @@ fn main() {
     criterion.final_summary();
     print_approximate_summary();
     println!("\nin-process check_now throughput by lanes (10k keys, medians of {REPEATS}):");
-    println!("| lanes | 1 thread: checks/s | 2 threads / 1 thread |");
-    println!("|---|---|---|");
-    for (lanes, one_thread, ratio) in lane_scaling(&runtime) {
-        println!("| {lanes} | {one_thread:.0} | {ratio:.2} |");
+    println!("| lanes | 1 thread: checks/s | 2 threads / 1, every key | 2 lane-affine threads / 1 |");
+    println!("|---|---|---|---|");
+    for row in lane_scaling(&runtime) {
+        let affine = row.lane_affine.map_or_else(|| "—".to_owned(), |ratio| format!("{ratio:.2}"));
+        println!("| {} | {:.0} | {:.2} | {affine} |", row.lanes, row.one_thread, row.shared);
     }
     let exact = runtime.block_on(exact_forwarded());
     let round_trip_us = runtime.block_on(loopback_round_trip_us());

@@ -6,7 +6,10 @@
 
 use std::time::Duration;
 
-use ratemesh::{ClusterSecurity, MemberStatus, MemoryNetwork, NamedPolicy, Node, NodeBuilder, NodeId};
+use ratemesh::{
+    ClusterSecurity, MemberStatus, MemoryNetwork, NamedPolicy, Node, NodeBuilder, NodeId, PeerTransport,
+    TransportConfig,
+};
 use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, NodeConfig, Policy};
 use tokio::time::{Instant, timeout};
 
@@ -192,6 +195,10 @@ async fn a_cluster_of_four_lane_nodes_enforces_each_limit_exactly_and_hands_it_o
         NamedPolicy::new("lanes", Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare });
     // Keys of every lane (64 keys over 4 lanes), all owned by the other nodes: forwarded.
     let keys = keys_owned_elsewhere(&nodes[0], &policy, 64);
+    assert_eq!(nodes[0].lanes(), 4);
+    let lanes: std::collections::BTreeSet<usize> =
+        keys.iter().map(|key| nodes[0].lane_of(&policy, key)).collect();
+    assert_eq!(lanes.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3], "the keys fall in every lane");
     for key in &keys {
         let mut admitted = 0;
         for _ in 0..4 {
@@ -243,4 +250,30 @@ async fn a_member_running_another_lane_count_is_not_proposed() {
     assert!(two_lanes.members().iter().all(|m| m.id != NodeId(2)), "{:?}", two_lanes.members());
     assert!(one_lane.members().iter().all(|m| m.id == NodeId(2)), "{:?}", one_lane.members());
     shutdown(vec![two_lanes, one_lane, three]).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frame_naming_no_lane_is_counted_as_malformed_and_dropped() {
+    let network = MemoryNetwork::new();
+    let node = builder(&network, 1, 4).start().await.expect("starts");
+    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let (peer, _received) = network.bind(loopback, NodeId(9), TransportConfig::default()).expect("binds");
+    // Lane 4 of a 4-lane node, and lane 255 (the transport refuses an empty frame itself).
+    for frame in [vec![1, 2, 3, 4], vec![7, 255]] {
+        peer.send(NodeId(1), node.quic_addr(), frame).expect("queued");
+    }
+    let malformed = || node.metrics().protocol.delivery.malformed;
+    timeout(WAIT, async {
+        while malformed() < 2 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the frames arrive");
+    assert_eq!(malformed(), 2);
+    assert!(node.is_serving(), "the node keeps serving");
+    let decision =
+        timeout(WAIT, node.check(&policy(Mode::Exact), b"k", 1)).await.expect("bounded").expect("decided");
+    assert!(decision.allowed);
+    node.shutdown().await;
 }

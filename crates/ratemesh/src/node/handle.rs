@@ -99,6 +99,25 @@ impl Node {
         self.shared.quic_addr
     }
 
+    /// How many lanes the node runs ([`crate::NodeBuilder::lanes`]).
+    pub fn lanes(&self) -> usize {
+        self.shared.lanes.len()
+    }
+
+    /// The lane that holds `key` under `policy`, below [`Node::lanes`]. Checks of different lanes
+    /// share no lock and no state; threads that each check the keys of their own lanes (a
+    /// dispatcher that routes each key to its lane's thread) share no cache line either, and
+    /// scale with cores. Threads that check keys of every lane pay for the lanes' cache lines
+    /// moving between cores instead.
+    pub fn lane_of(&self, policy: &NamedPolicy, key: &[u8]) -> usize {
+        self.lane_of_hashed(policy.key(key))
+    }
+
+    /// [`Node::lane_of`] of a bucket named by its hash.
+    pub fn lane_of_hashed(&self, key: KeyHash) -> usize {
+        lane_index(key, self.shared.lanes.len())
+    }
+
     /// Checks `cost` hits (0: a query) of `key` under `policy`. Decided locally in approximate
     /// mode (waits only when the local allowance ran dry and the owner may have more); forwarded
     /// to the key's owner in exact mode. Never waits much longer than `NodeConfig::forward_timeout`:
