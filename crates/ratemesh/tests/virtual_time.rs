@@ -60,6 +60,17 @@ fn key_owned_by(asker: &Node, policy: &NamedPolicy, owner: NodeId) -> Vec<u8> {
         .expect("some key is owned by each member")
 }
 
+/// The second of three nodes leaves gracefully; returns once the first sees two live members.
+async fn leave_second(nodes: &mut Vec<Node>) {
+    let leaving = nodes.remove(1);
+    timeout(WAIT, leaving.shutdown()).await.expect("the leave is bounded");
+    let mut members = nodes[0].subscribe_members();
+    let two_live = |members: &Vec<ratemesh::Member>| {
+        members.iter().filter(|m| m.status == MemberStatus::Live).count() == 2
+    };
+    timeout(WAIT, members.wait_for(two_live)).await.expect("the leave is seen").expect("open");
+}
+
 async fn shutdown(nodes: Vec<Node>) {
     for node in nodes {
         node.shutdown().await;
@@ -159,13 +170,7 @@ async fn a_graceful_leave_hands_the_owners_counts_over() {
             timeout(WAIT, nodes[0].check(&policy, &key, 1)).await.expect("bounded").expect("decided");
         assert!(decision.allowed);
     }
-    let leaving = nodes.remove(1);
-    timeout(WAIT, leaving.shutdown()).await.expect("the leave is bounded");
-    let mut members = nodes[0].subscribe_members();
-    let two_live = |members: &Vec<ratemesh::Member>| {
-        members.iter().filter(|m| m.status == MemberStatus::Live).count() == 2
-    };
-    timeout(WAIT, members.wait_for(two_live)).await.expect("the leave is seen").expect("open");
+    leave_second(&mut nodes).await;
     assert_ne!(nodes[0].owner_of(&policy, &key), Some(NodeId(2)));
     // The new owner took over the three hits: the fourth leaves six, decided without fallback.
     let decision = timeout(WAIT, nodes[0].check(&policy, &key, 1)).await.expect("bounded").expect("decided");
@@ -213,13 +218,7 @@ async fn a_cluster_of_four_lane_nodes_enforces_each_limit_exactly_and_hands_it_o
     let owners: u64 = nodes[1..].iter().map(|node| node.metrics().protocol.owner_decisions).sum();
     assert_eq!(owners, 256, "every lane of the owners decided its keys");
     // Node 2 leaves: its keys' counts move to their new owners, lane by lane.
-    let leaving = nodes.remove(1);
-    timeout(WAIT, leaving.shutdown()).await.expect("the leave is bounded");
-    let mut members = nodes[0].subscribe_members();
-    let two_live = |members: &Vec<ratemesh::Member>| {
-        members.iter().filter(|m| m.status == MemberStatus::Live).count() == 2
-    };
-    timeout(WAIT, members.wait_for(two_live)).await.expect("the leave is seen").expect("open");
+    leave_second(&mut nodes).await;
     for key in &keys {
         // 4 of 10 spent before the leave, wherever the key is owned now.
         let decision =

@@ -188,41 +188,45 @@ impl Shared {
         mut stop: watch::Receiver<bool>,
     ) {
         let _guard = TaskGuard(self.clone());
+        // One turn's frames by lane, kept across turns (its capacity is reused).
+        let mut turn: Vec<(usize, Received)> = Vec::with_capacity(FRAMES_PER_TURN_MAX);
         loop {
             let first = tokio::select! {
                 frame = received.recv() => match frame { Some(frame) => frame, None => return },
                 _ = stop.wait_for(|stopped| *stopped) => return,
             };
             let mut turn_bytes = first.1.len();
-            let mut turn = vec![first];
+            self.take_frame(&mut turn, first);
             while turn.len() < FRAMES_PER_TURN_MAX && turn_bytes < FRAME_BYTES_PER_TURN_MAX {
                 let Ok(frame) = received.try_recv() else { break };
                 turn_bytes += frame.1.len();
-                turn.push(frame);
+                self.take_frame(&mut turn, frame);
             }
-            self.hand_frames(turn);
+            self.hand_frames(&mut turn);
+        }
+    }
+
+    /// Adds a received frame to the turn under the lane it names (its last byte, when the node
+    /// has several lanes). A frame that names no lane of this node (a peer configured with
+    /// another lane count, which gossip would not have proposed) is counted as malformed and
+    /// dropped.
+    fn take_frame(&self, turn: &mut Vec<(usize, Received)>, (from, mut bytes): Received) {
+        let lanes = self.lanes.len();
+        let lane = match lanes {
+            1 => Some(0),
+            _ => bytes.pop().map(usize::from).filter(|&lane| lane < lanes),
+        };
+        match lane {
+            Some(lane) => turn.push((lane, (from, bytes))),
+            None => _ = self.frames_unlaned.fetch_add(1, Ordering::Relaxed),
         }
     }
 
     /// Hands a turn of received frames to their lanes' cores, each lane's under one lock, in the
-    /// order they arrived within a lane. A frame that names no lane of this node (a peer
-    /// configured with another lane count, which gossip would not have proposed) is counted as
-    /// malformed and dropped.
-    fn hand_frames(&self, mut turn: Vec<Received>) {
-        let lanes = self.lanes.len();
-        let mut laned: Vec<(usize, Received)> = Vec::with_capacity(turn.len());
-        for (from, mut bytes) in turn.drain(..) {
-            let lane = match lanes {
-                1 => Some(0),
-                _ => bytes.pop().map(usize::from).filter(|&lane| lane < lanes),
-            };
-            match lane {
-                Some(lane) => laned.push((lane, (from, bytes))),
-                None => _ = self.frames_unlaned.fetch_add(1, Ordering::Relaxed),
-            }
-        }
-        laned.sort_by_key(|(lane, _)| *lane);
-        for group in laned.chunk_by(|a, b| a.0 == b.0) {
+    /// order they arrived within a lane, and empties the turn.
+    fn hand_frames(&self, turn: &mut Vec<(usize, Received)>) {
+        turn.sort_by_key(|(lane, _)| *lane);
+        for group in turn.chunk_by(|a, b| a.0 == b.0) {
             let lane = &self.lanes[group[0].0];
             let mut state = lane.lock();
             let now = self.now();
@@ -232,6 +236,7 @@ impl Shared {
             self.after_input(lane, &mut state);
             MutexGuard::unlock_fair(state);
         }
+        turn.clear();
     }
 
     /// The running chitchat instance, if any.
