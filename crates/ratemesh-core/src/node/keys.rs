@@ -30,6 +30,23 @@ pub(crate) struct KeyMeta {
     pub own_contended: bool,
     /// Owner only: its own share of a contended key's refill, when it decides on the bucket.
     pub own_credit: Credit,
+    /// The sync round (`Node::due_epoch`) for which a client check last put the key in the
+    /// node's own allowances due (0: none).
+    pub own_due_epoch: u32,
+    /// The same for the replicas due.
+    pub replica_due_epoch: u32,
+}
+
+/// Marks a key due in sync round `epoch` (`KeyMeta::own_due_epoch` or `replica_due_epoch`):
+/// whether it was not marked for this round yet, so must be added to the round's set. A mark
+/// only skips an insert into a set that already holds the key: the sets are taken when the
+/// round begins, and the epoch moves on at the same moment. (A key untouched for exactly 2^32
+/// rounds would skip one insert: at a round a millisecond, once in 50 days, its refresh delayed
+/// by a round.)
+pub(super) fn mark_due(mark: &mut u32, epoch: u32) -> bool {
+    let unmarked = *mark != epoch;
+    *mark = epoch;
+    unmarked
 }
 
 impl KeyMeta {
@@ -43,6 +60,8 @@ impl KeyMeta {
             own: Allowance::NONE,
             own_contended: false,
             own_credit: Credit::default(),
+            own_due_epoch: 0,
+            replica_due_epoch: 0,
         }
     }
 

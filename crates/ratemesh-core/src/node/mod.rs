@@ -208,6 +208,9 @@ pub struct Node {
     replicas_due: IndexSet<KeyHash, KeyHasherBuilder>,
     /// Owned approximate-mode keys this node decided since the last tick (its own allowance).
     own_due: IndexSet<KeyHash, KeyHasherBuilder>,
+    /// Counts the sync rounds begun (from 1, wrapping past 0): a check that marked its key
+    /// with this epoch put it in `own_due` and `replicas_due` already (`keys::mark_due`).
+    due_epoch: u32,
     /// The sync round in progress, run in slices (`round.rs`).
     round: Option<round::SyncRound>,
     next_sync_at: Instant,
@@ -268,6 +271,7 @@ impl Node {
             passed_on: IndexSet::default(),
             replicas_due: IndexSet::default(),
             own_due: IndexSet::default(),
+            due_epoch: 1,
             round: None,
             next_sync_at: first_sync_at,
             fallbacks_since_sync: 0,

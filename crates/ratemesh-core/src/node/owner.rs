@@ -30,8 +30,9 @@ impl Node {
         let approximate = effective_mode(policy) == api::Mode::Approximate;
         let retry_floor = self.next_sync_at.nanos_since(now);
         let sizing = self.sizing_context(self.id, now);
+        let (epoch, replicate) = (self.due_epoch, self.config.replicate);
         let rng = &mut self.rng;
-        let (decision, tracked) = self.keys.upsert_with(
+        let (decision, own_due, replica_due) = self.keys.upsert_with(
             key,
             limit.as_ref().unwrap_or(&policy.limit),
             now,
@@ -46,13 +47,18 @@ impl Node {
                     }
                     Some(limit) => sizing.metered(bucket, limit, meta, None, cost, rng),
                 };
-                (decision, decision.allowed && cost > 0)
+                let tracked = decision.allowed && cost > 0;
+                let own_due = approximate && keys::mark_due(&mut meta.own_due_epoch, epoch);
+                let replica_due = tracked && replicate && keys::mark_due(&mut meta.replica_due_epoch, epoch);
+                (decision, own_due, replica_due)
             },
         );
-        if approximate {
+        // Marked in the key's entry, which the check has just touched: a key already due this
+        // round costs no probe of the sets (most checks of a busy key).
+        if own_due {
             self.own_due.insert(key);
         }
-        if tracked && self.config.replicate {
+        if replica_due {
             self.replicas_due.insert(key);
         }
         decision

@@ -51,6 +51,8 @@ impl Node {
     /// Begins a sync round at `now` (finishing one still running) and runs its first slice.
     pub(super) fn begin_round(&mut self, now: Instant) {
         self.finish_round(now);
+        // The sets are taken here: keys marked for the past epoch are due again (0 is no epoch).
+        self.due_epoch = self.due_epoch.wrapping_add(1).max(1);
         let round = SyncRound {
             reports: core::mem::take(&mut self.dirty).into_iter().collect(),
             own: core::mem::take(&mut self.own_due).into_iter().collect(),

@@ -255,6 +255,14 @@ fn a_sync_round_forgets_keys_the_owner_shares_with_nobody() {
     cluster.run_for(NodeConfig::default().sync_interval);
     assert_eq!(cluster.node(1).stats.sync_rounds, rounds_before + 1);
     assert_eq!(cluster.node(1).own_due.len(), 0, "no key to refresh");
+    // Checked again after the round: due again, although each key's entry is marked already
+    // (the mark is of the past round).
+    for i in 0..300u64 {
+        let k = key(&format!("k{}", i % 100));
+        let request = CheckRequest { id: RequestId(2_000 + i), key: k, policy: policy.clone(), cost: 1 };
+        assert!(matches!(cluster.check(1, request), CheckOutcome::Decided(Decision { allowed: true, .. })));
+    }
+    assert_eq!(cluster.node(1).own_due.len(), 100, "every key checked since the round is due");
 }
 
 #[test]
