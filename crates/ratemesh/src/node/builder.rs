@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -328,17 +328,13 @@ impl NodeBuilder {
         let (gossip_health, gossip_health_rx) = watch::channel(GossipHealth::Running);
         let durable = self.persistence(&security)?;
         let origin = Origin::start();
+        // One instant for every lane: their join graces end together.
+        let started_at = origin.now_instant();
         let mut cores = (0..self.lanes)
             .map(|lane| {
                 // Each lane its own random stream; lane 0's is the node's seed as without lanes.
                 let lane_seed = seed ^ (lane as u64).wrapping_mul(LANE_SEED_STEP);
-                ratemesh_core::Node::new(
-                    self.id,
-                    incarnation,
-                    self.lane_config(),
-                    lane_seed,
-                    origin.now_instant(),
-                )
+                ratemesh_core::Node::new(self.id, incarnation, self.lane_config(), lane_seed, started_at)
             })
             .collect::<Result<Vec<_>, _>>()?;
         if let Some(durable) = &durable {
@@ -353,6 +349,7 @@ impl NodeBuilder {
             lanes: cores.into_iter().enumerate().map(|(index, core)| self.lane(index, core)).collect(),
             left: Notify::new(),
             lanes_left: AtomicUsize::new(0),
+            shutdown_begun: AtomicBool::new(false),
             frames_unlaned: AtomicU64::new(0),
             transport,
             gossip_addr: gossip.chitchat_id().gossip_advertise_addr,
@@ -409,7 +406,7 @@ impl NodeBuilder {
         }
         if self.lanes > 1 {
             config.store.keys_max = config.store.keys_max.div_ceil(self.lanes);
-            config.frame_len_max -= 1;
+            config.frame_len_max = config.frame_len_max.saturating_sub(1);
         }
         config
     }

@@ -248,12 +248,13 @@ impl Shared {
     /// owning while peers learn of it (a few gossip rounds, growing with the log of the cluster's
     /// size: epidemic dissemination), or `None` when a shutdown already began.
     pub(super) async fn announce_leave(&self) -> Option<Duration> {
+        // Once per node: a task that ended set `leaving` but began no shutdown.
+        if self.shutdown_begun.swap(true, Ordering::AcqRel) {
+            return None;
+        }
         let mut members = None;
         for lane in &self.lanes {
             let mut state = lane.lock();
-            if state.leaving {
-                return None;
-            }
             state.leaving = true;
             members.get_or_insert(state.view.live.len() + state.view.dead.len());
         }
@@ -296,12 +297,16 @@ impl Shared {
         // copy all it holds (milliseconds at a hundred thousand keys).
         let tracked = self.lanes.iter().map(|lane| lane.lock().core.keys_len()).sum();
         let (mut keys, mut export) = (Vec::with_capacity(tracked), Duration::ZERO);
+        let mut lane_keys = Vec::new();
         for lane in &self.lanes {
+            // A lane's export starts over when its table moves entries between pages (clearing
+            // what it exported so far): it goes into its own vector, appended once complete.
             let mut cursor = DurableCursor::default();
             while !cursor.is_done() {
-                export += self.export_page(lane, period_min, &mut cursor, &mut keys);
+                export += self.export_page(lane, period_min, &mut cursor, &mut lane_keys);
                 tokio::task::yield_now().await;
             }
+            keys.append(&mut lane_keys);
         }
         durable.save(keys, export, started).await;
     }

@@ -425,7 +425,8 @@ impl Node {
     }
 
     /// Counters and gauges, for metrics.
-    /// The counters of the lanes add up; the sync lag is the largest lane's, a peer's round trip
+    /// The counters of the lanes add up (but views applied and sync rounds, which every lane
+    /// counts alike: the first lane's); the sync lag is the largest lane's, a peer's round trip
     /// the first lane's that measured one.
     pub fn metrics(&self) -> NodeMetrics {
         let (mut protocol, mut store) = (NodeStats::default(), StoreStats::default());
@@ -443,6 +444,10 @@ impl Node {
             }
         }
         protocol.delivery.malformed += self.shared.frames_unlaned.load(Ordering::Relaxed);
+        // Every lane applies every view and runs a round every interval: counted once, as one
+        // lane sees them.
+        let first = self.shared.first_lane().core.stats();
+        (protocol.membership_changes, protocol.sync_rounds) = (first.membership_changes, first.sync_rounds);
         let members = self.shared.members.borrow();
         let count = |status: MemberStatus| members.iter().filter(|m| m.status == status).count();
         NodeMetrics {

@@ -34,7 +34,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -284,6 +284,8 @@ struct Shared {
     left: Notify,
     /// Lanes whose leave is complete.
     lanes_left: AtomicUsize,
+    /// A shutdown began (`Node::shutdown`; a second one waits for the first).
+    shutdown_begun: AtomicBool,
     /// Frames received that named no lane of this node (counted as malformed).
     frames_unlaned: AtomicU64,
     transport: Arc<dyn PeerTransport>,

@@ -48,7 +48,7 @@ pub use sketch::SpaceSaving;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopConfig {
     /// Counters per sketch (default [`defaults::TOP_CAPACITY`]). A policy holds four sketches (demand and
-    /// refused, two half-windows): at most `4 × capacity` keys.
+    /// refused, two half-windows) per lane of the node: at most `4 × capacity × lanes` keys.
     pub capacity: usize,
     /// Bytes of a key kept (default [`defaults::TOP_KEY_BYTES_MAX`]); longer keys are cut (see the module
     /// documentation).
@@ -276,6 +276,9 @@ impl PolicyTop {
 pub struct TopTable {
     config: TopConfig,
     shards: Box<[Mutex<Policies>]>,
+    /// The policies recorded, at most `policies_max` (a shard takes one of these only): every
+    /// shard records the same policies.
+    admitted: Mutex<std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>>,
     /// Checks not recorded because `policies_max` policies are recorded already.
     unrecorded: AtomicU64,
 }
@@ -286,7 +289,7 @@ impl TopTable {
     /// An empty table with `config`'s bounds, in `shards` shards (at least one).
     pub fn new(config: TopConfig, shards: usize) -> TopTable {
         let shards = (0..shards.max(1)).map(|_| Mutex::new(HashMap::default())).collect();
-        TopTable { config, shards, unrecorded: AtomicU64::new(0) }
+        TopTable { config, shards, admitted: Mutex::default(), unrecorded: AtomicU64::new(0) }
     }
 
     /// The bounds.
@@ -305,27 +308,46 @@ impl TopTable {
         if let Some(top) = policies.get_mut(policy) {
             return top.record(now, &key, cost, refused);
         }
-        if policies.len() >= self.config.policies_max {
-            self.unrecorded.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
+        // A policy this shard has not seen: taken only if the table records it or has room.
+        let name = {
+            let mut admitted = self.admitted.lock().unwrap_or_else(PoisonError::into_inner);
+            match admitted.get(policy) {
+                Some(name) => name.clone(),
+                None if admitted.len() >= self.config.policies_max => {
+                    self.unrecorded.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                None => {
+                    let name: Arc<str> = policy.into();
+                    admitted.insert(name.clone());
+                    name
+                }
+            }
+        };
         let mut top = PolicyTop::new(now, &self.config);
         top.record(now, &key, cost, refused);
-        policies.insert(policy.into(), top);
+        policies.insert(name, top);
     }
 
-    /// This node's summaries of `policy` at `now`, every shard's (none if nothing was recorded
-    /// under it), and the longest span they cover.
+    /// This node's summaries of `policy` at `now` (none if nothing was recorded under it): one
+    /// per half-window, each the shards' sketches of that half-window combined
+    /// ([`combine`]), and the longest span they cover.
     pub fn summaries(&self, now: Instant, policy: &str, by: TopBy) -> (Vec<TopSummary>, Duration) {
-        let (mut summaries, mut window) = (Vec::new(), Duration::ZERO);
+        let (mut by_half, mut window) = (Vec::<Vec<TopSummary>>::new(), Duration::ZERO);
         for shard in &self.shards {
             if let Some(top) = lock(shard).get_mut(policy) {
                 let (shard_summaries, shard_window) = top.summaries(now, by);
-                summaries.extend(shard_summaries);
+                for (half, summary) in shard_summaries.into_iter().enumerate() {
+                    match by_half.get_mut(half) {
+                        Some(summaries) => summaries.push(summary),
+                        None => by_half.push(vec![summary]),
+                    }
+                }
                 window = window.max(shard_window);
             }
         }
-        (summaries, window)
+        let capacity = self.config.capacity;
+        (by_half.iter().map(|summaries| combine(summaries, capacity)).collect(), window)
     }
 
     /// Checks not recorded because the table was full of other policies.
@@ -337,6 +359,22 @@ impl TopTable {
     pub fn heap_bytes(&self) -> usize {
         self.shards.iter().map(|shard| lock(shard).values().map(PolicyTop::heap_bytes).sum::<usize>()).sum()
     }
+}
+
+/// The shards' summaries of one half-window as one, of at most `capacity` entries, so that a
+/// member's answer has as many summaries and entries whatever its lane count. Each entry is the
+/// shards' [`merge`]d estimate (a key counted in one shard gets the other shards' smallest counts
+/// added, as across members); the bound is the shards' summed one, or the largest estimate left
+/// out when more than `capacity` keys had one, whichever is larger: a key not listed was hit at
+/// most that often.
+fn combine(summaries: &[TopSummary], capacity: usize) -> TopSummary {
+    if let [summary] = summaries {
+        return summary.clone();
+    }
+    let mut merged = merge(summaries, usize::MAX, Duration::ZERO);
+    let left_out = merged.entries.get(capacity).map_or(0, |entry| entry.count);
+    merged.entries.truncate(capacity);
+    TopSummary { total: merged.total, error_bound: merged.error_bound.max(left_out), entries: merged.entries }
 }
 
 fn lock(shard: &Mutex<Policies>) -> std::sync::MutexGuard<'_, Policies> {
@@ -396,6 +434,16 @@ mod tests {
     }
 
     #[test]
+    fn the_table_records_at_most_policies_max_policies_over_all_its_shards() {
+        let table = TopTable::new(TopConfig { policies_max: 1, ..TopConfig::default() }, 4);
+        table.record(0, Instant::ZERO, "p", b"k", 1, false);
+        table.record(1, Instant::ZERO, "q", b"k", 1, false);
+        table.record(2, Instant::ZERO, "p", b"j", 1, false);
+        assert_eq!(table.unrecorded(), 1, "q is refused in another shard too");
+        assert_eq!(table.summaries(Instant::ZERO, "p", TopBy::Demand).0[0].total, 2);
+    }
+
+    #[test]
     fn the_table_records_at_most_policies_max_policies() {
         let table = TopTable::new(TopConfig { policies_max: 1, ..TopConfig::default() }, 1);
         table.record(0, Instant::ZERO, "p", b"k", 1, false);
@@ -413,8 +461,24 @@ mod tests {
         table.record(0, Instant::ZERO, "p", b"a", 2, false);
         table.record(4, Instant::ZERO, "p", b"b", 3, false);
         let (summaries, _) = table.summaries(Instant::ZERO, "p", TopBy::Demand);
+        assert_eq!(summaries.len(), 1, "one summary per half-window, whatever the shards");
         let answer = merge(&summaries, 10, Duration::from_secs(1));
         let counts: Vec<(&str, u64)> = answer.entries.iter().map(|e| (e.key.as_str(), e.count)).collect();
         assert_eq!(counts, [("b", 3), ("a", 2)]);
+    }
+
+    #[test]
+    fn combined_shards_keep_capacity_entries_and_bound_what_they_leave_out() {
+        let config = TopConfig { capacity: 2, ..TopConfig::default() };
+        let table = TopTable::new(config, 64);
+        for (shard, key, hits) in [(0, "a", 9), (1, "b", 7), (2, "c", 5), (3, "d", 1)] {
+            table.record(shard, Instant::ZERO, "p", key.as_bytes(), hits, false);
+        }
+        let (summaries, _) = table.summaries(Instant::ZERO, "p", TopBy::Demand);
+        assert_eq!(summaries.len(), 1);
+        let keys: Vec<&str> = summaries[0].entries.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["a", "b"]);
+        assert_eq!(summaries[0].total, 22);
+        assert!(summaries[0].error_bound >= 5, "c (5 hits) is left out: the bound covers it");
     }
 }
