@@ -376,7 +376,9 @@ impl Node {
     /// allowance of, a node that does not serve now): for callers that must never wait.
     ///
     /// It takes the check's parts by reference (there is no request to keep): a caller on many
-    /// threads does not touch the policy's reference count, a cache line all of them share.
+    /// threads does not touch the policy's reference count, a cache line all of them share. It
+    /// moves [`Node::poll_timeout`] only when it queues a frame (a report or an allowance request
+    /// to the owner): a driver need not re-read the deadline after a check that sent nothing.
     pub fn handle_check_now(
         &mut self,
         now: Instant,

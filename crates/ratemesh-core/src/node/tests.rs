@@ -1093,3 +1093,38 @@ fn a_view_change_finishes_the_round_in_progress() {
     node.handle_membership(now, MemberView { live: vec![NodeId(1), NodeId(2), NodeId(3)], dead: vec![] });
     assert!(node.round.is_none(), "the round ended before the ring changed");
 }
+
+/// `handle_check_now` moves the deadline only when it queues a frame (the library's driver reads
+/// the deadline again only then): over checks of owned, followed, allowance-holding and exact
+/// keys at every node, with sync rounds and grants between them.
+#[test]
+fn a_check_now_that_sends_nothing_leaves_the_deadline_alone() {
+    let mut cluster = Cluster::new(3);
+    let policies = [
+        policy(Mode::Approximate, 1_000, 1_000),
+        policy(Mode::Approximate, 5, 5),
+        policy(Mode::Exact, 100, 100),
+    ];
+    let (mut silent, mut sending) = (0, 0);
+    for step in 0..3_000u64 {
+        let node = 1 + step % 3;
+        let (policy, k) = (&policies[(step % 7 % 3) as usize], key(&format!("k{}", step % 40)));
+        let now = cluster.now;
+        let before = cluster.node(node).poll_timeout();
+        let _ = cluster.node(node).handle_check_now(now, k, policy, 1);
+        let after = cluster.node(node).poll_timeout();
+        let sent_before = cluster.sent;
+        cluster.drain();
+        if cluster.sent == sent_before {
+            assert_eq!(after, before, "step {step}: a check that sent nothing moved the deadline");
+            silent += 1;
+        } else {
+            sending += 1;
+        }
+        if step % 10 == 9 {
+            cluster.run_for(Duration::from_millis(7));
+        }
+    }
+    // (Checks here never send: reports and allowance requests go out at sync rounds.)
+    assert!(silent > 1_000, "{silent} silent, {sending} sending");
+}

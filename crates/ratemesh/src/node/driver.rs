@@ -75,7 +75,25 @@ impl Shared {
     /// in their last byte when the node has several), decisions to hand to waiting checks, and a
     /// timer to move earlier.
     pub(super) fn after_input(&self, lane: &Lane, state: &mut State) {
+        self.send_and_answer(lane, state);
+        self.wake_timer_if_earlier(lane, state);
+    }
+
+    /// [`Shared::after_input`] of a check decided without a round trip, which moves the core's
+    /// deadline only when it sends a frame (`ratemesh_core::Node::handle_check_now`): the
+    /// deadline is read again only then.
+    pub(super) fn after_check_now(&self, lane: &Lane, state: &mut State) {
+        if self.send_and_answer(lane, state) {
+            self.wake_timer_if_earlier(lane, state);
+        }
+    }
+
+    /// Sends the frames the core queued and hands out its events; returns whether it queued any
+    /// frame.
+    fn send_and_answer(&self, lane: &Lane, state: &mut State) -> bool {
+        let mut sent = false;
         while let Some(transmit) = state.core.poll_transmit() {
+            sent = true;
             if let Some(&addr) = state.addrs.get(&transmit.to) {
                 let mut frame = transmit.bytes;
                 if self.lanes.len() > 1 {
@@ -102,6 +120,11 @@ impl Shared {
                 Event::Left => {}
             }
         }
+        sent
+    }
+
+    /// Wakes the lane's timer task when the core's deadline moved before the one it sleeps until.
+    fn wake_timer_if_earlier(&self, lane: &Lane, state: &mut State) {
         let next = state.core.poll_timeout();
         if next.is_some() && (state.timer_at.is_none() || next < state.timer_at) {
             state.timer_at = next;

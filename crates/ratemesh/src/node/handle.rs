@@ -218,7 +218,7 @@ impl Node {
             None if !state.core.is_serving(now) => Err(CheckError::Joining),
             None => Err(CheckError::WouldWait),
         };
-        self.shared.after_input(lane, &mut state);
+        self.shared.after_check_now(lane, &mut state);
         drop(state);
         if let Ok(decision) = &decision {
             // The clock read once: the decision's instant is the sketches' too.
