@@ -89,7 +89,7 @@ impl Node {
     /// is in it once, in its state at its page; one tracked meanwhile may be missed (it is in
     /// the next snapshot). If entries may have moved since the previous page (the table grew or
     /// rehashed in place: [`Store::layout`]), `into` is cleared and the export starts again;
-    /// after [`DURABLE_RESTARTS_MAX`] restarts the rest comes in one page. Give `into` room for [`Node::keys_len`] keys first: growing it would
+    /// after `DURABLE_RESTARTS_MAX` restarts the rest comes in one page. Give `into` room for [`Node::keys_len`] keys first: growing it would
     /// copy what it holds within a page.
     pub fn export_durable(
         &self,

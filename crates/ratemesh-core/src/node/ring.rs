@@ -120,7 +120,7 @@ impl Ring {
 
     /// The first `count` distinct members clockwise from `key`: its owner, then each member that
     /// would own it were the ones before it gone (at most every member, and at most
-    /// [`OWNERS_MAX`]).
+    /// `OWNERS_MAX`).
     pub fn owners(&self, key: KeyHash, count: usize) -> Vec<NodeId> {
         let mut owners = Vec::with_capacity(count.min(self.members.len()));
         self.walk(key, count, |node| owners.push(node));

@@ -100,8 +100,10 @@ impl NodeBuilder {
 
     /// How many lanes the node runs (default [`defaults::LANES`], at most [`LANES_MAX`]): each
     /// is a core node for the keys that hash to it ([`Node`]'s checks of different lanes take
-    /// different locks, and the lanes' sync rounds run apart), so that checks from several
-    /// threads scale with cores. **Every member of a cluster must run the same number**: it is
+    /// different locks, and the lanes' sync rounds run apart): threads that each take the keys
+    /// of their own lanes ([`Node::lane_of`]) scale with cores; threads that take any key share
+    /// every lane's cache lines and scale far less. **Every member of a cluster must run the
+    /// same number**: it is
     /// part of the protocol members gossip, and a member with another count is not proposed (it
     /// forms a cluster of its own). Costs per lane: a timer task, a heartbeat per peer and sync
     /// interval when there is no news, and forward batches split among the lanes. The key

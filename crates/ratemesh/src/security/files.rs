@@ -72,7 +72,7 @@ pub struct NodeCertFiles {
 
 /// Writes `ca`'s certificate and key and a certificate and key for every node in `nodes` into
 /// `dir` (which must exist). Refuses to overwrite any file; at most [`CERT_FILES_NODES_MAX`]
-/// nodes. The files are what [`ProvidedCerts`] reads.
+/// nodes. The files are what [`ProvidedCerts`](crate::ProvidedCerts) reads.
 pub fn write_cert_files(dir: &Path, ca: &ClusterCa, nodes: &[NodeId]) -> Result<CertFiles, SecurityError> {
     if nodes.len() > CERT_FILES_NODES_MAX {
         return Err(SecurityError::TooManyNodes { len: nodes.len(), max: CERT_FILES_NODES_MAX });

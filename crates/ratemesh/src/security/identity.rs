@@ -86,7 +86,7 @@ impl NodeIdentity {
 
     /// The rustls client configuration: TLS 1.3 only, *ring* provider, ALPN [`ALPN`], server
     /// certificates verified against the cluster CA and the expected node name (the server name
-    /// of each connection, see [`server_name`]), this node's certificate presented, no resumption.
+    /// of each connection, see `server_name`), this node's certificate presented, no resumption.
     pub fn client_config(&self) -> Result<rustls::ClientConfig, SecurityError> {
         let mut config = rustls::ClientConfig::builder_with_provider(ring_provider())
             .with_protocol_versions(&[&rustls::version::TLS13])?

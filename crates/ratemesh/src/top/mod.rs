@@ -331,7 +331,7 @@ impl TopTable {
 
     /// This node's summaries of `policy` at `now` (none if nothing was recorded under it): one
     /// per half-window, each the shards' sketches of that half-window combined
-    /// ([`combine`]), and the longest span they cover.
+    /// (`combine`), and the longest span they cover.
     pub fn summaries(&self, now: Instant, policy: &str, by: TopBy) -> (Vec<TopSummary>, Duration) {
         let (mut by_half, mut window) = (Vec::<Vec<TopSummary>>::new(), Duration::ZERO);
         for shard in &self.shards {

@@ -1,4 +1,4 @@
-//! The HTTP API (axum 0.8, HTTP/1.1), behind a front ([`Front`]) that answers `POST /v1/check`
+//! The HTTP API (axum 0.8, HTTP/1.1), behind a front (`Front`) that answers `POST /v1/check`
 //! on its own and hands every connection that asks anything else to hyper and this router.
 //!
 //! | route | answer |
