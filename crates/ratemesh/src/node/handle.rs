@@ -138,8 +138,14 @@ impl Node {
         cost: u64,
         decision: &Decision,
     ) {
-        let shard = lane_index(key, self.shared.lanes.len());
-        self.shared.top.record(shard, now, label.policy, label.key, cost, !decision.allowed);
+        self.shared.top.record(
+            self.lane_of_hashed(key),
+            now,
+            label.policy,
+            label.key,
+            cost,
+            !decision.allowed,
+        );
     }
 
     /// [`Node::check`] of a bucket named by its hash, for callers that keep their own key
@@ -431,9 +437,10 @@ impl Node {
     pub fn metrics(&self) -> NodeMetrics {
         let (mut protocol, mut store) = (NodeStats::default(), StoreStats::default());
         let (mut keys, mut checks_waiting, mut sync_lag) = (0, 0, Duration::ZERO);
-        let mut round_trips = BTreeMap::new();
+        let (mut round_trips, mut first) = (BTreeMap::new(), None);
         for lane in &self.shared.lanes {
             let state = lane.lock();
+            first.get_or_insert(state.core.stats());
             protocol += state.core.stats();
             store += state.core.store_stats();
             keys += state.core.keys_len();
@@ -446,8 +453,10 @@ impl Node {
         protocol.delivery.malformed += self.shared.frames_unlaned.load(Ordering::Relaxed);
         // Every lane applies every view and runs a round every interval: counted once, as one
         // lane sees them.
-        let first = self.shared.first_lane().core.stats();
-        (protocol.membership_changes, protocol.sync_rounds) = (first.membership_changes, first.sync_rounds);
+        if let Some(first) = first {
+            (protocol.membership_changes, protocol.sync_rounds) =
+                (first.membership_changes, first.sync_rounds);
+        }
         let members = self.shared.members.borrow();
         let count = |status: MemberStatus| members.iter().filter(|m| m.status == status).count();
         NodeMetrics {
