@@ -19,10 +19,13 @@
 //!    Goal: `check_now` within 1.3 × `core_clock`.
 //!
 //!    Then the throughput of `check_now` on 2 threads over 1 thread at 1, 2, 4 and 8 lanes
-//!    (`NodeBuilder::lanes`; goal ≥ 1.7), both threads over every key, and each thread over the
-//!    keys of its own lanes (`Node::lane_of`, as a dispatcher routing keys to per-lane threads
-//!    would): each lane is behind its own lock, so two threads contend only when their keys fall
-//!    in the same lane, and share cache lines only when they check keys of the same lanes.
+//!    (`NodeBuilder::lanes`; goal ≥ 1.7), both threads over every key, over disjoint halves of
+//!    the keys (every lane), and each thread over the keys of its own lanes (`Node::lane_of`, as
+//!    a dispatcher routing keys to per-lane threads would): each lane is behind its own lock, so
+//!    two threads contend only when their keys fall in the same lane, and share cache lines only
+//!    when they check keys of the same lanes. Beside it, the same two-thread ratios for
+//!    governor's keyed limiter (`DashMap`, an atomic state per key) on the same keys: what a
+//!    lock-free keyed limiter gets from a second thread on this machine.
 //! 2. **Exact-mode forwarded checks between two nodes on loopback** (real QUIC with mutual TLS):
 //!    every key is owned by the other node. Latency p50/p99 of one check at a time (`REPEATS` runs
 //!    of `SEQUENTIAL_CHECKS`, medians of the percentiles), and throughput with `IN_FLIGHT` checks
@@ -170,6 +173,9 @@ struct LaneScaling {
     one_thread: f64,
     /// Two threads over every key, over one thread.
     shared: f64,
+    /// Two threads over disjoint halves of the keys (every lane), over one thread: each key's
+    /// state stays in one core's cache, the lanes' locks do not.
+    disjoint: f64,
     /// Two threads each over the keys of its own lanes (`Node::lane_of`: even lanes, odd lanes)
     /// over one thread over every key; `None` with one lane.
     lane_affine: Option<f64>,
@@ -193,38 +199,78 @@ fn lane_scaling(runtime: &Runtime) -> Vec<LaneScaling> {
                     keys.iter().filter(|key| node.lane_of(&policy, key) % 2 == half).cloned().collect()
                 })
                 .collect();
-            let (mut one, mut shared, mut affine) = (Vec::new(), Vec::new(), Vec::new());
+            let interleaved = disjoint_halves(&keys);
+            let check = |key: &Vec<u8>| {
+                black_box(node.check_now(&policy, key, 1).unwrap());
+            };
+            let (mut one, mut shared, mut disjoint, mut affine) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for _ in 0..REPEATS {
-                let alone = checks_per_s(&node, &policy, &[&keys]);
+                let alone = checks_per_s(&[&keys], check);
                 one.push(alone);
-                shared.push(checks_per_s(&node, &policy, &[&keys, &keys]) / alone);
+                shared.push(checks_per_s(&[&keys, &keys], check) / alone);
+                disjoint.push(checks_per_s(&[&interleaved[0], &interleaved[1]], check) / alone);
                 if lanes > 1 {
-                    affine.push(checks_per_s(&node, &policy, &[&halves[0], &halves[1]]) / alone);
+                    affine.push(checks_per_s(&[&halves[0], &halves[1]], check) / alone);
                 }
             }
             runtime.block_on(node.shutdown());
             let lane_affine = (lanes > 1).then(|| median(affine));
-            LaneScaling { lanes, one_thread: median(one), shared: median(shared), lane_affine }
+            LaneScaling {
+                lanes,
+                one_thread: median(one),
+                shared: median(shared),
+                disjoint: median(disjoint),
+                lane_affine,
+            }
         })
         .collect()
 }
 
-/// In-process throughput of `check_now`, one thread per entry of `key_sets` (each its own
+/// In-process throughput of `check`, one thread per entry of `key_sets` (each its own
 /// sequence over its keys), in checks per second.
-fn checks_per_s(node: &ratemesh::Node, policy: &NamedPolicy, key_sets: &[&Vec<Vec<u8>>]) -> f64 {
+fn checks_per_s(key_sets: &[&Vec<Vec<u8>>], check: impl Fn(&Vec<u8>) + Sync) -> f64 {
     const CHECKS_PER_THREAD: usize = 400_000;
+    let check = &check;
     let started = std::time::Instant::now();
     std::thread::scope(|scope| {
         for (thread, keys) in key_sets.iter().enumerate() {
             scope.spawn(move || {
                 let mut pick = XorShift(0x9E37_79B9_7F4A_7C15 ^ (thread as u64 + 1));
                 for _ in 0..CHECKS_PER_THREAD {
-                    black_box(node.check_now(policy, &keys[pick.next(keys.len())], 1).unwrap());
+                    check(&keys[pick.next(keys.len())]);
                 }
             });
         }
     });
     (key_sets.len() * CHECKS_PER_THREAD) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The same scaling for governor's keyed limiter (`DashMap` shards, one atomic state per key),
+/// the baseline of what any keyed in-process limiter gets from a second thread on this machine:
+/// threads over every key, and over disjoint halves of the keys (each key checked by one thread).
+fn governor_scaling() -> (f64, f64) {
+    let keys = keys();
+    let quota = governor::Quota::per_second(std::num::NonZeroU32::MIN)
+        .allow_burst(std::num::NonZeroU32::new(1_000_000_000).unwrap());
+    let limiter = governor::RateLimiter::keyed(quota);
+    let check = |key: &Vec<u8>| {
+        let _ = black_box(limiter.check_key(key));
+    };
+    let halves = disjoint_halves(&keys);
+    checks_per_s(&[&keys], check);
+    let (mut shared, mut disjoint) = (Vec::new(), Vec::new());
+    for _ in 0..REPEATS {
+        let alone = checks_per_s(&[&keys], check);
+        shared.push(checks_per_s(&[&keys, &keys], check) / alone);
+        disjoint.push(checks_per_s(&[&halves[0], &halves[1]], check) / alone);
+    }
+    (median(shared), median(disjoint))
+}
+
+/// The keys in two halves, alternately (whatever their lanes).
+fn disjoint_halves(keys: &[Vec<u8>]) -> Vec<Vec<Vec<u8>>> {
+    (0..2).map(|half| keys.iter().skip(half).step_by(2).cloned().collect()).collect()
 }
 
 fn builder(id: u64) -> NodeBuilder {
@@ -498,12 +544,21 @@ fn main() {
     criterion.final_summary();
     print_approximate_summary();
     println!("\nin-process check_now throughput by lanes (10k keys, medians of {REPEATS}):");
-    println!("| lanes | 1 thread: checks/s | 2 threads / 1, every key | 2 lane-affine threads / 1 |");
-    println!("|---|---|---|---|");
+    println!(
+        "| lanes | 1 thread: checks/s | 2 threads / 1, every key | disjoint halves of the keys | 2 lane-affine threads / 1 |"
+    );
+    println!("|---|---|---|---|---|");
     for row in lane_scaling(&runtime) {
         let affine = row.lane_affine.map_or_else(|| "—".to_owned(), |ratio| format!("{ratio:.2}"));
-        println!("| {} | {:.0} | {:.2} | {affine} |", row.lanes, row.one_thread, row.shared);
+        println!(
+            "| {} | {:.0} | {:.2} | {:.2} | {affine} |",
+            row.lanes, row.one_thread, row.shared, row.disjoint
+        );
     }
+    let (governor_shared, governor_disjoint) = governor_scaling();
+    println!(
+        "governor keyed, 2 threads / 1 (same keys, medians of {REPEATS}): every key {governor_shared:.2}, disjoint halves {governor_disjoint:.2}"
+    );
     let exact = runtime.block_on(exact_forwarded());
     let round_trip_us = runtime.block_on(loopback_round_trip_us());
     let quic_us = runtime.block_on(quic_round_trip_us());
