@@ -7,6 +7,7 @@
 //! The LLM-token pattern: check with an estimate, do the work, then charge the difference when
 //! the real cost is above the estimate, or refund it when below.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use ratemesh_core::{AdjustRequest, Adjustment, Algorithm, Decision, KeyHash, Policy};
@@ -63,7 +64,9 @@ pub struct GroupDecision {
     /// One decision per check, in order. When the group is refused: the check that refused has
     /// its refusal; checks before it passed and were given back, and have the answer to the
     /// give-back (whether a cost-1 check would pass now); checks after it were not taken and
-    /// have the answer to a query (cost 0).
+    /// have the answer to a query (cost 0). A group that can never pass — the costs of one
+    /// bucket's checks in it add up to more than its capacity — takes nothing: every check has
+    /// the answer to a query, and the first one past the capacity is refused with no retry time.
     pub decisions: Vec<Decision>,
     /// The index of the check that refused, when the group is refused.
     pub refused_at: Option<usize>,
@@ -114,6 +117,9 @@ impl Node {
     /// beyond the limits). In approximate mode the given-back hits return to the owner's bucket,
     /// not to an allowance, and each check keeps approximate mode's bounds.
     pub async fn check_all(&self, checks: &[GroupCheck]) -> Result<GroupDecision, CheckError> {
+        if let Some(refused_at) = never_passes(checks) {
+            return self.refuse_for_good(checks, refused_at).await;
+        }
         let mut decisions = Vec::with_capacity(checks.len());
         for check in checks {
             let decision = self.check_hashed(&check.policy, check.key, check.cost, None).await?;
@@ -130,9 +136,35 @@ impl Node {
         for (index, check) in checks.iter().enumerate().take(refused_at) {
             decisions[index] = self.give_back(check, &decisions[index]).await?;
         }
+        // The refusal was decided with the hits of earlier checks of its bucket held; its retry
+        // time is right for the group (the bucket must take all of them), its state is not: the
+        // last give-back of that bucket has the state now.
+        let same_bucket = checks[..refused_at].iter().rposition(|check| check.key == checks[refused_at].key);
+        if let Some(given_back) = same_bucket {
+            let now = decisions[given_back];
+            let refusal = &mut decisions[refused_at];
+            (refusal.remaining, refusal.reset_after) = (now.remaining, now.reset_after);
+        }
         for check in &checks[refused_at + 1..] {
             decisions.push(self.check_hashed(&check.policy, check.key, 0, None).await?);
         }
+        Ok(GroupDecision { allowed: false, decisions, refused_at: Some(refused_at) })
+    }
+
+    /// The answer to a group that can never pass (see [`never_passes`]): nothing is taken, every
+    /// check has the answer to a query, and the one that cannot pass is refused with no retry
+    /// time — as a single check costlier than its capacity is.
+    async fn refuse_for_good(
+        &self,
+        checks: &[GroupCheck],
+        refused_at: usize,
+    ) -> Result<GroupDecision, CheckError> {
+        let mut decisions = Vec::with_capacity(checks.len());
+        for check in checks {
+            decisions.push(self.check_hashed(&check.policy, check.key, 0, None).await?);
+        }
+        let refusal = &mut decisions[refused_at];
+        (refusal.allowed, refusal.retry_after) = (false, None);
         Ok(GroupDecision { allowed: false, decisions, refused_at: Some(refused_at) })
     }
 
@@ -142,7 +174,9 @@ impl Node {
             match self.release_hashed(&check.policy, check.key, lease)? {
                 Released::Ended | Released::NotHeld | Released::SentToOwner(_) => {}
             }
-            return Ok(Decision { lease: None, ..*admitted });
+            // The lease's hits are free again (the owner applies the release; no answer comes).
+            let remaining = admitted.remaining.saturating_add(check.cost).min(admitted.limit);
+            return Ok(Decision { lease: None, remaining, ..*admitted });
         }
         if check.cost == 0 {
             return Ok(*admitted);
@@ -153,4 +187,16 @@ impl Node {
             Err(_) => Err(CheckError::ShutDown),
         }
     }
+}
+
+/// The first check of `checks` that the group can never pass: with the checks before it of the
+/// same bucket, it costs more than the bucket's capacity, so no wait makes room for all of them.
+/// (Bounded: a map of at most `checks.len()` buckets.)
+fn never_passes(checks: &[GroupCheck]) -> Option<usize> {
+    let mut totals: HashMap<KeyHash, u64> = HashMap::with_capacity(checks.len());
+    checks.iter().position(|check| {
+        let total = totals.entry(check.key).or_default();
+        *total = total.saturating_add(check.cost);
+        *total > check.policy.limit.capacity()
+    })
 }

@@ -42,11 +42,36 @@ async fn refunds_charges_and_groups_through_a_follower() {
     assert!(answer.allowed && answer.refused_at.is_none());
     assert_eq!(owner.check(&policy, &key, 0).await.unwrap().remaining, 8);
 
+    // A group that one bucket can never take — its checks of the key cost more than the capacity
+    // together — takes nothing and has no retry time (retrying would loop forever).
+    let policy = hourly_bucket("usage-groups", 10, Mode::Exact);
+    let fresh = key_owned_by(follower, &policy, owner.id());
+    let twice = [GroupCheck::new(&policy, &fresh, 6), GroupCheck::new(&policy, &fresh, 6)];
+    let answer = follower.check_all(&twice).await.unwrap();
+    assert_eq!((answer.allowed, answer.refused_at), (false, Some(1)));
+    assert_eq!(answer.decisions[1].retry_after, None, "{answer:?}");
+    assert_eq!(answer.decisions[1].remaining, 10, "nothing taken");
+    assert_eq!(owner.check(&policy, &fresh, 0).await.unwrap().remaining, 10);
+    // One that fits the capacity but not the bucket now: refused with a retry time, and the
+    // refusal states the bucket after the give-back, not with the earlier check's hits held.
+    follower.charge(&policy, &fresh, 5).await.unwrap();
+    let split = [GroupCheck::new(&policy, &fresh, 3), GroupCheck::new(&policy, &fresh, 3)];
+    let answer = follower.check_all(&split).await.unwrap();
+    assert_eq!((answer.allowed, answer.refused_at), (false, Some(1)));
+    assert!(answer.decisions[1].retry_after.is_some(), "{answer:?}");
+    assert_eq!(answer.decisions[1].remaining, 5, "{answer:?}");
+    assert_eq!(owner.check(&policy, &fresh, 0).await.unwrap().remaining, 5);
+
     // Leases are not hits: a typed error, nothing sent.
     let spec = LimitSpec::new(Algorithm::Concurrency, 2, Duration::from_secs(60));
     let leases = support::policy("usage-leases", spec, Mode::Exact);
     assert_eq!(follower.refund(&leases, b"job", 1).await, Err(AdjustError::Concurrency));
     assert_eq!(follower.charge(&leases, b"job", 1).await, Err(AdjustError::Concurrency));
+    // A refused group releases its leases, and says so in the give-back's state.
+    let group = [GroupCheck::new(&leases, b"job", 1), GroupCheck::new(&policy, &fresh, 6)];
+    let answer = follower.check_all(&group).await.unwrap();
+    assert_eq!((answer.allowed, answer.refused_at), (false, Some(1)));
+    assert_eq!((answer.decisions[0].remaining, answer.decisions[0].lease), (2, None), "{answer:?}");
 
     for node in nodes {
         node.shutdown().await;

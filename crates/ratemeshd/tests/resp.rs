@@ -35,6 +35,10 @@ enum Reply {
     Integer(i64),
     Bulk(Option<Vec<u8>>),
     Array(Option<Vec<Reply>>),
+    /// RESP3's map: its keys and values alternating.
+    Map(Vec<Reply>),
+    /// RESP3's null.
+    Null,
 }
 
 /// A daemon with a RESP listener, its configuration in a scratch file.
@@ -171,6 +175,14 @@ fn read_reply(
                 }
                 Reply::Array(Some(items))
             }
+            "%" => {
+                let mut items = Vec::new();
+                for _ in 0..2 * number() {
+                    items.push(read_reply(stream).await?);
+                }
+                Reply::Map(items)
+            }
+            "_" => Reply::Null,
             other => panic!("unknown reply type {other:?} in {line:?}"),
         })
     })
@@ -240,6 +252,16 @@ async fn cl_throttle_refuses_bad_arguments_with_redis_cells_errors() {
         c.call(&["CL.THROTTLE", "k", "1", "2", "3", "-1"]).await,
         error("Cell error: Negative values are not supported: -1")
     );
+    // Limits the daemon cannot hold are worded in the command's terms: max_burst (the capacity
+    // less one) and a period in seconds.
+    assert_eq!(
+        c.call(&["CL.THROTTLE", "k", "1", "1", "3153600000"]).await,
+        error("Cell error: max_burst is too large for this rate (at most 0)")
+    );
+    assert_eq!(
+        c.call(&["CL.THROTTLE", "k", "1", "1", "9999999999"]).await,
+        error("Cell error: period is too large (at most 3153600000 s, 100 years)")
+    );
     // The connection goes on.
     assert_eq!(c.call(&["PING"]).await, simple("PONG"));
     h.stop().await;
@@ -279,12 +301,29 @@ async fn the_commands_clients_probe_with_are_answered() {
     assert_eq!(c.call(&["CLIENT", "SETNAME", "me"]).await, simple("OK"));
     assert_eq!(c.call(&["CLIENT", "SETINFO", "LIB-NAME", "redis-py"]).await, simple("OK"));
     assert_eq!(c.call(&["COMMAND", "DOCS"]).await, Reply::Array(Some(Vec::new())));
-    assert_eq!(c.call(&["COMMAND", "COUNT"]).await, Reply::Integer(9));
+    assert_eq!(c.call(&["COMMAND", "COUNT"]).await, Reply::Integer(10));
     let persistence = c.call(&["CONFIG", "GET", "save", "appendonly", "maxmemory"]).await;
     let bulks = ["save", "", "appendonly", "no"].map(|text| Reply::Bulk(Some(text.as_bytes().to_vec())));
     assert_eq!(persistence, Reply::Array(Some(bulks.to_vec())));
-    assert_eq!(c.call(&["HELLO", "3"]).await, error("NOPROTO unsupported protocol version"));
-    let Reply::Array(Some(hello)) = c.call(&["HELLO", "2"]).await else { panic!("HELLO answers a map") };
+    assert_eq!(c.call(&["HELLO", "4"]).await, error("NOPROTO unsupported protocol version"));
+    assert_eq!(
+        c.call(&["HELLO", "x"]).await,
+        error("ERR Protocol version is not an integer or out of range")
+    );
+    let no_auth = error(
+        "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+    );
+    assert_eq!(c.call(&["AUTH", "secret"]).await, no_auth);
+    assert_eq!(c.call(&["HELLO", "3", "AUTH", "default", "secret"]).await, no_auth);
+    // RESP3 (redis-py 8 asks for it on connect): maps and nulls take their RESP3 forms.
+    let Reply::Map(hello) = c.call(&["HELLO", "3"]).await else { panic!("HELLO 3 answers a RESP3 map") };
+    assert_eq!(hello[4..6], [Reply::Bulk(Some(b"proto".to_vec())), Reply::Integer(3)]);
+    assert_eq!(c.call(&["CONFIG", "GET", "appendonly"]).await, Reply::Map(bulks[2..].to_vec()));
+    assert_eq!(c.call(&["COMMAND", "INFO", "get"]).await, Reply::Array(Some(vec![Reply::Null])));
+    assert_eq!(c.call(&["COMMAND", "DOCS"]).await, Reply::Map(Vec::new()));
+    let throttled = c.call(&["CL.THROTTLE", "resp3", "4", "5", "60"]).await;
+    assert_eq!(throttled, Reply::Array(Some([0, 5, 4, -1, 12].map(Reply::Integer).to_vec())));
+    let Reply::Array(Some(hello)) = c.call(&["HELLO", "2"]).await else { panic!("HELLO 2 answers a map") };
     assert_eq!(
         hello[0..2],
         [Reply::Bulk(Some(b"server".to_vec())), Reply::Bulk(Some(b"ratemeshd".to_vec()))]
@@ -321,6 +360,15 @@ async fn malformed_and_hostile_frames_close_the_connection_with_a_protocol_error
         assert_eq!(c.reply().await, error(expected));
         assert!(c.closed().await, "closed after {expected}");
     }
+    // An argument beyond the bound while the client is still sending it (more than the socket
+    // buffers hold, so the send completes only if the server reads): the send completes and
+    // the error arrives (the server drains what follows before closing), not a reset.
+    let mut c = h.connect().await;
+    let mut bytes = b"*2\r\n$4\r\nECHO\r\n$12582912\r\n".to_vec();
+    bytes.resize(bytes.len() + 12 * 1024 * 1024, b'x');
+    c.send(&bytes).await;
+    assert_eq!(c.reply().await, error("ERR Protocol error: invalid bulk length"));
+    assert!(c.closed().await);
     // A length line that never ends.
     let mut c = h.connect().await;
     c.send(&[b'*'; 64]).await;

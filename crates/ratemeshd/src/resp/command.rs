@@ -27,16 +27,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratemesh::CheckError;
-use ratemesh_core::{Algorithm, Decision, Limit, LimitSpec, Policy};
+use ratemesh_core::{Algorithm, Decision, Limit, LimitError, LimitParameter, LimitSpec, Policy};
 
 use super::protocol;
 use crate::check::{InlineLimit, Target};
-use crate::config::{FALLBACK_DEFAULT, MODE_DEFAULT, limit_error_message};
+use crate::config::{FALLBACK_DEFAULT, MODE_DEFAULT};
 use crate::daemon::Daemon;
 
 /// The commands answered, lower case (`COMMAND COUNT` counts them).
-const COMMANDS: [&str; 9] =
-    ["cl.throttle", "ping", "echo", "quit", "hello", "command", "client", "select", "config"];
+const COMMANDS: [&str; 10] =
+    ["cl.throttle", "ping", "echo", "quit", "hello", "command", "client", "select", "config", "auth"];
 
 /// redis-cell's usage error.
 const THROTTLE_USAGE: &str =
@@ -85,12 +85,16 @@ struct ThrottleTarget {
     capacity: u64,
 }
 
-/// A connection's state: the daemon, its id (`HELLO`), the last `CL.THROTTLE` limit, and the
-/// key bound of the configuration as of the connection's current round of commands.
+/// A connection's state: the daemon, its id (`HELLO`), the protocol it speaks, the last
+/// `CL.THROTTLE` limit, and the key bound of the configuration as of the connection's current
+/// round of commands.
 #[derive(Debug)]
 pub struct Session {
     daemon: Arc<Daemon>,
     id: u64,
+    /// RESP3 after `HELLO 3` (clients such as redis-py 8 send it on connect): replies that have
+    /// a RESP3 form of their own (maps, nulls) take it; the others are the same in both.
+    resp3: bool,
     key_bytes_max: usize,
     last_target: Option<ThrottleTarget>,
 }
@@ -99,7 +103,7 @@ impl Session {
     /// The state of connection `id`.
     pub fn new(daemon: Arc<Daemon>, id: u64) -> Session {
         let key_bytes_max = daemon.current().0.limits.key_bytes_max;
-        Session { daemon, id, key_bytes_max, last_target: None }
+        Session { daemon, id, resp3: false, key_bytes_max, last_target: None }
     }
 
     /// Takes the configuration's key bound anew (reloadable): once per round of commands.
@@ -128,8 +132,13 @@ impl Session {
             return Flow::Close;
         } else if name.eq_ignore_ascii_case(b"hello") {
             self.hello(command, out);
+        } else if name.eq_ignore_ascii_case(b"auth") {
+            match command.len() {
+                2 | 3 => protocol::error(out, NO_AUTH),
+                _ => wrong_arity(out, "auth"),
+            }
         } else if name.eq_ignore_ascii_case(b"command") {
-            command_introspection(command, out);
+            command_introspection(command, out, self.resp3);
         } else if name.eq_ignore_ascii_case(b"client") {
             client(command, out);
         } else if name.eq_ignore_ascii_case(b"select") {
@@ -139,20 +148,22 @@ impl Session {
                 _ => wrong_arity(out, "select"),
             }
         } else if name.eq_ignore_ascii_case(b"config") {
-            config(command, out);
+            config(command, out, self.resp3);
         } else {
             unknown_command(out, command);
         }
         Flow::Continue
     }
 
-    /// `HELLO [protover [AUTH user pass] [SETNAME name]]`: RESP2 only.
-    fn hello(&self, command: Command<'_>, out: &mut Vec<u8>) {
+    /// `HELLO [protover [AUTH user pass] [SETNAME name]]`: RESP2 or RESP3 (from then on).
+    fn hello(&mut self, command: Command<'_>, out: &mut Vec<u8>) {
+        let mut resp3 = self.resp3;
         if command.len() >= 2 {
             match protocol::parse_i64(command.arg(1)) {
-                Some(2) => {}
-                Some(3) => return protocol::error(out, "NOPROTO unsupported protocol version"),
-                _ => {
+                Some(2) => resp3 = false,
+                Some(3) => resp3 = true,
+                Some(_) => return protocol::error(out, "NOPROTO unsupported protocol version"),
+                None => {
                     return protocol::error(out, "ERR Protocol version is not an integer or out of range");
                 }
             }
@@ -162,20 +173,21 @@ impl Session {
         while option < command.len() {
             match (command.arg(option).to_ascii_lowercase().as_slice(), command.len() - option) {
                 (b"setname", 2..) => option += 2,
-                (b"auth", 3..) => return protocol::error(out, "ERR ratemeshd has no authentication (AUTH)"),
+                (b"auth", 3..) => return protocol::error(out, NO_AUTH),
                 _ => {
                     let text = String::from_utf8_lossy(command.arg(option));
                     return protocol::error(out, &format!("ERR Syntax error in HELLO option '{text:.128}'"));
                 }
             }
         }
-        protocol::array(out, 14);
+        self.resp3 = resp3;
+        protocol::map(out, 7, resp3);
         for (field, value) in [("server", "ratemeshd"), ("version", env!("CARGO_PKG_VERSION"))] {
             protocol::bulk(out, field.as_bytes());
             protocol::bulk(out, value.as_bytes());
         }
         protocol::bulk(out, b"proto");
-        protocol::integer(out, 2);
+        protocol::integer(out, if resp3 { 3 } else { 2 });
         protocol::bulk(out, b"id");
         protocol::integer(out, i64::try_from(self.id).unwrap_or(i64::MAX));
         for (field, value) in [("mode", "standalone"), ("role", "master")] {
@@ -274,9 +286,33 @@ fn throttle_target(parameters: [i64; 3]) -> Result<ThrottleTarget, String> {
         delay: None,
         calendar: None,
     };
-    let limit = Limit::new(spec).map_err(|error| format!("Cell error: {}", limit_error_message(&error)))?;
+    let limit = Limit::new(spec).map_err(|error| format!("Cell error: {}", throttle_limit_error(&error)))?;
     let inline = InlineLimit::new(Policy { limit, mode: MODE_DEFAULT, fallback: FALLBACK_DEFAULT });
     Ok(ThrottleTarget { parameters, target: Target::Inline(inline), capacity })
+}
+
+/// A limit the command's parameters cannot make, worded in them: `max_burst` (the capacity less
+/// one), `count_per_period`, a period in seconds.
+fn throttle_limit_error(error: &LimitError) -> String {
+    const NANOS_PER_S: u64 = 1_000_000_000;
+    match error {
+        LimitError::TooLarge { parameter: LimitParameter::Burst, max } => {
+            format!("max_burst is too large for this rate (at most {})", max.saturating_sub(1))
+        }
+        LimitError::TooLarge { parameter: LimitParameter::Limit, max } => {
+            format!("count_per_period is too large (at most {max})")
+        }
+        LimitError::TooLarge { parameter: LimitParameter::Period, max } => {
+            format!("period is too large (at most {} s, 100 years)", max / NANOS_PER_S)
+        }
+        LimitError::RateTooHigh { limit, period_nanos } => {
+            let period_s = period_nanos / NANOS_PER_S;
+            format!(
+                "{limit} per {period_s} s is above one hit per nanosecond: at most {period_nanos} per {period_s} s"
+            )
+        }
+        other => other.to_string(),
+    }
 }
 
 /// Appends redis-cell's 5-integer reply for `decision` (`None`: an unlimited answer, allowed
@@ -309,18 +345,18 @@ fn whole_seconds(duration: Duration) -> u64 {
 
 /// `COMMAND`, `COMMAND COUNT`, `COMMAND DOCS [name…]`, `COMMAND INFO [name…]`: enough for clients
 /// that probe (redis-cli asks for the docs for its hints; an empty answer means none).
-fn command_introspection(command: Command<'_>, out: &mut Vec<u8>) {
+fn command_introspection(command: Command<'_>, out: &mut Vec<u8>, resp3: bool) {
     if command.len() == 1 {
         return protocol::array(out, 0);
     }
     if command.is(1, "count") && command.len() == 2 {
         protocol::integer(out, COMMANDS.len() as i64);
     } else if command.is(1, "docs") {
-        protocol::array(out, 0);
+        protocol::map(out, 0, resp3);
     } else if command.is(1, "info") {
         protocol::array(out, command.len() - 2);
         for _ in 2..command.len() {
-            protocol::null_array(out);
+            protocol::null(out, resp3);
         }
     } else {
         unknown_subcommand(out, command.arg(1), "COMMAND");
@@ -331,13 +367,13 @@ fn command_introspection(command: Command<'_>, out: &mut Vec<u8>) {
 /// server persists, which it reports); ratemeshd writes neither snapshots nor an append-only
 /// file. Other parameters are unknown: not listed, as Redis answers for a pattern that matches
 /// nothing.
-fn config(command: Command<'_>, out: &mut Vec<u8>) {
+fn config(command: Command<'_>, out: &mut Vec<u8>, resp3: bool) {
     if command.len() < 3 || !command.is(1, "get") {
         return unknown_subcommand(out, command.arg(1), "CONFIG");
     }
     let known =
         |i: usize| [("save", ""), ("appendonly", "no")].into_iter().find(|(name, _)| command.is(i, name));
-    protocol::array(out, 2 * (2..command.len()).filter_map(known).count());
+    protocol::map(out, (2..command.len()).filter_map(known).count(), resp3);
     for (name, value) in (2..command.len()).filter_map(known) {
         protocol::bulk(out, name.as_bytes());
         protocol::bulk(out, value.as_bytes());
@@ -352,6 +388,10 @@ fn client(command: Command<'_>, out: &mut Vec<u8>) {
         _ => unknown_subcommand(out, command.arg(1), "CLIENT"),
     }
 }
+
+/// What `AUTH` (and `HELLO … AUTH`) is answered, as Redis answers it without a password set: a
+/// client configured with credentials learns why, rather than of an unknown command.
+const NO_AUTH: &str = "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?";
 
 fn wrong_arity(out: &mut Vec<u8>, name: &str) {
     protocol::error(out, &format!("ERR wrong number of arguments for '{name}' command"));

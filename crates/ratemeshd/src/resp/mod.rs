@@ -1,4 +1,4 @@
-//! The Redis protocol (RESP2) listener, `[listen] resp`: redis-cell's `CL.THROTTLE` over the
+//! The Redis protocol (RESP2 and RESP3) listener, `[listen] resp`: redis-cell's `CL.THROTTLE` over the
 //! cluster, for clients of redis-cell and Dragonfly that switch by changing an address, and the
 //! commands clients probe with ([`command`]).
 //!
@@ -18,7 +18,15 @@
 //!   ([`crate::listener`], which also holds the connection bound `limits.connections_max`).
 //!
 //! A malformed frame is answered `-ERR Protocol error: …` and the connection closes, as Redis
-//! does.
+//! does: the write side first, then, once what the client was still sending is drained (at most
+//! [`DRAIN_BYTES_MAX`] bytes in [`DRAIN_TIMEOUT`]), the socket, so that the client reads the error
+//! rather than a reset.
+//!
+//! # Protocols
+//!
+//! RESP2, and RESP3 after `HELLO 3` (redis-py 8 sends it on connect): the replies are the same in
+//! both but for `HELLO`'s, `CONFIG GET`'s and `COMMAND DOCS`'s, which are maps in RESP3, and
+//! nulls.
 //!
 //! # Pipelining
 //!
@@ -54,6 +62,12 @@ pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection may stay idle between commands (pooled client connections are idle
 /// between requests; a minute of quiet is not a fault, an hour is a leak).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The most bytes read and dropped after a protocol error, before the connection closes.
+pub const DRAIN_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// The longest the client's input is drained after a protocol error.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Bytes asked of the socket per read.
 pub const READ_BYTES: usize = 16 * 1024;
@@ -135,12 +149,34 @@ async fn serve_connection(
         Err(ConnectionError::Protocol(error)) => {
             connection.output.clear();
             protocol::error(&mut connection.output, &format!("ERR Protocol error: {error}"));
-            // The connection closes either way.
-            let _ = stream.write_all(&connection.output).await;
+            close_after_error(&mut stream, &connection.output, &mut connection.input).await;
             debug!(%error, "RESP connection closed");
         }
         Err(error) => debug!(%error, "RESP connection closed"),
     }
+}
+
+/// Writes `reply` (a protocol error), shuts the write side, and reads and drops what the client
+/// still sends for a moment (at most [`DRAIN_BYTES_MAX`] bytes within [`DRAIN_TIMEOUT`]): a
+/// socket closed with unread input answers it with a reset, and a client that was still sending
+/// (a too-long argument) would get the reset instead of the error. The connection closes
+/// either way.
+async fn close_after_error(stream: &mut LimitedStream, reply: &[u8], buffer: &mut Vec<u8>) {
+    if stream.write_all(reply).await.is_err() || stream.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async {
+        let mut drained = 0;
+        while drained < DRAIN_BYTES_MAX {
+            buffer.clear();
+            buffer.reserve(READ_BYTES);
+            match stream.read_buf(buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(read) => drained += read,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
 }
 
 /// A connection's reusable buffers.

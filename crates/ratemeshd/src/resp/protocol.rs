@@ -212,9 +212,20 @@ pub fn array(out: &mut Vec<u8>, len: usize) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Appends `*-1\r\n`, the null array.
-pub fn null_array(out: &mut Vec<u8>) {
-    out.extend_from_slice(b"*-1\r\n");
+/// Appends the header of a map of `pairs` key–value pairs (which follow): RESP3's `%pairs`, or
+/// in RESP2 an array of twice as many replies, keys and values alternating.
+pub fn map(out: &mut Vec<u8>, pairs: usize, resp3: bool) {
+    if !resp3 {
+        return array(out, 2 * pairs);
+    }
+    out.push(b'%');
+    decimal(out, pairs as i64);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends a null: RESP3's `_`, or RESP2's null array `*-1`.
+pub fn null(out: &mut Vec<u8>, resp3: bool) {
+    out.extend_from_slice(if resp3 { b"_\r\n" } else { b"*-1\r\n" });
 }
 
 /// Appends `value` in decimal, formatted on the stack.
@@ -380,12 +391,15 @@ mod tests {
         bulk(&mut out, b"hi");
         bulk(&mut out, b"");
         array(&mut out, 5);
-        null_array(&mut out);
+        null(&mut out, false);
+        null(&mut out, true);
+        map(&mut out, 2, false);
+        map(&mut out, 2, true);
         error(&mut out, "ERR unknown command 'a\r\nb'");
         assert_eq!(
             String::from_utf8(out).expect("ascii"),
             "+PONG\r\n:0\r\n:-1\r\n:-9223372036854775808\r\n:9223372036854775807\r\n$2\r\nhi\r\n$0\r\n\r\n\
-             *5\r\n*-1\r\n-ERR unknown command 'a  b'\r\n"
+             *5\r\n*-1\r\n_\r\n*4\r\n%2\r\n-ERR unknown command 'a  b'\r\n"
         );
     }
 }
