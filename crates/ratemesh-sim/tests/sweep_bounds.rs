@@ -1,5 +1,5 @@
 //! Issue 9's and issue 11's bounds on a representative cut of the sweep grid
-//! (`simulations/sweeps/ci.toml`): every `[[grid.expect]]` bound on the worst of five seeds per
+//! (`simulations/sweeps/ci.toml`): every `[[grid.expect]]` bound on the worst of twenty seeds per
 //! point, and the cost comparisons between cells. Bounds the protocol is known to miss are listed
 //! in the file's `known_missed` with the measured figure; the test fails on any other miss, and on
 //! a listed miss that now holds (so the list cannot go stale).
