@@ -1542,3 +1542,36 @@ async fn the_check_front_answers_with_the_routers_bytes() {
     );
     h.stop().await;
 }
+
+/// RFC 9112, section 3.2: an HTTP/1.1 request without exactly one `Host` is answered 400, by the
+/// front's route and the others alike, and counts nothing; HTTP/1.0 may omit it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_1_request_needs_exactly_one_host() {
+    let h = Harness::standard("host").await;
+    let body = r#"{"key": "hostless", "policy": "token_bucket"}"#;
+    let check = |version: &str, hosts: &str| {
+        format!("POST /v1/check HTTP/{version}\r\n{hosts}Content-Length: {}\r\n\r\n{body}", body.len())
+    };
+    let cases = [
+        (check("1.1", ""), "400"),
+        (check("1.1", "Host: a\r\nHost: b\r\n"), "400"),
+        ("GET /healthz HTTP/1.1\r\n\r\n".to_owned(), "400"),
+        (check("1.0", ""), "200"),
+        (check("1.1", "Host: t\r\n"), "200"),
+    ];
+    for (request, status) in cases {
+        let mut stream = TcpStream::connect(&h.addr).await.expect("connects");
+        stream.write_all(request.as_bytes()).await.expect("sends");
+        let answer = raw_responses(&mut stream, 1).await.remove(0);
+        let code = answer.split(' ').nth(1);
+        assert_eq!(code, Some(status), "{request:?} → {answer}");
+        if status == "400" {
+            assert!(answer.contains(r#""field":"host""#), "{answer}");
+        }
+    }
+    // Two checks passed (HTTP/1.0 and the last): the refused ones took nothing.
+    let r = h.post("/v1/check", &json!({"key": "hostless", "policy": "token_bucket", "cost": 0})).await;
+    let limit = json_of(&r)["limit"].as_u64().expect("a limit");
+    assert_eq!(json_of(&r)["remaining"].as_u64(), Some(limit.saturating_sub(2)), "{}", json_of(&r));
+    h.stop().await;
+}

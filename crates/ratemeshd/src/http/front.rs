@@ -6,7 +6,8 @@
 //! requests answered with one write. The profile of the daemon under `wrk` had hyper and axum's
 //! routing, middleware and response building at a quarter of its CPU.
 //!
-//! Any other request — another route, a body not announced by one `Content-Length`,
+//! Any other request — another route, a body not announced by one `Content-Length`, not exactly
+//! one `Host` (the router then answers 400, as RFC 9112 requires of HTTP/1.1),
 //! `Transfer-Encoding`, `Expect`, a `Connection` other than `keep-alive` or `close`, HTTP/1.0, a head of more
 //! than [`HEAD_BYTES_MAX`] or [`HEADERS_MAX`] headers, a body that does not parse or validate —
 //! hands the connection, with every byte not yet answered, to hyper's HTTP/1 server and the axum
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::http::StatusCode;
+use axum::response::IntoResponse as _;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
@@ -67,7 +69,8 @@ pub(crate) struct Front {
 impl Front {
     /// The front of the API over `daemon` with `timeouts`.
     pub(crate) fn new(daemon: Arc<Daemon>, timeouts: Timeouts) -> Front {
-        let router = super::router_with(Arc::clone(&daemon), timeouts);
+        let router =
+            super::router_with(Arc::clone(&daemon), timeouts).layer(axum::middleware::from_fn(require_host));
         let mut hyper = auto::Builder::new(TokioExecutor::new()).http1_only();
         hyper.http1().timer(TokioTimer::new()).header_read_timeout(timeouts.header_read).keep_alive(true);
         Front { api: Arc::new(Api { daemon, timeouts }), router, hyper }
@@ -110,6 +113,21 @@ impl Front {
             debug!(%error, "HTTP connection ended with an error");
         }
     }
+}
+
+/// RFC 9112, section 3.2: an HTTP/1.1 request without exactly one `Host` field is answered 400
+/// (an HTTP/1.0 request may omit it; HTTP/2 carries `:authority` instead). A layer of the
+/// connections' router only, so that the router serves in-process requests built without one.
+async fn require_host(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let hosts = request.headers().get_all(axum::http::header::HOST).iter().count();
+    if request.version() == axum::http::Version::HTTP_11 && hosts != 1 {
+        let message = format!("{hosts} Host fields; an HTTP/1.1 request has exactly one");
+        return ApiError::bad_request("host", message).into_response();
+    }
+    next.run(request).await
 }
 
 /// How the front's part of a connection ended.
@@ -276,14 +294,17 @@ fn parse(input: &[u8], body_bytes_max: usize) -> Parsed {
 }
 
 /// The body length of a request the front answers, and whether it asks to close the connection
-/// after it: one `Content-Length`, no `Transfer-Encoding`, no `Expect`, no `Connection` but one
-/// `keep-alive` or `close`; `None` for any other.
+/// after it: one `Host`, one `Content-Length`, no `Transfer-Encoding`, no `Expect`, no
+/// `Connection` but one `keep-alive` or `close`; `None` for any other.
 fn body_len(headers: &[httparse::Header<'_>]) -> Option<(usize, bool)> {
     let mut len = None;
     let mut connection = None;
+    let mut hosts = 0;
     for header in headers {
         let name = header.name;
-        if name.eq_ignore_ascii_case("content-length") {
+        if name.eq_ignore_ascii_case("host") {
+            hosts += 1;
+        } else if name.eq_ignore_ascii_case("content-length") {
             let digits = header.value.trim_ascii();
             let valid = !digits.is_empty() && digits.len() <= 9 && digits.iter().all(u8::is_ascii_digit);
             if len.is_some() || !valid {
@@ -304,6 +325,7 @@ fn body_len(headers: &[httparse::Header<'_>]) -> Option<(usize, bool)> {
             }
         }
     }
+    (hosts == 1).then_some(())?;
     Some((len?, connection.unwrap_or(false)))
 }
 
