@@ -2,7 +2,7 @@
 # ratemeshd's Redis protocol listener ([listen] resp) with real clients this project did not
 # write: redis-cli (Debian's redis-tools) and redis-py (PyPI, tests/clients/resp_client.py).
 # Both must get redis-cell's CL.THROTTLE answers: redis-cli for a 5-per-minute key with a burst
-# of 4 (5 pass, the 6th is refused for 12 s), redis-py for one call and a pipeline of 100.
+# of 4 (5 pass, the 6th is refused for 12 s), redis-py for one call on RESP2, one on its default (RESP3) and a pipeline of 100.
 #
 #   bash tests/resp.sh [RATEMESHD_BINARY]
 #
@@ -75,9 +75,10 @@ answer=$(cli CL.THROTTLE cli:key x 5 60 2>&1)
 timeout "$client_timeout_s" "$venv/bin/python" tests/clients/resp_client.py 127.0.0.1 "$p_resp" ||
     fail "the redis-py client's checks failed"
 
-# Decisions are counted like the HTTP API's inline checks: 6 + 1 + 100 CL.THROTTLE, 85 refused.
+# Decisions are counted like the HTTP API's inline checks: 6 + 1 + 1 (default protocol) + 100
+# CL.THROTTLE, 85 refused.
 metrics=$(curl -s --max-time 5 "http://127.0.0.1:$p_http/metrics")
-grep -q '^ratemesh_requests_total{policy="inline",decision="allowed"} 22$' <<<"$metrics" ||
+grep -q '^ratemesh_requests_total{policy="inline",decision="allowed"} 23$' <<<"$metrics" ||
     fail "metrics: $(grep 'ratemesh_requests_total' <<<"$metrics")"
 grep -q '^ratemesh_requests_total{policy="inline",decision="refused"} 85$' <<<"$metrics" ||
     fail "metrics: $(grep 'ratemesh_requests_total' <<<"$metrics")"
