@@ -137,11 +137,11 @@ impl Node {
             decisions[index] = self.give_back(check, &decisions[index]).await?;
         }
         // The refusal was decided with the hits of earlier checks of its bucket held; its retry
-        // time is right for the group (the bucket must take all of them), its state is not: the
-        // last give-back of that bucket has the state now.
-        let same_bucket = checks[..refused_at].iter().rposition(|check| check.key == checks[refused_at].key);
-        if let Some(given_back) = same_bucket {
-            let now = decisions[given_back];
+        // time is right for the group (the bucket must take all of them), its state is not: a
+        // query once everything is given back has it.
+        let refused = &checks[refused_at];
+        if checks[..refused_at].iter().any(|check| check.key == refused.key) {
+            let now = self.check_hashed(&refused.policy, refused.key, 0, None).await?;
             let refusal = &mut decisions[refused_at];
             (refusal.remaining, refusal.reset_after) = (now.remaining, now.reset_after);
         }
@@ -190,13 +190,16 @@ impl Node {
 }
 
 /// The first check of `checks` that the group can never pass: with the checks before it of the
-/// same bucket, it costs more than the bucket's capacity, so no wait makes room for all of them.
+/// same bucket (the same key hash: one policy's namespace), it costs more than the bucket's
+/// capacity, so no wait makes room for all of them.
 /// (Bounded: a map of at most `checks.len()` buckets.)
 fn never_passes(checks: &[GroupCheck]) -> Option<usize> {
     let mut totals: HashMap<KeyHash, u64> = HashMap::with_capacity(checks.len());
     checks.iter().position(|check| {
         let total = totals.entry(check.key).or_default();
+        // A cost-0 check passes only if a hit would (a query answers for a cost-1 check).
+        let never = total.saturating_add(check.cost.max(1)) > check.policy.limit.capacity();
         *total = total.saturating_add(check.cost);
-        *total > check.policy.limit.capacity()
+        never
     })
 }

@@ -52,14 +52,23 @@ async fn refunds_charges_and_groups_through_a_follower() {
     assert_eq!(answer.decisions[1].retry_after, None, "{answer:?}");
     assert_eq!(answer.decisions[1].remaining, 10, "nothing taken");
     assert_eq!(owner.check(&policy, &fresh, 0).await.unwrap().remaining, 10);
+    // A cost-0 check after the whole capacity passes only if a hit would: never, either.
+    let full_then_query = [GroupCheck::new(&policy, &fresh, 10), GroupCheck::new(&policy, &fresh, 0)];
+    let answer = follower.check_all(&full_then_query).await.unwrap();
+    assert_eq!((answer.refused_at, answer.decisions[1].retry_after), (Some(1), None), "{answer:?}");
     // One that fits the capacity but not the bucket now: refused with a retry time, and the
     // refusal states the bucket after the give-back, not with the earlier check's hits held.
     follower.charge(&policy, &fresh, 5).await.unwrap();
-    let split = [GroupCheck::new(&policy, &fresh, 3), GroupCheck::new(&policy, &fresh, 3)];
+    let split = [
+        GroupCheck::new(&policy, &fresh, 2),
+        GroupCheck::new(&policy, &fresh, 1),
+        GroupCheck::new(&policy, &fresh, 0),
+        GroupCheck::new(&policy, &fresh, 3),
+    ];
     let answer = follower.check_all(&split).await.unwrap();
-    assert_eq!((answer.allowed, answer.refused_at), (false, Some(1)));
-    assert!(answer.decisions[1].retry_after.is_some(), "{answer:?}");
-    assert_eq!(answer.decisions[1].remaining, 5, "{answer:?}");
+    assert_eq!((answer.allowed, answer.refused_at), (false, Some(3)));
+    assert!(answer.decisions[3].retry_after.is_some(), "{answer:?}");
+    assert_eq!(answer.decisions[3].remaining, 5, "{answer:?}");
     assert_eq!(owner.check(&policy, &fresh, 0).await.unwrap().remaining, 5);
 
     // Leases are not hits: a typed error, nothing sent.

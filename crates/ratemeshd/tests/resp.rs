@@ -314,9 +314,14 @@ async fn the_commands_clients_probe_with_are_answered() {
         "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
     );
     assert_eq!(c.call(&["AUTH", "secret"]).await, no_auth);
-    assert_eq!(c.call(&["HELLO", "3", "AUTH", "default", "secret"]).await, no_auth);
+    // The default user has no password, so it takes any, as Redis's does; another user is not.
+    assert_eq!(c.call(&["AUTH", "default", "secret"]).await, simple("OK"));
+    let wrong = error("WRONGPASS invalid username-password pair or user is disabled.");
+    assert_eq!(c.call(&["AUTH", "alice", "secret"]).await, wrong);
+    assert_eq!(c.call(&["HELLO", "3", "AUTH", "alice", "secret"]).await, wrong);
     // RESP3 (redis-py 8 asks for it on connect): maps and nulls take their RESP3 forms.
-    let Reply::Map(hello) = c.call(&["HELLO", "3"]).await else { panic!("HELLO 3 answers a RESP3 map") };
+    let hello = c.call(&["HELLO", "3", "AUTH", "default", "secret", "SETNAME", "me"]).await;
+    let Reply::Map(hello) = hello else { panic!("HELLO 3 answers a RESP3 map") };
     assert_eq!(hello[4..6], [Reply::Bulk(Some(b"proto".to_vec())), Reply::Integer(3)]);
     assert_eq!(c.call(&["CONFIG", "GET", "appendonly"]).await, Reply::Map(bulks[2..].to_vec()));
     assert_eq!(c.call(&["COMMAND", "INFO", "get"]).await, Reply::Array(Some(vec![Reply::Null])));

@@ -134,8 +134,12 @@ impl Session {
             self.hello(command, out);
         } else if name.eq_ignore_ascii_case(b"auth") {
             match command.len() {
-                2 | 3 => protocol::error(out, NO_AUTH),
-                _ => wrong_arity(out, "auth"),
+                2 => protocol::error(out, NO_AUTH),
+                3 => match default_user(command.arg(1)) {
+                    true => protocol::simple(out, "OK"),
+                    false => protocol::error(out, WRONG_PASS),
+                },
+                _ => protocol::error(out, "ERR syntax error"),
             }
         } else if name.eq_ignore_ascii_case(b"command") {
             command_introspection(command, out, self.resp3);
@@ -173,7 +177,8 @@ impl Session {
         while option < command.len() {
             match (command.arg(option).to_ascii_lowercase().as_slice(), command.len() - option) {
                 (b"setname", 2..) => option += 2,
-                (b"auth", 3..) => return protocol::error(out, NO_AUTH),
+                (b"auth", 3..) if default_user(command.arg(option + 1)) => option += 3,
+                (b"auth", 3..) => return protocol::error(out, WRONG_PASS),
                 _ => {
                     let text = String::from_utf8_lossy(command.arg(option));
                     return protocol::error(out, &format!("ERR Syntax error in HELLO option '{text:.128}'"));
@@ -389,9 +394,19 @@ fn client(command: Command<'_>, out: &mut Vec<u8>) {
     }
 }
 
-/// What `AUTH` (and `HELLO … AUTH`) is answered, as Redis answers it without a password set: a
-/// client configured with credentials learns why, rather than of an unknown command.
+/// `AUTH password`, answered as Redis answers it when no password is set (ratemeshd has no RESP
+/// authentication): a client configured with one learns why, rather than of an unknown command.
 const NO_AUTH: &str = "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?";
+
+/// `AUTH user password` (and `HELLO … AUTH`) for another user than `default`, as Redis answers
+/// it; the `default` user, which has no password, takes any (clients configured with a password
+/// connect, as they do to a Redis without one).
+const WRONG_PASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
+/// Whether `user` is Redis's `default` user.
+fn default_user(user: &[u8]) -> bool {
+    user == b"default"
+}
 
 fn wrong_arity(out: &mut Vec<u8>, name: &str) {
     protocol::error(out, &format!("ERR wrong number of arguments for '{name}' command"));

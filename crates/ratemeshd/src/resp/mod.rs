@@ -149,7 +149,7 @@ async fn serve_connection(
         Err(ConnectionError::Protocol(error)) => {
             connection.output.clear();
             protocol::error(&mut connection.output, &format!("ERR Protocol error: {error}"));
-            close_after_error(&mut stream, &connection.output, &mut connection.input).await;
+            close_after_error(&mut stream, &connection.output, &mut connection.input, &mut closing).await;
             debug!(%error, "RESP connection closed");
         }
         Err(error) => debug!(%error, "RESP connection closed"),
@@ -160,8 +160,13 @@ async fn serve_connection(
 /// still sends for a moment (at most [`DRAIN_BYTES_MAX`] bytes within [`DRAIN_TIMEOUT`]): a
 /// socket closed with unread input answers it with a reset, and a client that was still sending
 /// (a too-long argument) would get the reset instead of the error. The connection closes
-/// either way.
-async fn close_after_error(stream: &mut LimitedStream, reply: &[u8], buffer: &mut Vec<u8>) {
+/// either way, at once when the server is closing.
+async fn close_after_error(
+    stream: &mut LimitedStream,
+    reply: &[u8],
+    buffer: &mut Vec<u8>,
+    closing: &mut watch::Receiver<bool>,
+) {
     if stream.write_all(reply).await.is_err() || stream.shutdown().await.is_err() {
         return;
     }
@@ -176,7 +181,11 @@ async fn close_after_error(stream: &mut LimitedStream, reply: &[u8], buffer: &mu
             }
         }
     };
-    let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+    tokio::select! {
+        _ = tokio::time::timeout(DRAIN_TIMEOUT, drain) => {}
+        // A closed sender is a server gone: closing too.
+        _ = closing.wait_for(|closing| *closing) => {}
+    }
 }
 
 /// A connection's reusable buffers.

@@ -58,8 +58,11 @@
 //!
 //! - `INVALID_ARGUMENT`, before anything is counted: empty domain, no descriptors, more than
 //!   [`DESCRIPTORS_MAX`] descriptors, a descriptor with no entries or more than
-//!   [`ENTRIES_MAX`], or whose keys and values add up to more than `limits.key_bytes_max` bytes
-//!   (the bound of an HTTP or RESP key), an invalid limit override.
+//!   [`ENTRIES_MAX`], an invalid limit override. Descriptor values are not bounded by
+//!   `limits.key_bytes_max` (the bound of an HTTP or RESP key): Envoy builds them from request
+//!   headers and paths, and refusing a call for a long one would let any request through
+//!   uncounted where Envoy fails open; they are bounded by [`MESSAGE_BYTES_MAX`] and hashed into
+//!   the bucket key (top keys keep at most their first bytes).
 //! - `UNAVAILABLE`: the node is shutting down or cannot decide ([`ratemesh::CheckError`]) for a
 //!   descriptor of an enforced policy, or more than `limits.http_in_flight_max` RLS requests are
 //!   in flight (load shedding: answered at once, never queued, counted in
@@ -239,7 +242,7 @@ impl RlsService {
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         // One policy table for the whole request, even if a reload swaps it meanwhile.
         let (config, policies) = self.daemon.current();
-        let plans = plan(&policies, request, config.limits.key_bytes_max)?;
+        let plans = plan(&policies, request)?;
         let mut decided = match config.rls.all_or_nothing_domains.contains(&request.domain) {
             true => self.all_or_nothing(&plans).await?,
             false => vec![None; plans.len()],

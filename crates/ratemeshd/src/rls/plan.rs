@@ -32,7 +32,6 @@ const OVERRIDE_TAG: u8 = 0xFE;
 pub(super) fn plan(
     policies: &PolicyTable,
     request: &RateLimitRequest,
-    key_bytes_max: usize,
 ) -> Result<Vec<Option<ValidCheck>>, Status> {
     if request.domain.is_empty() {
         return Err(Status::invalid_argument("domain: must not be empty"));
@@ -53,13 +52,6 @@ pub(super) fn plan(
         .iter()
         .enumerate()
         .map(|(index, descriptor)| {
-            let bytes: usize = descriptor.entries.iter().map(|e| e.key.len() + e.value.len()).sum();
-            if bytes > key_bytes_max {
-                // The key that HTTP and RESP bound the same way (`limits.key_bytes_max`).
-                return Err(Status::invalid_argument(format!(
-                    "descriptors[{index}].entries: {bytes} bytes of keys and values, at most {key_bytes_max} are accepted (limits.key_bytes_max)"
-                )));
-            }
             plan_descriptor(policies, &request.domain, index, descriptor, request_hits)
         })
         .collect()
