@@ -203,25 +203,18 @@ fn lane_scaling(runtime: &Runtime) -> Vec<LaneScaling> {
             let check = |key: &Vec<u8>| {
                 black_box(node.check_now(&policy, key, 1).unwrap());
             };
-            let (mut one, mut shared, mut disjoint, mut affine) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..REPEATS {
-                let alone = checks_per_s(&[&keys], check);
-                one.push(alone);
-                shared.push(checks_per_s(&[&keys, &keys], check) / alone);
-                disjoint.push(checks_per_s(&[&interleaved[0], &interleaved[1]], check) / alone);
-                if lanes > 1 {
-                    affine.push(checks_per_s(&[&halves[0], &halves[1]], check) / alone);
-                }
+            let mut pairs = vec![[&keys, &keys], [&interleaved[0], &interleaved[1]]];
+            if lanes > 1 {
+                pairs.push([&halves[0], &halves[1]]);
             }
+            let (one_thread, ratios) = two_thread_ratios(&keys, &pairs, check);
             runtime.block_on(node.shutdown());
-            let lane_affine = (lanes > 1).then(|| median(affine));
             LaneScaling {
                 lanes,
-                one_thread: median(one),
-                shared: median(shared),
-                disjoint: median(disjoint),
-                lane_affine,
+                one_thread,
+                shared: ratios[0],
+                disjoint: ratios[1],
+                lane_affine: ratios.get(2).copied(),
             }
         })
         .collect()
@@ -258,14 +251,30 @@ fn governor_scaling() -> (f64, f64) {
         let _ = black_box(limiter.check_key(key));
     };
     let halves = disjoint_halves(&keys);
+    // The map fills on first use: once over every key before timing.
     checks_per_s(&[&keys], check);
-    let (mut shared, mut disjoint) = (Vec::new(), Vec::new());
+    let (_, ratios) = two_thread_ratios(&keys, &[[&keys, &keys], [&halves[0], &halves[1]]], check);
+    (ratios[0], ratios[1])
+}
+
+/// `REPEATS` interleaved rounds of one thread over `keys`, then two threads over each pair of
+/// key sets: the median checks per second of one thread, and for each pair the median of its
+/// throughput over the same round's one thread.
+fn two_thread_ratios(
+    keys: &Vec<Vec<u8>>,
+    pairs: &[[&Vec<Vec<u8>>; 2]],
+    check: impl Fn(&Vec<u8>) + Sync,
+) -> (f64, Vec<f64>) {
+    let check = &check;
+    let (mut one, mut ratios) = (Vec::new(), vec![Vec::new(); pairs.len()]);
     for _ in 0..REPEATS {
-        let alone = checks_per_s(&[&keys], check);
-        shared.push(checks_per_s(&[&keys, &keys], check) / alone);
-        disjoint.push(checks_per_s(&[&halves[0], &halves[1]], check) / alone);
+        let alone = checks_per_s(&[keys], check);
+        one.push(alone);
+        for (pair, ratio) in pairs.iter().zip(&mut ratios) {
+            ratio.push(checks_per_s(pair, check) / alone);
+        }
     }
-    (median(shared), median(disjoint))
+    (median(one), ratios.into_iter().map(median).collect())
 }
 
 /// The keys in two halves, alternately (whatever their lanes).

@@ -141,12 +141,12 @@ impl Node {
         // query once everything is given back has it.
         let refused = &checks[refused_at];
         if checks[..refused_at].iter().any(|check| check.key == refused.key) {
-            let now = self.check_hashed(&refused.policy, refused.key, 0, None).await?;
+            let now = self.query(refused).await?;
             let refusal = &mut decisions[refused_at];
             (refusal.remaining, refusal.reset_after) = (now.remaining, now.reset_after);
         }
         for check in &checks[refused_at + 1..] {
-            decisions.push(self.check_hashed(&check.policy, check.key, 0, None).await?);
+            decisions.push(self.query(check).await?);
         }
         Ok(GroupDecision { allowed: false, decisions, refused_at: Some(refused_at) })
     }
@@ -161,11 +161,16 @@ impl Node {
     ) -> Result<GroupDecision, CheckError> {
         let mut decisions = Vec::with_capacity(checks.len());
         for check in checks {
-            decisions.push(self.check_hashed(&check.policy, check.key, 0, None).await?);
+            decisions.push(self.query(check).await?);
         }
         let refusal = &mut decisions[refused_at];
         (refusal.allowed, refusal.retry_after) = (false, None);
         Ok(GroupDecision { allowed: false, decisions, refused_at: Some(refused_at) })
+    }
+
+    /// A cost-0 check of `check`'s bucket: its state, taking nothing.
+    async fn query(&self, check: &GroupCheck) -> Result<Decision, CheckError> {
+        self.check_hashed(&check.policy, check.key, 0, None).await
     }
 
     /// Gives back what an admitted check of a refused group took.

@@ -325,7 +325,9 @@ fn body_len(headers: &[httparse::Header<'_>]) -> Option<(usize, bool)> {
             }
         }
     }
-    (hosts == 1).then_some(())?;
+    if hosts != 1 {
+        return None;
+    }
     Some((len?, connection.unwrap_or(false)))
 }
 
