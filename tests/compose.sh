@@ -13,7 +13,8 @@
 #  6. reconnects node 2: three live members, exactly the limit again;
 #  7. durable quotas: a daily key spent to 40 remaining, then `docker-compose down` (graceful:
 #     SIGTERM, every node hands over and writes its last snapshot to its named volume) and `up`:
-#     the key still has exactly 40 remaining (never back to 100).
+#     the key has exactly 40 remaining again, asked at every node (never more: a node that has not
+#     heard from the owner yet in the first moments answers from its share of the 40).
 #
 # The bounds are those of ARCHITECTURE.md, "The cluster protocol": an owner enforces
 # limit × reachable / (live + dead), rounded down. Every wait is a bounded poll on a condition
@@ -249,9 +250,16 @@ for n in 1 2 3; do
     wait_for "node $n ready after up" is_ready "$n"
 done
 wait_view '^live=1,2,3 ' 1 2 3
+# remaining_back N: whether durable-1 asked at node N is back to its 40, or says more (`left`
+# holds the answer). Right after a start a node may not have heard from the key's owner yet: its
+# fallback answers with its share of what it restored (fewer), until the owner answers.
+remaining_back() {
+    left=$(remaining "$1" durable-1) || return 1
+    ((left >= 40))
+}
 for n in 1 2 3; do
-    left=$(remaining "$n" durable-1)
-    [[ $left == 40 ]] || fail "durable-1 after down and up, asked at node $n: $left remaining, expected 40"
+    wait_for "durable-1 asked at node $n has its 40 remaining after down and up" remaining_back "$n"
+    ((left == 40)) || fail "durable-1 after down and up, asked at node $n: $left remaining, more than the 40 left"
 done
 say "ok: durable-1 still has 40 of 100 remaining after docker-compose down and up"
 for n in 1 2 3; do

@@ -158,7 +158,6 @@ impl Node {
                     follower.returned = follower.returned.saturating_add(held - grant.hold_max);
                 }
                 follower.contended = grant.contended;
-                follower.has_state = true;
                 follower.over_until = Instant::ZERO;
                 if follower.allowance.live(now) == 0 {
                     let probe = bucket.peek(&limit, 1, now);
@@ -313,11 +312,14 @@ pub(super) fn decide_by_fallback(
     let limit = policy.limit.reported_limit();
     let decision = match (policy.fallback, local_limit) {
         (api::Fallback::LocalShare, Some(local_limit)) => {
-            let has_state = follower.has_state;
-            let local = follower.local.get_or_insert_with(|| match has_state {
-                true => Bucket::import(local_limit, bucket.export(now), now)
-                    .unwrap_or_else(|_| Bucket::new(local_limit, now)),
-                false => Bucket::new(local_limit, now),
+            // The share starts from what the bucket beside the entry says was spent: a grant's
+            // state, a snapshot read back at start, a handoff, or this node's own as the key's
+            // previous owner (a fresh bucket when there was none). Starting it full would hand out
+            // a share of the whole limit for a key that had little left (after a full restart,
+            // until the owner is heard again).
+            let local = follower.local.get_or_insert_with(|| {
+                Bucket::import(local_limit, bucket.export(now), now)
+                    .unwrap_or_else(|_| Bucket::new(local_limit, now))
             });
             local.check(local_limit, cost, now, rng)
         }

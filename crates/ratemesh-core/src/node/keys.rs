@@ -295,8 +295,6 @@ pub(crate) struct Follower {
     /// The owner changed: the next report carries the last authoritative state, to seed the new
     /// owner conservatively.
     pub seed_pending: bool,
-    /// Whether the bucket beside this entry holds a state the owner sent (a grant's).
-    pub has_state: bool,
     /// The fallback bucket (this node's share of the limit).
     pub local: Option<Bucket>,
     /// When the last report for this key was sent.

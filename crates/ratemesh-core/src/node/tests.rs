@@ -1128,3 +1128,91 @@ fn a_check_now_that_sends_nothing_leaves_the_deadline_alone() {
     // (Checks here never send: reports and allowance requests go out at sync rounds.)
     assert!(silent > 1_000, "{silent} silent, {sending} sending");
 }
+
+/// A cluster of three fresh processes, each of which restored `kept` before it knew anyone, once
+/// every view has every member.
+fn restarted_cluster(kept: &[DurableKey]) -> Cluster {
+    let mut cluster = Cluster::new(0);
+    for id in 1..=3 {
+        cluster.add_node(id);
+        let now = cluster.now;
+        cluster.node(id).restore(now, kept.to_vec(), Duration::ZERO);
+    }
+    cluster.drain();
+    // Views arrive one member at a time.
+    cluster.view(&[1, 2, 3], &[1], &[]);
+    cluster.view(&[1, 2, 3], &[1, 2], &[]);
+    cluster.run_for(Duration::from_millis(700));
+    cluster.view(&[1, 2, 3], &[1, 2, 3], &[]);
+    cluster.run_for(Duration::from_secs(3));
+    cluster
+}
+
+/// A day-long exact policy of 100, and a snapshot of key `k` spent to 40 left under it.
+fn spent_daily_key(k: KeyHash) -> (Arc<Policy>, Vec<DurableKey>) {
+    let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(86_400));
+    let limit = Limit::new(spec).expect("valid");
+    let daily = Arc::new(Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare });
+    let t0 = Instant::from_millis(1_000);
+    let mut writer = Node::new(NodeId(9), 1, NodeConfig::default(), 9, t0).expect("valid");
+    let spend = CheckRequest { id: RequestId(0), key: k, policy: daily.clone(), cost: 60 };
+    assert!(matches!(writer.handle_check(t0, spend), CheckOutcome::Decided(d) if d.allowed));
+    (daily, writer.durable_keys(t0, Duration::ZERO))
+}
+
+#[test]
+fn keys_restored_by_every_node_of_a_full_restart_come_back_exactly() {
+    // Written by every node (owner, replica, follower), then a full restart.
+    let k = key("durable");
+    let (daily, kept) = spent_daily_key(k);
+    let mut cluster = restarted_cluster(&kept);
+    for at in [1, 2, 3, 1, 2, 3] {
+        cluster.run_for(Duration::from_millis(300));
+        let query = CheckRequest { id: RequestId(7), key: k, policy: daily.clone(), cost: 0 };
+        let before = cluster.decided.len();
+        let remaining = match cluster.check(at, query) {
+            CheckOutcome::Decided(d) => d.remaining,
+            _ => {
+                cluster.run_for(Duration::from_millis(10));
+                cluster.decided[before..].last().expect("the owner answered").1.remaining
+            }
+        };
+        assert_eq!(remaining, 40, "asked at node {at}");
+    }
+}
+
+#[test]
+fn a_fallback_after_a_full_restart_shares_what_was_left_not_a_full_bucket() {
+    let k = key_owned_by(1, &[1, 2, 3]);
+    let (daily, kept) = spent_daily_key(k);
+    let mut cluster = Cluster::new(0);
+    for id in 1..=3 {
+        cluster.add_node(id);
+        let now = cluster.now;
+        cluster.node(id).restore(now, kept.clone(), Duration::ZERO);
+    }
+    cluster.view(&[1, 2, 3], &[1, 2, 3], &[]);
+    // The restored states meet at the owner, node 2 shares an approximate key with it (so each
+    // expects to hear from the other), then node 2 loses the owner.
+    let owned_by_one =
+        |k: &KeyHash| Ring::new(&[NodeId(1), NodeId(2), NodeId(3)], RING_VNODES_DEFAULT).owner(*k);
+    let shared = (0..)
+        .map(|i| key(&format!("shared{i}")))
+        .find(|k| owned_by_one(k) == Some(NodeId(1)))
+        .expect("found");
+    let approximate = policy(Mode::Approximate, 100, 100);
+    for round in 0..20 {
+        if round == 10 {
+            cluster.cut.extend([(NodeId(1), NodeId(2)), (NodeId(2), NodeId(1))]);
+        }
+        cluster.admit(2, shared, &approximate, 5);
+        cluster.run_for(Duration::from_millis(100));
+    }
+    let now = cluster.now;
+    assert!(
+        !cluster.node(2).peers.reachable(NodeId(1), now) && cluster.node(2).peers.expects(NodeId(1), now)
+    );
+    let admitted = cluster.admit(2, k, &daily, 40);
+    // 40 were left: node 2's share of them is 13, where a fresh share of the limit would be 33.
+    assert!((12..=14).contains(&admitted), "node 2 admitted {admitted} on its own");
+}
