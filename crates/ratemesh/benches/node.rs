@@ -155,11 +155,12 @@ fn approximate_check(c: &mut Criterion, runtime: &Runtime) {
         b.iter(|| black_box(local.block_on(node.check(&policy, &keys[pick.next(KEYS)], 1)).unwrap()))
     });
     // What counting a check in the top-keys sketches adds (part of both library checks above).
-    let top = ratemesh::top::TopTable::new(TopConfig::default(), 1);
+    let (top, mut shard) =
+        (ratemesh::top::TopTable::new(TopConfig::default()), ratemesh::top::TopShard::default());
     group.bench_function("top_record", |b| {
         b.iter(|| {
             nanos += 50;
-            top.record(0, Instant::from_nanos(nanos), "bench", &keys[pick.next(KEYS)], 1, false);
+            top.record(&mut shard, Instant::from_nanos(nanos), "bench", &keys[pick.next(KEYS)], 1, false);
         })
     });
     group.finish();

@@ -231,6 +231,40 @@ async fn a_cluster_of_four_lane_nodes_enforces_each_limit_exactly_and_hands_it_o
     shutdown(nodes).await;
 }
 
+/// Top keys of a node with lanes: each lane records its checks in its own shard (`check` after
+/// its decision came, `check_now` under the lock it decided under), and an answer, this node's
+/// or another member's asked over the network, holds every lane's keys, each counted once.
+#[tokio::test(start_paused = true)]
+async fn top_keys_of_every_lane_are_in_any_members_answer() {
+    let network = MemoryNetwork::new();
+    let nodes = cluster_of_lanes(&network, 2, 4).await;
+    let policy = policy(Mode::Approximate);
+    let keys: Vec<Vec<u8>> = (0..64).map(|i| format!("user:{i}").into_bytes()).collect();
+    let mut expected = std::collections::BTreeMap::new();
+    for (i, key) in keys.iter().enumerate() {
+        let cost = i as u64 % 3 + 1;
+        timeout(WAIT, nodes[0].check(&policy, key, cost)).await.expect("bounded").expect("decided");
+        // A check only the owner can decide is `WouldWait`, and not counted.
+        let now = u64::from(nodes[0].check_now(&policy, key, 1).is_ok());
+        expected.insert(String::from_utf8(key.clone()).expect("text"), cost + now);
+    }
+    let lanes: std::collections::BTreeSet<usize> =
+        keys.iter().map(|key| nodes[0].lane_of(&policy, key)).collect();
+    assert_eq!(lanes.len(), 4, "the keys fall in every lane");
+    for node in &nodes {
+        let report = node.top("api", ratemesh::TopBy::Demand, 100).await;
+        assert!(report.missing.is_empty(), "{:?}", report.missing);
+        let answer = report.answer;
+        // 64 keys over four shards of 128 counters each: every count exact.
+        assert_eq!(answer.error_bound, 0);
+        let counted: std::collections::BTreeMap<String, u64> =
+            answer.entries.iter().map(|entry| (entry.key.clone(), entry.count)).collect();
+        assert_eq!(counted, expected, "asked at {:?}", node.id());
+        assert_eq!(answer.total, expected.values().sum::<u64>());
+    }
+    shutdown(nodes).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_member_running_another_lane_count_is_not_proposed() {
     let network = MemoryNetwork::new();

@@ -25,7 +25,7 @@ use crate::gossip::{
 use crate::membership::{KEY_PROTOCOL, KEY_QUIC_ADDR, Member, MemberStatus};
 use crate::security::ClusterSecurity;
 use crate::seeds::{Seed, SeedHost, SeedResolution, SeedSink};
-use crate::top::{TopConfig, TopTable};
+use crate::top::{TopConfig, TopShard, TopTable};
 use crate::transport::{MemoryNetwork, PeerTransport, QuicTransport, Received, TransportConfig};
 
 /// Milliseconds as a duration (the defaults are in milliseconds).
@@ -366,10 +366,10 @@ impl NodeBuilder {
             gossip_interval: self.gossip_interval,
             durable,
             final_snapshot: std::sync::atomic::AtomicBool::new(false),
-            top: Arc::new(TopTable::new(self.top.clone(), self.lanes)),
+            top: TopTable::new(self.top.clone()),
             top_query_timeout: self.top_query_timeout,
         });
-        shared.transport.set_query_handler(top_query_handler(Arc::clone(&shared.top), origin));
+        shared.transport.set_query_handler(top_query_handler(Arc::downgrade(&shared)));
         let slot =
             GossipSlot { handle: Arc::clone(&shared.gossip), state: gossip_state, health: gossip_health };
         shared.spawn_tasks(received, me, members_tx, stop_rx, gossip_state_rx);
@@ -425,6 +425,7 @@ impl NodeBuilder {
             leaving: false,
             left: false,
             view: MemberView { live: vec![self.id], dead: Vec::new() },
+            top: TopShard::default(),
         };
         // `validate` bounds the lanes by `LANES_MAX`, which fits a byte.
         let index = u8::try_from(index).unwrap_or(u8::MAX);

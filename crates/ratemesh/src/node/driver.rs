@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
 use chitchat::ChitchatHandle;
@@ -14,23 +14,26 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, trace_span};
 
 use super::{
-    DEPARTED_ADDRS_MAX, FRAME_BYTES_PER_TURN_MAX, FRAMES_PER_TURN_MAX, Lane, Origin, SNAPSHOT_SLOTS_PER_TURN,
-    Shared, State, lane_index,
+    DEPARTED_ADDRS_MAX, FRAME_BYTES_PER_TURN_MAX, FRAMES_PER_TURN_MAX, Lane, SNAPSHOT_SLOTS_PER_TURN, Shared,
+    State, lane_index,
 };
 use crate::defaults;
 use crate::durable::Persistence;
 use crate::gossip::{GossipSlot, GossipStarter, supervise};
 use crate::membership::{KEY_LEAVING, Member, MemberStatus, Membership, ViewSink};
 use crate::seeds::SeedSink;
-use crate::top::{TopReply, TopTable, decode_question, encode_message};
+use crate::top::{TopBy, TopReply, TopSummary, decode_question, encode_message};
 use crate::transport::{QueryHandler, Received};
 
-/// How a node answers other members' top-keys questions: from its own sketches, at its own now.
-pub(super) fn top_query_handler(top: Arc<TopTable>, origin: Origin) -> QueryHandler {
+/// How a node answers other members' top-keys questions: from its own sketches, at its own now
+/// (nothing, which the asker reports as missing, once the node is gone: the transport holds the
+/// handler, the node the transport).
+pub(super) fn top_query_handler(shared: Weak<Shared>) -> QueryHandler {
     Arc::new(move |_from, question| {
+        let Some(shared) = shared.upgrade() else { return Vec::new() };
         let reply = match decode_question(question) {
             Ok(question) => {
-                let (summaries, window) = top.summaries(origin.now_instant(), &question.policy, question.by);
+                let (summaries, window) = shared.top_summaries(&question.policy, question.by);
                 let window_nanos = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
                 TopReply { window_nanos, summaries }
             }
@@ -58,6 +61,18 @@ impl Shared {
     /// The lane that holds `key`.
     pub(super) fn lane(&self, key: KeyHash) -> &Lane {
         &self.lanes[lane_index(key, self.lanes.len())]
+    }
+
+    /// This node's summaries of `policy` by `by` at its now: every lane's top-keys shard, each
+    /// read under its lane's lock in turn, combined.
+    pub(super) fn top_summaries(&self, policy: &str, by: TopBy) -> (Vec<TopSummary>, Duration) {
+        let now = self.now();
+        self.top.combine(self.lanes.iter().filter_map(|lane| lane.lock().top.summaries(now, policy, by)))
+    }
+
+    /// Bytes of heap memory held by the lanes' top-keys shards.
+    pub(super) fn top_heap_bytes(&self) -> usize {
+        self.lanes.iter().map(|lane| lane.lock().top.heap_bytes()).sum()
     }
 
     /// The first lane: every lane sees the same views, so its ring, ranks and join grace are

@@ -16,7 +16,7 @@ use tracing::{Instrument, info, info_span};
 
 use super::{
     CheckError, MissingMember, NamedPolicy, NodeMetrics, Released, SHARED_VALUE_BYTES_MAX, SHARED_VALUES_MAX,
-    Shared, SharedValuesError, TopLabel, TopReport, lane_index,
+    Shared, SharedValuesError, State, TopLabel, TopReport, lane_index,
 };
 use crate::durable::SnapshotMetrics;
 use crate::gossip::GossipHealth;
@@ -129,23 +129,16 @@ impl Node {
         self.check_hashed(&policy.policy, policy.key(key), cost, Some(label)).await
     }
 
-    /// Counts a check of `key` in the top-keys shard of its lane.
+    /// Counts a check in the top-keys shard of the lane whose state is `state` (its key's).
     fn record_top(
         &self,
+        state: &mut State,
         now: ratemesh_core::Instant,
-        key: KeyHash,
         label: TopLabel<'_>,
         cost: u64,
         decision: &Decision,
     ) {
-        self.shared.top.record(
-            self.lane_of_hashed(key),
-            now,
-            label.policy,
-            label.key,
-            cost,
-            !decision.allowed,
-        );
+        self.shared.top.record(&mut state.top, now, label.policy, label.key, cost, !decision.allowed);
     }
 
     /// [`Node::check`] of a bucket named by its hash, for callers that keep their own key
@@ -164,7 +157,9 @@ impl Node {
             })
             .await?;
         if let Some(label) = label {
-            self.record_top(self.shared.now(), key, label, cost, &decision);
+            // Decided under the lane's lock, perhaps long ago: recorded under it again, now.
+            let mut state = self.shared.lane(key).lock();
+            self.record_top(&mut state, self.shared.now(), label, cost, &decision);
         }
         Ok(decision)
     }
@@ -225,10 +220,9 @@ impl Node {
             None => Err(CheckError::WouldWait),
         };
         self.shared.after_check_now(lane, &mut state);
-        drop(state);
         if let Ok(decision) = &decision {
-            // The clock read once: the decision's instant is the sketches' too.
-            self.record_top(now, hash, TopLabel { policy: policy.name(), key }, cost, decision);
+            // Under the lock the check was decided under, at the decision's instant.
+            self.record_top(&mut state, now, TopLabel { policy: policy.name(), key }, cost, decision);
         }
         decision
     }
@@ -377,7 +371,7 @@ impl Node {
     /// [`TopReport::missing`]; the answer then covers the others. See [`crate::top`] for the
     /// bound of the estimates.
     pub async fn top(&self, policy: &str, by: TopBy, n: usize) -> TopReport {
-        let (mut summaries, mut window) = self.shared.top.summaries(self.shared.now(), policy, by);
+        let (mut summaries, mut window) = self.shared.top_summaries(policy, by);
         let question = encode_message(&TopQuestion { policy: policy.to_owned(), by });
         let mut asked = tokio::task::JoinSet::new();
         for member in self.members() {
@@ -416,7 +410,7 @@ impl Node {
     /// This node's own sketches of `policy` (what it answers other members): its summaries and
     /// the span they cover.
     pub fn top_local(&self, policy: &str, by: TopBy) -> (Vec<TopSummary>, Duration) {
-        self.shared.top.summaries(self.shared.now(), policy, by)
+        self.shared.top_summaries(policy, by)
     }
 
     /// The bounds of the top-keys sketches.
@@ -427,7 +421,7 @@ impl Node {
     /// Heap bytes held by this node's top-keys sketches, and checks not recorded because
     /// `TopConfig::policies_max` policies are recorded already.
     pub fn top_memory(&self) -> (usize, u64) {
-        (self.shared.top.heap_bytes(), self.shared.top.unrecorded())
+        (self.shared.top_heap_bytes(), self.shared.top.unrecorded())
     }
 
     /// Counters and gauges, for metrics.

@@ -49,7 +49,7 @@ use crate::durable::{Persistence, SnapshotMetrics};
 use crate::gossip::{GossipCounters, GossipHealth, GossipStats};
 use crate::membership::Member;
 use crate::security::SecurityError;
-use crate::top::{TopAnswer, TopTable};
+use crate::top::{TopAnswer, TopShard, TopTable};
 use crate::transport::{PeerTransport, TransportError, TransportStats};
 
 mod builder;
@@ -304,8 +304,8 @@ struct Shared {
     durable: Option<Arc<Persistence>>,
     /// The final snapshot was taken (a second shutdown does not take another).
     final_snapshot: std::sync::atomic::AtomicBool,
-    /// Top keys per policy, one shard per lane (their own locks: recording never holds a core's).
-    top: Arc<TopTable>,
+    /// What the lanes' top-keys shards share (each lane holds its shard: [`State::top`]).
+    top: TopTable,
     top_query_timeout: Duration,
 }
 
@@ -338,6 +338,8 @@ struct State {
     /// The core's leave is complete.
     left: bool,
     view: MemberView,
+    /// The lane's top-keys sketches: a check records itself under the lock it was decided under.
+    top: TopShard,
 }
 
 /// The lane of `key` among `lanes`: a function of the key's hash alone, the same on every member

@@ -2,7 +2,9 @@
 //!
 //! - [`SpaceSaving`] is the heavy-hitter sketch (Metwally, Agrawal, El Abbadi 2005): at most
 //!   `capacity` counters; a key without a counter takes over the smallest one, inheriting its
-//!   count as its error. Every hit costs one hash lookup and `O(log capacity)` heap steps.
+//!   count as its error. Every hit costs one hash lookup; a takeover finds a smallest counter
+//!   among those a scan of the counts found (amortised `O(1)` under even load, `O(capacity)` at
+//!   worst).
 //!   **Bound:** a counted key's estimate is never below its true count and exceeds it by at most
 //!   its counter's `error`, which is at most the sketch's smallest count, which is at most
 //!   `total / capacity`; a key without a counter has a true count of at most that smallest
@@ -10,9 +12,11 @@
 //! - [`PolicyTop`] keeps, per policy, two sketches (demand: every hit checked; refused: hits
 //!   refused) per *half-window*; two half-windows rotate (`half_window`, 30 s by default), so a
 //!   query covers between one and two half-windows: the last minute at most.
-//! - [`TopTable`] holds the policies (at most `policies_max`; further policies are not recorded,
-//!   and counted) in one shard per lane of the node, each behind its own lock, apart from the
-//!   node's core: recording never contends with the protocol, nor with checks of other lanes.
+//! - A [`TopShard`] holds one lane's policies; the node keeps it under the lane's lock with the
+//!   lane's core, so that a check records itself under the lock it decided under (one lock per
+//!   check) and never contends with checks of other lanes. [`TopTable`] is what the shards
+//!   share: the bounds and the policies recorded (at most `policies_max`; checks under further
+//!   policies are not recorded, and counted).
 //! - [`TopSummary`] is one sketch's content as it travels between members; [`merge`] joins the
 //!   summaries of every member and half-window into a [`TopAnswer`]. **Merged bound:** an
 //!   estimate is the sum over summaries of the key's count there, or of that summary's smallest
@@ -57,7 +61,7 @@ pub struct TopConfig {
     /// half-window and the previous one.
     pub half_window: Duration,
     /// Policies recorded (default [`defaults::TOP_POLICIES_MAX`]); checks under further policies are not
-    /// recorded. Zero turns top keys off: no check pays for them (about 65 ns a check on
+    /// recorded. Zero turns top keys off: no check pays for them (about 40 ns a check on
     /// 10 000 evenly hit keys, where nearly every check takes a counter over).
     pub policies_max: usize,
 }
@@ -179,6 +183,11 @@ pub fn merge(summaries: &[TopSummary], n: usize, window: Duration) -> TopAnswer 
 /// `key` cut to at most `bytes_max` bytes on a character boundary (bytes that are not UTF-8 are
 /// replaced first).
 pub fn cut_key(key: &[u8], bytes_max: usize) -> std::borrow::Cow<'_, str> {
+    // The common case first: a head that is UTF-8 as it is (about a third of the lossy path's
+    // cost on short keys). A head cut inside a character is not, and takes the path below.
+    if let Ok(head) = std::str::from_utf8(&key[..key.len().min(bytes_max)]) {
+        return std::borrow::Cow::Borrowed(head);
+    }
     let text = String::from_utf8_lossy(&key[..key.len().min(bytes_max.saturating_mul(3))]);
     if text.len() <= bytes_max {
         return text;
@@ -267,29 +276,48 @@ impl PolicyTop {
     }
 }
 
-/// The policies' sketches of one node, in shards behind locks of their own: the node records a
-/// check in the shard of the key's lane (see `crate::NodeBuilder::lanes`), so that checks of
-/// different lanes never contend here either. A key is counted in one shard only; a query merges
-/// the shards' summaries like those of members ([`merge`]). Each shard keeps `capacity` counters
-/// per sketch.
+/// One lane's sketches of every policy it recorded: the node keeps it with the lane's core,
+/// under the lane's lock. A key is counted in the shard of its lane only; the node's summaries
+/// merge the shards' like those of members ([`TopTable::combine`]). Each shard keeps `capacity`
+/// counters per sketch.
+#[derive(Debug, Default)]
+pub struct TopShard {
+    policies: HashMap<Arc<str>, PolicyTop, foldhash::fast::RandomState>,
+}
+
+impl TopShard {
+    /// This shard's summaries of `policy` at `now` (none if it recorded nothing under it), one
+    /// per half-window, current first, and the span they cover.
+    pub fn summaries(
+        &mut self,
+        now: Instant,
+        policy: &str,
+        by: TopBy,
+    ) -> Option<(Vec<TopSummary>, Duration)> {
+        self.policies.get_mut(policy).map(|top| top.summaries(now, by))
+    }
+
+    /// Bytes of heap memory held by its sketches.
+    pub fn heap_bytes(&self) -> usize {
+        self.policies.values().map(PolicyTop::heap_bytes).sum()
+    }
+}
+
+/// What the top-keys shards of one node share: the bounds, and the policies recorded (every
+/// shard records the same policies, at most `policies_max` together).
 #[derive(Debug)]
 pub struct TopTable {
     config: TopConfig,
-    shards: Box<[Mutex<Policies>]>,
-    /// The policies recorded, at most `policies_max` (a shard takes one of these only): every
-    /// shard records the same policies.
+    /// The policies recorded (a shard takes one of these only).
     admitted: Mutex<std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>>,
     /// Checks not recorded because `policies_max` policies are recorded already.
     unrecorded: AtomicU64,
 }
 
-type Policies = HashMap<Arc<str>, PolicyTop, foldhash::fast::RandomState>;
-
 impl TopTable {
-    /// An empty table with `config`'s bounds, in `shards` shards (at least one).
-    pub fn new(config: TopConfig, shards: usize) -> TopTable {
-        let shards = (0..shards.max(1)).map(|_| Mutex::new(HashMap::default())).collect();
-        TopTable { config, shards, admitted: Mutex::default(), unrecorded: AtomicU64::new(0) }
+    /// A table of no policy yet, with `config`'s bounds.
+    pub fn new(config: TopConfig) -> TopTable {
+        TopTable { config, admitted: Mutex::default(), unrecorded: AtomicU64::new(0) }
     }
 
     /// The bounds.
@@ -297,15 +325,22 @@ impl TopTable {
         &self.config
     }
 
-    /// Counts a check of `cost` hits (0, a query, counts nothing) of `key` under `policy`, in
-    /// shard `shard` (modulo the shards; a key must always be counted in the same one).
-    pub fn record(&self, shard: usize, now: Instant, policy: &str, key: &[u8], cost: u64, refused: bool) {
+    /// Counts a check of `cost` hits (0, a query, counts nothing) of `key` under `policy` in
+    /// `shard` (a key must always be counted in the same shard).
+    pub fn record(
+        &self,
+        shard: &mut TopShard,
+        now: Instant,
+        policy: &str,
+        key: &[u8],
+        cost: u64,
+        refused: bool,
+    ) {
         if cost == 0 || self.config.policies_max == 0 {
             return;
         }
         let key = cut_key(key, self.config.key_bytes_max);
-        let mut policies = lock(&self.shards[shard % self.shards.len()]);
-        if let Some(top) = policies.get_mut(policy) {
+        if let Some(top) = shard.policies.get_mut(policy) {
             return top.record(now, &key, cost, refused);
         }
         // A policy this shard has not seen: taken only if the table records it or has room.
@@ -326,25 +361,25 @@ impl TopTable {
         };
         let mut top = PolicyTop::new(now, &self.config);
         top.record(now, &key, cost, refused);
-        policies.insert(name, top);
+        shard.policies.insert(name, top);
     }
 
-    /// This node's summaries of `policy` at `now` (none if nothing was recorded under it): one
-    /// per half-window, each the shards' sketches of that half-window combined
-    /// (`combine`), and the longest span they cover.
-    pub fn summaries(&self, now: Instant, policy: &str, by: TopBy) -> (Vec<TopSummary>, Duration) {
+    /// A node's summaries of one policy from its shards' ([`TopShard::summaries`]): one per
+    /// half-window, each the shards' sketches of that half-window combined (`combine`), and the
+    /// longest span they cover.
+    pub fn combine(
+        &self,
+        shards: impl IntoIterator<Item = (Vec<TopSummary>, Duration)>,
+    ) -> (Vec<TopSummary>, Duration) {
         let (mut by_half, mut window) = (Vec::<Vec<TopSummary>>::new(), Duration::ZERO);
-        for shard in &self.shards {
-            if let Some(top) = lock(shard).get_mut(policy) {
-                let (shard_summaries, shard_window) = top.summaries(now, by);
-                for (half, summary) in shard_summaries.into_iter().enumerate() {
-                    match by_half.get_mut(half) {
-                        Some(summaries) => summaries.push(summary),
-                        None => by_half.push(vec![summary]),
-                    }
+        for (shard_summaries, shard_window) in shards {
+            for (half, summary) in shard_summaries.into_iter().enumerate() {
+                match by_half.get_mut(half) {
+                    Some(summaries) => summaries.push(summary),
+                    None => by_half.push(vec![summary]),
                 }
-                window = window.max(shard_window);
             }
+            window = window.max(shard_window);
         }
         let capacity = self.config.capacity;
         (by_half.iter().map(|summaries| combine(summaries, capacity)).collect(), window)
@@ -353,11 +388,6 @@ impl TopTable {
     /// Checks not recorded because the table was full of other policies.
     pub fn unrecorded(&self) -> u64 {
         self.unrecorded.load(Ordering::Relaxed)
-    }
-
-    /// Bytes of heap memory held by every policy's sketches.
-    pub fn heap_bytes(&self) -> usize {
-        self.shards.iter().map(|shard| lock(shard).values().map(PolicyTop::heap_bytes).sum::<usize>()).sum()
     }
 }
 
@@ -377,16 +407,26 @@ fn combine(summaries: &[TopSummary], capacity: usize) -> TopSummary {
     TopSummary { total: merged.total, error_bound: merged.error_bound.max(left_out), entries: merged.entries }
 }
 
-fn lock(shard: &Mutex<Policies>) -> std::sync::MutexGuard<'_, Policies> {
-    // Sketches are updated in place by plain arithmetic: a panic elsewhere leaves them usable.
-    shard.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const SECOND: u64 = 1_000_000_000;
+
+    fn shards(count: usize) -> Vec<TopShard> {
+        (0..count).map(|_| TopShard::default()).collect()
+    }
+
+    /// The node's summaries of `policy` over `shards`, as the node takes them.
+    fn summaries(
+        table: &TopTable,
+        shards: &mut [TopShard],
+        now: Instant,
+        policy: &str,
+        by: TopBy,
+    ) -> Vec<TopSummary> {
+        table.combine(shards.iter_mut().filter_map(|shard| shard.summaries(now, policy, by))).0
+    }
 
     #[test]
     fn messages_round_trip_and_garbage_is_an_error() {
@@ -435,32 +475,34 @@ mod tests {
 
     #[test]
     fn the_table_records_at_most_policies_max_policies_over_all_its_shards() {
-        let table = TopTable::new(TopConfig { policies_max: 1, ..TopConfig::default() }, 4);
-        table.record(0, Instant::ZERO, "p", b"k", 1, false);
-        table.record(1, Instant::ZERO, "q", b"k", 1, false);
-        table.record(2, Instant::ZERO, "p", b"j", 1, false);
+        let (table, mut shards) =
+            (TopTable::new(TopConfig { policies_max: 1, ..TopConfig::default() }), shards(4));
+        table.record(&mut shards[0], Instant::ZERO, "p", b"k", 1, false);
+        table.record(&mut shards[1], Instant::ZERO, "q", b"k", 1, false);
+        table.record(&mut shards[2], Instant::ZERO, "p", b"j", 1, false);
         assert_eq!(table.unrecorded(), 1, "q is refused in another shard too");
-        assert_eq!(table.summaries(Instant::ZERO, "p", TopBy::Demand).0[0].total, 2);
+        assert_eq!(summaries(&table, &mut shards, Instant::ZERO, "p", TopBy::Demand)[0].total, 2);
     }
 
     #[test]
     fn the_table_records_at_most_policies_max_policies() {
-        let table = TopTable::new(TopConfig { policies_max: 1, ..TopConfig::default() }, 1);
-        table.record(0, Instant::ZERO, "p", b"k", 1, false);
-        table.record(0, Instant::ZERO, "q", b"k", 1, false);
-        table.record(0, Instant::ZERO, "p", b"k", 0, true);
+        let (table, mut shard) =
+            (TopTable::new(TopConfig { policies_max: 1, ..TopConfig::default() }), shards(1));
+        table.record(&mut shard[0], Instant::ZERO, "p", b"k", 1, false);
+        table.record(&mut shard[0], Instant::ZERO, "q", b"k", 1, false);
+        table.record(&mut shard[0], Instant::ZERO, "p", b"k", 0, true);
         assert_eq!(table.unrecorded(), 1);
-        let (summaries, _) = table.summaries(Instant::ZERO, "p", TopBy::Demand);
-        assert_eq!(summaries[0].total, 1, "a query counts nothing");
-        assert!(table.summaries(Instant::ZERO, "q", TopBy::Demand).0.is_empty());
+        let recorded = summaries(&table, &mut shard, Instant::ZERO, "p", TopBy::Demand);
+        assert_eq!(recorded[0].total, 1, "a query counts nothing");
+        assert!(summaries(&table, &mut shard, Instant::ZERO, "q", TopBy::Demand).is_empty());
     }
 
     #[test]
     fn every_shard_is_in_the_summaries() {
-        let table = TopTable::new(TopConfig::default(), 3);
-        table.record(0, Instant::ZERO, "p", b"a", 2, false);
-        table.record(4, Instant::ZERO, "p", b"b", 3, false);
-        let (summaries, _) = table.summaries(Instant::ZERO, "p", TopBy::Demand);
+        let (table, mut shards) = (TopTable::new(TopConfig::default()), shards(3));
+        table.record(&mut shards[0], Instant::ZERO, "p", b"a", 2, false);
+        table.record(&mut shards[1], Instant::ZERO, "p", b"b", 3, false);
+        let summaries = summaries(&table, &mut shards, Instant::ZERO, "p", TopBy::Demand);
         assert_eq!(summaries.len(), 1, "one summary per half-window, whatever the shards");
         let answer = merge(&summaries, 10, Duration::from_secs(1));
         let counts: Vec<(&str, u64)> = answer.entries.iter().map(|e| (e.key.as_str(), e.count)).collect();
@@ -470,11 +512,11 @@ mod tests {
     #[test]
     fn combined_shards_keep_capacity_entries_and_bound_what_they_leave_out() {
         let config = TopConfig { capacity: 2, ..TopConfig::default() };
-        let table = TopTable::new(config, 64);
+        let (table, mut shards) = (TopTable::new(config), shards(64));
         for (shard, key, hits) in [(0, "a", 9), (1, "b", 7), (2, "c", 5), (3, "d", 1)] {
-            table.record(shard, Instant::ZERO, "p", key.as_bytes(), hits, false);
+            table.record(&mut shards[shard], Instant::ZERO, "p", key.as_bytes(), hits, false);
         }
-        let (summaries, _) = table.summaries(Instant::ZERO, "p", TopBy::Demand);
+        let summaries = summaries(&table, &mut shards, Instant::ZERO, "p", TopBy::Demand);
         assert_eq!(summaries.len(), 1);
         let keys: Vec<&str> = summaries[0].entries.iter().map(|e| e.key.as_str()).collect();
         assert_eq!(keys, ["a", "b"]);

@@ -1,4 +1,5 @@
-//! [`SpaceSaving`]: the bounded heavy-hitter sketch (fixed slots, a heap of slot numbers).
+//! [`SpaceSaving`]: the bounded heavy-hitter sketch (fixed slots; the smallest counter found by a
+//! scan of the counts, remembered until it is used up).
 
 use std::hash::BuildHasher;
 
@@ -6,28 +7,35 @@ use hashbrown::HashTable;
 
 use super::{TopEntry, TopSummary};
 
-/// One counter of a sketch.
+/// One counter of a sketch (its count is apart, in [`SpaceSaving::counts`]).
 #[derive(Clone, Debug)]
 struct Counter {
     key: String,
     /// The key's hash in the index (kept, so that a key is hashed once per hit).
     hash: u64,
-    count: u64,
     error: u64,
 }
 
 /// A Space-Saving heavy-hitter sketch of at most `capacity` counters (see the module
-/// documentation for its bound). The counters live in slots that never move; a min-heap of slot
-/// numbers orders them by count (`position` maps a slot to its place in the heap, so moving a
-/// counter in the heap costs no hashing), and a hash table of slot numbers finds a key's slot (the
-/// key is stored once, in its counter). A key taking over a counter reuses the evicted key's
+/// documentation for its bound). The counters live in slots that never move; a hash table of slot
+/// numbers finds a key's slot (the key is stored once, in its counter). A key without a counter
+/// takes over one of the smallest: a scan of the counts finds the smallest count and every slot
+/// holding it, and takeovers use those slots up before the next scan. Counts only grow and a
+/// taken-over slot counts more than the smallest, so a remembered slot still at that count is a
+/// smallest one. Under even load (every hit a takeover) a scan serves about `capacity` takeovers;
+/// at worst it serves one, `O(capacity)`. A key taking over a counter reuses the evicted key's
 /// buffer: in steady state a check allocates nothing and hashes its key once.
 #[derive(Clone, Debug)]
 pub struct SpaceSaving {
     pub(super) capacity: usize,
     counters: Vec<Counter>,
-    heap: Vec<usize>,
-    position: Vec<usize>,
+    /// Each slot's count, apart from its counter: the scan for the smallest reads only these.
+    counts: Vec<u64>,
+    /// Slots whose count was `floor` at the last scan (used up from the end; a slot counted since
+    /// is skipped).
+    smallest: Vec<usize>,
+    /// The smallest count at the last scan: no count is below it.
+    floor: u64,
     /// Slots by their key's hash.
     index: HashTable<usize>,
     /// Keys are the clients': a seeded hash (no flooding), fast (hashed on every check).
@@ -42,8 +50,9 @@ impl SpaceSaving {
         SpaceSaving {
             capacity,
             counters: Vec::new(),
-            heap: Vec::new(),
-            position: Vec::new(),
+            counts: Vec::new(),
+            smallest: Vec::new(),
+            floor: 0,
             index: HashTable::new(),
             hasher: foldhash::fast::RandomState::default(),
             total: 0,
@@ -58,33 +67,42 @@ impl SpaceSaving {
         self.total = self.total.saturating_add(weight);
         let hash = self.hasher.hash_one(key);
         if let Some(slot) = self.slot(hash, key) {
-            self.counters[slot].count = self.counters[slot].count.saturating_add(weight);
-            self.sift_down(self.position[slot]);
+            self.counts[slot] = self.counts[slot].saturating_add(weight);
             return;
         }
         if self.counters.len() < self.capacity {
-            let slot = self.counters.len();
-            self.counters.push(Counter { key: key.to_owned(), hash, count: weight, error: 0 });
-            self.index_slot(slot);
-            self.heap.push(slot);
-            self.position.push(self.heap.len() - 1);
-            self.sift_up(self.heap.len() - 1);
+            self.counters.push(Counter { key: key.to_owned(), hash, error: 0 });
+            self.counts.push(weight);
+            self.index_slot(self.counters.len() - 1);
             return;
         }
-        // Full: the new key takes over the smallest counter (the heap's root).
-        let slot = self.heap[0];
+        // Full: the new key takes over a smallest counter, inheriting its count as its error.
+        let slot = self.take_smallest();
         if let Ok(indexed) = self.index.find_entry(self.counters[slot].hash, |&other| other == slot) {
             indexed.remove();
         }
+        let smallest = self.counts[slot];
         let counter = &mut self.counters[slot];
-        let smallest = counter.count;
         counter.key.clear();
         counter.key.push_str(key);
         counter.hash = hash;
-        counter.count = smallest.saturating_add(weight);
         counter.error = smallest;
+        self.counts[slot] = smallest.saturating_add(weight);
         self.index_slot(slot);
-        self.sift_down(0);
+    }
+
+    /// A slot of the smallest count (the sketch is full, so there is one).
+    fn take_smallest(&mut self) -> usize {
+        loop {
+            while let Some(slot) = self.smallest.pop() {
+                if self.counts[slot] == self.floor {
+                    return slot;
+                }
+            }
+            self.floor = self.counts.iter().copied().min().unwrap_or(0);
+            let floor = self.floor;
+            self.smallest.extend((0..self.counts.len()).filter(|&slot| self.counts[slot] == floor));
+        }
     }
 
     /// The slot counting `key` (of hash `hash`), if any.
@@ -106,7 +124,7 @@ impl SpaceSaving {
     /// The smallest count when every counter is taken (0 before): the most by which an estimate
     /// exceeds its key's true count, and the most a key without a counter was hit.
     pub fn error_bound(&self) -> u64 {
-        if self.counters.len() < self.capacity { 0 } else { self.count_at(0) }
+        if self.counters.len() < self.capacity { 0 } else { self.counts.iter().copied().min().unwrap_or(0) }
     }
 
     /// Counters taken.
@@ -122,7 +140,7 @@ impl SpaceSaving {
     /// The estimate of `key`: its counter's count, or [`SpaceSaving::error_bound`] without one.
     pub fn estimate(&self, key: &str) -> u64 {
         let hash = self.hasher.hash_one(key);
-        self.slot(hash, key).map_or_else(|| self.error_bound(), |slot| self.counters[slot].count)
+        self.slot(hash, key).map_or_else(|| self.error_bound(), |slot| self.counts[slot])
     }
 
     /// Bytes of heap memory the sketch holds, from its allocations' capacities (the hash table
@@ -131,56 +149,16 @@ impl SpaceSaving {
         let keys: usize = self.counters.iter().map(|counter| counter.key.capacity()).sum();
         let table_slot = std::mem::size_of::<usize>() + 1;
         keys + self.counters.capacity() * std::mem::size_of::<Counter>()
-            + (self.heap.capacity() + self.position.capacity()) * std::mem::size_of::<usize>()
+            + self.counts.capacity() * std::mem::size_of::<u64>()
+            + self.smallest.capacity() * std::mem::size_of::<usize>()
             + self.index.capacity() * table_slot
     }
 
     /// The sketch's content, for merging.
     pub fn summary(&self) -> TopSummary {
-        let entries = self
-            .counters
-            .iter()
-            .map(|c| TopEntry { key: c.key.clone(), count: c.count, error: c.error })
+        let entries = (self.counters.iter().zip(&self.counts))
+            .map(|(c, &count)| TopEntry { key: c.key.clone(), count, error: c.error })
             .collect();
         TopSummary { total: self.total, error_bound: self.error_bound(), entries }
-    }
-
-    fn count_at(&self, at: usize) -> u64 {
-        self.counters[self.heap[at]].count
-    }
-
-    fn sift_up(&mut self, mut at: usize) {
-        while at > 0 {
-            let parent = (at - 1) / 2;
-            if self.count_at(parent) <= self.count_at(at) {
-                break;
-            }
-            self.swap(at, parent);
-            at = parent;
-        }
-    }
-
-    fn sift_down(&mut self, mut at: usize) {
-        loop {
-            let (left, right) = (2 * at + 1, 2 * at + 2);
-            let mut smallest = at;
-            if left < self.heap.len() && self.count_at(left) < self.count_at(smallest) {
-                smallest = left;
-            }
-            if right < self.heap.len() && self.count_at(right) < self.count_at(smallest) {
-                smallest = right;
-            }
-            if smallest == at {
-                return;
-            }
-            self.swap(at, smallest);
-            at = smallest;
-        }
-    }
-
-    fn swap(&mut self, a: usize, b: usize) {
-        self.heap.swap(a, b);
-        self.position[self.heap[a]] = a;
-        self.position[self.heap[b]] = b;
     }
 }
