@@ -276,6 +276,8 @@ impl PolicyTop {
     }
 }
 
+type PolicyNames = std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>;
+
 /// One lane's sketches of every policy it recorded: the node keeps it with the lane's core,
 /// under the lane's lock. A key is counted in the shard of its lane only; the node's summaries
 /// merge the shards' like those of members ([`TopTable::combine`]). Each shard keeps `capacity`
@@ -309,7 +311,11 @@ impl TopShard {
 pub struct TopTable {
     config: TopConfig,
     /// The policies recorded (a shard takes one of these only).
-    admitted: Mutex<std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>>,
+    admitted: Mutex<PolicyNames>,
+    /// The same set once `policies_max` policies are in it, when it can no longer change: read
+    /// without the lock (a check of a policy left out would otherwise take this node-wide lock
+    /// under its lane's, every time).
+    admitted_final: std::sync::OnceLock<PolicyNames>,
     /// Checks not recorded because `policies_max` policies are recorded already.
     unrecorded: AtomicU64,
 }
@@ -317,7 +323,12 @@ pub struct TopTable {
 impl TopTable {
     /// A table of no policy yet, with `config`'s bounds.
     pub fn new(config: TopConfig) -> TopTable {
-        TopTable { config, admitted: Mutex::default(), unrecorded: AtomicU64::new(0) }
+        TopTable {
+            config,
+            admitted: Mutex::default(),
+            admitted_final: std::sync::OnceLock::new(),
+            unrecorded: AtomicU64::new(0),
+        }
     }
 
     /// The bounds.
@@ -339,29 +350,36 @@ impl TopTable {
         if cost == 0 || self.config.policies_max == 0 {
             return;
         }
-        let key = cut_key(key, self.config.key_bytes_max);
         if let Some(top) = shard.policies.get_mut(policy) {
-            return top.record(now, &key, cost, refused);
+            return top.record(now, &cut_key(key, self.config.key_bytes_max), cost, refused);
         }
         // A policy this shard has not seen: taken only if the table records it or has room.
-        let name = {
-            let mut admitted = self.admitted.lock().unwrap_or_else(PoisonError::into_inner);
-            match admitted.get(policy) {
-                Some(name) => name.clone(),
-                None if admitted.len() >= self.config.policies_max => {
-                    self.unrecorded.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-                None => {
-                    let name: Arc<str> = policy.into();
-                    admitted.insert(name.clone());
-                    name
-                }
-            }
+        let Some(name) = self.admit(policy) else {
+            self.unrecorded.fetch_add(1, Ordering::Relaxed);
+            return;
         };
         let mut top = PolicyTop::new(now, &self.config);
-        top.record(now, &key, cost, refused);
+        top.record(now, &cut_key(key, self.config.key_bytes_max), cost, refused);
         shard.policies.insert(name, top);
+    }
+
+    /// The table's name of `policy` if it records it, entering it when there is room.
+    fn admit(&self, policy: &str) -> Option<Arc<str>> {
+        if let Some(admitted) = self.admitted_final.get() {
+            return admitted.get(policy).cloned();
+        }
+        let mut admitted = self.admitted.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(name) = admitted.get(policy) {
+            return Some(name.clone());
+        }
+        if admitted.len() >= self.config.policies_max {
+            // Full: the set can no longer change.
+            let _ = self.admitted_final.set(admitted.clone());
+            return None;
+        }
+        let name: Arc<str> = policy.into();
+        admitted.insert(name.clone());
+        Some(name)
     }
 
     /// A node's summaries of one policy from its shards' ([`TopShard::summaries`]): one per
@@ -479,8 +497,10 @@ mod tests {
             (TopTable::new(TopConfig { policies_max: 1, ..TopConfig::default() }), shards(4));
         table.record(&mut shards[0], Instant::ZERO, "p", b"k", 1, false);
         table.record(&mut shards[1], Instant::ZERO, "q", b"k", 1, false);
+        // Full from here on: the admitted set is read without its lock.
         table.record(&mut shards[2], Instant::ZERO, "p", b"j", 1, false);
-        assert_eq!(table.unrecorded(), 1, "q is refused in another shard too");
+        table.record(&mut shards[3], Instant::ZERO, "q", b"k", 1, false);
+        assert_eq!(table.unrecorded(), 2, "q is refused in every shard, p taken in a new one");
         assert_eq!(summaries(&table, &mut shards, Instant::ZERO, "p", TopBy::Demand)[0].total, 2);
     }
 
