@@ -108,9 +108,19 @@ impl SpaceSaving {
                     return slot;
                 }
             }
-            self.floor = self.counts.iter().copied().min().unwrap_or(0);
-            let floor = self.floor;
-            self.smallest.extend((0..self.counts.len()).filter(|&slot| self.counts[slot] == floor));
+            // One pass, the smallest count and its slots together (faster than a min then a
+            // filter where scans are frequent: weighted hits).
+            let mut floor = u64::MAX;
+            for (slot, &count) in self.counts.iter().enumerate() {
+                if count <= floor {
+                    if count < floor {
+                        floor = count;
+                        self.smallest.clear();
+                    }
+                    self.smallest.push(slot);
+                }
+            }
+            self.floor = floor;
         }
     }
 
