@@ -836,6 +836,42 @@ async fn overload_is_shed_with_503_at_once_and_shutdown_refuses_checks() {
     h.stop().await;
 }
 
+/// A body trickling in holds no in-flight permit: with as many connections as there are permits
+/// each sending a head and a byte of its body (a batch, the router's route), checks on both the
+/// fast path and the router are still answered. (Before, the permit was taken first: the last
+/// slow request and both checks were shed with 503.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_hold_no_in_flight_permit() {
+    let mut options = Options::default();
+    options.http.body_read = Duration::from_secs(60);
+    let h = Harness::start_with("slow-bodies", &format!("{BASE}\n{}", policies()), options).await;
+    let permits = h.daemon.http_permits().available_permits();
+    // `Expect: 100-continue`: the server's `100 Continue` says it has begun to read the body.
+    let head = b"POST /v1/check/batch HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n";
+    let mut slow = Vec::new();
+    for _ in 0..permits + 1 {
+        let mut stream = TcpStream::connect(&h.addr).await.expect("connects");
+        stream.write_all(head).await.expect("sends");
+        let mut interim = [0u8; 25];
+        tokio::time::timeout(TIMEOUT, stream.read_exact(&mut interim)).await.expect("in time").expect("reads");
+        assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n", "{}", String::from_utf8_lossy(&interim));
+        stream.write_all(b"[").await.expect("sends");
+        slow.push(stream);
+    }
+    for path in ["/v1/check", "/v1/check/batch"] {
+        let body = match path {
+            "/v1/check" => json!({"key": "s", "policy": "free"}),
+            _ => json!([{"key": "s", "policy": "free"}]),
+        };
+        let r = h.post(path, &body).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    assert_eq!(h.daemon.http_permits().available_permits(), permits, "no permit held by a slow body");
+    drop(slow);
+    assert_still_serving(&h).await;
+    h.stop().await;
+}
+
 /// The connection bound: with `connections_max` idle connections open (no request, but well
 /// within the head timeout), one more is closed at once; once one of them went away, a new one
 /// is served.

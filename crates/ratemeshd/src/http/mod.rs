@@ -35,8 +35,9 @@
 //! [`Daemon::http_permits`], the observation routes (`/metrics`, `/readyz`, `/v1/cluster`,
 //! `/v1/policies`) from the small [`Daemon::observe_permits`], so that an overloaded API stays
 //! observable and scrapes cannot crowd out checks. `/healthz` (liveness: it does nothing) needs
-//! none. A permit is held for at most [`BODY_READ_TIMEOUT`] + [`REQUEST_TIMEOUT`]: a slow body
-//! gets 408, and decisions that take longer (a batch of exact-mode checks against an unreachable
+//! none. A request's body is read before its permit is taken (a client trickling a body in holds
+//! no permit), within [`BODY_READ_TIMEOUT`] (then 408); a permit is held for at most
+//! [`REQUEST_TIMEOUT`]: decisions that take longer (a batch of exact-mode checks against an unreachable
 //! owner, each waiting for its forward timeout) get 503. Connections themselves are bounded by
 //! `crate::serve` (`limits.connections_max`, [`HEADER_READ_TIMEOUT`] for a request's head, which
 //! is also how long a kept-alive connection may sit idle) and `crate::listener` (a write the
@@ -221,6 +222,20 @@ async fn admit(State(api): ApiState, request: Request, next: Next) -> Response {
         }
         _ => Some(daemon.http_permits()),
     };
+    // The body first, without a permit: a client trickling its body in must not hold one of the
+    // permits that decisions need (a few hundred such connections would shed every check). The
+    // fast path (`front`) reads its bodies before its permit too.
+    let request = match pool.is_some() {
+        true => match buffer_body(&api, request).await {
+            Ok(request) => request,
+            Err(error) => {
+                let response = error.into_response();
+                daemon.metrics().record_http(route, response.status().as_u16(), started.elapsed());
+                return response;
+            }
+        },
+        false => request,
+    };
     let response = match pool.map(|pool| pool.try_acquire()).transpose() {
         Err(_) => {
             daemon.metrics().record_shed("http", route);
@@ -323,10 +338,10 @@ async fn read_body(
     timeout: Duration,
 ) -> Result<Bytes, ApiError> {
     let too_large = |len: Option<u64>| {
-        let len = len.map_or_else(|| "more than".to_owned(), |len| format!("{len} bytes,"));
+        let len = len.map_or_else(|| format!("more than {max_bytes} bytes"), |len| format!("{len} bytes"));
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("body is {len} at most {max_bytes} bytes are accepted (limits.http_body_bytes_max)"),
+            format!("body is {len}: at most {max_bytes} bytes are accepted (limits.http_body_bytes_max)"),
             Some("body"),
         )
     };
@@ -345,6 +360,14 @@ async fn read_body(
             ApiError::bad_request("body", "could not be read")
         }
     })
+}
+
+/// `request` with its body read into memory ([`read_body`]: bounded, within the body timeout).
+async fn buffer_body(api: &Api, request: Request) -> Result<Request, ApiError> {
+    let (parts, body) = request.into_parts();
+    let (config, _) = api.daemon.current();
+    let bytes = read_body(&parts.headers, body, config.limits.http_body_bytes_max, api.timeouts.body_read).await?;
+    Ok(Request::from_parts(parts, Body::from(bytes)))
 }
 
 /// Reads the body and parses it with `parse` (one of [`body`]'s `parse_*`), against one
