@@ -384,6 +384,32 @@ async fn malformed_and_hostile_frames_close_the_connection_with_a_protocol_error
     h.stop().await;
 }
 
+/// An HTTP request sent to the RESP port (what a browser's page can do) runs none of the
+/// commands in its body: its `POST` line, or the `Host:` header after another method's line,
+/// closes the connection, as Redis does.
+#[tokio::test]
+async fn an_http_request_to_the_port_runs_nothing() {
+    let h = Harness::start("http", Options::default()).await;
+    let body = "CL.THROTTLE victim 0 1 86400\r\n";
+    for line in ["POST / HTTP/1.1", "GET / HTTP/1.1", "PUT /x HTTP/1.1"] {
+        let request = format!(
+            "{line}\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut c = h.connect().await;
+        c.send(request.as_bytes()).await;
+        if !line.starts_with("POST") {
+            // The request line is an unknown command; its Host header closes.
+            assert!(matches!(c.reply().await, Reply::Error(_)), "{line}");
+        }
+        assert!(c.closed().await, "{line}: closed");
+    }
+    // The victim's bucket was never touched: a fresh one (limit 1, 1 remaining before this hit).
+    let mut c = h.connect().await;
+    assert_eq!(c.throttle(&["victim", "0", "1", "86400", "0"]).await, [0, 1, 1, -1, 0]);
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn a_started_command_must_be_completed_in_time() {
     let mut options = Options::default();

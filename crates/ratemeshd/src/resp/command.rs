@@ -1,6 +1,7 @@
 //! The commands: `CL.THROTTLE` (redis-cell's), and what clients send when they connect or probe
 //! (`PING`, `ECHO`, `QUIT`, `HELLO`, `COMMAND`, `CLIENT SETNAME/SETINFO`, `SELECT 0`, `CONFIG
-//! GET`). Anything else is `-ERR unknown command`, worded as Redis words it.
+//! GET`). Anything else is `-ERR unknown command`, worded as Redis words it, but for an HTTP
+//! request's `POST` line or `Host:` header, which close the connection unanswered, as in Redis.
 //!
 //! # `CL.THROTTLE key max_burst count_per_period period [quantity]`
 //!
@@ -28,6 +29,7 @@ use std::time::Duration;
 
 use ratemesh::CheckError;
 use ratemesh_core::{Algorithm, Decision, Limit, LimitError, LimitParameter, LimitSpec, Policy};
+use tracing::debug;
 
 use super::protocol;
 use crate::check::{InlineLimit, Target};
@@ -114,6 +116,12 @@ impl Session {
     /// Executes `command` (not empty), appending its reply to `out`.
     pub async fn execute(&mut self, command: Command<'_>, out: &mut Vec<u8>) -> Flow {
         let name = command.arg(0);
+        if is_http(name) {
+            // An HTTP request sent to this port (a browser's page posting to it): closed without
+            // running what follows, or a body of commands would spend any key's quota.
+            debug!("RESP: an HTTP request line or header, connection closed");
+            return Flow::Close;
+        }
         if name.eq_ignore_ascii_case(b"cl.throttle") {
             self.throttle(command, out).await;
         } else if name.eq_ignore_ascii_case(b"ping") {
@@ -415,6 +423,13 @@ fn wrong_arity(out: &mut Vec<u8>, name: &str) {
 fn unknown_subcommand(out: &mut Vec<u8>, subcommand: &[u8], name: &str) {
     let subcommand = String::from_utf8_lossy(subcommand);
     protocol::error(out, &format!("ERR unknown subcommand '{subcommand:.128}'. Try {name} HELP."));
+}
+
+/// Whether a command's name is an HTTP request's `POST` line or a `Host:` header: the names on
+/// which Redis closes the connection too (cross-protocol scripting), since a browser can send an
+/// HTTP request to any port but can never avoid sending its `Host` header before the body.
+fn is_http(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"post") || name.eq_ignore_ascii_case(b"host:")
 }
 
 /// Redis's wording: the name, then the first arguments quoted, at most 128 bytes of them.
