@@ -50,21 +50,27 @@ fn pb_duration(duration: Duration) -> PbDuration {
 }
 
 /// The units `current_limit` can name, shortest first, with their length in nanoseconds.
-const UNITS: [(Unit, u128); 4] = [
+/// `MONTH` and `YEAR` are 30 and 365 days, as envoyproxy/ratelimit counts them (and as a
+/// request's limit override is read, `plan.rs`).
+const UNITS: [(Unit, u128); 7] = [
     (Unit::Second, 1_000_000_000),
     (Unit::Minute, 60 * 1_000_000_000),
     (Unit::Hour, 3600 * 1_000_000_000),
     (Unit::Day, 24 * 3600 * 1_000_000_000),
+    (Unit::Week, 7 * 24 * 3600 * 1_000_000_000),
+    (Unit::Month, 30 * 24 * 3600 * 1_000_000_000),
+    (Unit::Year, 365 * 24 * 3600 * 1_000_000_000),
 ];
 
 /// The `current_limit` of a policy named `name` with the limit `spec` (`limit` hits per
-/// `period`). RLS can only say "N per SECOND/MINUTE/HOUR/DAY", so:
+/// `period`). RLS can only say "N per SECOND/MINUTE/HOUR/DAY/WEEK/MONTH/YEAR", so:
 ///
 /// 1. a period of exactly one unit is that unit (`100 per 60 s` → 100/MINUTE);
 /// 2. otherwise the shortest unit in which the rate is a whole number (`10 per 1500 ms` →
-///    400/MINUTE, `100 per 2 s` → 50/SECOND, `7 per 7 days` → 1/DAY);
-/// 3. otherwise the shortest unit at least as long as the period (DAY beyond a day), with the
-///    rate rounded down and at least 1 (`7 per 13 s` → 32/MINUTE): never more than is granted.
+///    400/MINUTE, `100 per 2 s` → 50/SECOND, `14 per 2 days` → 7/DAY);
+/// 3. otherwise the shortest unit at least as long as the period, with the rate rounded down
+///    (`7 per 13 s` → 32/MINUTE, `1 per 8 days` → 3/MONTH): never more than is granted — but
+///    for a period beyond a year with fewer hits than years, which is 1/YEAR.
 ///
 /// `requests_per_unit` saturates at `u32::MAX`. The burst is not represented (RLS has no field
 /// for it); the decision's `limit_remaining` reflects it.
@@ -79,7 +85,7 @@ pub fn current_limit(name: &str, spec: &LimitSpec) -> RateLimit {
     let (unit, requests) = match exact {
         Some(&(unit, nanos)) => (unit, scaled(nanos)),
         None => {
-            let (unit, nanos) = UNITS.iter().copied().find(|(_, nanos)| *nanos >= period).unwrap_or(UNITS[3]);
+            let (unit, nanos) = UNITS.iter().copied().find(|(_, nanos)| *nanos >= period).unwrap_or(UNITS[UNITS.len() - 1]);
             (unit, scaled(nanos).max(u128::from(spec.limit > 0)))
         }
     };
@@ -133,6 +139,9 @@ mod tests {
         assert_eq!(limit_of(100, Duration::from_secs(60)), (100, Unit::Minute));
         assert_eq!(limit_of(7, Duration::from_secs(3600)), (7, Unit::Hour));
         assert_eq!(limit_of(7, Duration::from_secs(86_400)), (7, Unit::Day));
+        assert_eq!(limit_of(3, Duration::from_secs(7 * 86_400)), (3, Unit::Week));
+        assert_eq!(limit_of(3, Duration::from_secs(30 * 86_400)), (3, Unit::Month));
+        assert_eq!(limit_of(3, Duration::from_secs(365 * 86_400)), (3, Unit::Year));
     }
 
     #[test]
@@ -140,14 +149,17 @@ mod tests {
         assert_eq!(limit_of(100, Duration::from_secs(2)), (50, Unit::Second));
         assert_eq!(limit_of(10, Duration::from_millis(1500)), (400, Unit::Minute));
         assert_eq!(limit_of(1, Duration::from_secs(7200)), (12, Unit::Day));
-        assert_eq!(limit_of(7, Duration::from_secs(7 * 86_400)), (1, Unit::Day));
+        assert_eq!(limit_of(14, Duration::from_secs(2 * 86_400)), (7, Unit::Day));
         assert_eq!(limit_of(5, Duration::from_millis(100)), (50, Unit::Second));
     }
 
     #[test]
     fn inexact_rates_are_rounded_down_in_the_unit_covering_the_period() {
         assert_eq!(limit_of(7, Duration::from_secs(13)), (32, Unit::Minute));
-        assert_eq!(limit_of(1, Duration::from_secs(7 * 86_400 + 1)), (1, Unit::Day));
+        // Was 1/DAY: seven times what is granted.
+        assert_eq!(limit_of(1, Duration::from_secs(7 * 86_400 + 1)), (4, Unit::Month));
+        assert_eq!(limit_of(1, Duration::from_secs(8 * 86_400)), (3, Unit::Month));
+        assert_eq!(limit_of(5, Duration::from_secs(2 * 365 * 86_400)), (2, Unit::Year));
         assert_eq!(limit_of(u64::MAX, Duration::from_millis(3)), (u32::MAX, Unit::Second));
     }
 
