@@ -297,6 +297,8 @@ async fn a_released_concurrency_lease_admits_the_next_request() {
     assert_error(&r, 400, Some("policy"), "release under a non-concurrency policy");
     let r = h.post("/v1/release", &json!({"key": "w", "policy": "nope", "lease": lease})).await;
     assert_error(&r, 404, Some("policy"), "release under an unknown policy");
+    // A proxy's auth subrequest could never give its lease back.
+    assert_error(&h.get("/v1/auth?policy=jobs&key=w").await, 400, Some("policy"), "auth of a concurrency limit");
     let r = h.post("/v1/release", &json!({"key": "w", "policy": "jobs", "lease": lease})).await;
     assert_eq!((r.status, json_of(&r)), (200, json!({"released": true})));
     let r = h.post("/v1/release", &json!({"key": "w", "policy": "jobs", "lease": lease})).await;

@@ -6,6 +6,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use ratemesh::Released;
+use ratemesh_core::Algorithm;
 use ratemesh::headers::insert_headers_for;
 use serde::Serialize;
 use serde_json::json;
@@ -203,6 +204,12 @@ pub(super) async fn auth(State(api): ApiState, uri: Uri, headers: HeaderMap) -> 
     };
     let body = CheckBody { key, cost: cost.map(Into::into), limit: None, policy: Some(policy), tier: None };
     let valid = body.validate(&policies, &config.limits)?;
+    if valid.target.policy().is_some_and(|policy| policy.limit.algorithm() == Algorithm::Concurrency) {
+        // A proxy's auth subrequest cannot give a lease back: each would hold its slot for the
+        // whole period, and the policy would quietly become N per period.
+        let message = "a concurrency limit's leases are given back with POST /v1/release, which an auth subrequest cannot send: use a rate limit";
+        return Err(ApiError::bad_request("policy", message));
+    }
     let answer = within(api.timeouts.request, async {
         Ok(api.daemon.check(&valid.target, valid.key, &valid.key_text, valid.cost).await?)
     })

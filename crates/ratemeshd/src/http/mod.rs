@@ -8,7 +8,7 @@
 //! | `POST /v1/check/all` | 200, `{"allowed": bool, "results": [CheckResponse...]}`: all or nothing ([`ratemesh::Node::check_all`]) |
 //! | `POST /v1/charge` | 200, [`CheckResponse`](body::CheckResponse) for the next request after `cost` hits applied unconditionally |
 //! | `POST /v1/release` | 200, `{"released": true}` (ended here), `false` (this node owns the key and the lease was not held: released already or expired), or `null` with `"owner"` (sent to the owning member) |
-//! | `GET /v1/auth` | 200 when allowed, 429 when not, with the rate-limit headers (nginx `auth_request`, Traefik forwardAuth) |
+//! | `GET /v1/auth` | 200 when allowed, 429 when not, with the rate-limit headers (nginx `auth_request`, Traefik forwardAuth); 400 for a concurrency policy (a subrequest cannot release its lease) |
 //! | `GET /metrics` | Prometheus (OpenMetrics) text |
 //! | `GET /healthz` | 200 while the process serves |
 //! | `GET /readyz` | 200 when ready (in its ring and, with `cluster.seeds`, another member live: `crate::daemon`), 503 with the reason otherwise |
