@@ -298,7 +298,12 @@ async fn a_released_concurrency_lease_admits_the_next_request() {
     let r = h.post("/v1/release", &json!({"key": "w", "policy": "nope", "lease": lease})).await;
     assert_error(&r, 404, Some("policy"), "release under an unknown policy");
     // A proxy's auth subrequest could never give its lease back.
-    assert_error(&h.get("/v1/auth?policy=jobs&key=w").await, 400, Some("policy"), "auth of a concurrency limit");
+    assert_error(
+        &h.get("/v1/auth?policy=jobs&key=w").await,
+        400,
+        Some("policy"),
+        "auth of a concurrency limit",
+    );
     let r = h.post("/v1/release", &json!({"key": "w", "policy": "jobs", "lease": lease})).await;
     assert_eq!((r.status, json_of(&r)), (200, json!({"released": true})));
     let r = h.post("/v1/release", &json!({"key": "w", "policy": "jobs", "lease": lease})).await;
@@ -849,13 +854,17 @@ async fn slow_bodies_hold_no_in_flight_permit() {
     let h = Harness::start_with("slow-bodies", &format!("{BASE}\n{}", policies()), options).await;
     let permits = h.daemon.http_permits().available_permits();
     // `Expect: 100-continue`: the server's `100 Continue` says it has begun to read the body.
-    let head = b"POST /v1/check/batch HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n";
+    let head =
+        b"POST /v1/check/batch HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n";
     let mut slow = Vec::new();
     for _ in 0..permits + 1 {
         let mut stream = TcpStream::connect(&h.addr).await.expect("connects");
         stream.write_all(head).await.expect("sends");
         let mut interim = [0u8; 25];
-        tokio::time::timeout(TIMEOUT, stream.read_exact(&mut interim)).await.expect("in time").expect("reads");
+        tokio::time::timeout(TIMEOUT, stream.read_exact(&mut interim))
+            .await
+            .expect("in time")
+            .expect("reads");
         assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n", "{}", String::from_utf8_lossy(&interim));
         stream.write_all(b"[").await.expect("sends");
         slow.push(stream);

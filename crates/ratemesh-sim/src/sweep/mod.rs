@@ -9,7 +9,9 @@
 //!
 //! - `nodes`, `keys`, `sync_ms`, `rate_x_limit`: numbers.
 //! - `limits`: `"10/s"`, `"5/min"`, `"100/h"`, `"100/day"`, `"250/500ms"`, or a list of them (mixed
-//!   limits: key `k` is under the `k % len`-th).
+//!   limits: key `k` is under the `k % len`-th). A `limits` value replaces the base's whole limit:
+//!   its burst is the algorithm's default (one hit for `gcra` and `leaky_bucket`) unless the point
+//!   also sets `burst_x_limit` or `burst`.
 //! - `burst_x_limit`: burst as a multiple of the limit (at least 1 hit); `burst`: absolute hits.
 //! - `algorithm`: algorithm names (baselines that need a token bucket skip the others).
 //! - `net`: `"rtt:2"` (uniform one-way delay, 0.4–0.6 × the round trip in ms), or `"zones:3:1:80"`

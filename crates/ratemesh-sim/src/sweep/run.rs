@@ -35,7 +35,22 @@ pub struct WorstOfSeeds {
     pub cluster_msgs_s: f64,
     /// The seed of the largest over-admission.
     pub worst_seed: u64,
+    /// The seed that gave each folded metric its worst value (see [`WorstOfSeeds::seed_of`]).
+    seeds: Vec<(Metric, u64)>,
 }
+
+/// The metrics a point's seeds are folded over (each the worst of its seeds).
+const FOLDED: [Metric; 9] = [
+    Metric::OverAdmission,
+    Metric::WorstWindowOverAdmission,
+    Metric::AdmittedXIdeal,
+    Metric::Fairness,
+    Metric::FalseRejectRate,
+    Metric::PartitionPeakRateXLimit,
+    Metric::BytesPerNodeS,
+    Metric::MsgsPerNodeS,
+    Metric::ClusterMsgsS,
+];
 
 impl WorstOfSeeds {
     /// The value of `metric` (worst over the seeds).
@@ -56,7 +71,27 @@ impl WorstOfSeeds {
         }
     }
 
+    /// The seed whose run gave `metric` its worst value: the one to reproduce a missed bound
+    /// with (the largest over-admission's for a metric not folded).
+    pub fn seed_of(&self, metric: Metric) -> u64 {
+        self.seeds.iter().find(|(m, _)| *m == metric).map_or(self.worst_seed, |&(_, seed)| seed)
+    }
+
     fn fold(&mut self, seed: u64, over: &StrategyReport, below: Option<&StrategyReport>) {
+        let before = FOLDED.map(|metric| self.metric(metric));
+        self.fold_values(seed, over, below);
+        for (metric, old) in FOLDED.into_iter().zip(before) {
+            let new = self.metric(metric);
+            // Values only ever get worse: a change is this seed's.
+            let seen = self.seeds.iter().any(|(m, _)| *m == metric);
+            if !seen || new.total_cmp(&old).is_ne() {
+                self.seeds.retain(|(m, _)| *m != metric);
+                self.seeds.push((metric, seed));
+            }
+        }
+    }
+
+    fn fold_values(&mut self, seed: u64, over: &StrategyReport, below: Option<&StrategyReport>) {
         let first = self.strategy.is_empty();
         if first {
             self.strategy.clone_from(&over.strategy);
@@ -165,4 +200,57 @@ pub fn run_sweep(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(over_admission: f64, fairness: f64) -> StrategyReport {
+        StrategyReport {
+            strategy: "s".into(),
+            requests: 10,
+            admitted: 10,
+            ideal: 10,
+            over_admission,
+            worst_window_over_admission: 0.0,
+            worst_window_s: None,
+            worst_key_window_over_admission: 0.0,
+            worst_key_window_at: None,
+            admitted_x_ideal: 1.0,
+            fairness: Some((fairness, 0, 0)),
+            peak_rate_x_limit: 1.0,
+            partition_peak_rate_x_limit: None,
+            false_reject_rate: 0.0,
+            false_admit_rate: 0.0,
+            excess_per_change_sync_intervals: 0.0,
+            convergence_ms: Vec::new(),
+            unconverged: 0,
+            msgs_per_node_s: 1.0,
+            msgs_per_node_s_max: 1.0,
+            bytes_per_node_s: 1.0,
+            cluster_msgs_s: 1.0,
+            traffic_by_kind: Vec::new(),
+            lost: 0,
+            cut: 0,
+            events: 0,
+            digest: 0,
+            admitted_bins: Vec::new(),
+            ideal_bins: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn each_metric_names_the_seed_of_its_own_worst_value() {
+        let mut worst = WorstOfSeeds::default();
+        worst.fold(1, &report(0.01, 0.02), None);
+        worst.fold(2, &report(0.03, 0.01), None);
+        worst.fold(3, &report(0.02, 0.40), None);
+        worst.fold(4, &report(0.00, 0.05), None);
+        assert_eq!((worst.over_admission, worst.seed_of(Metric::OverAdmission)), (0.03, 2));
+        assert_eq!((worst.fairness, worst.seed_of(Metric::Fairness)), (0.40, 3));
+        // Equal on every seed: the first seed's.
+        assert_eq!(worst.seed_of(Metric::BytesPerNodeS), 1);
+        assert_eq!(worst.worst_seed, 2);
+    }
 }

@@ -126,7 +126,7 @@ impl SweepFile {
                     params_text(&point.params),
                     e.strategy,
                     e.metric,
-                    w.worst_seed
+                    w.seed_of(e.metric)
                 ));
             }
         }

@@ -6,8 +6,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use ratemesh::Released;
-use ratemesh_core::Algorithm;
 use ratemesh::headers::insert_headers_for;
+use ratemesh_core::Algorithm;
 use serde::Serialize;
 use serde_json::json;
 

@@ -366,7 +366,8 @@ async fn read_body(
 async fn buffer_body(api: &Api, request: Request) -> Result<Request, ApiError> {
     let (parts, body) = request.into_parts();
     let (config, _) = api.daemon.current();
-    let bytes = read_body(&parts.headers, body, config.limits.http_body_bytes_max, api.timeouts.body_read).await?;
+    let bytes =
+        read_body(&parts.headers, body, config.limits.http_body_bytes_max, api.timeouts.body_read).await?;
     Ok(Request::from_parts(parts, Body::from(bytes)))
 }
 

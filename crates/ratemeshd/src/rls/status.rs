@@ -85,7 +85,8 @@ pub fn current_limit(name: &str, spec: &LimitSpec) -> RateLimit {
     let (unit, requests) = match exact {
         Some(&(unit, nanos)) => (unit, scaled(nanos)),
         None => {
-            let (unit, nanos) = UNITS.iter().copied().find(|(_, nanos)| *nanos >= period).unwrap_or(UNITS[UNITS.len() - 1]);
+            let (unit, nanos) =
+                UNITS.iter().copied().find(|(_, nanos)| *nanos >= period).unwrap_or(UNITS[UNITS.len() - 1]);
             (unit, scaled(nanos).max(u128::from(spec.limit > 0)))
         }
     };
