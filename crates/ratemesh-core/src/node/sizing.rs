@@ -194,7 +194,7 @@ impl SizingContext {
     /// on the bucket go first come, first served, and grants as their targets say). Window
     /// algorithms (no refill before their window ends) and keys refilling fewer than
     /// [`CREDIT_REFILL_MIN`] hits per two horizons are never metered.
-    fn credit_rate(&self, pool: &Pool, demand_per_s: u64) -> Option<keys::CreditRate> {
+    fn credit_rate(&self, pool: &Pool, demand_per_s: u64, allowance: bool) -> Option<keys::CreditRate> {
         // The stock (a burst) goes first come, first served, as one limiter would give it. A key
         // that refills only a few hits in that span has no flow worth sharing (a daily quota, a
         // 10/s key): credit in whole hits would refuse more than it shares.
@@ -203,8 +203,17 @@ impl SizingContext {
             .checked_div(pool.refill_nanos_per_hit)
             .filter(|&hits| hits >= CREDIT_REFILL_MIN)?;
         // Never while the bucket is more than a quarter full: hits a node's credit refuses stay in the
-        // bucket, and a full bucket would lose the refill (nobody else may take it meanwhile).
-        let stock_max = refill.saturating_add(1).min(pool.capacity / 4);
+        // bucket, and a full bucket would lose the refill (nobody else may take it meanwhile). But
+        // an allowance from a bucket that holds no more than two such spans of refill is metered
+        // whatever it holds: what it holds is the refill since the last grant, which the first
+        // grant sized after it would take whole — and the owner's tick and a holder's report come
+        // in the same order every interval, so one of them would take every interval's refill.
+        // (Checks decided on the bucket are not: first come, first served is fair among them, and
+        // a refusal with hits in the bucket would lose refill.)
+        let stock_max = match allowance && pool.capacity <= 2 * refill {
+            true => pool.capacity,
+            false => refill.saturating_add(1).min(pool.capacity / 4),
+        };
         if pool.available > stock_max || !self.contended(pool) {
             return None;
         }
@@ -240,7 +249,7 @@ impl SizingContext {
             None => meta.demand.per_second(now, self.half_life_nanos),
             Some(node) => meta.participants.iter().find(|p| p.node == node).map_or(0, |p| p.demand_per_s),
         };
-        let rate = match self.credit_rate(&pool, demand) {
+        let rate = match self.credit_rate(&pool, demand, false) {
             Some(rate) if cost > 0 => rate,
             _ => return first_come(bucket, limit, meta, cost, now, rng),
         };
@@ -272,7 +281,7 @@ impl SizingContext {
         let p = meta.participants.iter_mut().find(|p| p.node == holder)?;
         let target = if share { self.target(&pool, p.demand_per_s, p.outstanding(now)) } else { 0 };
         let mut grant = target.saturating_sub(p.outstanding(now)).min(pool.available);
-        if let Some(rate) = self.credit_rate(&pool, p.demand_per_s) {
+        if let Some(rate) = self.credit_rate(&pool, p.demand_per_s, true) {
             grant = p.credit.take_up_to(grant, rate, now);
         }
         p.sent = p.sent.saturating_add(grant);
@@ -307,7 +316,7 @@ impl SizingContext {
             meta.own.hits = target;
         } else {
             let mut grant = (target - held).min(pool.available);
-            if let Some(rate) = self.credit_rate(&pool, own_demand) {
+            if let Some(rate) = self.credit_rate(&pool, own_demand, true) {
                 grant = meta.own_credit.take_up_to(grant, rate, now);
             }
             bucket.force(limit, grant, now);
