@@ -33,10 +33,8 @@ pub struct WorstOfSeeds {
     pub msgs_per_node_s: f64,
     /// Largest cluster-wide messages per second.
     pub cluster_msgs_s: f64,
-    /// The seed of the largest over-admission.
-    pub worst_seed: u64,
-    /// The seed that gave each folded metric its worst value (see [`WorstOfSeeds::seed_of`]).
-    seeds: Vec<(Metric, u64)>,
+    /// The seed that gave each metric of [`FOLDED`] its worst value, in its order.
+    seeds: [u64; FOLDED.len()],
 }
 
 /// The metrics a point's seeds are folded over (each the worst of its seeds).
@@ -74,24 +72,28 @@ impl WorstOfSeeds {
     /// The seed whose run gave `metric` its worst value: the one to reproduce a missed bound
     /// with (the largest over-admission's for a metric not folded).
     pub fn seed_of(&self, metric: Metric) -> u64 {
-        self.seeds.iter().find(|(m, _)| *m == metric).map_or(self.worst_seed, |&(_, seed)| seed)
+        let index = FOLDED.iter().position(|&m| m == metric).unwrap_or(0);
+        self.seeds[index]
+    }
+
+    /// The seed of the largest over-admission.
+    pub fn worst_seed(&self) -> u64 {
+        self.seed_of(Metric::OverAdmission)
     }
 
     fn fold(&mut self, seed: u64, over: &StrategyReport, below: Option<&StrategyReport>) {
+        let first = self.strategy.is_empty();
         let before = FOLDED.map(|metric| self.metric(metric));
-        self.fold_values(seed, over, below);
-        for (metric, old) in FOLDED.into_iter().zip(before) {
-            let new = self.metric(metric);
+        self.fold_values(over, below);
+        for (index, (metric, old)) in FOLDED.into_iter().zip(before).enumerate() {
             // Values only ever get worse: a change is this seed's.
-            let seen = self.seeds.iter().any(|(m, _)| *m == metric);
-            if !seen || new.total_cmp(&old).is_ne() {
-                self.seeds.retain(|(m, _)| *m != metric);
-                self.seeds.push((metric, seed));
+            if first || self.metric(metric).total_cmp(&old).is_ne() {
+                self.seeds[index] = seed;
             }
         }
     }
 
-    fn fold_values(&mut self, seed: u64, over: &StrategyReport, below: Option<&StrategyReport>) {
+    fn fold_values(&mut self, over: &StrategyReport, below: Option<&StrategyReport>) {
         let first = self.strategy.is_empty();
         if first {
             self.strategy.clone_from(&over.strategy);
@@ -99,7 +101,6 @@ impl WorstOfSeeds {
         }
         if first || over.over_admission > self.over_admission {
             self.over_admission = over.over_admission;
-            self.worst_seed = seed;
         }
         self.worst_window = self.worst_window.max(over.worst_window_over_admission);
         self.admitted_x_ideal = self.admitted_x_ideal.min(over.admitted_x_ideal);
@@ -251,6 +252,6 @@ mod tests {
         assert_eq!((worst.fairness, worst.seed_of(Metric::Fairness)), (0.40, 3));
         // Equal on every seed: the first seed's.
         assert_eq!(worst.seed_of(Metric::BytesPerNodeS), 1);
-        assert_eq!(worst.worst_seed, 2);
+        assert_eq!(worst.worst_seed(), 2);
     }
 }

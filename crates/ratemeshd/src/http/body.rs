@@ -21,6 +21,7 @@ use crate::policy::PolicyTable;
 mod tests;
 mod validate;
 
+pub(crate) use validate::is_concurrency;
 pub use validate::{ValidCharge, ValidRelease};
 
 /// Why a request body was refused. The client's input is at fault; nothing was counted.

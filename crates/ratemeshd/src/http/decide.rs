@@ -7,12 +7,12 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use ratemesh::Released;
 use ratemesh::headers::insert_headers_for;
-use ratemesh_core::Algorithm;
 use serde::Serialize;
 use serde_json::json;
 
 use super::body::{
-    CheckBody, CheckResponse, parse_charge, parse_check, parse_check_all, parse_check_batch, parse_release,
+    CheckBody, CheckResponse, is_concurrency, parse_charge, parse_check, parse_check_all, parse_check_batch,
+    parse_release,
 };
 use super::{Api, ApiError, ApiState, json_response, parse_body, within};
 use crate::check::{Answer, ValidCheck};
@@ -204,7 +204,7 @@ pub(super) async fn auth(State(api): ApiState, uri: Uri, headers: HeaderMap) -> 
     };
     let body = CheckBody { key, cost: cost.map(Into::into), limit: None, policy: Some(policy), tier: None };
     let valid = body.validate(&policies, &config.limits)?;
-    if valid.target.policy().is_some_and(|policy| policy.limit.algorithm() == Algorithm::Concurrency) {
+    if is_concurrency(&valid.target) {
         // A proxy's auth subrequest cannot give a lease back: each would hold its slot for the
         // whole period, and the policy would quietly become N per period.
         let message = "a concurrency limit's leases are given back with POST /v1/release, which an auth subrequest cannot send: use a rate limit";

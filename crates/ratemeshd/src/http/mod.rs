@@ -225,8 +225,8 @@ async fn admit(State(api): ApiState, request: Request, next: Next) -> Response {
     // The body first, without a permit: a client trickling its body in must not hold one of the
     // permits that decisions need (a few hundred such connections would shed every check). The
     // fast path (`front`) reads its bodies before its permit too.
-    let request = match pool.is_some() {
-        true => match buffer_body(&api, request).await {
+    let request = match pool {
+        Some(_) => match buffer_body(&api, request).await {
             Ok(request) => request,
             Err(error) => {
                 let response = error.into_response();
@@ -234,7 +234,7 @@ async fn admit(State(api): ApiState, request: Request, next: Next) -> Response {
                 return response;
             }
         },
-        false => request,
+        None => request,
     };
     let response = match pool.map(|pool| pool.try_acquire()).transpose() {
         Err(_) => {

@@ -17,9 +17,9 @@ use crate::config::{Rule, limit_error_field, limit_error_message};
 use crate::policy::{PolicyEntry, PolicyTable};
 
 /// `MONTH` and `YEAR` of a limit override, in seconds, as envoyproxy/ratelimit counts them.
-const MONTH_SECS: u64 = 30 * 24 * 3600;
+pub(super) const MONTH_SECS: u64 = 30 * 24 * 3600;
 
-const YEAR_SECS: u64 = 365 * 24 * 3600;
+pub(super) const YEAR_SECS: u64 = 365 * 24 * 3600;
 
 /// The tag after a descriptor's bucket key that names a limit override. The bucket key is a
 /// sequence of length-prefixed fields; a field length starting with this byte would need a

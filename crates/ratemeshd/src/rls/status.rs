@@ -13,6 +13,8 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use http::HeaderMap;
 use ratemesh_core::{Decision, LimitSpec};
 
+use super::plan::{MONTH_SECS, YEAR_SECS};
+
 /// The status of a descriptor checked against no limit: `OK`, no `current_limit`.
 pub(super) fn no_limit_status(limit_remaining: u32) -> DescriptorStatus {
     DescriptorStatus { code: Code::Ok.into(), limit_remaining, ..Default::default() }
@@ -50,16 +52,16 @@ fn pb_duration(duration: Duration) -> PbDuration {
 }
 
 /// The units `current_limit` can name, shortest first, with their length in nanoseconds.
-/// `MONTH` and `YEAR` are 30 and 365 days, as envoyproxy/ratelimit counts them (and as a
-/// request's limit override is read, `plan.rs`).
+/// `MONTH` and `YEAR` are as a request's limit override reads them ([`MONTH_SECS`],
+/// [`YEAR_SECS`]: as envoyproxy/ratelimit counts them).
 const UNITS: [(Unit, u128); 7] = [
     (Unit::Second, 1_000_000_000),
     (Unit::Minute, 60 * 1_000_000_000),
     (Unit::Hour, 3600 * 1_000_000_000),
     (Unit::Day, 24 * 3600 * 1_000_000_000),
     (Unit::Week, 7 * 24 * 3600 * 1_000_000_000),
-    (Unit::Month, 30 * 24 * 3600 * 1_000_000_000),
-    (Unit::Year, 365 * 24 * 3600 * 1_000_000_000),
+    (Unit::Month, MONTH_SECS as u128 * 1_000_000_000),
+    (Unit::Year, YEAR_SECS as u128 * 1_000_000_000),
 ];
 
 /// The `current_limit` of a policy named `name` with the limit `spec` (`limit` hits per

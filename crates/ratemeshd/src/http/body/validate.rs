@@ -198,7 +198,7 @@ impl CheckBody {
 }
 
 /// Whether `target` is a concurrency limit (leases, not hits).
-fn is_concurrency(target: &Target) -> bool {
+pub(crate) fn is_concurrency(target: &Target) -> bool {
     target.policy().is_some_and(|policy| policy.limit.algorithm() == Algorithm::Concurrency)
 }
 
