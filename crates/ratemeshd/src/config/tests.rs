@@ -682,13 +682,22 @@ fn overrides_and_tiers_are_validated_like_limits() {
 }
 
 #[test]
-fn all_or_nothing_domains_are_plain_names() {
-    let config = parse("[rls]\nall_or_nothing_domains = [\"edge\", \"envoy.api\"]\n").expect("valid");
+fn all_or_nothing_domains_are_plain_names_of_policies_domains() {
+    let domains = "[[policies]]\nname = \"a\"\ndomain = \"edge\"\ndescriptors = [{ key = \"k\" }]\nunlimited = true\n\
+                   [[policies]]\nname = \"b\"\ndomain = \"envoy.api\"\ndescriptors = [{ key = \"k\" }]\nunlimited = true\n";
+    let config = parse(&format!("[rls]\nall_or_nothing_domains = [\"edge\", \"envoy.api\"]\n{domains}"))
+        .expect("valid");
     assert_eq!(config.rls.all_or_nothing_domains, ["edge", "envoy.api"]);
     refused(
-        "[rls]\nall_or_nothing_domains = [\"edge\", \"two words\"]\n",
+        &format!("[rls]\nall_or_nothing_domains = [\"edge\", \"two words\"]\n{domains}"),
         "rls.all_or_nothing_domains[1]",
         2,
     );
+    let misspelt = refused(
+        &format!("[rls]\nall_or_nothing_domains = [\"edge\", \"envoy.apl\"]\n{domains}"),
+        "rls.all_or_nothing_domains[1]",
+        2,
+    );
+    assert!(misspelt.contains("no policy has this domain"), "{misspelt}");
     assert!(parse("").expect("valid").rls.all_or_nothing_domains.is_empty(), "none by default");
 }

@@ -156,12 +156,14 @@ impl Ctx<'_> {
         let limits = self.bounds(raw)?;
         let log = self.log(raw)?;
         let auth = self.auth_section(raw)?;
-        let rls = self.rls(raw)?;
         let policies = self.policies(&raw.policies)?;
+        let rls = self.rls(raw, &policies)?;
         Ok(Config { node, cluster, listen, limits, log, auth, rls, policies })
     }
 
-    fn rls(&self, raw: &RawConfig) -> Result<RlsSection, ConfigError> {
+    /// `[rls]`; an all-or-nothing domain must be some policy's Envoy domain (a misspelt one
+    /// would silently leave its requests partial).
+    fn rls(&self, raw: &RawConfig, policies: &[PolicyConfig]) -> Result<RlsSection, ConfigError> {
         let mut domains = Vec::new();
         for (i, v) in raw.rls.all_or_nothing_domains.iter().flatten().enumerate() {
             if v.value.is_empty()
@@ -173,6 +175,16 @@ impl Ctx<'_> {
                     format!("rls.all_or_nothing_domains[{i}]"),
                     &v.at,
                     format!("{:?}: a domain of 1 to {NAME_BYTES_MAX} bytes without spaces", v.value),
+                ));
+            }
+            if !policies
+                .iter()
+                .any(|policy| policy.envoy.as_ref().is_some_and(|envoy| envoy.domain == v.value))
+            {
+                return Err(self.invalid(
+                    format!("rls.all_or_nothing_domains[{i}]"),
+                    &v.at,
+                    format!("{:?}: no policy has this domain", v.value),
                 ));
             }
             domains.push(v.value.clone());
