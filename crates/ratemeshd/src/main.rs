@@ -415,15 +415,24 @@ fn validate(path: &Path) -> ExitCode {
     }
 }
 
-fn certs(args: &CertsArgs) -> Result<ExitCode> {
+/// The node ids of `certs --nodes`, sorted: at most [`CERT_FILES_NODES_MAX`], each once (a
+/// repeated id is more likely a typo for a missing one than a wish for one file).
+fn cert_node_ids(ids: &[u64]) -> Result<Vec<NodeId>> {
     anyhow::ensure!(
-        args.nodes.len() <= CERT_FILES_NODES_MAX,
+        ids.len() <= CERT_FILES_NODES_MAX,
         "{} nodes requested, at most {CERT_FILES_NODES_MAX}",
-        args.nodes.len()
+        ids.len()
     );
-    let mut nodes: Vec<NodeId> = args.nodes.iter().copied().map(NodeId).collect();
+    let mut nodes: Vec<NodeId> = ids.iter().copied().map(NodeId).collect();
     nodes.sort_unstable();
-    nodes.dedup();
+    if let Some(pair) = nodes.windows(2).find(|pair| pair[0] == pair[1]) {
+        anyhow::bail!("--nodes lists node {} more than once", pair[0].0);
+    }
+    Ok(nodes)
+}
+
+fn certs(args: &CertsArgs) -> Result<ExitCode> {
+    let nodes = cert_node_ids(&args.nodes)?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let ca = ClusterCa::generate().context("generating the cluster CA")?;
     let files = write_cert_files(&args.out, &ca, &nodes).context("writing certificates")?;
@@ -566,5 +575,12 @@ mod tests {
         assert_eq!(args.nodes, [1, 2, 3]);
         assert!(Cli::try_parse_from(["ratemeshd", "certs", "--out", "d"]).is_err());
         assert!(Cli::try_parse_from(["ratemeshd", "certs", "--out", "d", "--nodes", "1,x"]).is_err());
+    }
+
+    #[test]
+    fn certs_refuses_a_node_listed_twice() {
+        assert_eq!(cert_node_ids(&[3, 1, 2]).expect("distinct"), [NodeId(1), NodeId(2), NodeId(3)]);
+        let error = cert_node_ids(&[1, 1, 0]).expect_err("1 twice").to_string();
+        assert_eq!(error, "--nodes lists node 1 more than once");
     }
 }
