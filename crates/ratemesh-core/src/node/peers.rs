@@ -247,8 +247,15 @@ impl Peers {
     }
 
     /// How long `peer` may be silent before it counts as unreachable.
+    ///
+    /// The slack counts the round-trip estimate's timeout, not the backed-off one: backing off
+    /// doubles the timeout at each loss, so a silence bound that followed it would grow faster than
+    /// the silence itself and a cut-off peer would never count as unreachable here, while that peer
+    /// (which heard this node later, or backed off less) already decided by its share of the limit
+    /// on top of this node's whole limit.
     fn silence_nanos(&self, peer: &Peer) -> u64 {
-        let slack = self.config.sync_nanos.saturating_add(peer.rto_nanos).saturating_mul(2);
+        let rto = peer.estimated_rto_nanos().unwrap_or(self.config.rto_initial_nanos);
+        let slack = self.config.sync_nanos.saturating_add(rto).saturating_mul(2);
         self.config.silence_nanos.max(slack)
     }
 
@@ -457,8 +464,13 @@ impl Peer {
         };
         self.srtt_nanos = Some(srtt);
         self.rttvar_nanos = rttvar;
-        let rto = srtt.saturating_add(rttvar.saturating_mul(4)).max(RTO_MIN_NANOS);
-        self.rto_nanos = rto.saturating_add(ACK_DELAY_NANOS).min(RTO_MAX_NANOS);
+        self.rto_nanos = self.estimated_rto_nanos().unwrap_or(RTO_MAX_NANOS);
+    }
+
+    /// The timeout the round-trip estimate gives, before any backoff (`None` before a sample).
+    fn estimated_rto_nanos(&self) -> Option<u64> {
+        let rto = self.srtt_nanos?.saturating_add(self.rttvar_nanos.saturating_mul(4)).max(RTO_MIN_NANOS);
+        Some(rto.saturating_add(ACK_DELAY_NANOS).min(RTO_MAX_NANOS))
     }
 
     /// Follows the peer's own view of what it still waits for: a new incarnation starts a new

@@ -398,6 +398,40 @@ fn an_unreachable_owner_leaves_the_local_share() {
 }
 
 #[test]
+fn both_sides_of_a_cut_see_each_other_unreachable_while_retransmissions_back_off() {
+    let mut cluster = Cluster::new(2);
+    let policy = policy(Mode::Approximate, 1_000, 100);
+    let owned_by_two = key_owned_by(2, &[1, 2]);
+    let owned_by_one = key_owned_by(1, &[1, 2]);
+    // Each node holds allowances of a key the other owns, and keeps checking it across the cut:
+    // every round sends new frames, each of which times out and backs the timeout off.
+    let mut step = 0u64;
+    let mut use_both = |cluster: &mut Cluster, rounds: u64| {
+        for _ in 0..rounds {
+            for (node, k) in [(1, owned_by_two), (2, owned_by_one)] {
+                step += 1;
+                let _ = cluster.check(
+                    node,
+                    CheckRequest { id: RequestId(step), key: k, policy: policy.clone(), cost: 1 },
+                );
+            }
+            cluster.run_for(Duration::from_millis(10));
+        }
+    };
+    use_both(&mut cluster, 50);
+    cluster.cut.extend([(NodeId(1), NodeId(2)), (NodeId(2), NodeId(1))]);
+    // The silence bound must not grow with the backed-off timeout (it did, faster than the
+    // silence: the owner never saw node 1 go and kept the whole limit while node 1 decided by its
+    // share on top of it).
+    for millis in [400, 800, 1_200] {
+        use_both(&mut cluster, 40);
+        let now = cluster.now;
+        assert!(!cluster.node(2).peers.reachable(NodeId(1), now), "node 2 reaches node 1 at +{millis} ms");
+        assert!(!cluster.node(1).peers.reachable(NodeId(2), now), "node 1 reaches node 2 at +{millis} ms");
+    }
+}
+
+#[test]
 fn a_node_cut_off_without_shared_state_admits_nothing_until_the_detector_moves_the_key() {
     let mut cluster = Cluster::new(4);
     let policy = policy(Mode::Exact, 1_000, 1_000);
