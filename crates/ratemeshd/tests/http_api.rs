@@ -1634,3 +1634,35 @@ async fn an_http_1_1_request_needs_exactly_one_host() {
     assert_eq!(json_of(&r)["remaining"].as_u64(), Some(limit.saturating_sub(2)), "{}", json_of(&r));
     h.stop().await;
 }
+
+/// An HTTP/2 client with prior knowledge (`curl --http2-prior-knowledge`) is told why it is
+/// refused: the server preface and a GOAWAY with HTTP_1_1_REQUIRED, then the close (hyper
+/// closed without a byte); the preface split across reads is recognised too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_preface_is_refused_with_http_1_1_required() {
+    let h = Harness::standard("h2").await;
+    // The client preface and an empty SETTINGS frame, as curl sends them.
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+    for split in [preface.len(), 12] {
+        let mut stream = TcpStream::connect(&h.addr).await.expect("connects");
+        stream.write_all(&preface[..split]).await.expect("sends");
+        if split < preface.len() {
+            tokio::task::yield_now().await;
+            stream.write_all(&preface[split..]).await.expect("sends");
+        }
+        let mut received = Vec::new();
+        tokio::time::timeout(TIMEOUT, stream.read_to_end(&mut received))
+            .await
+            .expect("closed in time")
+            .expect("reads");
+        assert_eq!(received[..9], [0, 0, 0, 4, 0, 0, 0, 0, 0], "the server preface: an empty SETTINGS");
+        let goaway = &received[9..];
+        let len = usize::from(goaway[1]) << 8 | usize::from(goaway[2]);
+        assert_eq!((goaway[3], goaway.len()), (7, 9 + len), "one GOAWAY frame: {received:?}");
+        assert_eq!(goaway[13..17], [0, 0, 0, 0xd], "HTTP_1_1_REQUIRED");
+        let reason = String::from_utf8_lossy(&goaway[17..]);
+        assert!(reason.contains("HTTP/1.1"), "{reason}");
+    }
+    assert_still_serving(&h).await;
+    h.stop().await;
+}

@@ -157,6 +157,8 @@ enum Parsed {
     Incomplete { head_whole: bool },
     /// A request that is not the front's.
     Other,
+    /// An HTTP/2 connection preface (prior knowledge): this port speaks HTTP/1.1 only.
+    Http2,
 }
 
 impl Connection {
@@ -180,6 +182,10 @@ impl Connection {
             }
             let head_whole = match next {
                 Parsed::Other => return Ok(Ended::HandOff),
+                Parsed::Http2 => {
+                    stream.write_all(&http2_refusal()).await?;
+                    return Ok(Ended::Closed);
+                }
                 Parsed::Check { close: true, .. } => return Ok(Ended::Closed),
                 Parsed::Check { close: false, .. } => {
                     // A full round: more are buffered; answer them after other tasks ran.
@@ -270,6 +276,13 @@ fn parse(input: &[u8], body_bytes_max: usize) -> Parsed {
     if input.is_empty() {
         return Parsed::Incomplete { head_whole: false };
     }
+    if input.starts_with(HTTP2_PREFACE_START) {
+        return Parsed::Http2;
+    }
+    if HTTP2_PREFACE_START.starts_with(input) {
+        // httparse would refuse its version before the whole of it is here.
+        return Parsed::Incomplete { head_whole: false };
+    }
     let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
     let mut request = httparse::Request::new(&mut headers);
     let head_len = match request.parse(input) {
@@ -291,6 +304,31 @@ fn parse(input: &[u8], body_bytes_max: usize) -> Parsed {
         true => Parsed::Check { body: head_len..head_len + body_len, close },
         false => Parsed::Incomplete { head_whole: true },
     }
+}
+
+/// How the client connection preface of HTTP/2 with prior knowledge begins (RFC 9113, 3.4);
+/// httparse reads it as a request line as far as here, then refuses its version.
+const HTTP2_PREFACE_START: &[u8] = b"PRI * HTTP/2.0";
+
+/// The answer to an HTTP/2 connection preface, where hyper would close without a word: the
+/// server preface (an empty SETTINGS frame, RFC 9113, 3.4) and a GOAWAY with `HTTP_1_1_REQUIRED`
+/// (0xd) and the reason, so that an HTTP/2 client says why (curl: "HTTP_1_1_REQUIRED").
+fn http2_refusal() -> Vec<u8> {
+    const REASON: &[u8] = b"this port serves HTTP/1.1; Envoy RLS (gRPC) has its own listener";
+    const SETTINGS: u8 = 0x4;
+    const GOAWAY: u8 = 0x7;
+    const HTTP_1_1_REQUIRED: u32 = 0xd;
+    let frame_head = |len: usize, kind: u8| {
+        let len = u32::try_from(len).unwrap_or(0).to_be_bytes();
+        // Length (24 bits), type, flags 0, stream 0.
+        [len[1], len[2], len[3], kind, 0, 0, 0, 0, 0]
+    };
+    let mut bytes = frame_head(0, SETTINGS).to_vec();
+    bytes.extend(frame_head(8 + REASON.len(), GOAWAY));
+    bytes.extend(0u32.to_be_bytes()); // The last stream processed: none.
+    bytes.extend(HTTP_1_1_REQUIRED.to_be_bytes());
+    bytes.extend(REASON);
+    bytes
 }
 
 /// The body length of a request the front answers, and whether it asks to close the connection
