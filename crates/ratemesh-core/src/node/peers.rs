@@ -65,10 +65,15 @@ struct Unacked {
     /// How often it was sent again; each retransmission doubles its timeout (up to the maximum),
     /// so an unreachable peer is not flooded.
     retransmits: u32,
+    /// Declared lost by the acknowledgement of a frame sent after it: due again now.
+    lost: bool,
 }
 
 impl Unacked {
     fn due_at(&self, rto_nanos: u64) -> Instant {
+        if self.lost {
+            return self.sent_at;
+        }
         let backoff = rto_nanos.saturating_mul(1 << self.retransmits.min(16)).min(RTO_MAX_NANOS);
         self.sent_at.add_nanos(backoff)
     }
@@ -270,7 +275,14 @@ impl Peers {
             peer.unacked.pop_front();
             self.stats.overflowed += 1;
         }
-        let unacked = Unacked { seq, body: body.clone(), first_sent_at: now, sent_at: now, retransmits: 0 };
+        let unacked = Unacked {
+            seq,
+            body: body.clone(),
+            first_sent_at: now,
+            sent_at: now,
+            retransmits: 0,
+            lost: false,
+        };
         peer.unacked.push_back(unacked);
         self.stats.frames_sent += 1;
         self.transmit(to, seq, body, now)
@@ -293,7 +305,9 @@ impl Peers {
             let rto = peer.rto_nanos;
             let mut timed_out = false;
             for frame in peer.unacked.iter_mut().filter(|f| f.due_at(rto) <= now) {
-                timed_out |= frame.retransmits == 0;
+                // A loss the acknowledgements showed is no sign of a slower path: no backoff.
+                timed_out |= frame.retransmits == 0 && !frame.lost;
+                frame.lost = false;
                 frame.sent_at = now;
                 frame.retransmits += 1;
                 due.push((id, frame.seq, frame.body.clone()));
@@ -421,8 +435,14 @@ impl Peer {
     }
 
     /// Drops frames the peer has acknowledged (`ack`: it has every sequence number below; `sack`:
-    /// the ones above it whose bits are set) and samples the round trip from frames that were
-    /// sent once (Karn's rule).
+    /// the ones above it whose bits are set), samples the round trip from the newest of them if
+    /// it was sent once (Karn's rule), and declares lost the frames sent before the newest one acknowledged
+    /// and longer ago than `srtt + 4 rttvar` (RFC 9002's time threshold, but neither its 9/8
+    /// of a round trip nor its packet threshold: jitter of a round trip's size reorders frames
+    /// sent microseconds apart, and both resent frames that were on their way). An
+    /// acknowledgement of anything new ends the backoff (RFC 9002, 6.2.1):
+    /// under random loss a timeout doubled at every lost frame would soon stay at its maximum,
+    /// and every check forwarded across a lossy link would wait for it.
     fn on_ack(&mut self, ack: u64, sack: u64, now: Instant) {
         if ack > self.next_seq {
             // Acknowledges frames this incarnation never sent: it refers to a previous life of
@@ -431,16 +451,27 @@ impl Peer {
         }
         let acked =
             |seq: u64| seq < ack || (seq > ack && seq - ack <= 64 && sack >> (seq - ack - 1) & 1 == 1);
-        let mut samples = Vec::new();
+        // The newest frame this acknowledgement covers, by sequence: (seq, sent_at, sent once).
+        let mut newest: Option<(u64, Instant, bool)> = None;
         self.unacked.retain(|frame| {
             let done = acked(frame.seq);
-            if done && frame.retransmits == 0 {
-                samples.push(now.nanos_since(frame.sent_at));
+            if done && newest.is_none_or(|(seq, _, _)| seq < frame.seq) {
+                newest = Some((frame.seq, frame.sent_at, frame.retransmits == 0));
             }
             !done
         });
-        for rtt in samples {
-            self.sample_rtt(rtt);
+        let Some((_, newest_sent_at, sent_once)) = newest else { return };
+        // One sample per acknowledgement, of its newest frame (RFC 9002, 5.1): an older frame
+        // covered only now had its own acknowledgement lost, and its wait is no round trip.
+        if sent_once {
+            self.sample_rtt(now.nanos_since(newest_sent_at));
+        }
+        self.rto_nanos = self.estimated_rto_nanos().unwrap_or(self.rto_nanos);
+        let Some(srtt) = self.srtt_nanos else { return };
+        // No acknowledgement delay: acknowledgements are flowing, this one just came.
+        let threshold = srtt.saturating_add(self.rttvar_nanos.saturating_mul(4)).max(RTO_MIN_NANOS);
+        for frame in self.unacked.iter_mut().filter(|f| f.sent_at < newest_sent_at) {
+            frame.lost |= frame.sent_at.add_nanos(threshold) <= now;
         }
     }
 

@@ -27,6 +27,8 @@ struct Cluster {
     cut: Vec<(NodeId, NodeId)>,
     /// Deliver every frame twice.
     duplicate: bool,
+    /// Frames lost at random, per thousand (from a fixed sequence: runs repeat).
+    loss_per_mille: u64,
     /// Nodes that emitted `Event::Left`: removed, as a process that exits (frames to them drop).
     left: Vec<NodeId>,
     /// The one-way latency of every link.
@@ -55,6 +57,7 @@ impl Cluster {
             decided: vec![],
             cut: vec![],
             duplicate: false,
+            loss_per_mille: 0,
             left: vec![],
             latency_nanos: LATENCY_NANOS,
         };
@@ -73,6 +76,13 @@ impl Cluster {
             while let Some(transmit) = node.poll_transmit() {
                 if self.cut.contains(&(id, transmit.to)) {
                     continue;
+                }
+                if self.loss_per_mille > 0 {
+                    self.sent += 1;
+                    let draw = self.sent.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29) % 1_000;
+                    if draw < self.loss_per_mille {
+                        continue;
+                    }
                 }
                 let copies = if self.duplicate { 2 } else { 1 };
                 for _ in 0..copies {
@@ -466,6 +476,39 @@ fn garbage_from_peers_is_counted_and_dropped() {
         node.handle_frame(now, NodeId(2), &transmit.bytes);
     }
     assert!(node.stats().delivery.malformed >= 5, "{:?}", node.stats().delivery);
+}
+
+#[test]
+fn steady_loss_neither_backs_the_timeout_off_nor_holds_forwarded_checks() {
+    let mut cluster = Cluster::new(2);
+    cluster.loss_per_mille = 300;
+    let policy = policy(Mode::Exact, 100_000, 100_000);
+    let k = key_owned_by(2, &[1, 2]);
+    // Two seconds of checks forwarded every millisecond over links that lose 30 % of the frames:
+    // the acknowledgements of later frames show each loss, which is sent again at once. A
+    // timeout doubled at every lost frame (and sampled from frames whose acknowledgement was
+    // lost) instead stayed at its maximum, 1 s, and the checks of a lost frame waited for it.
+    let mut sent_at = BTreeMap::new();
+    let mut waits_ms = Vec::new();
+    for step in 0..2_000u64 {
+        let request = CheckRequest { id: RequestId(step), key: k, policy: policy.clone(), cost: 1 };
+        if let CheckOutcome::Pending = cluster.check(1, request) {
+            sent_at.insert(RequestId(step), cluster.now);
+        }
+        let before = cluster.decided.len();
+        cluster.run_for(Duration::from_millis(1));
+        for (id, decision) in &cluster.decided[before..] {
+            waits_ms.push((cluster.now.nanos_since(sent_at[id]) / 1_000_000, decision.allowed));
+        }
+    }
+    let rto_ms = cluster.node(1).peers.rto_nanos(NodeId(2)).expect("measured") / 1_000_000;
+    assert!(rto_ms < 50, "node 1's timeout to the owner is {rto_ms} ms");
+    let decided = waits_ms.len();
+    let refused = waits_ms.iter().filter(|(_, allowed)| !allowed).count();
+    let slow = waits_ms.iter().filter(|(wait, _)| *wait > 20).count();
+    assert!(decided > 1_950, "{decided} of 2 000 decided");
+    assert!(slow * 20 <= decided, "{slow} of {decided} waited over 20 ms");
+    assert!(refused * 100 <= decided, "{refused} of {decided} refused (their wait ran out)");
 }
 
 #[test]
