@@ -436,13 +436,13 @@ impl Peer {
 
     /// Drops frames the peer has acknowledged (`ack`: it has every sequence number below; `sack`:
     /// the ones above it whose bits are set), samples the round trip from the newest of them if
-    /// it was sent once (Karn's rule), and declares lost the frames sent before the newest one acknowledged
-    /// and longer ago than `srtt + 4 rttvar` (RFC 9002's time threshold, but neither its 9/8
-    /// of a round trip nor its packet threshold: jitter of a round trip's size reorders frames
-    /// sent microseconds apart, and both resent frames that were on their way). An
-    /// acknowledgement of anything new ends the backoff (RFC 9002, 6.2.1):
-    /// under random loss a timeout doubled at every lost frame would soon stay at its maximum,
-    /// and every check forwarded across a lossy link would wait for it.
+    /// it was sent once (Karn's rule), and declares lost the frames sent before the newest one
+    /// acknowledged and longer ago than the round-trip bound (RFC 9002's time threshold, but
+    /// neither its 9/8 of a round trip nor its packet threshold: jitter of a round trip's size
+    /// reorders frames sent microseconds apart, and both resent frames that were on their way).
+    /// An acknowledgement of anything new ends the backoff (RFC 9002, 6.2.1): under random loss a
+    /// timeout doubled at every lost frame would soon stay at its maximum, and every check
+    /// forwarded across a lossy link would wait for it.
     fn on_ack(&mut self, ack: u64, sack: u64, now: Instant) {
         if ack > self.next_seq {
             // Acknowledges frames this incarnation never sent: it refers to a previous life of
@@ -467,9 +467,8 @@ impl Peer {
             self.sample_rtt(now.nanos_since(newest_sent_at));
         }
         self.rto_nanos = self.estimated_rto_nanos().unwrap_or(self.rto_nanos);
-        let Some(srtt) = self.srtt_nanos else { return };
         // No acknowledgement delay: acknowledgements are flowing, this one just came.
-        let threshold = srtt.saturating_add(self.rttvar_nanos.saturating_mul(4)).max(RTO_MIN_NANOS);
+        let Some(threshold) = self.round_trip_bound_nanos() else { return };
         for frame in self.unacked.iter_mut().filter(|f| f.sent_at < newest_sent_at) {
             frame.lost |= frame.sent_at.add_nanos(threshold) <= now;
         }
@@ -500,8 +499,13 @@ impl Peer {
 
     /// The timeout the round-trip estimate gives, before any backoff (`None` before a sample).
     fn estimated_rto_nanos(&self) -> Option<u64> {
-        let rto = self.srtt_nanos?.saturating_add(self.rttvar_nanos.saturating_mul(4)).max(RTO_MIN_NANOS);
-        Some(rto.saturating_add(ACK_DELAY_NANOS).min(RTO_MAX_NANOS))
+        Some(self.round_trip_bound_nanos()?.saturating_add(ACK_DELAY_NANOS).min(RTO_MAX_NANOS))
+    }
+
+    /// `srtt + 4 rttvar`, at least the shortest timeout: a round trip this long is late.
+    fn round_trip_bound_nanos(&self) -> Option<u64> {
+        let bound = self.srtt_nanos?.saturating_add(self.rttvar_nanos.saturating_mul(4));
+        Some(bound.max(RTO_MIN_NANOS))
     }
 
     /// Follows the peer's own view of what it still waits for: a new incarnation starts a new

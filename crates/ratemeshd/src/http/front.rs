@@ -276,13 +276,6 @@ fn parse(input: &[u8], body_bytes_max: usize) -> Parsed {
     if input.is_empty() {
         return Parsed::Incomplete { head_whole: false };
     }
-    if input.starts_with(HTTP2_PREFACE_START) {
-        return Parsed::Http2;
-    }
-    if HTTP2_PREFACE_START.starts_with(input) {
-        // httparse would refuse its version before the whole of it is here.
-        return Parsed::Incomplete { head_whole: false };
-    }
     let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
     let mut request = httparse::Request::new(&mut headers);
     let head_len = match request.parse(input) {
@@ -290,7 +283,10 @@ fn parse(input: &[u8], body_bytes_max: usize) -> Parsed {
         Ok(httparse::Status::Partial) if input.len() <= HEAD_BYTES_MAX => {
             return Parsed::Incomplete { head_whole: false };
         }
-        // Too long, too many headers, malformed: hyper's to answer.
+        // Too long, too many headers, malformed: hyper's to answer, but for HTTP/2's preface,
+        // whose version httparse refuses before the whole of it is here.
+        _ if input.starts_with(HTTP2_PREFACE_START) => return Parsed::Http2,
+        _ if HTTP2_PREFACE_START.starts_with(input) => return Parsed::Incomplete { head_whole: false },
         _ => return Parsed::Other,
     };
     if request.method != Some("POST") || request.path != Some("/v1/check") || request.version != Some(1) {
