@@ -160,7 +160,9 @@ fn approximate_check(c: &mut Criterion, runtime: &Runtime) {
     group.bench_function("top_record", |b| {
         b.iter(|| {
             nanos += 50;
-            top.record(&mut shard, Instant::from_nanos(nanos), "bench", &keys[pick.next(KEYS)], 1, false);
+            let i = pick.next(KEYS);
+            let label = ratemesh::TopLabel { policy: "bench", key: &keys[i] };
+            top.record(&mut shard, Instant::from_nanos(nanos), label, hashes[i], 1, false);
         })
     });
     group.finish();

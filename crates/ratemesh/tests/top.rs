@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use ratemesh::top::{SpaceSaving, TopSummary, merge};
+use ratemesh_core::Namespace;
 
 /// Counts live heap bytes per thread, to measure what the sketch holds (other tests' threads
 /// allocate meanwhile).
@@ -62,21 +63,43 @@ fn exact(stream: &[(u16, u64)]) -> HashMap<String, u64> {
     counts
 }
 
-fn sketch(stream: &[(u16, u64)], capacity: usize) -> SpaceSaving {
+/// The identity of a key, as the node names a bucket (its hash).
+fn id(key: &str) -> u128 {
+    Namespace::new(b"top").key(key.as_bytes()).0
+}
+
+/// An identity whose high half is zero: every key without a counter in the same filter cell
+/// (the filter degenerates to one sum; the bounds must hold all the same).
+fn one_cell_id(key: &str) -> u128 {
+    u128::from(id(key) as u64)
+}
+
+/// Counts `weight` hits of `key` in `sketch`, as the node does.
+fn add(sketch: &mut SpaceSaving, key: &str, weight: u64) {
+    sketch.add(id(key), weight, |text| text.push_str(key));
+}
+
+fn sketch_by(stream: &[(u16, u64)], capacity: usize, id: fn(&str) -> u128) -> SpaceSaving {
     let mut sketch = SpaceSaving::new(capacity);
     for &(key, weight) in stream {
-        sketch.add(&format!("k{key}"), weight);
+        let key = format!("k{key}");
+        sketch.add(id(&key), weight, |text| text.push_str(&key));
     }
     sketch
+}
+
+fn sketch(stream: &[(u16, u64)], capacity: usize) -> SpaceSaving {
+    sketch_by(stream, capacity, id)
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn estimates_are_within_the_bound(stream in streams(), capacity in 1_usize..200) {
+    fn estimates_are_within_the_bound(stream in streams(), capacity in 1_usize..200, one_cell: bool) {
+        let id: fn(&str) -> u128 = if one_cell { one_cell_id } else { id };
         let truth = exact(&stream);
-        let sketch = sketch(&stream, capacity);
+        let sketch = sketch_by(&stream, capacity, id);
         let total: u64 = truth.values().sum();
         let bound = sketch.error_bound();
         prop_assert_eq!(sketch.total(), total);
@@ -90,7 +113,7 @@ proptest! {
             prop_assert!(entry.error <= bound);
         }
         for (key, &true_count) in &truth {
-            let estimate = sketch.estimate(key);
+            let estimate = sketch.estimate(id(key));
             prop_assert!(estimate >= true_count && estimate - true_count <= bound, "{} off", key);
             if true_count > bound {
                 prop_assert!(summary.entries.iter().any(|e| &e.key == key), "heavy {} missing", key);
@@ -142,10 +165,10 @@ fn memory_is_bounded_under_a_million_distinct_keys() {
         // 64-byte keys, the default cut: the largest a counter holds.
         use std::fmt::Write as _;
         write!(key, "{i:064}").expect("write to a string");
-        sketch.add(&key, 1);
+        add(&mut sketch, &key, 1);
         // Three heavy keys among them.
         if i % 100 == 0 {
-            sketch.add(&format!("abusive-{}", i % 3), 10);
+            add(&mut sketch, &format!("abusive-{}", i % 3), 10);
         }
         if i % 10_000 == 0 {
             peak = peak.max(live_bytes() - before);

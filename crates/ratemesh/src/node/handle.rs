@@ -129,16 +129,18 @@ impl Node {
         self.check_hashed(&policy.policy, policy.key(key), cost, Some(label)).await
     }
 
-    /// Counts a check in the top-keys shard of the lane whose state is `state` (its key's).
+    /// Counts a check of the bucket `bucket` in the top-keys shard of the lane whose state is
+    /// `state` (its key's).
     fn record_top(
         &self,
         state: &mut State,
         now: ratemesh_core::Instant,
         label: TopLabel<'_>,
+        bucket: KeyHash,
         cost: u64,
         decision: &Decision,
     ) {
-        self.shared.top.record(&mut state.top, now, label.policy, label.key, cost, !decision.allowed);
+        self.shared.top.record(&mut state.top, now, label, bucket, cost, !decision.allowed);
     }
 
     /// [`Node::check`] of a bucket named by its hash, for callers that keep their own key
@@ -159,7 +161,7 @@ impl Node {
         if let Some(label) = label {
             // Decided under the lane's lock, perhaps long ago: recorded under it again, now.
             let mut state = self.shared.lane(key).lock();
-            self.record_top(&mut state, self.shared.now(), label, cost, &decision);
+            self.record_top(&mut state, self.shared.now(), label, key, cost, &decision);
         }
         Ok(decision)
     }
@@ -222,7 +224,7 @@ impl Node {
         self.shared.after_check_now(lane, &mut state);
         if let Ok(decision) = &decision {
             // Under the lock the check was decided under, at the decision's instant.
-            self.record_top(&mut state, now, TopLabel { policy: policy.name(), key }, cost, decision);
+            self.record_top(&mut state, now, TopLabel { policy: policy.name(), key }, hash, cost, decision);
         }
         decision
     }

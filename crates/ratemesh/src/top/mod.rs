@@ -1,10 +1,12 @@
 //! Who is being limited: the heaviest keys per policy over a recent window, bounded in memory.
 //!
-//! - [`SpaceSaving`] is the heavy-hitter sketch (Metwally, Agrawal, El Abbadi 2005): at most
-//!   `capacity` counters; a key without a counter takes over the smallest one, inheriting its
-//!   count as its error. Every hit costs one hash lookup; a takeover finds a smallest counter
-//!   among those a scan of the counts found (amortised `O(1)` under even load, `O(capacity)` at
-//!   worst).
+//! - [`SpaceSaving`] is the heavy-hitter sketch (Metwally, Agrawal, El Abbadi 2005) with a filter
+//!   in front of takeovers (Filtered Space-Saving, Homem and Carvalho 2010): at most `capacity`
+//!   counters; once they are taken, a key without a counter adds to a filter cell and takes over
+//!   the smallest counter only when its cell's sum passes the smallest count, inheriting the
+//!   cell's sum as its error. Keys are named by the node's bucket hash ([`KeyHash`]), so a hit
+//!   hashes nothing and copies no key. A takeover finds a smallest counter among those a scan of
+//!   the counts found (amortised `O(1)` under even load, `O(capacity)` at worst).
 //!   **Bound:** a counted key's estimate is never below its true count and exceeds it by at most
 //!   its counter's `error`, which is at most the sketch's smallest count, which is at most
 //!   `total / capacity`; a key without a counter has a true count of at most that smallest
@@ -24,9 +26,10 @@
 //!   `error_bound`, the sum of the summaries' smallest counts (each at most its `total /
 //!   capacity`).
 //!
-//! Keys are cut at `key_bytes_max` bytes (64 by default, on a UTF-8 character boundary; bytes
-//! that are not UTF-8 are replaced), so memory per counter is bounded; keys that share their first
-//! `key_bytes_max` bytes are counted as one (their estimate is an upper bound on each). Keys are
+//! The sketches count buckets, as the limiter does. A bucket's key is cut at `key_bytes_max`
+//! bytes (64 by default, on a UTF-8 character boundary; bytes that are not UTF-8 are replaced), so
+//! memory per counter is bounded; buckets whose keys share their first `key_bytes_max` bytes are
+//! answered as one key, their estimates summed by [`merge`] (an upper bound on each). Keys are
 //! never metric labels: they are only in these sketches and in the answers of
 //! [`crate::Node::top`].
 
@@ -35,9 +38,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use ratemesh_core::Instant;
+use ratemesh_core::{Instant, KeyHash};
 use serde::{Deserialize, Serialize};
 
+use crate::TopLabel;
 use crate::defaults;
 
 mod query;
@@ -52,7 +56,9 @@ pub use sketch::SpaceSaving;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopConfig {
     /// Counters per sketch (default [`defaults::TOP_CAPACITY`]). A policy holds four sketches (demand and
-    /// refused, two half-windows) per lane of the node: at most `4 × capacity × lanes` keys.
+    /// refused, two half-windows) per lane of the node: at most `4 × capacity × lanes` keys. A
+    /// sketch whose counters are all taken also holds a filter of 8 bytes per cell, the power of
+    /// two of at least 8 cells per counter (8 KiB at the default capacity).
     pub capacity: usize,
     /// Bytes of a key kept (default [`defaults::TOP_KEY_BYTES_MAX`]); longer keys are cut (see the module
     /// documentation).
@@ -61,8 +67,8 @@ pub struct TopConfig {
     /// half-window and the previous one.
     pub half_window: Duration,
     /// Policies recorded (default [`defaults::TOP_POLICIES_MAX`]); checks under further policies are not
-    /// recorded. Zero turns top keys off: no check pays for them (about 40 ns a check on
-    /// 10 000 evenly hit keys, where nearly every check takes a counter over).
+    /// recorded. Zero turns top keys off: no check pays for them (about 20–60 ns a check on
+    /// 10 000 evenly hit keys, the README's performance section).
     pub policies_max: usize,
 }
 
@@ -235,12 +241,20 @@ impl PolicyTop {
         PolicyTop { half_window_nanos, current: HalfWindow::new(now, config.capacity), previous: None }
     }
 
-    /// Counts a check of `cost` hits of `key` (already cut) at `now`, refused or not.
-    pub fn record(&mut self, now: Instant, key: &str, cost: u64, refused: bool) {
+    /// Counts a check of `cost` hits of the bucket `bucket` at `now`, refused or not; `key`
+    /// writes the key's text (cut) when a sketch gives it a counter.
+    pub fn record(
+        &mut self,
+        now: Instant,
+        bucket: KeyHash,
+        key: impl Fn(&mut String),
+        cost: u64,
+        refused: bool,
+    ) {
         self.rotate(now);
-        self.current.demand.add(key, cost);
+        self.current.demand.add(bucket.0, cost, &key);
         if refused {
-            self.current.refused.add(key, cost);
+            self.current.refused.add(bucket.0, cost, &key);
         }
     }
 
@@ -336,22 +350,27 @@ impl TopTable {
         &self.config
     }
 
-    /// Counts a check of `cost` hits (0, a query, counts nothing) of `key` under `policy` in
-    /// `shard` (a key must always be counted in the same shard).
+    /// Counts a check of `cost` hits (0, a query, counts nothing) of the bucket `bucket` under
+    /// `label` in `shard` (a bucket must always be counted in the same shard). The sketches count
+    /// buckets, as the limiter does, under the label's key, which is cut and copied only when a
+    /// sketch gives the bucket a counter.
     pub fn record(
         &self,
         shard: &mut TopShard,
         now: Instant,
-        policy: &str,
-        key: &[u8],
+        label: TopLabel<'_>,
+        bucket: KeyHash,
         cost: u64,
         refused: bool,
     ) {
         if cost == 0 || self.config.policies_max == 0 {
             return;
         }
+        let TopLabel { policy, key } = label;
+        let bytes_max = self.config.key_bytes_max;
+        let text = |buffer: &mut String| buffer.push_str(&cut_key(key, bytes_max));
         if let Some(top) = shard.policies.get_mut(policy) {
-            return top.record(now, &cut_key(key, self.config.key_bytes_max), cost, refused);
+            return top.record(now, bucket, text, cost, refused);
         }
         // A policy this shard has not seen: taken only if the table records it or has room.
         let Some(name) = self.admit(policy) else {
@@ -359,7 +378,7 @@ impl TopTable {
             return;
         };
         let mut top = PolicyTop::new(now, &self.config);
-        top.record(now, &cut_key(key, self.config.key_bytes_max), cost, refused);
+        top.record(now, bucket, text, cost, refused);
         shard.policies.insert(name, top);
     }
 
@@ -435,6 +454,13 @@ mod tests {
         (0..count).map(|_| TopShard::default()).collect()
     }
 
+    /// Records a check of `key` under `policy` at time zero, as the node does (the bucket named by
+    /// the key's hash).
+    fn record(table: &TopTable, shard: &mut TopShard, policy: &str, key: &[u8], cost: u64, refused: bool) {
+        let bucket = ratemesh_core::Namespace::new(policy.as_bytes()).key(key);
+        table.record(shard, Instant::ZERO, TopLabel { policy, key }, bucket, cost, refused);
+    }
+
     /// The node's summaries of `policy` over `shards`, as the node takes them.
     fn summaries(
         table: &TopTable,
@@ -477,8 +503,8 @@ mod tests {
     fn half_windows_rotate_and_expire() {
         let config = TopConfig { half_window: Duration::from_secs(30), ..TopConfig::default() };
         let mut top = PolicyTop::new(Instant::ZERO, &config);
-        top.record(Instant::from_nanos(SECOND), "a", 5, true);
-        top.record(Instant::from_nanos(31 * SECOND), "b", 2, false);
+        top.record(Instant::from_nanos(SECOND), KeyHash(1), |key| key.push('a'), 5, true);
+        top.record(Instant::from_nanos(31 * SECOND), KeyHash(2), |key| key.push('b'), 2, false);
         let (summaries, window) = top.summaries(Instant::from_nanos(40 * SECOND), TopBy::Demand);
         assert_eq!(window, Duration::from_secs(40));
         let answer = merge(&summaries, 10, window);
@@ -495,11 +521,11 @@ mod tests {
     fn the_table_records_at_most_policies_max_policies_over_all_its_shards() {
         let (table, mut shards) =
             (TopTable::new(TopConfig { policies_max: 1, ..TopConfig::default() }), shards(4));
-        table.record(&mut shards[0], Instant::ZERO, "p", b"k", 1, false);
-        table.record(&mut shards[1], Instant::ZERO, "q", b"k", 1, false);
+        record(&table, &mut shards[0], "p", b"k", 1, false);
+        record(&table, &mut shards[1], "q", b"k", 1, false);
         // Full from here on: the admitted set is read without its lock.
-        table.record(&mut shards[2], Instant::ZERO, "p", b"j", 1, false);
-        table.record(&mut shards[3], Instant::ZERO, "q", b"k", 1, false);
+        record(&table, &mut shards[2], "p", b"j", 1, false);
+        record(&table, &mut shards[3], "q", b"k", 1, false);
         assert_eq!(table.unrecorded(), 2, "q is refused in every shard, p taken in a new one");
         assert_eq!(summaries(&table, &mut shards, Instant::ZERO, "p", TopBy::Demand)[0].total, 2);
     }
@@ -508,9 +534,9 @@ mod tests {
     fn the_table_records_at_most_policies_max_policies() {
         let (table, mut shard) =
             (TopTable::new(TopConfig { policies_max: 1, ..TopConfig::default() }), shards(1));
-        table.record(&mut shard[0], Instant::ZERO, "p", b"k", 1, false);
-        table.record(&mut shard[0], Instant::ZERO, "q", b"k", 1, false);
-        table.record(&mut shard[0], Instant::ZERO, "p", b"k", 0, true);
+        record(&table, &mut shard[0], "p", b"k", 1, false);
+        record(&table, &mut shard[0], "q", b"k", 1, false);
+        record(&table, &mut shard[0], "p", b"k", 0, true);
         assert_eq!(table.unrecorded(), 1);
         let recorded = summaries(&table, &mut shard, Instant::ZERO, "p", TopBy::Demand);
         assert_eq!(recorded[0].total, 1, "a query counts nothing");
@@ -520,8 +546,8 @@ mod tests {
     #[test]
     fn every_shard_is_in_the_summaries() {
         let (table, mut shards) = (TopTable::new(TopConfig::default()), shards(3));
-        table.record(&mut shards[0], Instant::ZERO, "p", b"a", 2, false);
-        table.record(&mut shards[1], Instant::ZERO, "p", b"b", 3, false);
+        record(&table, &mut shards[0], "p", b"a", 2, false);
+        record(&table, &mut shards[1], "p", b"b", 3, false);
         let summaries = summaries(&table, &mut shards, Instant::ZERO, "p", TopBy::Demand);
         assert_eq!(summaries.len(), 1, "one summary per half-window, whatever the shards");
         let answer = merge(&summaries, 10, Duration::from_secs(1));
@@ -534,7 +560,7 @@ mod tests {
         let config = TopConfig { capacity: 2, ..TopConfig::default() };
         let (table, mut shards) = (TopTable::new(config), shards(64));
         for (shard, key, hits) in [(0, "a", 9), (1, "b", 7), (2, "c", 5), (3, "d", 1)] {
-            table.record(&mut shards[shard], Instant::ZERO, "p", key.as_bytes(), hits, false);
+            record(&table, &mut shards[shard], "p", key.as_bytes(), hits, false);
         }
         let summaries = summaries(&table, &mut shards, Instant::ZERO, "p", TopBy::Demand);
         assert_eq!(summaries.len(), 1);

@@ -1,32 +1,48 @@
 //! [`SpaceSaving`]: the bounded heavy-hitter sketch (fixed slots; the smallest counter found by a
-//! scan of the counts, remembered until it is used up).
-
-use std::hash::BuildHasher;
+//! scan of the counts, remembered until it is used up), with a filter of hashed counters in front
+//! of takeovers (Filtered Space-Saving).
 
 use hashbrown::HashTable;
 
 use super::{TopEntry, TopSummary};
 
+/// Filter cells per counter (the filter is a power of two of cells at least this many times the
+/// capacity). More cells make takeovers rarer under even load (each cell sums the hits of fewer
+/// keys, so it reaches the smallest count later) at 8 bytes a cell.
+const FILTER_CELLS_PER_COUNTER: usize = 8;
+
 /// One counter of a sketch (its count is apart, in [`SpaceSaving::counts`]).
 #[derive(Clone, Debug)]
 struct Counter {
+    /// The key as answered (written once, when the counter is taken).
     key: String,
-    /// The key's hash in the index (kept, so that a key is hashed once per hit).
-    hash: u64,
+    /// The bucket counted: the caller's identity of the key (the node's [`ratemesh_core::KeyHash`]).
+    id: u128,
     error: u64,
 }
 
 /// A Space-Saving heavy-hitter sketch of at most `capacity` counters (see the module
-/// documentation for its bound). The counters live in slots that never move; a hash table of slot
-/// numbers finds a key's slot (the key is stored once, in its counter). A key without a counter
-/// takes over one of the smallest: a scan of the counts finds the smallest count and every slot
-/// holding it, and takeovers use those slots up before the next scan. Counts only grow and a
-/// taken-over slot counts at least the smallest, so a remembered slot still at that count is a
-/// smallest one. Under even load (every hit a takeover) a scan serves about `capacity` takeovers;
-/// at worst it serves one, `O(capacity)`: when the smallest count is held by one slot only and
-/// takeovers of large weight keep making a new one (weighted hits over many keys; measured in
-/// the README's performance section). A key taking over a counter reuses the evicted key's
-/// buffer: in steady state a check allocates nothing and hashes its key once.
+/// documentation for its bound), with a filter in front of takeovers.
+///
+/// - Keys are named by a 128-bit identity the caller computed already (the node's bucket hash),
+///   so a hit hashes nothing; the key's text is written only when a counter is taken.
+/// - The counters live in slots that never move; a hash table of slot numbers, under the low half
+///   of the identity, finds a key's slot.
+/// - **The filter** (Homem and Carvalho 2010): once every counter is taken, a hit of a key
+///   without one adds to a cell picked by the identity's high half. Only when that cell's sum
+///   passes the smallest count does the key take over a smallest counter, with the cell's sum as
+///   its count and the cell's sum before the hit as its error; the evicted key's count goes into
+///   its own cell (raising it to that count). A cell bounds the hits of every key without a counter
+///   that maps to it, and never exceeds the smallest count, so the bounds are Space-Saving's. Under
+///   even load over many keys (where without the filter every hit is a takeover) a cell sums the
+///   hits of `keys / cells` keys and takeovers are about `capacity / cells` of the hits.
+/// - A takeover finds a smallest counter by a scan of the counts that finds the smallest count
+///   and every slot holding it; takeovers use those slots up before the next scan. Counts only
+///   grow and a taken-over slot counts more than the smallest, so a remembered slot still at that
+///   count is a smallest one. At worst a scan serves one takeover, `O(capacity)`: weighted hits
+///   over many keys (measured in the README's performance section).
+/// - A key taking over a counter reuses the evicted key's buffer: in steady state a hit
+///   allocates nothing.
 #[derive(Clone, Debug)]
 pub struct SpaceSaving {
     pub(super) capacity: usize,
@@ -38,75 +54,91 @@ pub struct SpaceSaving {
     smallest: Vec<usize>,
     /// The smallest count at the last scan: no count is below it.
     floor: u64,
-    /// Slots by their key's hash.
+    /// Slots by the low half of their key's identity.
     index: HashTable<usize>,
+    /// The filter's cells (empty until every counter is taken).
+    filter: Vec<u64>,
     /// Bytes of the counters' key buffers (kept as they change: reading it costs no walk).
     key_bytes: usize,
-    /// Keys are the clients': a seeded hash (no flooding), fast (hashed on every check).
-    hasher: foldhash::fast::RandomState,
     total: u64,
 }
 
 impl SpaceSaving {
     /// An empty sketch of at most `capacity` counters (at least one).
     pub fn new(capacity: usize) -> SpaceSaving {
-        let capacity = capacity.max(1);
         SpaceSaving {
-            capacity,
+            capacity: capacity.max(1),
             counters: Vec::new(),
             counts: Vec::new(),
             smallest: Vec::new(),
             floor: 0,
             index: HashTable::new(),
+            filter: Vec::new(),
             key_bytes: 0,
-            hasher: foldhash::fast::RandomState::default(),
             total: 0,
         }
     }
 
-    /// Counts `weight` hits of `key` (already cut to its length bound).
-    pub fn add(&mut self, key: &str, weight: u64) {
+    /// Counts `weight` hits of the key of identity `id`; `key` writes its text into an empty
+    /// buffer, called only when the key takes a counter. Keys of one identity are one key.
+    pub fn add(&mut self, id: u128, weight: u64, key: impl FnOnce(&mut String)) {
         if weight == 0 {
             return;
         }
         self.total = self.total.saturating_add(weight);
-        let hash = self.hasher.hash_one(key);
-        if let Some(slot) = self.slot(hash, key) {
+        if let Some(slot) = self.slot(id) {
             self.counts[slot] = self.counts[slot].saturating_add(weight);
             return;
         }
         if self.counters.len() < self.capacity {
-            let counter = Counter { key: key.to_owned(), hash, error: 0 };
+            let mut counter = Counter { key: String::new(), id, error: 0 };
+            key(&mut counter.key);
             self.key_bytes += counter.key.capacity();
             self.counters.push(counter);
             self.counts.push(weight);
             self.index_slot(self.counters.len() - 1);
             return;
         }
-        // Full: the new key takes over a smallest counter, inheriting its count as its error.
-        let slot = self.take_smallest();
-        if let Ok(indexed) = self.index.find_entry(self.counters[slot].hash, |&other| other == slot) {
+        let cell = self.cell(id);
+        let filtered = self.filter[cell].saturating_add(weight);
+        let (smallest, slot) = self.smallest();
+        if filtered <= smallest {
+            self.filter[cell] = filtered;
+            return;
+        }
+        // Used up: its count is no longer the smallest.
+        self.smallest.pop();
+        self.take_over(slot, id, self.filter[cell], filtered, key);
+    }
+
+    /// The key of identity `id` takes over the counter in `slot` with `count` hits, `error` of
+    /// them perhaps other keys'; the evicted key's count goes into its filter cell.
+    fn take_over(&mut self, slot: usize, id: u128, error: u64, count: u64, key: impl FnOnce(&mut String)) {
+        let evicted = self.counters[slot].id;
+        if let Ok(indexed) = self.index.find_entry(evicted as u64, |&other| other == slot) {
             indexed.remove();
         }
-        let smallest = self.counts[slot];
+        let evicted_cell = self.cell(evicted);
+        self.filter[evicted_cell] = self.filter[evicted_cell].max(self.counts[slot]);
         let counter = &mut self.counters[slot];
         let held = counter.key.capacity();
         counter.key.clear();
-        counter.key.push_str(key);
+        key(&mut counter.key);
         self.key_bytes = self.key_bytes - held + counter.key.capacity();
-        counter.hash = hash;
-        counter.error = smallest;
-        self.counts[slot] = smallest.saturating_add(weight);
+        counter.id = id;
+        counter.error = error;
+        self.counts[slot] = count;
         self.index_slot(slot);
     }
 
-    /// A slot of the smallest count (the sketch is full, so there is one).
-    fn take_smallest(&mut self) -> usize {
+    /// The smallest count (the sketch is full) and a slot holding it, the last of `smallest`.
+    fn smallest(&mut self) -> (u64, usize) {
         loop {
-            while let Some(slot) = self.smallest.pop() {
+            while let Some(&slot) = self.smallest.last() {
                 if self.counts[slot] == self.floor {
-                    return slot;
+                    return (self.floor, slot);
                 }
+                self.smallest.pop();
             }
             // One pass, the smallest count and its slots together (faster than a min then a
             // filter where scans are frequent: weighted hits).
@@ -124,15 +156,23 @@ impl SpaceSaving {
         }
     }
 
-    /// The slot counting `key` (of hash `hash`), if any.
-    fn slot(&self, hash: u64, key: &str) -> Option<usize> {
-        self.index.find(hash, |&slot| self.counters[slot].key == key).copied()
+    /// The filter cell of identity `id` (allocating the filter at the first).
+    fn cell(&mut self, id: u128) -> usize {
+        if self.filter.is_empty() {
+            self.filter = vec![0; (self.capacity * FILTER_CELLS_PER_COUNTER).next_power_of_two()];
+        }
+        (id >> 64) as usize & (self.filter.len() - 1)
     }
 
-    /// Enters `slot` into the index under its counter's hash.
+    /// The slot counting the key of identity `id`, if any.
+    fn slot(&self, id: u128) -> Option<usize> {
+        self.index.find(id as u64, |&slot| self.counters[slot].id == id).copied()
+    }
+
+    /// Enters `slot` into the index under its counter's identity.
     fn index_slot(&mut self, slot: usize) {
         let counters = &self.counters;
-        self.index.insert_unique(counters[slot].hash, slot, |&other| counters[other].hash);
+        self.index.insert_unique(counters[slot].id as u64, slot, |&other| counters[other].id as u64);
     }
 
     /// Hits counted.
@@ -156,10 +196,14 @@ impl SpaceSaving {
         self.counters.is_empty()
     }
 
-    /// The estimate of `key`: its counter's count, or [`SpaceSaving::error_bound`] without one.
-    pub fn estimate(&self, key: &str) -> u64 {
-        let hash = self.hasher.hash_one(key);
-        self.slot(hash, key).map_or_else(|| self.error_bound(), |slot| self.counts[slot])
+    /// The estimate of the key of identity `id`: its counter's count, or without one its filter
+    /// cell's sum (at most [`SpaceSaving::error_bound`]; 0 before any key was filtered).
+    pub fn estimate(&self, id: u128) -> u64 {
+        match self.slot(id) {
+            Some(slot) => self.counts[slot],
+            None if self.filter.is_empty() => 0,
+            None => self.filter[(id >> 64) as usize & (self.filter.len() - 1)],
+        }
     }
 
     /// Bytes of heap memory the sketch holds, from its allocations' capacities (the hash table
@@ -170,6 +214,7 @@ impl SpaceSaving {
             + self.counters.capacity() * std::mem::size_of::<Counter>()
             + self.counts.capacity() * std::mem::size_of::<u64>()
             + self.smallest.capacity() * std::mem::size_of::<usize>()
+            + self.filter.capacity() * std::mem::size_of::<u64>()
             + self.index.capacity() * table_slot
     }
 
@@ -192,7 +237,10 @@ mod tests {
         // Keys of growing and shrinking lengths: takeovers reuse, and sometimes grow, buffers.
         for i in 0..500_usize {
             let key = "k".repeat(1 + (i * 7) % 40);
-            sketch.add(&format!("{key}{i}"), 1 + (i % 3) as u64);
+            let key = format!("{key}{i}");
+            // Spread identities, as bucket hashes are (every key distinct).
+            let id = (i as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+            sketch.add(id, 1 + (i % 3) as u64, |buf| buf.push_str(&key));
             let walked: usize = sketch.counters.iter().map(|counter| counter.key.capacity()).sum();
             assert_eq!(sketch.key_bytes, walked, "after {i} adds");
         }
