@@ -162,7 +162,7 @@ fn approximate_check(c: &mut Criterion, runtime: &Runtime) {
             nanos += 50;
             let i = pick.next(KEYS);
             let label = ratemesh::TopLabel { policy: "bench", key: &keys[i] };
-            top.record(&mut shard, Instant::from_nanos(nanos), label, hashes[i], 1, false);
+            top.record(&mut shard, Instant::from_nanos(nanos), label, Some(hashes[i]), 1, false);
         })
     });
     group.finish();

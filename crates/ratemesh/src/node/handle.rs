@@ -125,22 +125,23 @@ impl Node {
     ///
     /// The check is counted in the policy's top-keys sketches ([`Node::top`]) under its name.
     pub async fn check(&self, policy: &NamedPolicy, key: &[u8], cost: u64) -> Result<Decision, CheckError> {
+        let bucket = policy.key(key);
         let label = TopLabel { policy: policy.name(), key };
-        self.check_hashed(&policy.policy, policy.key(key), cost, Some(label)).await
+        self.check_labelled(&policy.policy, bucket, cost, Some(label), Some(bucket)).await
     }
 
-    /// Counts a check of the bucket `bucket` in the top-keys shard of the lane whose state is
-    /// `state` (its key's).
+    /// Counts a check under `label` in the top-keys shard of the lane whose state is `state` (its
+    /// key's); `label_bucket` as in [`crate::top::TopTable::record`].
     fn record_top(
         &self,
         state: &mut State,
         now: ratemesh_core::Instant,
         label: TopLabel<'_>,
-        bucket: KeyHash,
+        label_bucket: Option<KeyHash>,
         cost: u64,
         decision: &Decision,
     ) {
-        self.shared.top.record(&mut state.top, now, label, bucket, cost, !decision.allowed);
+        self.shared.top.record(&mut state.top, now, label, label_bucket, cost, !decision.allowed);
     }
 
     /// [`Node::check`] of a bucket named by its hash, for callers that keep their own key
@@ -153,6 +154,20 @@ impl Node {
         cost: u64,
         label: Option<TopLabel<'_>>,
     ) -> Result<Decision, CheckError> {
+        // The bucket may be a variant's (a tier, an override): the sketch hashes the label itself.
+        self.check_labelled(policy, key, cost, label, None).await
+    }
+
+    /// [`Node::check_hashed`], with the bucket of the label's key under its policy's name when the
+    /// caller has it (see [`crate::top::TopTable::record`]).
+    async fn check_labelled(
+        &self,
+        policy: &Arc<Policy>,
+        key: KeyHash,
+        cost: u64,
+        label: Option<TopLabel<'_>>,
+        label_bucket: Option<KeyHash>,
+    ) -> Result<Decision, CheckError> {
         let decision = self
             .decide_with(key, |core, id, now| {
                 core.handle_check(now, CheckRequest { id, key, policy: policy.clone(), cost })
@@ -161,7 +176,7 @@ impl Node {
         if let Some(label) = label {
             // Decided under the lane's lock, perhaps long ago: recorded under it again, now.
             let mut state = self.shared.lane(key).lock();
-            self.record_top(&mut state, self.shared.now(), label, key, cost, &decision);
+            self.record_top(&mut state, self.shared.now(), label, label_bucket, cost, &decision);
         }
         Ok(decision)
     }
@@ -224,7 +239,14 @@ impl Node {
         self.shared.after_check_now(lane, &mut state);
         if let Ok(decision) = &decision {
             // Under the lock the check was decided under, at the decision's instant.
-            self.record_top(&mut state, now, TopLabel { policy: policy.name(), key }, hash, cost, decision);
+            self.record_top(
+                &mut state,
+                now,
+                TopLabel { policy: policy.name(), key },
+                Some(hash),
+                cost,
+                decision,
+            );
         }
         decision
     }

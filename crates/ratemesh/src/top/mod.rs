@@ -4,9 +4,11 @@
 //!   in front of takeovers (Filtered Space-Saving, Homem and Carvalho 2010): at most `capacity`
 //!   counters; once they are taken, a key without a counter adds to a filter cell and takes over
 //!   the smallest counter only when its cell's sum passes the smallest count, inheriting the
-//!   cell's sum as its error. Keys are named by the node's bucket hash ([`KeyHash`]), so a hit
-//!   hashes nothing and copies no key. A takeover finds a smallest counter among those a scan of
-//!   the counts found (amortised `O(1)` under even load, `O(capacity)` at worst).
+//!   cell's sum as its error. Keys are named by a 128-bit hash of policy and key text, which for
+//!   the library's checks of short UTF-8 keys is the bucket hash the check computed already
+//!   ([`KeyHash`]): such a hit hashes nothing and copies no key. A takeover finds a smallest
+//!   counter among those a scan of the counts found (amortised `O(1)` under even load,
+//!   `O(capacity)` at worst).
 //!   **Bound:** a counted key's estimate is never below its true count and exceeds it by at most
 //!   its counter's `error`, which is at most the sketch's smallest count, which is at most
 //!   `total / capacity`; a key without a counter has a true count of at most that smallest
@@ -26,19 +28,25 @@
 //!   `error_bound`, the sum of the summaries' smallest counts (each at most its `total /
 //!   capacity`).
 //!
-//! The sketches count buckets, as the limiter does. A bucket's key is cut at `key_bytes_max`
-//! bytes (64 by default, on a UTF-8 character boundary; bytes that are not UTF-8 are replaced), so
-//! memory per counter is bounded; buckets whose keys share their first `key_bytes_max` bytes are
-//! answered as one key, their estimates summed by [`merge`] (an upper bound on each). Keys are
-//! never metric labels: they are only in these sketches and in the answers of
-//! [`crate::Node::top`].
+//! The sketches count keys as answered. A key is cut at `key_bytes_max` bytes (64 by default, on
+//! a UTF-8 character boundary; bytes that are not UTF-8 are replaced), so memory per counter is
+//! bounded, and every bucket answered under one text is one key of the sketch: keys that share
+//! their first `key_bytes_max` bytes, and a key's tiers and override variants (buckets of their
+//! own in the limiter). The bounds are those of the text. Keys are never metric labels: they are
+//! only in these sketches and in the answers of [`crate::Node::top`].
+//!
+//! The identities are unseeded hashes of what clients send: keys crafted to collide cost a
+//! sketch's index `O(capacity)` probes per hit and can share one filter cell (the filter then
+//! degenerates to plain Space-Saving, with the same bounds) — the exposure of the core's key
+//! table, whose hash this is.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use ratemesh_core::{Instant, KeyHash};
+use ratemesh_core::{Instant, KeyHash, Namespace};
 use serde::{Deserialize, Serialize};
 
 use crate::TopLabel;
@@ -188,11 +196,11 @@ pub fn merge(summaries: &[TopSummary], n: usize, window: Duration) -> TopAnswer 
 
 /// `key` cut to at most `bytes_max` bytes on a character boundary (bytes that are not UTF-8 are
 /// replaced first).
-pub fn cut_key(key: &[u8], bytes_max: usize) -> std::borrow::Cow<'_, str> {
+pub fn cut_key(key: &[u8], bytes_max: usize) -> Cow<'_, str> {
     // The common case first: a head that is UTF-8 as it is (about a third of the lossy path's
     // cost on short keys). A head cut inside a character is not, and takes the path below.
     if let Ok(head) = std::str::from_utf8(&key[..key.len().min(bytes_max)]) {
-        return std::borrow::Cow::Borrowed(head);
+        return Cow::Borrowed(head);
     }
     let text = String::from_utf8_lossy(&key[..key.len().min(bytes_max.saturating_mul(3))]);
     if text.len() <= bytes_max {
@@ -202,7 +210,7 @@ pub fn cut_key(key: &[u8], bytes_max: usize) -> std::borrow::Cow<'_, str> {
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    std::borrow::Cow::Owned(text[..end].to_owned())
+    Cow::Owned(text[..end].to_owned())
 }
 
 /// The sketches of one half-window.
@@ -241,20 +249,14 @@ impl PolicyTop {
         PolicyTop { half_window_nanos, current: HalfWindow::new(now, config.capacity), previous: None }
     }
 
-    /// Counts a check of `cost` hits of the bucket `bucket` at `now`, refused or not; `key`
-    /// writes the key's text (cut) when a sketch gives it a counter.
-    pub fn record(
-        &mut self,
-        now: Instant,
-        bucket: KeyHash,
-        key: impl Fn(&mut String),
-        cost: u64,
-        refused: bool,
-    ) {
+    /// Counts a check of `cost` hits of the key of identity `id` at `now`, refused or not; `key`
+    /// writes its text (cut) when a sketch gives it a counter. One text, one identity
+    /// ([`TopTable::record`] derives it).
+    pub fn record(&mut self, now: Instant, id: KeyHash, key: impl Fn(&mut String), cost: u64, refused: bool) {
         self.rotate(now);
-        self.current.demand.add(bucket.0, cost, &key);
+        self.current.demand.add(id.0, cost, &key);
         if refused {
-            self.current.refused.add(bucket.0, cost, &key);
+            self.current.refused.add(id.0, cost, &key);
         }
     }
 
@@ -350,16 +352,21 @@ impl TopTable {
         &self.config
     }
 
-    /// Counts a check of `cost` hits (0, a query, counts nothing) of the bucket `bucket` under
-    /// `label` in `shard` (a bucket must always be counted in the same shard). The sketches count
-    /// buckets, as the limiter does, under the label's key, which is cut and copied only when a
-    /// sketch gives the bucket a counter.
+    /// Counts a check of `cost` hits (0, a query, counts nothing) under `label` in `shard`. The
+    /// sketches count keys as answered: one identity per policy and cut key text, so that every
+    /// bucket answered under one text (a key's tiers and override variants, keys that share their
+    /// first `key_bytes_max` bytes) adds to one counter and the bounds hold for the text.
+    ///
+    /// `label_bucket` is the bucket of `label.key` under the namespace named `label.policy`
+    /// ([`crate::NamedPolicy::key`]), when the caller has it: for a key that is its own text (short
+    /// and UTF-8, the common case) it is the identity, and the hit hashes nothing. Otherwise the
+    /// text is hashed. The text is copied only when a sketch gives it a counter.
     pub fn record(
         &self,
         shard: &mut TopShard,
         now: Instant,
         label: TopLabel<'_>,
-        bucket: KeyHash,
+        label_bucket: Option<KeyHash>,
         cost: u64,
         refused: bool,
     ) {
@@ -367,10 +374,21 @@ impl TopTable {
             return;
         }
         let TopLabel { policy, key } = label;
-        let bytes_max = self.config.key_bytes_max;
-        let text = |buffer: &mut String| buffer.push_str(&cut_key(key, bytes_max));
+        let text = cut_key(key, self.config.key_bytes_max);
+        let id = match label_bucket {
+            Some(bucket) if text.len() == key.len() && matches!(text, Cow::Borrowed(_)) => {
+                debug_assert_eq!(
+                    bucket,
+                    Namespace::new(policy.as_bytes()).key(key),
+                    "not the label's bucket"
+                );
+                bucket
+            }
+            _ => Namespace::new(policy.as_bytes()).key(text.as_bytes()),
+        };
+        let write = |buffer: &mut String| buffer.push_str(&text);
         if let Some(top) = shard.policies.get_mut(policy) {
-            return top.record(now, bucket, text, cost, refused);
+            return top.record(now, id, write, cost, refused);
         }
         // A policy this shard has not seen: taken only if the table records it or has room.
         let Some(name) = self.admit(policy) else {
@@ -378,7 +396,7 @@ impl TopTable {
             return;
         };
         let mut top = PolicyTop::new(now, &self.config);
-        top.record(now, bucket, text, cost, refused);
+        top.record(now, id, write, cost, refused);
         shard.policies.insert(name, top);
     }
 
@@ -458,7 +476,7 @@ mod tests {
     /// the key's hash).
     fn record(table: &TopTable, shard: &mut TopShard, policy: &str, key: &[u8], cost: u64, refused: bool) {
         let bucket = ratemesh_core::Namespace::new(policy.as_bytes()).key(key);
-        table.record(shard, Instant::ZERO, TopLabel { policy, key }, bucket, cost, refused);
+        table.record(shard, Instant::ZERO, TopLabel { policy, key }, Some(bucket), cost, refused);
     }
 
     /// The node's summaries of `policy` over `shards`, as the node takes them.
@@ -553,6 +571,34 @@ mod tests {
         let answer = merge(&summaries, 10, Duration::from_secs(1));
         let counts: Vec<(&str, u64)> = answer.entries.iter().map(|e| (e.key.as_str(), e.count)).collect();
         assert_eq!(counts, [("b", 3), ("a", 2)]);
+    }
+
+    /// What `shard` answers for `policy`, as (key, count, error).
+    fn answer(table: &TopTable, shard: &mut TopShard, policy: &str) -> Vec<(String, u64, u64)> {
+        let summaries = summaries(table, std::slice::from_mut(shard), Instant::ZERO, policy, TopBy::Demand);
+        let answer = merge(&summaries, 10, Duration::ZERO);
+        answer.entries.into_iter().map(|e| (e.key, e.count, e.error)).collect()
+    }
+
+    #[test]
+    fn buckets_answered_under_one_text_are_one_key() {
+        let config = TopConfig { capacity: 2, key_bytes_max: 4, ..TopConfig::default() };
+        let (table, mut shard) = (TopTable::new(config), TopShard::default());
+        // "u" in its own bucket and "x" take both counters; then "u" in a tier's bucket (the
+        // daemon labels it with the same text, without the label's bucket). Counted apart, the
+        // tier's hits would sit in the filter (5 <= the smallest count 5): "u" answered at 5 of 10.
+        record(&table, &mut shard, "p", b"u", 5, false);
+        record(&table, &mut shard, "p", b"x", 5, false);
+        let label = TopLabel { policy: "p", key: b"u" };
+        table.record(&mut shard, Instant::ZERO, label, None, 5, false);
+        assert_eq!(answer(&table, &mut shard, "p"), [("u".to_owned(), 10, 0), ("x".to_owned(), 5, 0)]);
+        // Keys cut to one text, and keys whose bytes are replaced to one text, are one key too.
+        record(&table, &mut shard, "q", b"abcd-1", 3, false);
+        record(&table, &mut shard, "q", b"abcd-2", 4, false);
+        record(&table, &mut shard, "q", b"\xff", 1, false);
+        record(&table, &mut shard, "q", b"\xfe", 2, false);
+        let replaced = char::REPLACEMENT_CHARACTER.to_string();
+        assert_eq!(answer(&table, &mut shard, "q"), [("abcd".to_owned(), 7, 0), (replaced, 3, 0)]);
     }
 
     #[test]

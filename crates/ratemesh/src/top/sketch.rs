@@ -16,7 +16,7 @@ const FILTER_CELLS_PER_COUNTER: usize = 8;
 struct Counter {
     /// The key as answered (written once, when the counter is taken).
     key: String,
-    /// The bucket counted: the caller's identity of the key (the node's [`ratemesh_core::KeyHash`]).
+    /// The key's identity, the caller's (a [`ratemesh_core::KeyHash`] of policy and key text).
     id: u128,
     error: u64,
 }
@@ -24,8 +24,9 @@ struct Counter {
 /// A Space-Saving heavy-hitter sketch of at most `capacity` counters (see the module
 /// documentation for its bound), with a filter in front of takeovers.
 ///
-/// - Keys are named by a 128-bit identity the caller computed already (the node's bucket hash),
-///   so a hit hashes nothing; the key's text is written only when a counter is taken.
+/// - Keys are named by a 128-bit identity the caller computed (the node's hash of policy and key
+///   text, most often the check's bucket hash), so a hit hashes nothing; the key's text is
+///   written only when a counter is taken.
 /// - The counters live in slots that never move; a hash table of slot numbers, under the low half
 ///   of the identity, finds a key's slot.
 /// - **The filter** (Homem and Carvalho 2010): once every counter is taken, a hit of a key
