@@ -50,7 +50,7 @@ const REFUSALS_PER_POLL_MAX: usize = 64;
 /// A deadline for a connection's first bytes: the connection must send `bytes` bytes within
 /// `timeout` of being accepted, or reading from it fails (and the server closes it).
 ///
-/// The gRPC server uses it for the HTTP/2 connection preface, which hyper waits for without a
+/// The gRPC server uses it for the HTTP/2 connection preface, which it waits for without a
 /// timeout of its own: a client that opens connections and sends nothing would otherwise hold
 /// every connection slot forever.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -310,17 +310,9 @@ impl AsyncWrite for LimitedStream {
     }
 }
 
-impl tonic::transport::server::Connected for LimitedStream {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
 /// Serves every connection of `incoming` with `serve` until `shutdown` completes, then stops
 /// accepting, tells every connection to close (`closing` turns true: each finishes what it is
-/// doing first) and returns once they all did. The HTTP and RESP listeners both run on it. The
+/// doing first) and returns once they all did. The HTTP, gRPC and RESP listeners run on it. The
 /// connections are tasks of this future: dropping it (the drain timeout) drops them. Every
 /// connection gets TCP_NODELAY: requests and answers are small pairs, and Nagle's algorithm would
 /// hold each answer back waiting for the client's delayed ACK.

@@ -268,7 +268,10 @@ async fn start_grpc(
     let (listener, local) = bind("gRPC", addr).await?;
     let shutdown = daemon.close_signal();
     let server = crate::rls::serve(Arc::clone(daemon), listener, connections, timeouts, shutdown);
-    tasks.spawn(async move { ("gRPC", server.await.map_err(|e| e.to_string())) });
+    tasks.spawn(async move {
+        server.await;
+        ("gRPC", Ok(()))
+    });
     Ok(Some(local))
 }
 

@@ -651,3 +651,91 @@ async fn an_all_or_nothing_domain_gives_back_the_hits_of_a_refused_request() {
     assert_eq!(refused.statuses[0].limit_remaining, 0, "edge: the address's hits were taken");
     rls.stop().await;
 }
+
+/// A client that lets the server send 16 bytes per stream before it reads them (every answer
+/// is longer): the server's answers wait for the client's WINDOW_UPDATEs, on many streams at
+/// once, and every call is answered whole and in its own stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_wait_for_a_small_client_window_and_all_arrive() {
+    let rls = Rls::start().await;
+    let addr = rls.servers.grpc_addr().expect("gRPC");
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("a valid address")
+        .initial_stream_window_size(Some(16))
+        .connect()
+        .await
+        .expect("connects");
+    let client = RateLimitServiceClient::new(channel);
+    let calls = (0..200).map(|index| {
+        let mut client = client.clone();
+        async move {
+            let address = format!("10.1.{}.{}", index / 100, index % 100);
+            let call = client.should_rate_limit(request("edge", vec![ip(&address)]));
+            let response =
+                tokio::time::timeout(Duration::from_secs(20), call).await.expect("answered in time");
+            (address, response.expect("succeeds").into_inner())
+        }
+    });
+    for (address, response) in futures_join_all(calls).await {
+        assert_eq!(overall(&response), Code::Ok, "{address}");
+        assert_eq!(response.statuses[0].limit_remaining, 2, "{address}: its own bucket, one hit");
+        assert_eq!(header(&response, "x-ratelimit-limit"), Some("3"), "{address}");
+    }
+    rls.stop().await;
+}
+
+/// Runs every future of `futures` on this task, concurrently; their outputs in order.
+async fn futures_join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<_> = futures.map(Box::pin).enumerate().collect();
+    let mut outputs: Vec<Option<F::Output>> = (0..pending.len()).map(|_| None).collect();
+    // Polled together by hand: no 'static bound, no extra dependency.
+    std::future::poll_fn(|cx| {
+        pending.retain_mut(|(index, future)| match future.as_mut().poll(cx) {
+            std::task::Poll::Ready(output) => {
+                outputs[*index] = Some(output);
+                false
+            }
+            std::task::Poll::Pending => true,
+        });
+        if pending.is_empty() { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
+    })
+    .await;
+    outputs.into_iter().map(|output| output.expect("every future finished")).collect()
+}
+
+/// A connection that breaks HTTP/2 gets a GOAWAY naming the error and is closed; the server
+/// serves the next client as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protocol_error_is_answered_with_goaway_and_the_server_goes_on() {
+    use tokio::io::AsyncWriteExt as _;
+    let rls = Rls::start().await;
+    let addr = rls.servers.grpc_addr().expect("gRPC");
+    let mut socket = TcpStream::connect(addr).await.expect("connects");
+    let mut input = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    input.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // SETTINGS, empty
+    input.extend_from_slice(&[0, 0, 1, 0, 0, 0, 0, 0, 0, b'x']); // DATA on stream 0
+    socket.write_all(&input).await.expect("written");
+    let mut received = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut received))
+        .await
+        .expect("closed in time")
+        .expect("closed cleanly, not reset");
+    // Frames: SETTINGS, WINDOW_UPDATE, SETTINGS ack, GOAWAY (type 7) with PROTOCOL_ERROR (1).
+    let mut frames = Vec::new();
+    let mut rest = &received[..];
+    while rest.len() >= 9 {
+        let length = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
+        frames.push((rest[3], rest[9..9 + length].to_vec()));
+        rest = &rest[9 + length..];
+    }
+    let goaway = frames.iter().find(|(kind, _)| *kind == 7).expect("a GOAWAY");
+    assert_eq!(
+        goaway.1[4..8],
+        1u32.to_be_bytes(),
+        "PROTOCOL_ERROR: {:?}",
+        String::from_utf8_lossy(&goaway.1[8..])
+    );
+    let response = rls.ok(request("edge", vec![ip("10.0.0.77")])).await;
+    assert_eq!(overall(&response), Code::Ok);
+    rls.stop().await;
+}
