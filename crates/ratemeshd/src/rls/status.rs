@@ -10,7 +10,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use http::HeaderMap;
 use ratemesh_core::{Decision, LimitSpec};
 
 use super::plan::{MONTH_SECS, YEAR_SECS};
@@ -108,18 +107,18 @@ pub(super) fn more_restrictive(a: &Decision, b: &Decision) -> bool {
 /// The HTTP API's rate-limit headers for `decision` under the policy labelled `label` with the
 /// window `period`, as Envoy header values.
 pub(super) fn envoy_headers(label: &str, period: Duration, decision: &Decision) -> Vec<EnvoyHeader> {
-    let mut headers = HeaderMap::new();
-    ratemesh::headers::insert_headers_for(&mut headers, label, period, decision);
-    headers
-        .iter()
-        .filter_map(|(name, value)| {
-            // Always ASCII (insert_headers writes numbers and sf-strings only).
-            let value = value.to_str().ok()?;
-            Some(EnvoyHeader {
-                key: name.as_str().to_owned(),
-                value: value.to_owned(),
-                raw_value: Vec::new(),
-            })
+    // The header lines the HTTP front writes (no header map: this is every call's path).
+    let mut lines = Vec::with_capacity(256);
+    ratemesh::headers::write_header_lines(&mut lines, label, period, decision);
+    lines
+        .split(|&byte| byte == b'\n')
+        .filter_map(|line| {
+            let line = line.strip_suffix(b"\r")?;
+            let colon = line.iter().position(|&byte| byte == b':')?;
+            // Always ASCII: names, numbers and sf-strings.
+            let key = std::str::from_utf8(&line[..colon]).ok()?;
+            let value = std::str::from_utf8(&line[colon + 1..]).ok()?.trim_start();
+            Some(EnvoyHeader { key: key.to_owned(), value: value.to_owned(), raw_value: Vec::new() })
         })
         .collect()
 }
@@ -201,5 +200,17 @@ mod tests {
         assert_eq!(value("x-ratelimit-remaining"), Some("0"));
         assert_eq!(value("retry-after"), Some("1"));
         assert_eq!(value("ratelimit-policy"), Some(r#""per-ip";q=10;w=60"#));
+        // Field for field, in order, what the HTTP API's header map holds.
+        for decision in [decision(false, 0), decision(true, 7)] {
+            let mut map = http::HeaderMap::new();
+            ratemesh::headers::insert_headers_for(&mut map, "per-ip", Duration::from_secs(60), &decision);
+            let expected: Vec<_> = map
+                .iter()
+                .map(|(k, v)| (k.as_str().to_owned(), v.to_str().expect("ASCII").to_owned()))
+                .collect();
+            let envoy = envoy_headers("per-ip", Duration::from_secs(60), &decision);
+            let got: Vec<_> = envoy.into_iter().map(|h| (h.key, h.value)).collect();
+            assert_eq!(got, expected);
+        }
     }
 }
