@@ -41,13 +41,18 @@ pub enum HpackError {
     /// A dynamic table size update after the first field of a block.
     #[error("HPACK: a table size update after a field")]
     LateTableSize,
-    /// A decoded header list larger than the bound.
-    #[error("HPACK: a header list of at least {size} bytes (at most {max})")]
-    ListTooLarge {
-        /// The list's size up to and including the field that passed the bound.
+}
+
+/// What a decoded block's header list was, against the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum List {
+    /// Within the bound: every field was handed over.
+    Whole,
+    /// Larger than the bound: the fields past it were decoded (the dynamic table follows the
+    /// block) but not handed over. Not a connection error: the block's stream is refused alone.
+    TooLarge {
+        /// The whole list's size (names, values and 32 per field).
         size: usize,
-        /// The bound (SETTINGS_MAX_HEADER_LIST_SIZE).
-        max: usize,
     },
 }
 
@@ -247,20 +252,23 @@ impl Decoder {
     /// the caller keeps, so that the connection's later blocks decode right. Names and values
     /// are borrowed from the block, the tables or a buffer of Huffman-decoded bytes.
     ///
-    /// After an error the dynamic table may be part-way through the block, so the connection
-    /// must end (COMPRESSION_ERROR); the fields handed over before the error belong to a refused
-    /// block.
-    pub fn decode(&mut self, block: &[u8], mut field: impl FnMut(&[u8], &[u8])) -> Result<(), HpackError> {
+    /// A list past `list_bytes_max` is decoded to its end, its fields past the bound not handed
+    /// over ([`List::TooLarge`]). After an error the dynamic table may be part-way through the
+    /// block, so the connection must end (COMPRESSION_ERROR); the fields handed over before the
+    /// error belong to a refused block.
+    pub fn decode(&mut self, block: &[u8], mut field: impl FnMut(&[u8], &[u8])) -> Result<List, HpackError> {
         let mut position = 0;
-        let mut list_bytes = 0;
+        let mut list_bytes: usize = 0;
         let mut fields_seen = false;
         while let Some(&first) = block.get(position) {
             if first & 0x80 != 0 {
                 // Indexed field (6.1).
                 let index = integer(block, &mut position, 7)?;
                 let (name, value) = entry(&self.dynamic, index)?;
-                list_bytes = add_to_list(list_bytes, name, value, self.list_bytes_max)?;
-                field(name, value);
+                list_bytes = list_bytes.saturating_add(entry_size(name, value));
+                if list_bytes <= self.list_bytes_max {
+                    field(name, value);
+                }
             } else if first & 0xe0 == 0x20 {
                 // Dynamic table size update (6.3): only before the block's first field (4.2).
                 if fields_seen {
@@ -283,12 +291,15 @@ impl Decoder {
             }
             fields_seen = true;
         }
-        Ok(())
+        Ok(match list_bytes <= self.list_bytes_max {
+            true => List::Whole,
+            false => List::TooLarge { size: list_bytes },
+        })
     }
 
     /// A literal field whose representation and name index (0: a literal name) were read: its
-    /// name (if literal) and value are read, the list bound checked, the field handed to
-    /// `field` and, with `indexing`, added to the dynamic table. Returns the list's new size.
+    /// name (if literal) and value are read, the field handed to
+    /// `field` if the list is still within its bound and, with `indexing`, added to the dynamic table. Returns the list's new size.
     fn literal(
         &mut self,
         block: &[u8],
@@ -315,8 +326,10 @@ impl Decoder {
             Some(Text::Decoded) => self.name_buffer.as_slice(),
             None => entry(&self.dynamic, name_index)?.0,
         };
-        let list_bytes = add_to_list(list_bytes, name, value, self.list_bytes_max)?;
-        field(name, value);
+        let list_bytes = list_bytes.saturating_add(entry_size(name, value));
+        if list_bytes <= self.list_bytes_max {
+            field(name, value);
+        }
         if indexing {
             // Copied out before the insertion, which may evict the entry the name came from.
             let entry = (Box::from(name), Box::from(value));
@@ -364,21 +377,6 @@ fn entry(dynamic: &VecDeque<Entry>, index: usize) -> Result<(&[u8], &[u8]), Hpac
         .and_then(|dynamic_index| dynamic.get(dynamic_index))
         .map(|(name, value)| (&name[..], &value[..]))
         .ok_or(HpackError::Index(index))
-}
-
-/// The header list's size with one more field, or an error past `list_bytes_max`: checked
-/// before the field is handed over, so the caller never sees one past the bound.
-fn add_to_list(
-    list_bytes: usize,
-    name: &[u8],
-    value: &[u8],
-    list_bytes_max: usize,
-) -> Result<usize, HpackError> {
-    let size = list_bytes.saturating_add(entry_size(name, value));
-    if size > list_bytes_max {
-        return Err(HpackError::ListTooLarge { size, max: list_bytes_max });
-    }
-    Ok(size)
 }
 
 /// Reads an integer with a `prefix_bits`-bit prefix (RFC 7541 5.1, `prefix_bits` 4 to 7) at
@@ -884,24 +882,29 @@ mod tests {
         }
     }
 
-    /// The list bound counts names, values and 32 per field, and a field past it is never
-    /// handed over.
+    /// The list bound counts names, values and 32 per field; a field past it is never handed
+    /// over, but the block is decoded to its end (the dynamic table follows it).
     #[test]
     fn the_header_list_bound_is_checked_as_fields_are_decoded() {
         // :method GET is 7 + 3 + 32 = 42 bytes.
         let mut decoder = Decoder::new(4096, 84);
-        assert_eq!(decode(&mut decoder, &hex("82 82")).map(|f| f.len()), Ok(2), "2 × 42 bytes fit in 84");
+        assert_eq!(decoder.decode(&hex("82 82"), |_, _| {}), Ok(List::Whole), "2 × 42 bytes fit in 84");
         let mut seen = 0;
         let result = decoder.decode(&hex("82 82 82"), |_, _| seen += 1);
-        assert_eq!(result, Err(HpackError::ListTooLarge { size: 126, max: 84 }));
+        assert_eq!(result, Ok(List::TooLarge { size: 126 }));
         assert_eq!(seen, 2, "the third field is not handed over");
-        // A literal past the bound: not handed over either.
-        let mut block = Vec::new();
-        encode_literal(&mut block, b"name", &[b'v'; 60]);
+        // A literal past the bound: not handed over, but added to the table all the same.
+        let mut block = vec![0x40];
+        encode_string(&mut block, b"name");
+        encode_string(&mut block, &[b'v'; 60]);
+        let mut decoder = Decoder::new(4096, 84);
         let mut seen = 0;
-        let result = Decoder::new(4096, 84).decode(&block, |_, _| seen += 1);
-        assert_eq!(result, Err(HpackError::ListTooLarge { size: 96, max: 84 }));
+        assert_eq!(decoder.decode(&block, |_, _| seen += 1), Ok(List::TooLarge { size: 96 }));
         assert_eq!(seen, 0);
+        assert_eq!(decode(&mut Decoder::new(4096, 1024), &block).map(|f| f.len()), Ok(1));
+        let mut fields = Vec::new();
+        let list = decoder.decode(&hex("be"), |name, _| fields.push(name.to_vec()));
+        assert_eq!((list, fields), (Ok(List::TooLarge { size: 96 }), Vec::<Vec<u8>>::new()));
         // The bound is per block, not per connection.
         let mut decoder = Decoder::new(4096, 42);
         for _ in 0..3 {

@@ -17,17 +17,25 @@
 //! # Bounds
 //!
 //! - Frames are at most [`FRAME_BYTES_MAX`] (the default SETTINGS_MAX_FRAME_SIZE, advertised); a
-//!   header block at most [`HEADER_BLOCK_BYTES_MAX`] bytes in at most
-//!   [`CONTINUATIONS_MAX`] CONTINUATION frames, its decoded list at most
-//!   [`HEADER_LIST_BYTES_MAX`]; at most [`super::STREAMS_PER_CONNECTION_MAX`] streams open (one
-//!   more is refused with REFUSED_STREAM).
+//!   header block at most [`HEADER_BLOCK_BYTES_MAX`] bytes in at most [`CONTINUATIONS_MAX`]
+//!   CONTINUATION frames (beyond, the connection ends: the block cannot be decoded without
+//!   being held); a decoded list over [`HEADER_LIST_BYTES_MAX`] is answered
+//!   `RESOURCE_EXHAUSTED` on its own stream; at most [`super::STREAMS_PER_CONNECTION_MAX`]
+//!   streams open (one more is refused with REFUSED_STREAM).
 //! - Request bodies are held only until their stream ends, and the connection's receive window
 //!   ([`CONNECTION_WINDOW_BYTES`]) is given back only as they are handed out or dropped: the
 //!   bytes a connection holds are bounded by that window, however many streams it opens. A body
 //!   longer than [`super::MESSAGE_BYTES_MAX`] is answered `OUT_OF_RANGE` at once (the rest of
 //!   the stream is ignored).
-//! - Answers respect the peer's flow-control windows: what does not fit waits, in stream order,
-//!   for its WINDOW_UPDATE.
+//! - Answers respect the peer's flow-control windows: what does not fit waits for its
+//!   WINDOW_UPDATE (an answer waiting for its own stream's window holds up no other). Stream
+//!   windows count from the peer's initial window, so a new SETTINGS_INITIAL_WINDOW_SIZE costs
+//!   the same however many streams are open.
+//! - A peer that lowers its HPACK table size gets a size update to 0 in the server's next
+//!   header block (RFC 7541 4.2).
+//! - Control frames (PING, SETTINGS, PRIORITY, empty DATA) are not rate-limited: a flooding
+//!   connection can keep one core's share busy, bounded per round (`super::FRAMES_PER_ROUND_MAX`
+//!   frames, then other connections run) and without growing memory.
 //! - Anything malformed is an error of its stream (RST_STREAM) or of the connection (GOAWAY, then
 //!   close) as RFC 9113 says; nothing a peer sends panics.
 
@@ -41,8 +49,10 @@ pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// The largest frame payload accepted (SETTINGS_MAX_FRAME_SIZE's default, which the server keeps).
 pub const FRAME_BYTES_MAX: usize = 16_384;
 
-/// The largest header block (HEADERS and its CONTINUATION frames, compressed).
-pub const HEADER_BLOCK_BYTES_MAX: usize = 16 * 1024;
+/// The largest header block (HEADERS and its CONTINUATION frames, compressed). Above the list
+/// bound, so that a list a little over it (gRPC clients send what metadata they are given) is
+/// decoded and refused on its own stream rather than ending the connection.
+pub const HEADER_BLOCK_BYTES_MAX: usize = 64 * 1024;
 
 /// The most CONTINUATION frames in one header block (empty ones would otherwise never end it).
 pub const CONTINUATIONS_MAX: usize = 16;
@@ -55,15 +65,15 @@ pub const HEADER_TABLE_BYTES: usize = 4096;
 
 /// The window each request stream starts with (SETTINGS_INITIAL_WINDOW_SIZE, advertised): room
 /// for the largest message and its prefix, so that a stream never needs a WINDOW_UPDATE.
-pub const STREAM_WINDOW_BYTES: u32 = 128 * 1024;
+pub const STREAM_WINDOW_BYTES: u32 = 96 * 1024;
 
 /// The connection's receive window: the most request bytes the peer may have sent that the
 /// server has not handed out or dropped yet.
-pub const CONNECTION_WINDOW_BYTES: u32 = 1024 * 1024;
+pub const CONNECTION_WINDOW_BYTES: u32 = 256 * 1024;
 
 /// The receive window given back once at least this much is owed (one WINDOW_UPDATE per many
 /// small requests, not one per request).
-const WINDOW_UPDATE_BYTES_MIN: u32 = 64 * 1024;
+const WINDOW_UPDATE_BYTES_MIN: u32 = 32 * 1024;
 
 /// The largest window RFC 9113 allows.
 const WINDOW_MAX: i64 = (1 << 31) - 1;
@@ -73,6 +83,9 @@ const DEFAULT_WINDOW: i64 = 65_535;
 
 /// The longest `grpc-message` sent (longer ones are cut on a character boundary).
 const GRPC_MESSAGE_BYTES_MAX: usize = 1024;
+
+/// An HPACK dynamic table size update to 0 (RFC 7541 6.3).
+const TABLE_SIZE_ZERO: u8 = 0x20;
 
 /// The one path served.
 const PATH: &[u8] = b"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -157,8 +170,10 @@ struct Stream {
     /// Bytes the client sent on this stream (DATA payloads with padding), against the stream
     /// window ([`STREAM_WINDOW_BYTES`]).
     received: u32,
-    /// What the peer lets the server send on this stream.
-    send_window: i64,
+    /// What the peer lets the server send on this stream, counted from the peer's
+    /// SETTINGS_INITIAL_WINDOW_SIZE (its WINDOW_UPDATEs less what was sent): a new initial size
+    /// moves every stream's window at once, without a visit to each.
+    send_credit: i64,
     /// The answer's DATA and trailers that wait for flow-control window, if any.
     pending: Option<Pending>,
 }
@@ -258,6 +273,11 @@ pub struct Connection {
     goaway_received: bool,
     /// The payload of the server's PING not yet acknowledged.
     ping_sent: Option<[u8; 8]>,
+    /// Whether the peer lowered its HPACK table size: the server's next header block must say
+    /// so (RFC 7541 4.2), with a size update to 0 (it never uses the table).
+    table_size_update_due: bool,
+    /// Whether that update was sent (the table is then 0 for good, and no lowering matters).
+    table_size_zero: bool,
     calls: Vec<Call>,
     output: Vec<u8>,
 }
@@ -298,6 +318,8 @@ impl Connection {
             goaway_sent: None,
             goaway_received: false,
             ping_sent: None,
+            table_size_update_due: false,
+            table_size_zero: false,
             calls: Vec::new(),
             output: Vec::with_capacity(4096),
         };
@@ -424,6 +446,9 @@ impl Connection {
                         "SETTINGS_ENABLE_PUSH not 0 or 1",
                     ));
                 }
+                0x1 if value < HEADER_TABLE_BYTES as u32 && !self.table_size_zero => {
+                    self.table_size_update_due = true;
+                }
                 0x4 => self.initial_window(value)?,
                 0x5 => {
                     if !(FRAME_BYTES_MAX as u32..=0xff_ffff).contains(&value) {
@@ -444,7 +469,8 @@ impl Connection {
         Ok(())
     }
 
-    /// A new SETTINGS_INITIAL_WINDOW_SIZE: every open stream's window moves by the difference.
+    /// A new SETTINGS_INITIAL_WINDOW_SIZE: every open stream's window moves by the difference, at
+    /// once (streams count their windows from it: a flood of SETTINGS costs no visit to each).
     fn initial_window(&mut self, value: u32) -> Result<(), ConnectionError> {
         let value = i64::from(value);
         if value > WINDOW_MAX {
@@ -453,15 +479,14 @@ impl Connection {
                 "SETTINGS_INITIAL_WINDOW_SIZE above 2^31-1",
             ));
         }
-        let delta = value - self.peer_initial_window;
         self.peer_initial_window = value;
-        for stream in self.streams.values_mut() {
-            stream.send_window += delta;
-            if stream.send_window > WINDOW_MAX {
-                return Err(connection_error(ErrorCode::FlowControlError, "a stream window above 2^31-1"));
-            }
-        }
         Ok(())
+    }
+
+    /// What the peer lets the server send on a stream of `credit` (see [`Stream::send_credit`]);
+    /// a window a new initial size took past 2^31-1 counts as 2^31-1 (the answers are small).
+    fn stream_window(&self, credit: i64) -> i64 {
+        (self.peer_initial_window + credit).min(WINDOW_MAX)
     }
 
     fn ping(&mut self, flags: u8, stream: u32, payload: &[u8]) -> Result<(), ConnectionError> {
@@ -510,8 +535,8 @@ impl Connection {
                 ));
             }
         } else if let Some(open) = self.streams.get_mut(&stream) {
-            open.send_window += increment;
-            if increment == 0 || open.send_window > WINDOW_MAX {
+            open.send_credit += increment;
+            if increment == 0 || self.peer_initial_window + open.send_credit > WINDOW_MAX {
                 let code =
                     if increment == 0 { ErrorCode::ProtocolError } else { ErrorCode::FlowControlError };
                 self.reset(stream, code);
@@ -632,7 +657,8 @@ impl Connection {
     fn header_block(&mut self, stream: u32, end_stream: bool, block: &[u8]) -> Result<(), ConnectionError> {
         // Decoded whatever becomes of the stream: the dynamic table must follow the peer's.
         let mut head = RequestHead::default();
-        self.hpack
+        let list = self
+            .hpack
             .decode(block, |name, value| head.field(name, value))
             .map_err(|error| connection_error(ErrorCode::CompressionError, error.to_string()))?;
         if let Some(open) = self.streams.get(&stream) {
@@ -647,7 +673,9 @@ impl Connection {
             return Ok(());
         }
         if stream <= self.last_stream {
-            // A stream closed before (reset, answered early): ignored.
+            // A stream closed before (answered, reset, or a new stream that does not count up):
+            // late trailers of a reset stream need no answer, but a request must not hang.
+            self.rst(stream, ErrorCode::StreamClosed);
             return Ok(());
         }
         if stream.is_multiple_of(2) {
@@ -662,14 +690,12 @@ impl Connection {
             self.rst(stream, ErrorCode::RefusedStream);
             return Ok(());
         }
-        let initial = Stream {
-            body: Some(Vec::new()),
-            received: 0,
-            send_window: self.peer_initial_window,
-            pending: None,
-        };
+        let initial = Stream { body: Some(Vec::new()), received: 0, send_credit: 0, pending: None };
         self.streams.insert(stream, initial);
-        if let Some(reason) = head.malformed {
+        if let hpack::List::TooLarge { size } = list {
+            let message = format!("request headers of {size} bytes (at most {HEADER_LIST_BYTES_MAX})");
+            self.answer_early(stream, tonic::Code::ResourceExhausted, &message);
+        } else if let Some(reason) = head.malformed {
             tracing::debug!(stream, reason, "malformed gRPC request head");
             self.reset(stream, ErrorCode::ProtocolError);
         } else if head.method.is_none() || head.path.is_none() || !head.scheme {
@@ -713,10 +739,10 @@ impl Connection {
     /// Answers `stream` with `message` (an encoded response) and `grpc-status: 0`.
     pub fn respond(&mut self, stream: u32, message: &[u8]) {
         let Some(open) = self.streams.get(&stream) else { return };
-        let window = self.send_window.min(open.send_window);
+        let window = self.send_window.min(self.stream_window(open.send_credit));
         let length = 5 + message.len();
         self.response_head(stream);
-        if self.blocked.is_empty() && length <= self.peer_frame_bytes_max && length as i64 <= window {
+        if length <= self.peer_frame_bytes_max && length as i64 <= window {
             // The common case: the whole answer at once, written where it goes.
             write_frame_header(&mut self.output, length, frame::DATA, 0, stream);
             self.output.push(0);
@@ -787,29 +813,38 @@ impl Connection {
         let start = self.output.len();
         write_frame_header(&mut self.output, 0, frame::HEADERS, flag::END_HEADERS, stream);
         let block_start = self.output.len();
+        if self.table_size_update_due {
+            self.table_size_updated();
+            self.output.push(TABLE_SIZE_ZERO);
+        }
         response_headers(&mut self.output);
         // A few bytes, far below any frame size: the length is written once they are.
         let length = (self.output.len() - block_start) as u32;
         self.output[start..start + 3].copy_from_slice(&length.to_be_bytes()[1..]);
     }
 
-    /// Sends what the windows let through of the answers that wait, in order.
+    /// Sends what the windows let through of the answers that wait, in the order they began to
+    /// wait; one that waits for its own stream's window does not hold up the others.
     fn flush_blocked(&mut self) {
-        while let Some(&stream) = self.blocked.front() {
-            if !self.send_pending(stream) {
-                return;
+        if self.blocked.is_empty() {
+            return;
+        }
+        let blocked = std::mem::take(&mut self.blocked);
+        for stream in blocked {
+            if self.send_window <= 0 || !self.send_pending(stream) {
+                self.blocked.push_back(stream);
             }
-            self.blocked.pop_front();
         }
     }
 
     /// Sends what the windows allow of `stream`'s pending answer; whether it is all sent (or
     /// the stream is gone).
     fn send_pending(&mut self, stream: u32) -> bool {
+        let initial = self.peer_initial_window;
         let Some(open) = self.streams.get_mut(&stream) else { return true };
         let Some(pending) = open.pending.as_mut() else { return true };
         while pending.sent < pending.data.len() {
-            let window = self.send_window.min(open.send_window);
+            let window = self.send_window.min((initial + open.send_credit).min(WINDOW_MAX));
             let left = pending.data.len() - pending.sent;
             let chunk = left.min(self.peer_frame_bytes_max).min(usize::try_from(window.max(0)).unwrap_or(0));
             if chunk == 0 {
@@ -819,7 +854,7 @@ impl Connection {
             self.output.extend_from_slice(&pending.data[pending.sent..pending.sent + chunk]);
             pending.sent += chunk;
             self.send_window -= chunk as i64;
-            open.send_window -= chunk as i64;
+            open.send_credit -= chunk as i64;
         }
         let trailers = std::mem::take(&mut pending.trailers);
         self.header_frames(stream, flag::END_HEADERS | flag::END_STREAM, &trailers);
@@ -900,8 +935,22 @@ impl Connection {
         self.output.extend_from_slice(&increment.to_be_bytes());
     }
 
+    /// The size update to 0 is sent: the table is 0 for good.
+    fn table_size_updated(&mut self) {
+        self.table_size_update_due = false;
+        self.table_size_zero = true;
+    }
+
     /// A header block as HEADERS (and CONTINUATION frames if it is longer than a frame).
     fn header_frames(&mut self, stream: u32, flags: u8, block: &[u8]) {
+        if self.table_size_update_due {
+            // Rare (a peer that lowered its table): the block with the update in front.
+            self.table_size_updated();
+            let mut updated = Vec::with_capacity(1 + block.len());
+            updated.push(TABLE_SIZE_ZERO);
+            updated.extend_from_slice(block);
+            return self.header_frames(stream, flags, &updated);
+        }
         let frame_max = self.peer_frame_bytes_max;
         let mut chunks = block.chunks(frame_max).peekable();
         let first = chunks.next().unwrap_or_default();
@@ -1115,7 +1164,7 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_waits_for_the_peers_window_and_goes_in_order() {
+    fn an_answer_waits_for_the_peers_window_without_holding_up_others() {
         // The peer lets 3 bytes through per stream.
         let mut connection = connected(&[(0x4, 3)]);
         let mut input = Vec::new();
@@ -1129,24 +1178,29 @@ mod tests {
         connection.respond(3, b"ab");
         let sent = frames(&std::mem::take(connection.output()));
         let data: Vec<_> = sent.iter().filter(|f| f.0 == frame::DATA).map(|f| (f.2, f.3.len())).collect();
-        assert_eq!(data, [(1, 3)], "stream 3 waits behind stream 1");
-        // More window for stream 1: the rest of its answer and its trailers, then stream 3's.
+        assert_eq!(data, [(1, 3), (3, 3)], "each stream as far as its own window lets it");
+        // More window for stream 1: the rest of its answer and its trailers; stream 3 waits.
         let update = frame_bytes(frame::WINDOW_UPDATE, 0, 1, &100u32.to_be_bytes());
         let sent = receive(&mut connection, &update).expect("valid");
         let data: Vec<_> = sent.iter().filter(|f| f.0 == frame::DATA).map(|f| (f.2, f.3.len())).collect();
-        assert_eq!(data, [(1, 12), (3, 3)]);
+        assert_eq!(data, [(1, 12)]);
         let ends: Vec<_> = sent.iter().filter(|f| f.1 & flag::END_STREAM != 0).map(|f| f.2).collect();
         assert_eq!(ends, [1], "stream 3 has 4 of its 7 bytes left");
+        // A new initial window moves the waiting stream's too.
+        let settings = frame_bytes(frame::SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 5]);
+        let sent = receive(&mut connection, &settings).expect("valid");
+        let data: Vec<_> = sent.iter().filter(|f| f.0 == frame::DATA).map(|f| (f.2, f.3.len())).collect();
+        assert_eq!(data, [(3, 2)], "window 5, of which 3 used");
         let update = frame_bytes(frame::WINDOW_UPDATE, 0, 3, &4u32.to_be_bytes());
         let sent = receive(&mut connection, &update).expect("valid");
-        assert_eq!(sent.iter().map(|f| (f.0, f.2, f.3.len())).next(), Some((frame::DATA, 3, 4)));
+        assert_eq!(sent.iter().map(|f| (f.0, f.2, f.3.len())).next(), Some((frame::DATA, 3, 2)));
         assert!(connection.streams.is_empty());
     }
 
     #[test]
     fn bodies_hold_the_connection_window_until_handed_out() {
         let mut connection = connected(&[]);
-        let body = grpc_body(&[7; 40_000]);
+        let body = grpc_body(&[7; 20_000]);
         let mut input = Vec::new();
         for stream in [1u32, 3] {
             input.extend(frame_bytes(frame::HEADERS, flag::END_HEADERS, stream, &request_block(PATH)));
@@ -1316,6 +1370,60 @@ mod tests {
         assert_eq!(connection.take_calls().iter().map(|c| c.stream).collect::<Vec<_>>(), [1]);
         connection.respond(1, b"y");
         assert!(connection.is_finished());
+    }
+
+    #[test]
+    fn a_peer_that_lowers_its_table_size_is_told_in_the_next_block_once() {
+        let mut connection = connected(&[(0x1, 0)]);
+        let mut input = Vec::new();
+        for stream in [1, 3] {
+            input.extend(frame_bytes(frame::HEADERS, flag::END_HEADERS, stream, &request_block(PATH)));
+            input.extend(frame_bytes(frame::DATA, flag::END_STREAM, stream, &grpc_body(b"x")));
+        }
+        receive(&mut connection, &input).expect("valid");
+        connection.respond(1, b"a");
+        connection.respond(3, b"b");
+        let sent = frames(&std::mem::take(connection.output()));
+        let blocks: Vec<_> = sent.iter().filter(|f| f.0 == frame::HEADERS).map(|f| f.3.clone()).collect();
+        assert_eq!(blocks[0][0], TABLE_SIZE_ZERO, "the first block starts with the size update");
+        assert!(blocks[1..].iter().all(|block| block[0] != TABLE_SIZE_ZERO), "and no other");
+        // A decoder whose table the peer set to 0 reads every block.
+        let mut decoder = Decoder::new(0, HEADER_LIST_BYTES_MAX);
+        for block in &blocks {
+            decoder.decode(block, |_, _| {}).expect("decodes with a table of 0");
+        }
+    }
+
+    #[test]
+    fn a_header_list_over_the_bound_refuses_its_stream_alone() {
+        let mut connection = connected(&[]);
+        let mut big = request_block(PATH);
+        hpack::encode_literal(&mut big, b"x-metadata", &vec![b'a'; HEADER_LIST_BYTES_MAX]);
+        let mut input = Vec::new();
+        for chunk in [&big[..FRAME_BYTES_MAX], &big[FRAME_BYTES_MAX..]].iter().enumerate() {
+            let (kind, flags) =
+                if chunk.0 == 0 { (frame::HEADERS, 0) } else { (frame::CONTINUATION, flag::END_HEADERS) };
+            input.extend(frame_bytes(kind, flags, 1, chunk.1));
+        }
+        input.extend(frame_bytes(frame::DATA, flag::END_STREAM, 1, &grpc_body(b"x")));
+        input.extend(frame_bytes(frame::HEADERS, flag::END_HEADERS, 3, &request_block(PATH)));
+        input.extend(frame_bytes(frame::DATA, flag::END_STREAM, 3, &grpc_body(b"y")));
+        let sent = receive(&mut connection, &input).expect("not a connection error");
+        let answer = sent.iter().find(|f| f.0 == frame::HEADERS && f.2 == 1).expect("stream 1 answered");
+        assert_eq!(field(&fields(&answer.3), "grpc-status"), Some("8"), "RESOURCE_EXHAUSTED");
+        let calls = connection.take_calls();
+        assert_eq!(calls.iter().map(|c| (c.stream, c.message())).collect::<Vec<_>>(), [(3, &b"y"[..])]);
+    }
+
+    #[test]
+    fn a_request_on_a_stream_that_does_not_count_up_is_refused_not_left_hanging() {
+        let mut connection = connected(&[]);
+        let mut input = frame_bytes(frame::HEADERS, flag::END_HEADERS, 5, &request_block(PATH));
+        input.extend(frame_bytes(frame::HEADERS, flag::END_HEADERS, 3, &request_block(PATH)));
+        let sent = receive(&mut connection, &input).expect("valid");
+        let resets: Vec<_> =
+            sent.iter().filter(|f| f.0 == frame::RST_STREAM).map(|f| (f.2, f.3.clone())).collect();
+        assert_eq!(resets, [(3, (ErrorCode::StreamClosed as u32).to_be_bytes().to_vec())]);
     }
 
     #[test]

@@ -412,7 +412,13 @@ async fn serve_connection(
     loop {
         let (consumed, full_round) = match connection.receive(&input, FRAMES_PER_ROUND_MAX) {
             Ok(received) => received,
-            Err(error) => return close_after_error(&mut stream, &mut connection, &mut input, error).await,
+            Err(error) => {
+                // The calls complete before the error are answered first, when they need no wait.
+                for call in connection.take_calls() {
+                    start(&service, call, &mut connection, &mut decisions, &mut encoded);
+                }
+                return close_after_error(&mut stream, &mut connection, &mut input, error).await;
+            }
         };
         input.drain(..consumed);
         for call in connection.take_calls() {
