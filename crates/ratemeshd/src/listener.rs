@@ -310,6 +310,47 @@ impl AsyncWrite for LimitedStream {
     }
 }
 
+/// The most bytes read and dropped after a protocol error, before the connection closes
+/// (`close_after_error`).
+pub const DRAIN_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// The longest the client's input is drained after a protocol error (`close_after_error`).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Closes a connection after a protocol error: writes `reply` (the error, in the protocol's
+/// terms), shuts the write side, and reads and drops what the client still sends for a moment
+/// (at most [`DRAIN_BYTES_MAX`] bytes within [`DRAIN_TIMEOUT`], into `buffer`): a socket
+/// closed with unread input answers it with a reset, and a client that was still sending would
+/// get the reset instead of the error. The connection closes either way, at once when the
+/// server is closing. The RESP and gRPC listeners both close this way.
+pub(crate) async fn close_after_error(
+    stream: &mut LimitedStream,
+    reply: &[u8],
+    buffer: &mut Vec<u8>,
+    closing: &mut watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    if stream.write_all(reply).await.is_err() || stream.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async {
+        let mut drained = 0;
+        while drained < DRAIN_BYTES_MAX {
+            buffer.clear();
+            buffer.reserve(16 * 1024);
+            match stream.read_buf(buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(read) => drained += read,
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(DRAIN_TIMEOUT, drain) => {}
+        // A closed sender is a server gone: closing too.
+        _ = closing.wait_for(|closing| *closing) => {}
+    }
+}
+
 /// Serves every connection of `incoming` with `serve` until `shutdown` completes, then stops
 /// accepting, tells every connection to close (`closing` turns true: each finishes what it is
 /// doing first) and returns once they all did. The HTTP, gRPC and RESP listeners run on it. The

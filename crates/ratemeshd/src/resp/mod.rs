@@ -19,7 +19,7 @@
 //!
 //! A malformed frame is answered `-ERR Protocol error: …` and the connection closes, as Redis
 //! does: the write side first, then, once what the client was still sending is drained (at most
-//! [`DRAIN_BYTES_MAX`] bytes in [`DRAIN_TIMEOUT`]), the socket, so that the client reads the error
+//! [`crate::listener::DRAIN_BYTES_MAX`] bytes in [`crate::listener::DRAIN_TIMEOUT`]), the socket, so that the client reads the error
 //! rather than a reset.
 //!
 //! # Protocols
@@ -51,7 +51,7 @@ use tracing::debug;
 use self::command::{Command, Flow, Session};
 use self::protocol::ProtocolError;
 use crate::daemon::Daemon;
-use crate::listener::{FirstBytes, LimitedIncoming, LimitedStream, serve_connections};
+use crate::listener::{FirstBytes, LimitedIncoming, LimitedStream, close_after_error, serve_connections};
 
 /// How long a connection may take to send its first byte.
 pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
@@ -62,12 +62,6 @@ pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection may stay idle between commands (pooled client connections are idle
 /// between requests; a minute of quiet is not a fault, an hour is a leak).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// The most bytes read and dropped after a protocol error, before the connection closes.
-pub const DRAIN_BYTES_MAX: usize = 16 * 1024 * 1024;
-
-/// The longest the client's input is drained after a protocol error.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Bytes asked of the socket per read.
 pub const READ_BYTES: usize = 16 * 1024;
@@ -153,38 +147,6 @@ async fn serve_connection(
             debug!(%error, "RESP connection closed");
         }
         Err(error) => debug!(%error, "RESP connection closed"),
-    }
-}
-
-/// Writes `reply` (a protocol error), shuts the write side, and reads and drops what the client
-/// still sends for a moment (at most [`DRAIN_BYTES_MAX`] bytes within [`DRAIN_TIMEOUT`]): a
-/// socket closed with unread input answers it with a reset, and a client that was still sending
-/// (a too-long argument) would get the reset instead of the error. The connection closes
-/// either way, at once when the server is closing.
-async fn close_after_error(
-    stream: &mut LimitedStream,
-    reply: &[u8],
-    buffer: &mut Vec<u8>,
-    closing: &mut watch::Receiver<bool>,
-) {
-    if stream.write_all(reply).await.is_err() || stream.shutdown().await.is_err() {
-        return;
-    }
-    let drain = async {
-        let mut drained = 0;
-        while drained < DRAIN_BYTES_MAX {
-            buffer.clear();
-            buffer.reserve(READ_BYTES);
-            match stream.read_buf(buffer).await {
-                Ok(0) | Err(_) => return,
-                Ok(read) => drained += read,
-            }
-        }
-    };
-    tokio::select! {
-        _ = tokio::time::timeout(DRAIN_TIMEOUT, drain) => {}
-        // A closed sender is a server gone: closing too.
-        _ = closing.wait_for(|closing| *closing) => {}
     }
 }
 

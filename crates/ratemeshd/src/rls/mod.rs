@@ -120,7 +120,7 @@ use tracing::debug;
 use self::http2::{Call, Connection, ErrorCode};
 use crate::check::{Answer, ValidCheck};
 use crate::daemon::Daemon;
-use crate::listener::{FirstBytes, LimitedIncoming, LimitedStream, serve_connections};
+use crate::listener::{FirstBytes, LimitedIncoming, LimitedStream, close_after_error, serve_connections};
 
 mod hpack;
 pub mod http2;
@@ -179,11 +179,6 @@ const READ_BYTES: usize = 16 * 1024;
 
 /// Frames read per round before the answers are written and other connections run.
 const FRAMES_PER_ROUND_MAX: usize = 1024;
-
-/// How long the input of a connection closed for a protocol error is drained (so that the peer
-/// reads the GOAWAY rather than a reset), and how much of it at most.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
-const DRAIN_BYTES_MAX: usize = 1024 * 1024;
 
 /// The time bounds of the RLS server. The defaults are the constants of this module; tests
 /// shorten them to see them work without waiting seconds.
@@ -417,7 +412,8 @@ async fn serve_connection(
                 for call in connection.take_calls() {
                     start(&service, call, &mut connection, &mut decisions, &mut encoded);
                 }
-                return close_after_error(&mut stream, &mut connection, &mut input, error).await;
+                return close_with_goaway(&mut stream, &mut connection, &mut input, &mut closing, error)
+                    .await;
             }
         };
         input.drain(..consumed);
@@ -544,32 +540,19 @@ async fn write_output(stream: &mut LimitedStream, connection: &mut Connection) -
     written
 }
 
-/// Closes a connection after a protocol error: GOAWAY with its code, the write side shut, and
-/// the client's input drained for a moment (a socket closed with unread input answers with a
-/// reset, which the client would read instead of the GOAWAY).
-async fn close_after_error(
+/// Closes a connection after a protocol error: GOAWAY with its code (after what the round
+/// answered), then as every listener closes after one ([`crate::listener::close_after_error`]).
+async fn close_with_goaway(
     stream: &mut LimitedStream,
     connection: &mut Connection,
     input: &mut Vec<u8>,
+    closing: &mut watch::Receiver<bool>,
     error: http2::ConnectionError,
 ) {
     debug!(%error, "gRPC connection closed");
     connection.go_away(error.code, &error.reason);
-    if write_output(stream, connection).await.is_err() || stream.shutdown().await.is_err() {
-        return;
-    }
-    let drain = async {
-        let mut drained = 0;
-        while drained < DRAIN_BYTES_MAX {
-            input.clear();
-            input.reserve(READ_BYTES);
-            match stream.read_buf(input).await {
-                Ok(0) | Err(_) => return,
-                Ok(read) => drained += read,
-            }
-        }
-    };
-    let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+    let reply = std::mem::take(connection.output());
+    close_after_error(stream, &reply, input, closing).await;
 }
 
 #[cfg(test)]
