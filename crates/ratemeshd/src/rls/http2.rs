@@ -588,7 +588,7 @@ impl Connection {
                 if body.len() + data.len() > super::MESSAGE_BYTES_MAX + 5 {
                     self.owe(length);
                     let message = format!("a message larger than {} bytes", super::MESSAGE_BYTES_MAX);
-                    self.answer_early(stream, tonic::Code::OutOfRange, &message);
+                    self.respond_status(stream, tonic::Code::OutOfRange, &message);
                     return Ok(());
                 }
                 body.extend_from_slice(data);
@@ -694,7 +694,7 @@ impl Connection {
         self.streams.insert(stream, initial);
         if let hpack::List::TooLarge { size } = list {
             let message = format!("request headers of {size} bytes (at most {HEADER_LIST_BYTES_MAX})");
-            self.answer_early(stream, tonic::Code::ResourceExhausted, &message);
+            self.respond_status(stream, tonic::Code::ResourceExhausted, &message);
         } else if let Some(reason) = head.malformed {
             tracing::debug!(stream, reason, "malformed gRPC request head");
             self.reset(stream, ErrorCode::ProtocolError);
@@ -705,7 +705,7 @@ impl Connection {
         } else if !head.grpc_content_type {
             self.answer_http(stream, b"415");
         } else if head.path == Some(false) {
-            self.answer_early(
+            self.respond_status(
                 stream,
                 tonic::Code::Unimplemented,
                 "unknown method: only ShouldRateLimit is served",
@@ -782,26 +782,22 @@ impl Connection {
         if !message.is_empty() {
             hpack::encode_literal(&mut block, b"grpc-message", &percent_encode(message));
         }
-        self.header_frames(stream, flag::END_HEADERS | flag::END_STREAM, &block);
-        self.close(stream);
-    }
-
-    /// A trailers-only answer before the request ended: the rest of it is not wanted (RFC 9113
-    /// 8.1: RST_STREAM with NO_ERROR after a complete answer).
-    fn answer_early(&mut self, stream: u32, code: tonic::Code, message: &str) {
-        let still_sending = self.streams.get(&stream).is_some_and(|open| open.body.is_some());
-        self.respond_status(stream, code, message);
-        if still_sending {
-            self.rst(stream, ErrorCode::NoError);
-        }
+        self.end_with(stream, &block);
     }
 
     /// An answer that is not gRPC's (405, 415): the status alone, ending the stream.
     fn answer_http(&mut self, stream: u32, status: &[u8]) {
-        let still_sending = self.streams.get(&stream).is_some_and(|open| open.body.is_some());
         let mut block = Vec::with_capacity(8);
         hpack::encode_literal_indexed_name(&mut block, 8, status);
-        self.header_frames(stream, flag::END_HEADERS | flag::END_STREAM, &block);
+        self.end_with(stream, &block);
+    }
+
+    /// Ends `stream` with the header block of a complete answer. If the client is still sending
+    /// its request, the rest is not wanted (RFC 9113 8.1: RST_STREAM with NO_ERROR after a
+    /// complete answer).
+    fn end_with(&mut self, stream: u32, block: &[u8]) {
+        let still_sending = self.streams.get(&stream).is_some_and(|open| open.body.is_some());
+        self.header_frames(stream, flag::END_HEADERS | flag::END_STREAM, block);
         self.close(stream);
         if still_sending {
             self.rst(stream, ErrorCode::NoError);
@@ -1114,6 +1110,16 @@ mod tests {
         Ok(frames(&std::mem::take(connection.output())))
     }
 
+    /// Two complete calls, on streams 1 and 3; what the server answers at once is dropped.
+    fn send_two_calls(connection: &mut Connection) {
+        let mut input = Vec::new();
+        for stream in [1, 3] {
+            input.extend(frame_bytes(frame::HEADERS, flag::END_HEADERS, stream, &request_block(PATH)));
+            input.extend(frame_bytes(frame::DATA, flag::END_STREAM, stream, &grpc_body(b"x")));
+        }
+        receive(connection, &input).expect("valid");
+    }
+
     /// The fields of a header block the server wrote.
     fn fields(block: &[u8]) -> Vec<(String, String)> {
         let mut fields = Vec::new();
@@ -1167,12 +1173,7 @@ mod tests {
     fn an_answer_waits_for_the_peers_window_without_holding_up_others() {
         // The peer lets 3 bytes through per stream.
         let mut connection = connected(&[(0x4, 3)]);
-        let mut input = Vec::new();
-        for stream in [1, 3] {
-            input.extend(frame_bytes(frame::HEADERS, flag::END_HEADERS, stream, &request_block(PATH)));
-            input.extend(frame_bytes(frame::DATA, flag::END_STREAM, stream, &grpc_body(b"x")));
-        }
-        receive(&mut connection, &input).expect("valid");
+        send_two_calls(&mut connection);
         assert_eq!(connection.take_calls().len(), 2);
         connection.respond(1, b"0123456789");
         connection.respond(3, b"ab");
@@ -1375,12 +1376,7 @@ mod tests {
     #[test]
     fn a_peer_that_lowers_its_table_size_is_told_in_the_next_block_once() {
         let mut connection = connected(&[(0x1, 0)]);
-        let mut input = Vec::new();
-        for stream in [1, 3] {
-            input.extend(frame_bytes(frame::HEADERS, flag::END_HEADERS, stream, &request_block(PATH)));
-            input.extend(frame_bytes(frame::DATA, flag::END_STREAM, stream, &grpc_body(b"x")));
-        }
-        receive(&mut connection, &input).expect("valid");
+        send_two_calls(&mut connection);
         connection.respond(1, b"a");
         connection.respond(3, b"b");
         let sent = frames(&std::mem::take(connection.output()));
