@@ -220,12 +220,17 @@ impl Peers {
     ///
     /// A peer that leaves the view keeps its sequence numbering (so that, should it come back in
     /// the same incarnation, it does not take our new frames for old ones) but loses its frames
-    /// waiting for acknowledgement: they would never be acknowledged.
+    /// waiting for acknowledgement (they would never be acknowledged) and this node's expectation
+    /// to hear from it: if it comes back restarted, it holds nothing of what they shared and stays
+    /// quiet, and a stale expectation would hold it unreachable (its owners would enforce the
+    /// share of the others) until the expectation ran out. If it comes back from a partition
+    /// holding allowances, it expects this node and speaks first.
     pub fn set_members(&mut self, live: &[NodeId], now: Instant) {
         for (id, peer) in &mut self.peers {
             let member = live.contains(id);
             if !member {
                 peer.unacked.clear();
+                peer.expect_until = Instant::ZERO;
             } else if !peer.member {
                 peer.heard_at = now;
             }
@@ -513,6 +518,11 @@ impl Peer {
     /// never come again, so nothing below it needs remembering.
     fn skip_to(&mut self, incarnation: u64, una: u64) {
         if self.recv_incarnation != Some(incarnation) {
+            if self.recv_incarnation.is_some() {
+                // The peer restarted (before the view noticed): what they shared died with its
+                // previous life, and the new one will not keep talking for it.
+                self.expect_until = Instant::ZERO;
+            }
             self.recv_incarnation = Some(incarnation);
             self.recv_floor = una;
             self.recv_above.clear();

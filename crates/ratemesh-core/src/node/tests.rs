@@ -1293,3 +1293,51 @@ fn a_fallback_after_a_full_restart_shares_what_was_left_not_a_full_bucket() {
     // 40 were left: node 2's share of them is 13, where a fresh share of the limit would be 33.
     assert!((12..=14).contains(&admitted), "node 2 admitted {admitted} on its own");
 }
+
+/// Node 3 restarts while node 1 expects to hear from it; with `seen_dead` the view notices, else
+/// node 1 learns it from the restarted node's first frame (a check forwarded to it). Returns the
+/// checks node 1 then admits on a new exact key it owns (limit 100).
+fn admitted_after_a_quick_restart(seen_dead: bool) -> u64 {
+    let mut cluster = Cluster::new(3);
+    // Node 3 uses an approximate key node 1 owns: node 1 grants it allowances, so each expects to
+    // hear from the other.
+    let shared = policy(Mode::Approximate, 1_000, 1_000);
+    let k = key_owned_by(1, &[1, 2, 3]);
+    for step in 0..30u64 {
+        let request = CheckRequest { id: RequestId(step), key: k, policy: shared.clone(), cost: 1 };
+        let _ = cluster.check(3, request);
+        cluster.run_for(Duration::from_millis(10));
+    }
+    assert!(cluster.node(1).stats().grants_sent > 0);
+    // Node 3 crashes and restarts at once: a new incarnation, holding nothing of what it shared.
+    cluster.nodes.remove(&NodeId(3));
+    if seen_dead {
+        cluster.view(&[1, 2], &[1, 2], &[3]);
+        cluster.run_for(Duration::from_millis(100));
+    }
+    let now = cluster.now;
+    let restarted = Node::new(NodeId(3), 2, NodeConfig::default(), 3, now).expect("valid");
+    cluster.nodes.insert(NodeId(3), restarted);
+    cluster.view(&[1, 2, 3], &[1, 2, 3], &[]);
+    if !seen_dead {
+        assert_eq!(cluster.admit(3, key_owned_by(1, &[1, 2, 3]), &policy(Mode::Exact, 10, 10), 1), 1);
+    }
+    // Longer than the silence bound, shorter than what node 1 held for node 3 before the crash;
+    // the new node 3 has nothing more to say to node 1.
+    cluster.run_for(Duration::from_millis(600));
+    let now = cluster.now;
+    assert!(cluster.node(1).peers.reachable(NodeId(3), now), "node 1 holds the restarted node 3 unreachable");
+    // An exact key of node 1's, checked at node 1 only: the whole limit, not two thirds of it.
+    let exact = policy(Mode::Exact, 100, 100);
+    let fresh = (0..10_000u64)
+        .map(|i| key(&format!("exact {i}")))
+        .find(|&fresh| fresh != k && cluster.node(1).owner_of(fresh) == Some(NodeId(1)))
+        .expect("found");
+    cluster.admit(1, fresh, &exact, 300)
+}
+
+#[test]
+fn an_owner_does_not_wait_to_hear_from_a_member_that_restarted_seen_dead_or_not() {
+    assert_eq!(admitted_after_a_quick_restart(true), 100);
+    assert_eq!(admitted_after_a_quick_restart(false), 100);
+}
