@@ -6,8 +6,10 @@
 #  - the seed article's Redis + Lua token bucket (tests/bench/rate_limit.lua, loaded with SCRIPT
 #    LOAD), against redis-server from Debian:
 #    `redis-benchmark --threads 2 -c 64 EVALSHA <sha> 1 rl:<random key> 100 10 1 <now>`;
-#  - ratemeshd's Envoy RLS gRPC path, with the `rls_load` example of the ratemeshd crate, when it
-#    exists;
+#  - ratemeshd's Envoy RLS gRPC path, with the `rls_load` example of the ratemeshd crate (a lean
+#    one-thread HTTP/2 gRPC client), BENCH_CONNECTIONS calls in flight over 4 connections (as
+#    Envoy multiplexes its calls to an RLS) and over BENCH_CONNECTIONS connections (one each, as
+#    the other clients here);
 #  - ratemeshd's Redis protocol listener with the same client as Redis + Lua: redis-benchmark
 #    sending redis-cell's `CL.THROTTLE key:__rand_int__ 15 30 60` (-r BENCH_KEYS), at pipeline 1
 #    and 16, beside Redis + Lua's EVALSHA at pipeline 1 and 16.
@@ -133,10 +135,12 @@ limit = 10
 period_ms = 1000
 burst = 100
 EOF
-# Pinned, ratemeshd starts on core 0 alone: its runtime sizes itself to the cores it may run on
-# (sched_getaffinity, and a cgroup's CPU quota), so it runs one worker thread there instead of
-# two workers taking turns on one core. Unpinned, it runs one worker per core of the machine.
-start_ratemeshd "$work/ratemesh.toml" RATEMESH_LISTEN_RESP="127.0.0.1:$p_resp" "${server_cpu[@]}"
+# Every server runs one thread, as Redis does: ratemeshd and the peers (tokio runtimes, which size
+# themselves to the cores they may run on) get TOKIO_WORKER_THREADS=1. Pinned, that is what their
+# runtimes choose on core 0 anyway (sched_getaffinity). Unpinned, a worker per core would make
+# four busy threads on two cores with the load generator's two, and the scheduler's time slices
+# would be the p99 (2.6-3.4 ms against 1.7-2.1 with one worker, in a quick run of wrk -t2).
+start_ratemeshd "$work/ratemesh.toml" RATEMESH_LISTEN_RESP="127.0.0.1:$p_resp" TOKIO_WORKER_THREADS=1 "${server_cpu[@]}"
 wait_for "ratemeshd ready" answers "http://127.0.0.1:$p_http/readyz" 200
 [[ $(redis-cli -p "$p_resp" CL.THROTTLE probe 15 30 60 | head -n 1) == 0 ]] ||
     fail "ratemeshd's CL.THROTTLE did not allow its first call"
@@ -152,11 +156,11 @@ sha=$(redis-cli -p "$p_redis" SCRIPT LOAD "$(cat tests/bench/rate_limit.lua)")
     fail "the Lua token bucket did not allow its first call"
 
 if [[ $peers == 1 ]]; then
-    "${server_cpu[@]}" "$peers_root/bin/throttlecrab-server" --http --http-host 127.0.0.1 --http-port "$p_tc_http" \
+    TOKIO_WORKER_THREADS=1 "${server_cpu[@]}" "$peers_root/bin/throttlecrab-server" --http --http-host 127.0.0.1 --http-port "$p_tc_http" \
         --redis --redis-host 127.0.0.1 --redis-port "$p_tc_resp" --log-level warn >"$work/throttlecrab.log" 2>&1 &
     throttlecrab_pid=$!
     # Capacity 100, 10 a second, as ratemeshd's "bench" policy; one node, no seeds.
-    "${server_cpu[@]}" "$peers_root/bin/rateguard-sidecar" --limit 10 --burst 100 \
+    TOKIO_WORKER_THREADS=1 "${server_cpu[@]}" "$peers_root/bin/rateguard-sidecar" --limit 10 --burst 100 \
         --bind "127.0.0.1:$p_rg_gossip" --listen "127.0.0.1:$p_rg_http" >"$work/rateguard.log" 2>&1 &
     rateguard_pid=$!
     wait_for "throttlecrab-server up" redis-cli -p "$p_tc_resp" ping
@@ -249,11 +253,13 @@ run_resp() {
     redis_benchmark "$p_resp" "$1" CL.THROTTLE 'key:__rand_int__' 15 30 60
 }
 
+# run_rls CONNECTIONS: rls_load with $connections calls in flight over CONNECTIONS HTTP/2
+# connections.
 run_rls() {
     local log=$work/rls_load.log
     # Time-bounded like wrk: the request count is only a cap.
     timeout $((seconds + 20)) "${load_cpu[@]}" "$rls_load" --addr "127.0.0.1:$p_grpc" --domain bench --descriptor-key user \
-        --keys "$keys" --concurrency "$connections" --requests 5000000 --seconds "$seconds" --tsv \
+        --keys "$keys" --concurrency "$connections" --connections "$1" --requests 5000000 --seconds "$seconds" --tsv \
         >"$log" 2>&1 || fail "rls_load failed: $(cat "$log")"
     # --tsv: the last line is requests_per_second<TAB>p50_ms<TAB>p99_ms; decisions ≈ rate × time.
     tail -n 1 "$log" | awk -v seconds="$seconds" -F'\t' '{ printf "%s\t%s\t%s\t%d\n", $1, $2, $3, $1 * seconds }'
@@ -280,7 +286,10 @@ for ((round = 1; round <= rounds; round++)); do
     measure_path "Redis + Lua P16" "$redis_pid" run_redis 16
     measure_path "ratemeshd RESP CL.THROTTLE P16" "$ratemeshd_pid" run_resp 16
     if [[ -n $rls_load ]]; then
-        measure_path "ratemeshd gRPC RLS" "$ratemeshd_pid" run_rls
+        # As Envoy calls an RLS: many calls in flight on few connections (16 on each of 4).
+        measure_path "ratemeshd gRPC RLS" "$ratemeshd_pid" run_rls 4
+        # As redis-benchmark and wrk at pipeline 1: one call in flight per connection.
+        measure_path "ratemeshd gRPC RLS, 1 call per connection" "$ratemeshd_pid" run_rls "$connections"
     fi
     if [[ $peers == 1 ]]; then
         # The same bucket as ratemeshd's "bench" policy: capacity 100, 10 a second.

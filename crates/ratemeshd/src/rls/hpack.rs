@@ -495,6 +495,19 @@ pub fn encode_literal_indexed_name(out: &mut Vec<u8>, name_index: usize, value: 
     encode_string(out, value);
 }
 
+/// Appends a literal with incremental indexing (RFC 7541 6.2.1), its value not Huffman-coded:
+/// the name is the static table's entry `name_index` (1 to 61), or with 0 the literal `name`.
+/// The peer's decoder adds the field to its dynamic table, so later blocks can name it by index
+/// (62 for the newest): what clients do with the fields every request repeats. The server never
+/// writes it; the load generator `rls_load` does, as Envoy's HTTP/2 codec does.
+pub fn encode_literal_indexing(out: &mut Vec<u8>, name_index: usize, name: &[u8], value: &[u8]) {
+    encode_integer(out, 0x40, 6, name_index);
+    if name_index == 0 {
+        encode_string(out, name);
+    }
+    encode_string(out, value);
+}
+
 /// A string literal, not Huffman-coded (RFC 7541 5.2).
 fn encode_string(out: &mut Vec<u8>, text: &[u8]) {
     encode_integer(out, 0x00, 7, text.len());
@@ -606,13 +619,6 @@ mod tests {
             assert_eq!(table(&decoder), pairs(step.table), "{}", step.block);
             assert_eq!(decoder.dynamic_bytes, step.table_bytes, "{}", step.block);
         }
-    }
-
-    /// Appends a literal with incremental indexing and a literal name (RFC 7541 6.2.1).
-    fn encode_literal_indexing(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-        out.push(0x40);
-        encode_string(out, name);
-        encode_string(out, value);
     }
 
     const C3: [&str; 3] = [
@@ -918,7 +924,7 @@ mod tests {
         let mut block = Vec::new();
         // Two entries of 32 + 2 + 30 = 64 bytes: the second evicts the first.
         for name in [b"aa", b"bb"] {
-            encode_literal_indexing(&mut block, name, &[b'v'; 30]);
+            encode_literal_indexing(&mut block, 0, name, &[b'v'; 30]);
         }
         decode(&mut decoder, &block).expect("decodes");
         assert_eq!(decoder.dynamic_bytes, 64);
@@ -938,8 +944,8 @@ mod tests {
         assert_eq!(decoder.dynamic_bytes_max, 100);
         // A smaller size evicts down to it; a larger one than advertised is refused.
         let mut block = Vec::new();
-        encode_literal_indexing(&mut block, b"a", b"b");
-        encode_literal_indexing(&mut block, b"c", b"d");
+        encode_literal_indexing(&mut block, 0, b"a", b"b");
+        encode_literal_indexing(&mut block, 0, b"c", b"d");
         decode(&mut decoder, &block).expect("decodes");
         assert_eq!(decoder.dynamic_bytes, 68);
         assert_eq!(decode(&mut decoder, &hex("3f 16 be")), Ok(pairs(&[("c", "d")])), "a size of 53");
@@ -948,8 +954,8 @@ mod tests {
         // An entry larger than the table empties it and is not added (RFC 7541 4.4).
         let mut decoder = Decoder::new(50, 16 * 1024);
         let mut block = Vec::new();
-        encode_literal_indexing(&mut block, b"k", b"v");
-        encode_literal_indexing(&mut block, b"name", &[b'x'; 40]);
+        encode_literal_indexing(&mut block, 0, b"k", b"v");
+        encode_literal_indexing(&mut block, 0, b"name", &[b'x'; 40]);
         assert_eq!(decode(&mut decoder, &block).expect("decodes").len(), 2);
         assert_eq!(decoder.dynamic_bytes, 0);
         assert!(decoder.dynamic.is_empty());
@@ -990,6 +996,20 @@ mod tests {
         let mut block = Vec::new();
         encode_literal_indexed_name(&mut block, 4, b"/sample/path");
         assert_eq!(block, hex("040c 2f73 616d 706c 652f 7061 7468"));
+        // The RFC's C.2.1 block (a new name, indexed), and a field it then names by index 62.
+        let mut block = Vec::new();
+        encode_literal_indexing(&mut block, 0, b"custom-key", b"custom-header");
+        assert_eq!(block, hex("400a 6375 7374 6f6d 2d6b 6579 0d63 7573 746f 6d2d 6865 6164 6572"));
+        encode_literal_indexing(&mut block, 1, b"", b"www.example.com");
+        encode_indexed(&mut block, 63);
+        let mut decoder = Decoder::new(4096, 16 * 1024);
+        let fields = decode(&mut decoder, &block).expect("decodes");
+        let expected = [
+            ("custom-key", "custom-header"),
+            (":authority", "www.example.com"),
+            ("custom-key", "custom-header"),
+        ];
+        assert_eq!(fields, pairs(&expected));
     }
 
     /// A tiny xorshift, deterministic.

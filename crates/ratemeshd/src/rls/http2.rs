@@ -90,7 +90,9 @@ const TABLE_SIZE_ZERO: u8 = 0x20;
 /// The one path served.
 const PATH: &[u8] = b"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-mod frame {
+/// Frame types (RFC 9113 6).
+#[allow(missing_docs)]
+pub mod frame {
     pub const DATA: u8 = 0x0;
     pub const HEADERS: u8 = 0x1;
     pub const PRIORITY: u8 = 0x2;
@@ -103,7 +105,9 @@ mod frame {
     pub const CONTINUATION: u8 = 0x9;
 }
 
-mod flag {
+/// Frame flags (RFC 9113 6).
+#[allow(missing_docs)]
+pub mod flag {
     pub const END_STREAM: u8 = 0x1;
     pub const ACK: u8 = 0x1;
     pub const END_HEADERS: u8 = 0x4;
@@ -369,8 +373,7 @@ impl Connection {
         }
         let mut frames = 0;
         while frames < frames_max {
-            let Some(header) = input.get(consumed..consumed + 9) else { break };
-            let length = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+            let Some((length, kind, flags, stream)) = read_frame_header(&input[consumed..]) else { break };
             if length > FRAME_BYTES_MAX {
                 return Err(connection_error(
                     ErrorCode::FrameSizeError,
@@ -378,8 +381,6 @@ impl Connection {
                 ));
             }
             let Some(payload) = input.get(consumed + 9..consumed + 9 + length) else { break };
-            let (kind, flags) = (header[3], header[4]);
-            let stream = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
             self.frame(kind, flags, stream, payload)?;
             consumed += 9 + length;
             frames += 1;
@@ -967,7 +968,17 @@ impl Connection {
     }
 }
 
-fn write_frame_header(output: &mut Vec<u8>, length: usize, kind: u8, flags: u8, stream: u32) {
+/// The frame header (RFC 9113 4.1) at the start of `bytes`, once its 9 bytes are there: the
+/// payload's length, the type, the flags and the stream (its reserved bit cleared).
+pub fn read_frame_header(bytes: &[u8]) -> Option<(usize, u8, u8, u32)> {
+    let header = bytes.get(..9)?;
+    let length = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+    let stream = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+    Some((length, header[3], header[4], stream))
+}
+
+/// Appends a frame header (RFC 9113 4.1); `length` is the payload's, at most 2^24 - 1.
+pub fn write_frame_header(output: &mut Vec<u8>, length: usize, kind: u8, flags: u8, stream: u32) {
     let length = length as u32;
     output.extend_from_slice(&length.to_be_bytes()[1..]);
     output.push(kind);

@@ -122,7 +122,7 @@ use crate::check::{Answer, ValidCheck};
 use crate::daemon::Daemon;
 use crate::listener::{FirstBytes, LimitedIncoming, LimitedStream, close_after_error, serve_connections};
 
-mod hpack;
+pub mod hpack;
 pub mod http2;
 mod plan;
 mod status;
