@@ -268,12 +268,26 @@ run_rls() {
 mkdir -p "$out_dir"
 runs=$work/runs.tsv
 : >"$runs"
-# measure_path NAME PID COMMAND...: one measurement of NAME (served by PID) into $runs.
+# signal_servers SIGNAL PID: sends SIGNAL to every server but PID.
+signal_servers() {
+    local pid
+    for pid in "$ratemeshd_pid" "$redis_pid" "$throttlecrab_pid" "$rateguard_pid"; do
+        [[ -n $pid && $pid != "$2" ]] && kill "-$1" "$pid"
+    done
+    return 0
+}
+
+# measure_path NAME PID COMMAND...: one measurement of NAME (served by PID) into $runs. The other
+# servers are stopped (SIGSTOP) meanwhile: idle, they still wake up (a peer's gossip, Redis's
+# cron), and pinned those wakeups take slices of the measured server's core (with the peers
+# idle on core 0, ratemeshd's HTTP p99 was 1.85 ms; alone, 0.71).
 measure_path() {
     local name=$1 row
     shift
     say "round $round/$rounds: $name"
+    signal_servers STOP "$1"
     row=$(measure "$@") || fail "$name: the measurement failed"
+    signal_servers CONT "$1"
     printf '%s\t%s\t%s\n' "$name" "$round" "$row" >>"$runs"
 }
 

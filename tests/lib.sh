@@ -193,6 +193,8 @@ lib_exit() {
         pid=${!variable:-}
         if [[ -n $pid ]]; then
             kill "$pid" 2>/dev/null || true
+            # A process stopped by SIGSTOP (bench.sh quiets idle servers) acts on it once continued.
+            kill -CONT "$pid" 2>/dev/null || true
             wait "$pid" 2>/dev/null || true
         fi
     done
