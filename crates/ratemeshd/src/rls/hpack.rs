@@ -6,8 +6,9 @@
 //! hands each field to the caller as borrowed bytes. Every length, index and integer is checked
 //! against the block and the bounds given: a malformed block is an error, never a panic.
 //!
-//! The encoder writes only literals without indexing (and static-table references): the server
+//! The server's answers use only literals without indexing (and static-table references): it
 //! never adds to the peer's dynamic table, so its answers depend on no state of the peer's.
+//! [`encode_literal_indexing`] is for the client side (the `rls_load` example).
 
 use std::collections::VecDeque;
 
