@@ -460,7 +460,8 @@ impl Node {
         let mut members: Vec<NodeId> = live.iter().chain(&dead).copied().collect();
         members.sort_unstable();
         members.dedup();
-        self.peers.set_members(&live, now);
+        let probes = self.peers.set_members(&live, now);
+        self.transmits.extend(probes);
         self.ring = Ring::new(&live, self.config.ring_vnodes);
         self.rank = members.binary_search(&self.id).ok();
         self.members = members;
@@ -505,6 +506,8 @@ impl Node {
             let idle = duration_nanos(self.config.sync_interval);
             let heartbeats = self.peers.heartbeats(now, idle);
             self.transmits.extend(heartbeats);
+            let probes = self.peers.probes(now);
+            self.transmits.extend(probes);
         }
         self.assert_timers(now);
     }

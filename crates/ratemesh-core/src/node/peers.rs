@@ -13,8 +13,11 @@
 //! membership does not, without a heartbeat between every pair of members: a node *expects* to
 //! hear from a peer while they share allowance state (reports and grants flow between them, and
 //! heartbeats fill idle intervals); such a peer is reachable while it has been heard from within
-//! its silence bound. A peer it expects nothing from is reachable unless a frame sent to it has
-//! gone unacknowledged for longer than that bound. The silence bound is `peer_silence`, raised to
+//! its silence bound. Any peer is unreachable while a frame sent to it has gone unacknowledged
+//! for longer than that bound — also while it is heard from: on a one-way cut towards it, it
+//! hears nothing from this node and decides by its share. A peer that went unreachable is sent
+//! a probe (an empty sequenced frame) that keeps it so until it acknowledges, after the
+//! expectation ran out and across a flap of the view. The silence bound is `peer_silence`, raised to
 //! cover two sync intervals and two retransmission timeouts of the peer (a slow link or a long
 //! interval is not a partition).
 //!
@@ -101,6 +104,10 @@ struct Peer {
     rto_nanos: u64,
     /// Until then this node expects to hear from the peer (they share allowance state).
     expect_until: Instant,
+    /// Since when the peer owed an acknowledgement when it left the view (as late as the
+    /// silence bound if it was unreachable): the probe sent when it comes back inherits the age,
+    /// so a flap of the view does not restart the count.
+    left_owing_since: Option<Instant>,
 }
 
 /// Delivery counters, for metrics.
@@ -223,16 +230,35 @@ impl Peers {
     /// waiting for acknowledgement (they would never be acknowledged) and this node's expectation
     /// to hear from it: if it comes back restarted, it holds nothing of what they shared and stays
     /// quiet, and a stale expectation would hold it unreachable (its owners would enforce the
-    /// share of the others) until the expectation ran out. If it comes back from a partition
-    /// holding allowances, it expects this node and speaks first.
-    pub fn set_members(&mut self, live: &[NodeId], now: Instant) {
-        for (id, peer) in &mut self.peers {
-            let member = live.contains(id);
+    /// share of the others) until the expectation ran out.
+    ///
+    /// Returns a probe (an empty sequenced frame) for each peer that came back into the view: the
+    /// view can flap while the data path to a peer stays cut, and that peer may still hold
+    /// allowances and decide by its share; without a frame awaiting its acknowledgement, nothing
+    /// would make this node count it unreachable again, and it would enforce the whole limit on
+    /// top of that share. A peer that left unreachable comes back unreachable until it
+    /// acknowledges the probe; a restarted one does within a round trip.
+    pub fn set_members(&mut self, live: &[NodeId], now: Instant) -> Vec<Transmit> {
+        let mut returned = Vec::new();
+        let ids: Vec<NodeId> = self.peers.keys().copied().collect();
+        for id in ids {
+            let member = live.contains(&id);
+            let Some(peer) = self.peers.get(&id) else { continue };
+            let owing_since = if self.peer_reachable(peer, now) {
+                peer.unacked.front().map(|frame| frame.first_sent_at)
+            } else {
+                Some(now.sub_nanos(self.silence_nanos(peer)))
+            };
+            let Some(peer) = self.peers.get_mut(&id) else { continue };
+            if !member && peer.member {
+                peer.left_owing_since = owing_since;
+            }
             if !member {
                 peer.unacked.clear();
                 peer.expect_until = Instant::ZERO;
             } else if !peer.member {
                 peer.heard_at = now;
+                returned.push((id, peer.left_owing_since.take().unwrap_or(now)));
             }
             peer.member = member;
         }
@@ -240,6 +266,23 @@ impl Peers {
             let rto_nanos = self.config.rto_initial_nanos;
             self.peers.entry(id).or_insert_with(|| Peer::new(now, rto_nanos, true));
         }
+        let probe = |(id, since)| self.send_first_sent_at(id, Body::default(), since, now);
+        returned.into_iter().filter_map(probe).collect()
+    }
+
+    /// A probe (an empty sequenced frame, as late as the silence bound) to every member that is
+    /// unreachable with no frame awaiting its acknowledgement (it fell silent while this node
+    /// expected it): the probe keeps it unreachable until it acknowledges, also after the
+    /// expectation ran out. The peer may still decide by its share (it has not heard this node
+    /// either), and a peer this node expects nothing from and sends nothing to would otherwise
+    /// count as reachable.
+    pub fn probes(&mut self, now: Instant) -> Vec<Transmit> {
+        let silent: Vec<(NodeId, Instant)> = (self.peers.iter())
+            .filter(|(_, p)| p.member && p.unacked.is_empty() && !self.peer_reachable(p, now))
+            .map(|(&id, p)| (id, now.sub_nanos(self.silence_nanos(p))))
+            .collect();
+        let probe = |(id, since)| self.send_first_sent_at(id, Body::default(), since, now);
+        silent.into_iter().filter_map(probe).collect()
     }
 
     /// Whether `peer` is reachable at `now` (see the module documentation).
@@ -249,11 +292,8 @@ impl Peers {
 
     fn peer_reachable(&self, peer: &Peer, now: Instant) -> bool {
         let silence = self.silence_nanos(peer);
-        if peer.heard_at.add_nanos(silence) > now {
-            return true;
-        }
         let overdue = peer.unacked.front().is_some_and(|f| f.first_sent_at.add_nanos(silence) <= now);
-        !overdue && peer.expect_until <= now
+        !overdue && (peer.heard_at.add_nanos(silence) > now || peer.expect_until <= now)
     }
 
     /// How long `peer` may be silent before it counts as unreachable.
@@ -272,6 +312,16 @@ impl Peers {
     /// Sends `body` to `to` reliably (retransmitted until acknowledged). `None` when `to` is not
     /// a known peer or the frame cannot be encoded.
     pub fn send(&mut self, to: NodeId, body: Body, now: Instant) -> Option<Transmit> {
+        self.send_first_sent_at(to, body, now, now)
+    }
+
+    fn send_first_sent_at(
+        &mut self,
+        to: NodeId,
+        body: Body,
+        first_sent_at: Instant,
+        now: Instant,
+    ) -> Option<Transmit> {
         let unacked_max = self.config.unacked_frames_max;
         let peer = self.peers.get_mut(&to)?;
         let seq = peer.next_seq;
@@ -280,14 +330,8 @@ impl Peers {
             peer.unacked.pop_front();
             self.stats.overflowed += 1;
         }
-        let unacked = Unacked {
-            seq,
-            body: body.clone(),
-            first_sent_at: now,
-            sent_at: now,
-            retransmits: 0,
-            lost: false,
-        };
+        let unacked =
+            Unacked { seq, body: body.clone(), first_sent_at, sent_at: now, retransmits: 0, lost: false };
         peer.unacked.push_back(unacked);
         self.stats.frames_sent += 1;
         self.transmit(to, seq, body, now)
@@ -436,6 +480,7 @@ impl Peer {
             rttvar_nanos: 0,
             rto_nanos,
             expect_until: Instant::ZERO,
+            left_owing_since: None,
         }
     }
 
