@@ -45,7 +45,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use prost::Message as _;
 use ratemeshd::rls::hpack::{self, Decoder};
-use ratemeshd::rls::http2::{PREFACE, flag, frame, read_frame_header, write_frame_header};
+use ratemeshd::rls::http2::{PREFACE, flag, frame, read_frame_header, unpad, write_frame_header};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
@@ -458,7 +458,7 @@ impl Connection {
                 }
             }
             frame::HEADERS => {
-                let fields = unpadded(flags, payload)?;
+                let fields = unpad(flags, payload)?;
                 let fields = if flags & flag::PRIORITY != 0 { fields.get(5..) } else { Some(fields) };
                 let fields = fields.ok_or_else(|| anyhow!("a HEADERS frame too short"))?;
                 self.block = Some((stream, flags & flag::END_STREAM != 0, fields.to_vec()));
@@ -539,7 +539,7 @@ impl Connection {
             let credit = std::mem::take(&mut self.received_bytes);
             self.window_update(credit);
         }
-        let message = unpadded(flags, payload)?;
+        let message = unpad(flags, payload)?;
         if let Some(call) = self.calls.get_mut(&stream) {
             // One gRPC message per answer: the 5-byte prefix, then the response.
             call.code = message
@@ -586,17 +586,6 @@ impl Connection {
             }),
         }
     }
-}
-
-/// A HEADERS or DATA payload without its padding.
-fn unpadded(flags: u8, payload: &[u8]) -> Result<&[u8]> {
-    if flags & flag::PADDED == 0 {
-        return Ok(payload);
-    }
-    let (&pad, rest) = payload.split_first().ok_or_else(|| anyhow!("a padded frame without its length"))?;
-    rest.get(..rest.len().saturating_sub(usize::from(pad)))
-        .filter(|_| usize::from(pad) <= rest.len())
-        .ok_or_else(|| anyhow!("padding longer than the frame"))
 }
 
 /// The first 4 bytes of `payload`.

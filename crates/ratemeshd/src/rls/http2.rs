@@ -1017,8 +1017,9 @@ fn priority(stream: u32, payload: &[u8]) -> Result<(), ConnectionError> {
     Ok(())
 }
 
-/// The payload of a DATA or HEADERS frame without its padding.
-fn unpad(flags: u8, payload: &[u8]) -> Result<&[u8], ConnectionError> {
+/// The payload of a DATA or HEADERS frame without its padding (also the load generator's,
+/// `examples/rls_load.rs`).
+pub fn unpad(flags: u8, payload: &[u8]) -> Result<&[u8], ConnectionError> {
     if flags & flag::PADDED == 0 {
         return Ok(payload);
     }
