@@ -1344,35 +1344,40 @@ fn an_owner_does_not_wait_to_hear_from_a_member_that_restarted_seen_dead_or_not(
     assert_eq!(admitted_after_a_quick_restart(false), 100);
 }
 
-/// Node 3 holds allowances of an approximate key node 1 owns and keeps using it; the data path
-/// between them is cut (`cut`: "both", "3to1" or "1to3") after 300 ms. If `flap`, 200 ms later
-/// node 1's view drops node 3 and takes it back 50 ms later, the path still cut. After `wait_ms`
-/// more, an exact key of node 1's is checked 300 times at node 1, then at node 3: returns what
-/// each admitted.
-fn admitted_across_a_cut(cut: &str, flap: bool, wait_ms: u64) -> (u64, u64) {
-    let mut cluster = Cluster::new(3);
+/// A cut between node 1, the owner of an approximate key, and node `n`, which holds allowances
+/// of it and keeps using it (`cut`: "both", "to_owner" or "to_holder"), in a cluster of `n`
+/// nodes with `sync_ms` and one-way delays of `latency_ms`. The cut comes after 300 ms of use and
+/// 200 ms more of use follow. If `flap`, node 1's view then drops node `n` and takes it back
+/// 50 ms later, the path still cut. After `wait_ms` more, an exact key of node 1's (limit 100) is
+/// checked 300 times at node 1, then at node `n`: returns what each admitted.
+fn admitted_across_a_cut(regime: (u64, u64, u64), cut: &str, flap: bool, wait_ms: u64) -> (u64, u64) {
+    let (n, sync_ms, latency_ms) = regime;
+    let config = NodeConfig { sync_interval: Duration::from_millis(sync_ms), ..NodeConfig::default() };
+    let mut cluster = Cluster::with_config(n, &config);
+    cluster.latency_nanos = latency_ms * 1_000_000;
+    let members: Vec<u64> = (1..=n).collect();
     let shared = policy(Mode::Approximate, 1_000, 1_000);
-    let k = key_owned_by(1, &[1, 2, 3]);
+    let k = key_owned_by(1, &members);
     let check_shared = |cluster: &mut Cluster, steps: std::ops::Range<u64>| {
         for step in steps {
             let request = CheckRequest { id: RequestId(step), key: k, policy: shared.clone(), cost: 1 };
-            let _ = cluster.check(3, request);
+            let _ = cluster.check(n, request);
             cluster.run_for(Duration::from_millis(10));
         }
     };
     check_shared(&mut cluster, 0..30);
     assert!(cluster.node(1).stats().grants_sent > 0);
-    if cut != "1to3" {
-        cluster.cut.push((NodeId(3), NodeId(1)));
+    if cut != "to_holder" {
+        cluster.cut.push((NodeId(n), NodeId(1)));
     }
-    if cut != "3to1" {
-        cluster.cut.push((NodeId(1), NodeId(3)));
+    if cut != "to_owner" {
+        cluster.cut.push((NodeId(1), NodeId(n)));
     }
     check_shared(&mut cluster, 30..50);
     if flap {
-        cluster.view(&[1], &[1, 2], &[3]);
+        cluster.view(&[1], &members[..members.len() - 1], &[n]);
         cluster.run_for(Duration::from_millis(50));
-        cluster.view(&[1], &[1, 2, 3], &[]);
+        cluster.view(&[1], &members, &[]);
     }
     cluster.run_for(Duration::from_millis(wait_ms));
     let exact = policy(Mode::Exact, 100, 100);
@@ -1380,23 +1385,34 @@ fn admitted_across_a_cut(cut: &str, flap: bool, wait_ms: u64) -> (u64, u64) {
         .map(|i| key(&format!("exact {i}")))
         .find(|&fresh| fresh != k && cluster.node(1).owner_of(fresh) == Some(NodeId(1)))
         .expect("found");
-    (cluster.admit(1, fresh, &exact, 300), cluster.admit(3, fresh, &exact, 300))
+    (cluster.admit(1, fresh, &exact, 300), cluster.admit(n, fresh, &exact, 300))
 }
 
 /// Across a cut between an owner and a holder of its allowances, the two never decide by more
 /// than the limit together: while the holder decides by its share, the owner counts it
 /// unreachable and enforces the rest — on a cut either way or both, after the owner's
 /// expectation to hear from the holder ran out, and when the owner's view dropped the holder and
-/// took it back while the path stayed cut. (A one-way cut towards the holder is not covered in
-/// its first sync interval: the README says so.)
+/// took it back while the path stayed cut. On 3 nodes at the defaults from 0.3 s after the cut
+/// (0.1 s after the flap); in other regimes (2 and 5 nodes, sync 20 and 200 ms, one-way delays
+/// of 20 and 80 ms) from 0.8 s after the cut (0.6 s after the flap). Before that, a transition
+/// that ends within about the silence bound: the README says where it does not hold.
 #[test]
 fn an_owner_counts_a_holder_cut_off_unreachable_while_it_decides_by_its_share() {
-    for flap in [false, true] {
-        for cut in ["both", "3to1", "1to3"] {
-            for wait_ms in [100, 300, 600, 1_000, 1_400, 1_500, 2_000] {
-                let (at_1, at_3) = admitted_across_a_cut(cut, flap, wait_ms);
-                let case = format!("cut {cut}, flap {flap}, {wait_ms} ms later");
-                assert!(at_1 + at_3 <= 100, "{case}: {at_1} + {at_3} of 100");
+    let defaults = (3, SYNC_INTERVAL_MS_DEFAULT, LATENCY_NANOS / 1_000_000);
+    let regimes = [(2, 50, 1), (5, 50, 1), (3, 20, 1), (3, 200, 1), (3, 50, 20), (3, 50, 80)];
+    let cases = [(defaults, &[100, 300, 600, 1_000, 1_400, 1_500, 2_000][..])]
+        .into_iter()
+        .chain(regimes.into_iter().map(|regime| (regime, &[600, 1_000, 1_600, 2_400][..])));
+    for (regime, waits_ms) in cases {
+        for flap in [false, true] {
+            for cut in ["both", "to_owner", "to_holder"] {
+                for &wait_ms in waits_ms {
+                    let (at_owner, at_holder) = admitted_across_a_cut(regime, cut, flap, wait_ms);
+                    let case = format!(
+                        "{regime:?} (nodes, sync ms, delay ms), cut {cut}, flap {flap}, {wait_ms} ms later"
+                    );
+                    assert!(at_owner + at_holder <= 100, "{case}: {at_owner} + {at_holder} of 100");
+                }
             }
         }
     }
