@@ -102,8 +102,14 @@ impl Node {
         // The owner leaves this node's share out of its own limit only when it expects to hear
         // from this node (they share allowance state) and does not: otherwise, until the failure
         // detector moves the key, the owner still enforces the whole limit and a share taken here
-        // would come on top.
-        let local_limit = match self.peers.expects(owner, now) {
+        // would come on top. And it does so from its own last hearing of this node, which can be
+        // later than this node's of it: an owner this node just found unreachable gets nothing
+        // until it is cut off (`Peers::cut_off`). (A forward timed out while the owner is
+        // reachable is decided by the share: a loss, not a cut; the README's "limit plus one
+        // share".)
+        let share = self.peers.expects(owner, now)
+            && (self.peers.reachable(owner, now) || self.peers.cut_off(owner, now));
+        let local_limit = match share {
             true => self.local_limit(&policy.limit),
             false => None,
         };

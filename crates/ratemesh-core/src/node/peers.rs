@@ -17,7 +17,11 @@
 //! for longer than that bound — also while it is heard from: on a one-way cut towards it, it
 //! hears nothing from this node and decides by its share. A peer that went unreachable is sent
 //! a probe (an empty sequenced frame) that keeps it so until it acknowledges, after the
-//! expectation ran out and across a flap of the view. The silence bound is `peer_silence`, raised to
+//! expectation ran out and across a flap of the view. Each side counts from its own last hearing
+//! and its own oldest unacknowledged frame, which do not line up; so a holder of allowances falls
+//! back on its share of an owner's limit only once the owner is *cut off*, unreachable for two
+//! sync intervals and a timeout longer, by when the owner has counted the holder unreachable too
+//! (and enforces the limit less that share). The silence bound is `peer_silence`, raised to
 //! cover two sync intervals and two retransmission timeouts of the peer (a slow link or a long
 //! interval is not a partition).
 //!
@@ -104,8 +108,8 @@ struct Peer {
     rto_nanos: u64,
     /// Until then this node expects to hear from the peer (they share allowance state).
     expect_until: Instant,
-    /// Since when the peer owed an acknowledgement when it left the view (as late as the
-    /// silence bound if it was unreachable): the probe sent when it comes back inherits the age,
+    /// Since when the peer owed this node a frame when it left the view (an acknowledgement, or
+    /// any frame if this node expected it): the probe sent when it comes back inherits the age,
     /// so a flap of the view does not restart the count.
     left_owing_since: Option<Instant>,
 }
@@ -218,7 +222,7 @@ impl Peers {
     /// Frames waiting for an acknowledgement from peers that are reachable at `now` (a leaving
     /// node waits for those; frames to an unreachable peer would make it wait for nothing).
     pub fn unacked_frames_reachable(&self, now: Instant) -> usize {
-        let reachable = self.peers.iter().filter(|(_, p)| self.peer_reachable(p, now));
+        let reachable = self.peers.iter().filter(|(_, p)| self.peer_reachable(p, now, 0));
         reachable.map(|(_, peer)| peer.unacked.len()).sum()
     }
 
@@ -243,15 +247,13 @@ impl Peers {
         let ids: Vec<NodeId> = self.peers.keys().copied().collect();
         for id in ids {
             let member = live.contains(&id);
-            let Some(peer) = self.peers.get(&id) else { continue };
-            let owing_since = if self.peer_reachable(peer, now) {
-                peer.unacked.front().map(|frame| frame.first_sent_at)
-            } else {
-                Some(now.sub_nanos(self.silence_nanos(peer)))
-            };
             let Some(peer) = self.peers.get_mut(&id) else { continue };
             if !member && peer.member {
-                peer.left_owing_since = owing_since;
+                // What the peer owed when it left: the acknowledgement of the oldest frame it
+                // has not acknowledged, and a frame since it was last heard if it was expected.
+                let unacked = peer.unacked.front().map(|frame| frame.first_sent_at);
+                let expected = (peer.expect_until > now).then_some(peer.heard_at);
+                peer.left_owing_since = unacked.into_iter().chain(expected).min();
             }
             if !member {
                 peer.unacked.clear();
@@ -278,7 +280,7 @@ impl Peers {
     /// count as reachable.
     pub fn probes(&mut self, now: Instant) -> Vec<Transmit> {
         let silent: Vec<(NodeId, Instant)> = (self.peers.iter())
-            .filter(|(_, p)| p.member && p.unacked.is_empty() && !self.peer_reachable(p, now))
+            .filter(|(_, p)| p.member && p.unacked.is_empty() && !self.peer_reachable(p, now, 0))
             .map(|(&id, p)| (id, now.sub_nanos(self.silence_nanos(p))))
             .collect();
         let probe = |(id, since)| self.send_first_sent_at(id, Body::default(), since, now);
@@ -287,11 +289,25 @@ impl Peers {
 
     /// Whether `peer` is reachable at `now` (see the module documentation).
     pub fn reachable(&self, peer: NodeId, now: Instant) -> bool {
-        self.peers.get(&peer).is_some_and(|p| self.peer_reachable(p, now))
+        self.peers.get(&peer).is_some_and(|p| self.peer_reachable(p, now, 0))
     }
 
-    fn peer_reachable(&self, peer: &Peer, now: Instant) -> bool {
-        let silence = self.silence_nanos(peer);
+    /// Whether `peer` has been unreachable for a while at `now`: long enough that this node's
+    /// unreachability of it has reached the peer's side too, which counts from its own last
+    /// hearing of this node and its own oldest unacknowledged frame. These differ from this
+    /// node's by up to two sync intervals (the pair's frames, heartbeats included, are up to a
+    /// sync interval apart each way, and the peer refreshes its reachability at its sync rounds)
+    /// and a round trip (the first frame after a one-way cut leaves as an answer).
+    pub fn cut_off(&self, peer: NodeId, now: Instant) -> bool {
+        self.peers.get(&peer).is_some_and(|p| {
+            let rto = p.estimated_rto_nanos().unwrap_or(self.config.rto_initial_nanos);
+            let lead = self.config.sync_nanos.saturating_mul(2).saturating_add(rto);
+            !self.peer_reachable(p, now, lead)
+        })
+    }
+
+    fn peer_reachable(&self, peer: &Peer, now: Instant, extra_nanos: u64) -> bool {
+        let silence = self.silence_nanos(peer).saturating_add(extra_nanos);
         let overdue = peer.unacked.front().is_some_and(|f| f.first_sent_at.add_nanos(silence) <= now);
         !overdue && (peer.heard_at.add_nanos(silence) > now || peer.expect_until <= now)
     }
