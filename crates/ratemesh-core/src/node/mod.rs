@@ -578,7 +578,7 @@ impl Node {
             .filter(|&r| {
                 let member = self.members[r];
                 member == self.id
-                    || (self.ring.members().contains(&member) && self.peers.reachable(member, now))
+                    || (self.ring.members().contains(&member) && self.peers.counted_reachable(member, now))
             })
             .collect();
         if changed || ranks != self.reachable_ranks {

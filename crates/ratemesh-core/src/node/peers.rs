@@ -21,7 +21,10 @@
 //! and its own oldest unacknowledged frame, which do not line up; so a holder of allowances falls
 //! back on its share of an owner's limit only once the owner is *cut off*, unreachable for two
 //! sync intervals and a timeout longer, by when the owner has counted the holder unreachable too
-//! (and enforces the limit less that share). The silence bound is `peer_silence`, raised to
+//! (and enforces the limit less that share). When a cut heals, each side resends at once what
+//! it owes when it hears the other, and an owner counts a peer back in its limits only two
+//! timeouts after it became reachable again (`Peers::counted_reachable`), by when the peer has
+//! heard its acknowledgements and stopped deciding by its share. The silence bound is `peer_silence`, raised to
 //! cover two sync intervals and two retransmission timeouts of the peer (a slow link or a long
 //! interval is not a partition).
 //!
@@ -112,6 +115,9 @@ struct Peer {
     /// any frame if this node expected it): the probe sent when it comes back inherits the age,
     /// so a flap of the view does not restart the count.
     left_owing_since: Option<Instant>,
+    /// When a frame from the peer last made it reachable again: its side counts this node
+    /// reachable only once its own frames are acknowledged, up to a timeout later.
+    back_at: Instant,
 }
 
 /// Delivery counters, for metrics.
@@ -222,7 +228,7 @@ impl Peers {
     /// Frames waiting for an acknowledgement from peers that are reachable at `now` (a leaving
     /// node waits for those; frames to an unreachable peer would make it wait for nothing).
     pub fn unacked_frames_reachable(&self, now: Instant) -> usize {
-        let reachable = self.peers.iter().filter(|(_, p)| self.peer_reachable(p, now, 0));
+        let reachable = self.peers.iter().filter(|(_, p)| peer_reachable(&self.config, p, now, 0));
         reachable.map(|(_, peer)| peer.unacked.len()).sum()
     }
 
@@ -278,18 +284,51 @@ impl Peers {
     /// expectation ran out. The peer may still decide by its share (it has not heard this node
     /// either), and a peer this node expects nothing from and sends nothing to would otherwise
     /// count as reachable.
+    ///
+    /// An unreachable member's oldest frame is also sent again if it was last sent a sync
+    /// interval ago (one frame per interval, a heartbeat's cost, instead of the backoff's up to a
+    /// second): when the cut heals, the pair hears each other within an interval, and each side
+    /// resends what it owes at once (`Peer::resend_overdue`).
     pub fn probes(&mut self, now: Instant) -> Vec<Transmit> {
-        let silent: Vec<(NodeId, Instant)> = (self.peers.iter())
-            .filter(|(_, p)| p.member && p.unacked.is_empty() && !self.peer_reachable(p, now, 0))
-            .map(|(&id, p)| (id, now.sub_nanos(self.silence_nanos(p))))
-            .collect();
+        let config = self.config;
+        let (mut silent, mut again) = (Vec::new(), Vec::new());
+        for (&id, peer) in &mut self.peers {
+            if !peer.member || peer_reachable(&config, peer, now, 0) {
+                continue;
+            }
+            match peer.unacked.front_mut() {
+                Some(frame) if frame.sent_at.add_nanos(config.sync_nanos) <= now => {
+                    // Sent again without backing off: a keepalive, not a timeout.
+                    frame.sent_at = now;
+                    again.push((id, frame.seq, frame.body.clone()));
+                }
+                Some(_) => {}
+                None => silent.push((id, now.sub_nanos(silence_nanos(&config, peer)))),
+            }
+        }
+        self.stats.retransmits += again.len() as u64;
+        let mut transmits: Vec<Transmit> =
+            again.into_iter().filter_map(|(id, seq, body)| self.transmit(id, seq, body, now)).collect();
         let probe = |(id, since)| self.send_first_sent_at(id, Body::default(), since, now);
-        silent.into_iter().filter_map(probe).collect()
+        transmits.extend(silent.into_iter().filter_map(probe));
+        transmits
     }
 
     /// Whether `peer` is reachable at `now` (see the module documentation).
     pub fn reachable(&self, peer: NodeId, now: Instant) -> bool {
-        self.peers.get(&peer).is_some_and(|p| self.peer_reachable(p, now, 0))
+        self.peers.get(&peer).is_some_and(|p| peer_reachable(&self.config, p, now, 0))
+    }
+
+    /// Whether `peer` counts as reachable for the limits this node enforces as an owner: reachable,
+    /// and for two timeouts since it was last reachable again. A peer that held allowances decides
+    /// by its share until it counts this node reachable, which is when its own frames are
+    /// acknowledged: a round trip and an acknowledgement delay after this node heard it, or more
+    /// (1.4 round trips measured at 80 ms one-way delays).
+    pub fn counted_reachable(&self, peer: NodeId, now: Instant) -> bool {
+        self.peers.get(&peer).is_some_and(|p| {
+            let rto = p.estimated_rto_nanos().unwrap_or(self.config.rto_initial_nanos);
+            peer_reachable(&self.config, p, now, 0) && p.back_at.add_nanos(rto.saturating_mul(2)) <= now
+        })
     }
 
     /// Whether `peer` has been unreachable for a while at `now`: long enough that this node's
@@ -302,27 +341,8 @@ impl Peers {
         self.peers.get(&peer).is_some_and(|p| {
             let rto = p.estimated_rto_nanos().unwrap_or(self.config.rto_initial_nanos);
             let lead = self.config.sync_nanos.saturating_mul(2).saturating_add(rto);
-            !self.peer_reachable(p, now, lead)
+            !peer_reachable(&self.config, p, now, lead)
         })
-    }
-
-    fn peer_reachable(&self, peer: &Peer, now: Instant, extra_nanos: u64) -> bool {
-        let silence = self.silence_nanos(peer).saturating_add(extra_nanos);
-        let overdue = peer.unacked.front().is_some_and(|f| f.first_sent_at.add_nanos(silence) <= now);
-        !overdue && (peer.heard_at.add_nanos(silence) > now || peer.expect_until <= now)
-    }
-
-    /// How long `peer` may be silent before it counts as unreachable.
-    ///
-    /// The slack counts the round-trip estimate's timeout, not the backed-off one: backing off
-    /// doubles the timeout at each loss, so a silence bound that followed it would grow faster than
-    /// the silence itself and a cut-off peer would never count as unreachable here, while that peer
-    /// (which heard this node later, or backed off less) already decided by its share of the limit
-    /// on top of this node's whole limit.
-    fn silence_nanos(&self, peer: &Peer) -> u64 {
-        let rto = peer.estimated_rto_nanos().unwrap_or(self.config.rto_initial_nanos);
-        let slack = self.config.sync_nanos.saturating_add(rto).saturating_mul(2);
-        self.config.silence_nanos.max(slack)
     }
 
     /// Sends `body` to `to` reliably (retransmitted until acknowledged). `None` when `to` is not
@@ -431,15 +451,21 @@ impl Peers {
             self.stats.malformed += 1;
             return Err(WireError::ForgedSender { from: from.0, claimed: frame.from });
         }
+        let config = self.config;
         let Some(peer) = self.peer_for_sender(from, now) else { return Ok(None) };
         if peer.recv_incarnation.is_some_and(|known| known > frame.incarnation) {
             // From a previous life of the peer, delayed in the network.
             self.stats.duplicates += 1;
             return Ok(None);
         }
+        let was_reachable = peer_reachable(&config, peer, now, 0);
         peer.heard_at = now;
         peer.on_ack(frame.ack, frame.sack, now);
         peer.skip_to(frame.incarnation, frame.una);
+        peer.resend_overdue(&config, now);
+        if !was_reachable && peer_reachable(&config, peer, now, 0) {
+            peer.back_at = now;
+        }
         if frame.seq == 0 {
             return Ok(None);
         }
@@ -480,6 +506,27 @@ impl Peers {
     }
 }
 
+/// Whether `peer` is reachable at `now`, with the silence bound `extra_nanos` longer (see the
+/// module documentation).
+fn peer_reachable(config: &PeerConfig, peer: &Peer, now: Instant, extra_nanos: u64) -> bool {
+    let silence = silence_nanos(config, peer).saturating_add(extra_nanos);
+    let overdue = peer.unacked.front().is_some_and(|f| f.first_sent_at.add_nanos(silence) <= now);
+    !overdue && (peer.heard_at.add_nanos(silence) > now || peer.expect_until <= now)
+}
+
+/// How long `peer` may be silent before it counts as unreachable.
+///
+/// The slack counts the round-trip estimate's timeout, not the backed-off one: backing off
+/// doubles the timeout at each loss, so a silence bound that followed it would grow faster than
+/// the silence itself and a cut-off peer would never count as unreachable here, while that peer
+/// (which heard this node later, or backed off less) already decided by its share of the limit
+/// on top of this node's whole limit.
+fn silence_nanos(config: &PeerConfig, peer: &Peer) -> u64 {
+    let rto = peer.estimated_rto_nanos().unwrap_or(config.rto_initial_nanos);
+    let slack = config.sync_nanos.saturating_add(rto).saturating_mul(2);
+    config.silence_nanos.max(slack)
+}
+
 impl Peer {
     fn new(now: Instant, rto_nanos: u64, member: bool) -> Peer {
         Peer {
@@ -497,6 +544,22 @@ impl Peer {
             rto_nanos,
             expect_until: Instant::ZERO,
             left_owing_since: None,
+            back_at: Instant::ZERO,
+        }
+    }
+
+    /// Heard while a frame to the peer is overdue (a cut just healed): every frame sent a
+    /// timeout ago or earlier is due again now, not at its backed-off timeout (up to a second
+    /// away), so that both sides of the pair count each other reachable again within a round trip
+    /// of each other.
+    fn resend_overdue(&mut self, config: &PeerConfig, now: Instant) {
+        let silence = silence_nanos(config, self);
+        if self.unacked.front().is_none_or(|f| f.first_sent_at.add_nanos(silence) > now) {
+            return;
+        }
+        let rto = self.estimated_rto_nanos().unwrap_or(config.rto_initial_nanos);
+        for frame in self.unacked.iter_mut().filter(|f| f.sent_at.add_nanos(rto) <= now) {
+            frame.lost = true;
         }
     }
 
