@@ -14,17 +14,19 @@
 //! hear from a peer while they share allowance state (reports and grants flow between them, and
 //! heartbeats fill idle intervals); such a peer is reachable while it has been heard from within
 //! its silence bound. Any peer is unreachable while a frame sent to it has gone unacknowledged
-//! for longer than that bound — also while it is heard from: on a one-way cut towards it, it
-//! hears nothing from this node and decides by its share. A peer that went unreachable is sent
+//! for longer than that bound and nothing newer was acknowledged meanwhile (one lost frame is a
+//! loss, not a cut) — also while it is heard from: on a one-way cut towards it, it hears nothing
+//! from this node and decides by its share. A peer that went unreachable is sent
 //! a probe (an empty sequenced frame) that keeps it so until it acknowledges, after the
 //! expectation ran out and across a flap of the view. Each side counts from its own last hearing
 //! and its own oldest unacknowledged frame, which do not line up; so a holder of allowances falls
 //! back on its share of an owner's limit only once the owner is *cut off*, unreachable for two
 //! sync intervals and a timeout longer, by when the owner has counted the holder unreachable too
-//! (and enforces the limit less that share). When a cut heals, each side resends at once what
-//! it owes when it hears the other, and an owner counts a peer back in its limits only two
-//! timeouts after it became reachable again (`Peers::counted_reachable`), by when the peer has
-//! heard its acknowledgements and stopped deciding by its share. The silence bound is `peer_silence`, raised to
+//! (and enforces the limit less that share). An unreachable member's oldest frame goes again
+//! every sync interval, not at its backed-off timeout, so that a healed cut is noticed within an
+//! interval; and an owner counts a peer back in its limits only two timeouts after it became
+//! reachable again (`Peers::counted_reachable`), by when the peer has heard its
+//! acknowledgements and stopped deciding by its share. The silence bound is `peer_silence`, raised to
 //! cover two sync intervals and two retransmission timeouts of the peer (a slow link or a long
 //! interval is not a partition).
 //!
@@ -115,6 +117,9 @@ struct Peer {
     /// any frame if this node expected it): the probe sent when it comes back inherits the age,
     /// so a flap of the view does not restart the count.
     left_owing_since: Option<Instant>,
+    /// When the peer last acknowledged a frame not acknowledged before: a frame overdue while
+    /// newer ones are acknowledged is a loss, not a cut.
+    acked_at: Instant,
     /// When a frame from the peer last made it reachable again: its side counts this node
     /// reachable only once its own frames are acknowledged, up to a timeout later.
     back_at: Instant,
@@ -287,8 +292,7 @@ impl Peers {
     ///
     /// An unreachable member's oldest frame is also sent again if it was last sent a sync
     /// interval ago (one frame per interval, a heartbeat's cost, instead of the backoff's up to a
-    /// second): when the cut heals, the pair hears each other within an interval, and each side
-    /// resends what it owes at once (`Peer::resend_overdue`).
+    /// second): when the cut heals, the pair hears each other within an interval.
     pub fn probes(&mut self, now: Instant) -> Vec<Transmit> {
         let config = self.config;
         let (mut silent, mut again) = (Vec::new(), Vec::new());
@@ -462,7 +466,6 @@ impl Peers {
         peer.heard_at = now;
         peer.on_ack(frame.ack, frame.sack, now);
         peer.skip_to(frame.incarnation, frame.una);
-        peer.resend_overdue(&config, now);
         if !was_reachable && peer_reachable(&config, peer, now, 0) {
             peer.back_at = now;
         }
@@ -510,7 +513,8 @@ impl Peers {
 /// module documentation).
 fn peer_reachable(config: &PeerConfig, peer: &Peer, now: Instant, extra_nanos: u64) -> bool {
     let silence = silence_nanos(config, peer).saturating_add(extra_nanos);
-    let overdue = peer.unacked.front().is_some_and(|f| f.first_sent_at.add_nanos(silence) <= now);
+    let overdue = peer.unacked.front().is_some_and(|f| f.first_sent_at.add_nanos(silence) <= now)
+        && peer.acked_at.add_nanos(silence) <= now;
     !overdue && (peer.heard_at.add_nanos(silence) > now || peer.expect_until <= now)
 }
 
@@ -545,21 +549,7 @@ impl Peer {
             expect_until: Instant::ZERO,
             left_owing_since: None,
             back_at: Instant::ZERO,
-        }
-    }
-
-    /// Heard while a frame to the peer is overdue (a cut just healed): every frame sent a
-    /// timeout ago or earlier is due again now, not at its backed-off timeout (up to a second
-    /// away), so that both sides of the pair count each other reachable again within a round trip
-    /// of each other.
-    fn resend_overdue(&mut self, config: &PeerConfig, now: Instant) {
-        let silence = silence_nanos(config, self);
-        if self.unacked.front().is_none_or(|f| f.first_sent_at.add_nanos(silence) > now) {
-            return;
-        }
-        let rto = self.estimated_rto_nanos().unwrap_or(config.rto_initial_nanos);
-        for frame in self.unacked.iter_mut().filter(|f| f.sent_at.add_nanos(rto) <= now) {
-            frame.lost = true;
+            acked_at: now,
         }
     }
 
@@ -590,6 +580,7 @@ impl Peer {
             !done
         });
         let Some((_, newest_sent_at, sent_once)) = newest else { return };
+        self.acked_at = now;
         // One sample per acknowledgement, of its newest frame (RFC 9002, 5.1): an older frame
         // covered only now had its own acknowledgement lost, and its wait is no round trip.
         if sent_once {
