@@ -255,10 +255,8 @@ impl Peers {
     /// acknowledges the probe; a restarted one does within a round trip.
     pub fn set_members(&mut self, live: &[NodeId], now: Instant) -> Vec<Transmit> {
         let mut returned = Vec::new();
-        let ids: Vec<NodeId> = self.peers.keys().copied().collect();
-        for id in ids {
+        for (&id, peer) in &mut self.peers {
             let member = live.contains(&id);
-            let Some(peer) = self.peers.get_mut(&id) else { continue };
             if !member && peer.member {
                 // What the peer owed when it left: the acknowledgement of the oldest frame it
                 // has not acknowledged, and a frame since it was last heard if it was expected.
@@ -330,7 +328,7 @@ impl Peers {
     /// (1.4 round trips measured at 80 ms one-way delays).
     pub fn counted_reachable(&self, peer: NodeId, now: Instant) -> bool {
         self.peers.get(&peer).is_some_and(|p| {
-            let rto = p.estimated_rto_nanos().unwrap_or(self.config.rto_initial_nanos);
+            let rto = estimated_rto_or_initial(&self.config, p);
             peer_reachable(&self.config, p, now, 0) && p.back_at.add_nanos(rto.saturating_mul(2)) <= now
         })
     }
@@ -343,7 +341,7 @@ impl Peers {
     /// and a round trip (the first frame after a one-way cut leaves as an answer).
     pub fn cut_off(&self, peer: NodeId, now: Instant) -> bool {
         self.peers.get(&peer).is_some_and(|p| {
-            let rto = p.estimated_rto_nanos().unwrap_or(self.config.rto_initial_nanos);
+            let rto = estimated_rto_or_initial(&self.config, p);
             let lead = self.config.sync_nanos.saturating_mul(2).saturating_add(rto);
             !peer_reachable(&self.config, p, now, lead)
         })
@@ -526,9 +524,15 @@ fn peer_reachable(config: &PeerConfig, peer: &Peer, now: Instant, extra_nanos: u
 /// (which heard this node later, or backed off less) already decided by its share of the limit
 /// on top of this node's whole limit.
 fn silence_nanos(config: &PeerConfig, peer: &Peer) -> u64 {
-    let rto = peer.estimated_rto_nanos().unwrap_or(config.rto_initial_nanos);
+    let rto = estimated_rto_or_initial(config, peer);
     let slack = config.sync_nanos.saturating_add(rto).saturating_mul(2);
     config.silence_nanos.max(slack)
+}
+
+/// `peer`'s retransmission timeout as its round trips estimate it (no backoff), or the initial
+/// one before any was measured.
+fn estimated_rto_or_initial(config: &PeerConfig, peer: &Peer) -> u64 {
+    peer.estimated_rto_nanos().unwrap_or(config.rto_initial_nanos)
 }
 
 impl Peer {

@@ -1451,9 +1451,10 @@ fn an_owner_counts_a_holder_cut_off_unreachable_while_it_decides_by_its_share() 
 
 /// When a cut between an owner and a holder heals, the owner counts the holder reachable (and
 /// enforces the whole limit) only once the holder counts the owner reachable too (and stops
-/// deciding by its share): the holder resends what it owes as soon as it hears the owner, and
-/// the owner waits two timeouts after hearing the holder again (`Peers::counted_reachable`).
-/// Without either, the limit and a share were admitted up to 0.48 s after the heal.
+/// deciding by its share): an unreachable member's oldest frame goes again every sync interval
+/// (`Peers::probes`), and the owner waits two timeouts after the holder became reachable again
+/// (`Peers::counted_reachable`). Without them, the limit and a share were admitted up to 0.48 s
+/// after the heal.
 #[test]
 fn after_a_cut_heals_owner_and_holder_do_not_admit_the_limit_and_a_share() {
     for regime in [(3, 50, 1), (3, 50, 20), (3, 50, 80), (2, 50, 20), (3, 200, 20)] {
