@@ -30,7 +30,10 @@ impl Node {
         let approximate = effective_mode(policy) == api::Mode::Approximate;
         let retry_floor = self.next_sync_at.nanos_since(now);
         let sizing = self.sizing_context(self.id, now);
-        let (epoch, replicate) = (self.due_epoch, self.config.replicate);
+        // A lone member has no successor to replicate to (a view change finishes the round in
+        // progress, so nothing marked under a lone ring is owed to a later successor).
+        let replicate = self.config.replicate && self.ring.members().len() > 1;
+        let epoch = self.due_epoch;
         let rng = &mut self.rng;
         let (decision, own_due, replica_due) = self.keys.upsert_with(
             key,
@@ -48,7 +51,11 @@ impl Node {
                     Some(limit) => sizing.metered(bucket, limit, meta, None, cost, rng),
                 };
                 let tracked = decision.allowed && cost > 0;
-                let own_due = approximate && keys::mark_due(&mut meta.own_due_epoch, epoch);
+                // Only a shared key needs its own allowance renewed: nobody else draws on one
+                // that nobody shares, whose checks are first come on the bucket. A key the owner
+                // holds an allowance of, or found contended, stays due by its refresh.
+                let shared = !meta.participants.is_empty();
+                let own_due = approximate && shared && keys::mark_due(&mut meta.own_due_epoch, epoch);
                 let replica_due = tracked && replicate && keys::mark_due(&mut meta.replica_due_epoch, epoch);
                 (decision, own_due, replica_due)
             },
