@@ -123,8 +123,9 @@ impl Node {
     }
 
     /// After a view change: hands keys this node owned and no longer owns to their new owners,
-    /// and marks followed keys whose owner changed so their next report seeds the new owner.
-    pub(super) fn move_keys(&mut self, now: Instant) {
+    /// and marks followed keys whose owner changed so their next report seeds the new owner;
+    /// with `replicate_owned`, every key it still owns is due for replication.
+    pub(super) fn move_keys(&mut self, now: Instant, replicate_owned: bool) {
         let mut handoffs: BTreeMap<NodeId, Vec<KeyState>> = BTreeMap::new();
         let keys: Vec<KeyHash> = self.keys.keys().collect();
         for key in keys {
@@ -165,6 +166,9 @@ impl Node {
                 }
                 None
             });
+            if replicate_owned && owner == me {
+                self.replicas_due.insert(key);
+            }
             if let Some(state) = moved.flatten() {
                 self.stats.handoffs_sent += 1;
                 for target in self.handoff_targets(key, owner) {

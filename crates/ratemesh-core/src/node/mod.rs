@@ -462,12 +462,16 @@ impl Node {
         members.dedup();
         let probes = self.peers.set_members(&live, now);
         self.transmits.extend(probes);
+        let had_successor = self.ring.members().len() > 1;
         self.ring = Ring::new(&live, self.config.ring_vnodes);
         self.rank = members.binary_search(&self.id).ok();
         self.members = members;
         self.dead = dead;
         self.refresh_reachability(now, true);
-        self.move_keys(now);
+        // Owners mark no key for replication while they are alone on their ring: the first
+        // successor gets every key they still own.
+        let gained_successor = !had_successor && self.ring.members().len() > 1 && self.config.replicate;
+        self.move_keys(now, gained_successor);
     }
 
     /// Runs the timers that are due at `now`.

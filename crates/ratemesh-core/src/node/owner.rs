@@ -30,8 +30,8 @@ impl Node {
         let approximate = effective_mode(policy) == api::Mode::Approximate;
         let retry_floor = self.next_sync_at.nanos_since(now);
         let sizing = self.sizing_context(self.id, now);
-        // A lone member has no successor to replicate to (a view change finishes the round in
-        // progress, so nothing marked under a lone ring is owed to a later successor).
+        // A lone member has no successor to replicate to: the view that brings the first one
+        // marks every key it owns (`apply_view`).
         let replicate = self.config.replicate && self.ring.members().len() > 1;
         let epoch = self.due_epoch;
         let rng = &mut self.rng;

@@ -288,6 +288,27 @@ fn a_sync_round_does_no_work_for_keys_the_owner_shares_with_nobody() {
     assert_eq!(pair.node(1).own_due.len(), 100, "shared keys are due");
 }
 
+/// A node alone on its ring marks nothing for replication; the view that brings it a successor
+/// marks every key it still owns, so the next round replicates them.
+#[test]
+fn a_lone_owner_replicates_its_keys_to_its_first_successor() {
+    let mut cluster = Cluster::new(1);
+    cluster.add_node(2);
+    let policy = policy(Mode::Approximate, 100, 100);
+    let keys: Vec<KeyHash> = (0..200).map(|i| key(&format!("lone{i}"))).collect();
+    for (i, &k) in keys.iter().enumerate() {
+        let request = CheckRequest { id: RequestId(i as u64), key: k, policy: policy.clone(), cost: 1 };
+        cluster.check(1, request);
+    }
+    assert_eq!(cluster.node(1).replicas_due.len(), 0, "no successor yet");
+    cluster.view(&[1, 2], &[1, 2], &[]);
+    let still_owned = keys.iter().filter(|&&k| cluster.node(1).owner_of(k) == Some(NodeId(1))).count();
+    assert!(still_owned > 50, "{still_owned} keys still owned");
+    assert_eq!(cluster.node(1).replicas_due.len(), still_owned, "every key still owned is due");
+    cluster.run_for(NodeConfig::default().sync_interval * 2);
+    assert_eq!(cluster.node(2).stats.replicas_received, still_owned as u64);
+}
+
 #[test]
 fn approximate_mode_converges_to_the_limit() {
     let mut cluster = Cluster::new(3);
