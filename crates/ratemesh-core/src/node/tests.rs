@@ -309,6 +309,43 @@ fn a_lone_owner_replicates_its_keys_to_its_first_successor() {
     assert_eq!(cluster.node(2).stats.replicas_received, still_owned as u64);
 }
 
+/// A follower that becomes a key's owner keeps the allowance it held as its own; its next check
+/// of the key makes it due for the refresh, which gives back what nobody needs (the key has no
+/// other participant), so that the bucket, refilled meanwhile, does not admit its whole capacity
+/// on top of that allowance.
+#[test]
+fn an_allowance_kept_by_a_new_owner_is_given_back_by_its_refresh() {
+    let mut cluster = Cluster::new(2);
+    let policy = policy(Mode::Approximate, 1_000, 1_000);
+    let k = (0..)
+        .map(|i| key(&format!("taken{i}")))
+        .find(|&k| cluster.node(1).owner_of(k) == Some(NodeId(2)))
+        .unwrap();
+    let mut id = 0;
+    // Demand at node 1 over a few rounds: its reports bring it an allowance of the key.
+    for _ in 0..4 {
+        for _ in 0..20 {
+            id += 1;
+            cluster.check(1, CheckRequest { id: RequestId(id), key: k, policy: policy.clone(), cost: 1 });
+        }
+        cluster.run_for(NodeConfig::default().sync_interval);
+    }
+    let held =
+        cluster.node(1).keys.extra(k).and_then(|meta| meta.follower.as_ref()).map_or(0, |f| f.allowance.hits);
+    assert!(held > 0, "node 1 holds an allowance");
+    // Node 2 leaves node 1's view: node 1 owns the key and the allowance is its own.
+    cluster.view(&[1], &[1], &[2]);
+    let now = cluster.now;
+    assert!(cluster.node(1).keys.extra(k).is_some_and(|meta| meta.owned && meta.own.live(now) > 0));
+    id += 1;
+    cluster.check(1, CheckRequest { id: RequestId(id), key: k, policy: policy.clone(), cost: 1 });
+    assert!(cluster.node(1).own_due.contains(&k), "due for the refresh");
+    cluster.run_for(NodeConfig::default().sync_interval * 2);
+    let now = cluster.now;
+    // Given back (a key left fresh by it is swept).
+    assert_eq!(cluster.node(1).keys.extra(k).map_or(0, |meta| meta.own.live(now)), 0, "given back");
+}
+
 #[test]
 fn approximate_mode_converges_to_the_limit() {
     let mut cluster = Cluster::new(3);
