@@ -320,7 +320,7 @@ fn an_allowance_kept_by_a_new_owner_is_given_back_by_its_refresh() {
     let k = (0..)
         .map(|i| key(&format!("taken{i}")))
         .find(|&k| cluster.node(1).owner_of(k) == Some(NodeId(2)))
-        .unwrap();
+        .expect("a key node 2 owns");
     let mut id = 0;
     // Demand at node 1 over a few rounds: its reports bring it an allowance of the key.
     for _ in 0..4 {
