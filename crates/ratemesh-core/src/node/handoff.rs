@@ -153,10 +153,14 @@ impl Node {
                 if !was_owned && owner == me {
                     // Becoming the owner: the last authoritative view is the starting point, hits
                     // admitted here without an allowance are debited at once, and an allowance
-                    // held here (debited by the previous owner) becomes the owner's own.
+                    // held here (debited by the previous owner) goes back into the bucket, as a
+                    // departing owner's own does. Kept as the owner's own, it was spent without
+                    // the bucket's hold: after an idle spell the refilled bucket admitted its
+                    // whole capacity on top of it, and with no other participant nothing ever
+                    // gave it back.
                     if let Some(follower) = meta.follower.take() {
                         bucket.force(&meta.policy.limit, follower.uncovered, now);
-                        meta.own.add(follower.allowance.live(now), follower.allowance.expires_at, now);
+                        bucket.refund(&meta.policy.limit, follower.allowance.live(now), now);
                     }
                     return None;
                 }

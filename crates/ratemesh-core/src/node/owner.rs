@@ -51,12 +51,11 @@ impl Node {
                     Some(limit) => sizing.metered(bucket, limit, meta, None, cost, rng),
                 };
                 let tracked = decision.allowed && cost > 0;
-                // Only a key another member draws on needs the owner's own allowance renewed (one
-                // nobody shares is decided first come on the bucket), or one the owner still holds
-                // an allowance of (taken over as it became the owner), which the refresh gives
-                // back. A key the refresh found contended stays due by the refresh itself.
-                let refresh = !meta.participants.is_empty() || meta.own.live(now) > 0;
-                let own_due = approximate && refresh && keys::mark_due(&mut meta.own_due_epoch, epoch);
+                // Only a key another member draws on needs the owner's own allowance renewed: one
+                // nobody shares is decided first come on the bucket. (The owner holds an
+                // allowance only from a refresh, which keeps the key due while it does.)
+                let shared = !meta.participants.is_empty();
+                let own_due = approximate && shared && keys::mark_due(&mut meta.own_due_epoch, epoch);
                 let replica_due = tracked && replicate && keys::mark_due(&mut meta.replica_due_epoch, epoch);
                 (decision, own_due, replica_due)
             },
