@@ -123,7 +123,7 @@ impl Node {
                 }
             },
         );
-        if hits > 0 && self.config.replicate {
+        if hits > 0 && self.replicates() {
             self.replicas_due.insert(key);
         }
         decision

@@ -44,7 +44,7 @@ impl Node {
                 (Ok(()), true) => self.stats.replicas_received += 1,
                 (Err(_), _) => self.stats.items_refused += 1,
             }
-            if owned && self.config.replicate {
+            if owned && self.replicates() {
                 self.replicas_due.insert(key);
             }
             let Some(owner) = self.handoff_owner(key, from).filter(|_| !replica && !owned) else { continue };
@@ -154,10 +154,9 @@ impl Node {
                     // Becoming the owner: the last authoritative view is the starting point, hits
                     // admitted here without an allowance are debited at once, and an allowance
                     // held here (debited by the previous owner) goes back into the bucket, as a
-                    // departing owner's own does. Kept as the owner's own, it was spent without
-                    // the bucket's hold: after an idle spell the refilled bucket admitted its
-                    // whole capacity on top of it, and with no other participant nothing ever
-                    // gave it back.
+                    // departing owner's own does: kept as the owner's own, it would be spent
+                    // beside a bucket refilled meanwhile, and nothing refreshes a key nobody
+                    // else shares.
                     if let Some(follower) = meta.follower.take() {
                         bucket.force(&meta.policy.limit, follower.uncovered, now);
                         bucket.refund(&meta.policy.limit, follower.allowance.live(now), now);

@@ -462,7 +462,7 @@ impl Node {
         members.dedup();
         let probes = self.peers.set_members(&live, now);
         self.transmits.extend(probes);
-        let had_successor = self.ring.members().len() > 1;
+        let replicated = self.replicates();
         self.ring = Ring::new(&live, self.config.ring_vnodes);
         self.rank = members.binary_search(&self.id).ok();
         self.members = members;
@@ -470,8 +470,14 @@ impl Node {
         self.refresh_reachability(now, true);
         // Owners mark no key for replication while they are alone on their ring: the first
         // successor gets every key they still own.
-        let gained_successor = !had_successor && self.ring.members().len() > 1 && self.config.replicate;
-        self.move_keys(now, gained_successor);
+        let replicate_owned = !replicated && self.replicates();
+        self.move_keys(now, replicate_owned);
+    }
+
+    /// Whether owners replicate their changed keys now: configured to, and the ring has a
+    /// successor for them (the view that brings the first marks every key owned).
+    fn replicates(&self) -> bool {
+        self.config.replicate && self.ring.members().len() > 1
     }
 
     /// Runs the timers that are due at `now`.

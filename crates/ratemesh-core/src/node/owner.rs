@@ -30,10 +30,7 @@ impl Node {
         let approximate = effective_mode(policy) == api::Mode::Approximate;
         let retry_floor = self.next_sync_at.nanos_since(now);
         let sizing = self.sizing_context(self.id, now);
-        // A lone member has no successor to replicate to: the view that brings the first one
-        // marks every key it owns (`apply_view`).
-        let replicate = self.config.replicate && self.ring.members().len() > 1;
-        let epoch = self.due_epoch;
+        let (epoch, replicate) = (self.due_epoch, self.replicates());
         let rng = &mut self.rng;
         let (decision, own_due, replica_due) = self.keys.upsert_with(
             key,
@@ -141,7 +138,7 @@ impl Node {
                 (decision, grant)
             },
         );
-        if decision.allowed && check.cost > 0 && self.config.replicate {
+        if decision.allowed && check.cost > 0 && self.replicates() {
             self.replicas_due.insert(key);
         }
         (decision, grant)
@@ -163,7 +160,7 @@ impl Node {
         for report in reports {
             match self.apply_report(from, order, report, now) {
                 Some(grant) => {
-                    if self.config.replicate {
+                    if self.replicates() {
                         self.replicas_due.insert(KeyHash(grant.key));
                     }
                     grants.push(grant);

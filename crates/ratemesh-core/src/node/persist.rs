@@ -151,7 +151,7 @@ impl Node {
             };
             stats.joined += 1;
             if owned {
-                if self.config.replicate {
+                if self.replicates() {
                     self.replicas_due.insert(key);
                 }
             } else {

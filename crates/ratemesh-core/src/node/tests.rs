@@ -309,9 +309,11 @@ fn a_lone_owner_replicates_its_keys_to_its_first_successor() {
     assert_eq!(cluster.node(2).stats.replicas_received, still_owned as u64);
 }
 
-/// Node 1 of `n` holds an allowance of a key node 2 owns, and would own it without node 2; the
-/// allowance's size.
-fn follower_with_an_allowance(cluster: &mut Cluster, policy: &Arc<Policy>, id: &mut u64) -> (KeyHash, u64) {
+/// A cluster of `n` where node 1 holds an allowance of a key node 2 owns and node 1 would own
+/// without node 2: the cluster, the policy, the key and the last request id used.
+fn follower_with_an_allowance(n: u64) -> (Cluster, Arc<Policy>, KeyHash, u64) {
+    let mut cluster = Cluster::new(n);
+    let policy = policy(Mode::Approximate, 1_000, 1_000);
     let members: Vec<NodeId> = cluster.nodes.keys().copied().filter(|&m| m != NodeId(2)).collect();
     let after = Ring::new(&members, RING_VNODES_DEFAULT);
     let k = (0..)
@@ -319,16 +321,18 @@ fn follower_with_an_allowance(cluster: &mut Cluster, policy: &Arc<Policy>, id: &
         .find(|&k| cluster.node(1).owner_of(k) == Some(NodeId(2)) && after.owner(k) == Some(NodeId(1)))
         .expect("a key node 2 owns and node 1 would");
     // Demand at node 1 over a few rounds: its reports bring it an allowance of the key.
+    let mut id = 0;
     for _ in 0..4 {
         for _ in 0..20 {
-            *id += 1;
-            cluster.check(1, CheckRequest { id: RequestId(*id), key: k, policy: policy.clone(), cost: 1 });
+            id += 1;
+            cluster.check(1, CheckRequest { id: RequestId(id), key: k, policy: policy.clone(), cost: 1 });
         }
         cluster.run_for(NodeConfig::default().sync_interval);
     }
     let held =
         cluster.node(1).keys.extra(k).and_then(|meta| meta.follower.as_ref()).map_or(0, |f| f.allowance.hits);
-    (k, held)
+    assert!(held > 0, "node 1 holds an allowance");
+    (cluster, policy, k, id)
 }
 
 /// A follower that becomes a key's owner gives the allowance it held back to the bucket: kept as
@@ -337,11 +341,7 @@ fn follower_with_an_allowance(cluster: &mut Cluster, policy: &Arc<Policy>, id: &
 /// review).
 #[test]
 fn a_new_owner_gives_back_the_allowance_it_held_and_a_burst_stays_within_capacity() {
-    let mut cluster = Cluster::new(2);
-    let policy = policy(Mode::Approximate, 1_000, 1_000);
-    let mut id = 0;
-    let (k, held) = follower_with_an_allowance(&mut cluster, &policy, &mut id);
-    assert!(held > 0, "node 1 holds an allowance");
+    let (mut cluster, policy, k, _) = follower_with_an_allowance(2);
     cluster.view(&[1], &[1], &[2]);
     let now = cluster.now;
     assert!(cluster.node(1).keys.extra(k).is_some_and(|meta| meta.owned && meta.own.live(now) == 0));
@@ -354,11 +354,7 @@ fn a_new_owner_gives_back_the_allowance_it_held_and_a_burst_stays_within_capacit
 /// owner refresh it (found by a review: 22 hits held for good under forwarded demand).
 #[test]
 fn a_new_owner_holds_nothing_back_from_the_other_holders() {
-    let mut cluster = Cluster::new(3);
-    let policy = policy(Mode::Approximate, 1_000, 1_000);
-    let mut id = 0;
-    let (k, held) = follower_with_an_allowance(&mut cluster, &policy, &mut id);
-    assert!(held > 0, "node 1 holds an allowance");
+    let (mut cluster, policy, k, mut id) = follower_with_an_allowance(3);
     cluster.view(&[1, 3], &[1, 3], &[2]);
     for _ in 0..50 {
         id += 1;
