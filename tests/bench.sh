@@ -172,15 +172,16 @@ fi
 
 clock_ticks_per_s=$(getconf CLK_TCK)
 
-# cpu_ticks PID: the process's user + system CPU time so far, in clock ticks (fields 14 and 15 of
-# /proc/PID/stat, counted after the command name, which may hold spaces).
+# cpu_ticks PID: the process's user and system CPU time so far, in clock ticks, as "USER SYSTEM"
+# (fields 14 and 15 of /proc/PID/stat, counted after the command name, which may hold spaces).
 cpu_ticks() {
-    awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" || fail "cannot read /proc/$1/stat"
+    awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$1/stat" || fail "cannot read /proc/$1/stat"
 }
 
 # measure PID COMMAND...: runs COMMAND (one of run_*) and prints its line with, instead of the
-# decisions, the CPU µs per decision the server PID spent in it:
-# rps<TAB>p50<TAB>p99<TAB>cpu_us_per_decision.
+# decisions, the CPU µs per decision the server PID spent in it, and the part of it spent in the
+# kernel (system time: the socket reads and writes, the wakeups):
+# rps<TAB>p50<TAB>p99<TAB>cpu_us_per_decision<TAB>kernel_us_per_decision.
 measure() {
     local pid=$1 before after row
     shift
@@ -189,10 +190,13 @@ measure() {
     after=$(cpu_ticks "$pid")
     python3 - "$row" "$before" "$after" "$clock_ticks_per_s" <<'EOF'
 import sys
-row, before, after, hz = sys.argv[1].split("\t"), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+row, hz = sys.argv[1].split("\t"), int(sys.argv[4])
+(user_before, system_before), (user_after, system_after) = (map(int, ticks.split()) for ticks in sys.argv[2:4])
 rps, p50, p99, decisions = row
-cpu_us = (after - before) / hz * 1e6 / float(decisions)
-print(f"{rps}\t{p50}\t{p99}\t{cpu_us:.2f}")
+per_decision_us = 1e6 / hz / float(decisions)
+cpu_us = (user_after - user_before + system_after - system_before) * per_decision_us
+kernel_us = (system_after - system_before) * per_decision_us
+print(f"{rps}\t{p50}\t{p99}\t{cpu_us:.2f}\t{kernel_us:.2f}")
 EOF
 }
 
