@@ -76,7 +76,7 @@ pub struct TopConfig {
     pub half_window: Duration,
     /// Policies recorded (default [`defaults::TOP_POLICIES_MAX`]); checks under further policies are not
     /// recorded. Zero turns top keys off: no check pays for them (about 20–60 ns a check on
-    /// 10 000 evenly hit keys, the README's performance section).
+    /// 10 000 evenly hit keys: the README's performance section and docs/performance-history.md).
     pub policies_max: usize,
 }
 

@@ -41,7 +41,7 @@ struct Counter {
 ///   and every slot holding it; takeovers use those slots up before the next scan. Counts only
 ///   grow and a taken-over slot counts more than the smallest, so a remembered slot still at that
 ///   count is a smallest one. At worst a scan serves one takeover, `O(capacity)`: weighted hits
-///   over many keys (measured in the README's performance section).
+///   over many keys (measured in docs/performance-history.md).
 /// - A key taking over a counter reuses the evicted key's buffer: in steady state a hit
 ///   allocates nothing.
 #[derive(Clone, Debug)]
