@@ -39,7 +39,8 @@ def baseline(path: str) -> str:
 
 def medians_of(path_runs: list[tuple[float, ...]]) -> tuple[float, ...]:
     """Each value's median over a path's runs, but the kernel's part: that is the one of the run
-    whose CPU time is the median (the lower of two), so that it is a part of the CPU time shown."""
+    whose CPU time is the median, so that it is a part of the CPU time shown (with an even number
+    of runs, the CPU median falls between two runs and the kernel's part is the lower one's)."""
     rps, p50, p99, cpu_us = (statistics.median(run[i] for run in path_runs) for i in range(4))
     kernel_us = sorted(path_runs, key=lambda run: run[3])[(len(path_runs) - 1) // 2][4]
     return rps, p50, p99, cpu_us, kernel_us
