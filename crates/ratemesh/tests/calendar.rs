@@ -92,7 +92,9 @@ fn model(unit: CalendarUnit, offset: Offset, t: i64) -> (i64, i64) {
             (today - (day - 1), today - (day - 1) + month_days(year, month))
         }
     };
-    (local_midnight(first, offset), local_midnight(next, offset))
+    // The node's clock runs on Unix time, so a window that began before 1970 (the week of
+    // 1 January 1970 began on Monday 29 December 1969) starts at the epoch.
+    (local_midnight(first, offset).max(0), local_midnight(next, offset))
 }
 
 /// The code's window holding second `t` (and a few nanoseconds into it), in Unix seconds.
