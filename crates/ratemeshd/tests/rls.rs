@@ -439,10 +439,10 @@ async fn malformed_requests_are_invalid_arguments_and_count_nothing() {
     assert_eq!(response.statuses.len(), DESCRIPTORS_MAX);
     let response = rls.ok(request("edge", vec![ip("10.0.0.1")])).await;
     assert_eq!(response.statuses[0].limit_remaining, 2);
-    // A message above the size bound is refused by the gRPC layer.
+    // A message above the size bound is refused as gRPC's own servers refuse one.
     let huge = descriptor(&[("remote_address", &"x".repeat(100 * 1024))]);
     let status = rls.call(request("edge", vec![huge])).await.expect_err("refused");
-    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     // And the server keeps serving.
     let response = rls.ok(request("edge", vec![ip("10.0.0.1")])).await;
     assert_eq!(response.statuses[0].limit_remaining, 1);
@@ -736,6 +736,36 @@ async fn a_protocol_error_is_answered_with_goaway_and_the_server_goes_on() {
         String::from_utf8_lossy(&goaway.1[8..])
     );
     let response = rls.ok(request("edge", vec![ip("10.0.0.77")])).await;
+    assert_eq!(overall(&response), Code::Ok);
+    rls.stop().await;
+}
+
+/// A message whose length prefix says 4 GiB is refused `RESOURCE_EXHAUSTED` as soon as the prefix
+/// is read (as gRPC's own servers answer a message above their receive limit), without waiting
+/// for the bytes it announces; the server goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_length_prefix_above_the_limit_is_resource_exhausted_at_once() {
+    let rls = Rls::start().await;
+    let addr = rls.servers.grpc_addr().expect("gRPC");
+    let socket = TcpStream::connect(addr).await.expect("connects");
+    let (client, driver) = h2::client::handshake(socket).await.expect("HTTP/2");
+    tokio::spawn(driver);
+    let mut head = http::Request::new(());
+    *head.method_mut() = http::Method::POST;
+    *head.uri_mut() = format!("http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+        .parse()
+        .expect("uri");
+    head.headers_mut().insert("content-type", http::HeaderValue::from_static("application/grpc"));
+    let mut client = client.ready().await.expect("ready");
+    let (answer, mut send) = client.send_request(head, false).expect("sent");
+    // The prefix and a few bytes of the 4 GiB it announces; the stream stays open.
+    let prefix = bytes::Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff, 0x0a, 0x04]);
+    send.send_data(prefix, false).expect("sent");
+    let answer =
+        tokio::time::timeout(Duration::from_secs(10), answer).await.expect("answered").expect("a head");
+    let status = answer.headers().get("grpc-status").map(|value| value.to_str().expect("text").to_owned());
+    assert_eq!(status.as_deref(), Some("8"), "RESOURCE_EXHAUSTED in a trailers-only answer: {answer:?}");
+    let response = rls.ok(request("edge", vec![ip("10.0.0.78")])).await;
     assert_eq!(overall(&response), Code::Ok);
     rls.stop().await;
 }

@@ -71,25 +71,26 @@
 //! - `INVALID_ARGUMENT` too for a request that is not a `RateLimitRequest` at all (malformed
 //!   protobuf, no message, more than one), `UNIMPLEMENTED` for a compressed message or another
 //!   method, HTTP 405 / 415 for a request that is not a gRPC `POST`.
-//! - Messages larger than [`MESSAGE_BYTES_MAX`] are refused (`OUT_OF_RANGE`, as tonic answered
-//!   them).
+//! - A message larger than [`MESSAGE_BYTES_MAX`] is refused as soon as its length prefix says so
+//!   (`RESOURCE_EXHAUSTED`, as gRPC's own servers answer a message above their receive limit).
 //!
 //! ## Connections
 //!
-//! The server speaks HTTP/2 itself ([`http2`], sans IO, and the driver in this module): one task
-//! per connection reads frames, decides each complete call at once when it can be decided
-//! without waiting (approximate mode, an owner's own keys: the usual case) and otherwise as a
-//! task of the connection, and writes every answer a read produced in one write. A general
-//! HTTP/2 and gRPC stack (tonic, hyper, h2) spent about 25 µs of CPU per call here, over ten
-//! times the decision, in stream bookkeeping, header maps and allocation.
+//! The server speaks HTTP/2 through the `h2` crate ([`connection`]): one task per connection
+//! drives it and the calls it carries; a call is decided as soon as its request is read, without
+//! a task of its own when its decisions need no wait (approximate mode, an owner's own keys: the
+//! usual case), and the answers of a round are written together. [`connection`] lists h2's
+//! defences as set here (streams, header list size, reset budgets, send buffer) and the
+//! daemon-wide bound on answers held for clients that do not open their flow-control windows.
 //!
 //! At most `limits.connections_max` connections are open at once (one more is closed as soon as
 //! it is accepted, see `crate::listener`); a connection must send its HTTP/2 preface within
 //! [`HANDSHAKE_TIMEOUT`]; a write the client does not take within
-//! [`crate::listener::WRITE_TIMEOUT`] closes the connection; an HTTP/2 PING after
-//! [`HTTP2_KEEPALIVE_INTERVAL`] of silence, unanswered within [`HTTP2_KEEPALIVE_TIMEOUT`], closes
-//! it too (and TCP keepalive finds peers that vanished without closing their connections). At
-//! shutdown each connection sends GOAWAY, answers the calls it has, and closes.
+//! [`crate::listener::WRITE_TIMEOUT`], or an answer that waits that long for the client's window,
+//! closes the connection; an HTTP/2 PING every [`HTTP2_KEEPALIVE_INTERVAL`], unanswered within
+//! [`HTTP2_KEEPALIVE_TIMEOUT`], closes it too (and TCP keepalive finds peers that vanished without
+//! closing their connections). At shutdown each connection sends GOAWAY, answers the calls it
+//! has, and closes.
 //!
 //! ## Concurrency
 //!
@@ -101,30 +102,26 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use prost::Message as _;
 use ratemesh_core::Decision;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
-use tokio::task::JoinSet;
-use tokio::time::Instant;
+use tokio::sync::Semaphore;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Status;
 use tracing::debug;
 
-use self::http2::{Call, Connection, ErrorCode};
 use crate::check::{Answer, ValidCheck};
 use crate::daemon::Daemon;
-use crate::listener::{FirstBytes, LimitedIncoming, LimitedStream, close_after_error, serve_connections};
+use crate::listener::{FirstBytes, LimitedIncoming, serve_connections};
 
-pub mod hpack;
-pub mod http2;
+pub mod connection;
 mod plan;
+
+pub use connection::{HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_TIMEOUT};
 mod status;
 
 pub use status::current_limit;
@@ -162,23 +159,10 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// follow it (9 bytes): what a connection must send within [`HANDSHAKE_TIMEOUT`].
 const HANDSHAKE_BYTES: usize = 24 + 9;
 
-/// How often the server pings an idle HTTP/2 connection, and how long it waits for the answer
-/// ([`HTTP2_KEEPALIVE_TIMEOUT`]) before closing it: an Envoy that went away without closing its
-/// connections (a crash, a lost network) stops holding connection slots.
-pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
-/// See [`HTTP2_KEEPALIVE_INTERVAL`].
-pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// TCP keepalive of accepted connections: idle time before the first probe, and between probes.
 /// It finds dead peers even on a connection whose HTTP/2 pings are not answered by anything.
 const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
 const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-
-/// Bytes asked of the socket per read.
-const READ_BYTES: usize = 16 * 1024;
-
-/// Frames read per round before the answers are written and other connections run.
-const FRAMES_PER_ROUND_MAX: usize = 1024;
 
 /// The time bounds of the RLS server. The defaults are the constants of this module; tests
 /// shorten them to see them work without waiting seconds.
@@ -339,27 +323,6 @@ async fn within<T>(timeout: Duration, decide: impl Future<Output = Result<T, Sta
         .unwrap_or_else(|_| Err(Status::unavailable(format!("no decision within {timeout:?}"))))
 }
 
-impl RlsService {
-    /// One call of `request`, as a future that owns what it needs (it may outlive the read that
-    /// brought the request: it then runs as a task of the connection).
-    fn call(
-        &self,
-        request: RateLimitRequest,
-    ) -> impl Future<Output = Result<RateLimitResponse, Status>> + use<> {
-        let service = self.clone();
-        async move {
-            let outcome = service.should_rate_limit_request(&request).await;
-            if let Err(status) = &outcome {
-                debug!(domain = %request.domain, code = ?status.code(), message = status.message(), "RLS call refused");
-            }
-            outcome
-        }
-    }
-}
-
-/// A call being decided, with the stream to answer it on.
-type Decided = (u32, Result<RateLimitResponse, Status>);
-
 /// Serves the Envoy Rate Limit Service of `daemon` on `listener` until `shutdown` completes,
 /// then stops accepting, sends every connection GOAWAY and waits for the calls in progress. At
 /// most as many connections are open at once as `connections` has permits (see the module
@@ -376,183 +339,16 @@ pub async fn serve(
         .first_bytes(FirstBytes { bytes: HANDSHAKE_BYTES, timeout: timeouts.handshake })
         .write_timeout(timeouts.write);
     let service = RlsService::new(daemon).with_call_timeout(timeouts.call);
+    let shared = connection::Shared::new(service, timeouts.write);
     serve_connections(incoming, "gRPC", shutdown, |stream, closing| {
         let keepalive =
             socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE_TIME).with_interval(TCP_KEEPALIVE_INTERVAL);
         if let Err(error) = socket2::SockRef::from(stream.get_ref()).set_tcp_keepalive(&keepalive) {
             debug!(%error, "cannot set TCP keepalive");
         }
-        serve_connection(service.clone(), stream, closing)
+        connection::serve_connection(shared.clone(), stream, closing)
     })
     .await;
-}
-
-/// Serves one HTTP/2 connection until the client closes it, a protocol error, an unanswered
-/// keepalive PING, or the server closes (GOAWAY, then the calls in progress are answered).
-async fn serve_connection(
-    service: RlsService,
-    mut stream: LimitedStream,
-    mut closing: watch::Receiver<bool>,
-) {
-    let mut connection = Connection::new();
-    let mut input = Vec::with_capacity(READ_BYTES);
-    let mut decisions: JoinSet<Decided> = JoinSet::new();
-    let mut encoded = Vec::new();
-    let mut last_heard = Instant::now();
-    let keepalive = tokio::time::sleep(HTTP2_KEEPALIVE_INTERVAL);
-    tokio::pin!(keepalive);
-    // Set while a keepalive PING waits for any sign of life.
-    let mut pinged_at: Option<Instant> = None;
-    let mut pings: u64 = 0;
-    loop {
-        let (consumed, full_round) = match connection.receive(&input, FRAMES_PER_ROUND_MAX) {
-            Ok(received) => received,
-            Err(error) => {
-                // The calls complete before the error are answered first, when they need no wait.
-                for call in connection.take_calls() {
-                    start(&service, call, &mut connection, &mut decisions, &mut encoded);
-                }
-                return close_with_goaway(&mut stream, &mut connection, &mut input, &mut closing, error)
-                    .await;
-            }
-        };
-        input.drain(..consumed);
-        for call in connection.take_calls() {
-            start(&service, call, &mut connection, &mut decisions, &mut encoded);
-        }
-        if write_output(&mut stream, &mut connection).await.is_err() {
-            return;
-        }
-        if connection.is_finished() {
-            let _ = stream.shutdown().await;
-            return;
-        }
-        if full_round {
-            // More frames may be buffered: read them after other tasks had their turn.
-            tokio::task::yield_now().await;
-            continue;
-        }
-        input.reserve(READ_BYTES);
-        tokio::select! {
-            read = stream.read_buf(&mut input) => match read {
-                // The client went away: what it asked can no longer be answered.
-                Ok(0) | Err(_) => return,
-                Ok(_) => last_heard = Instant::now(),
-            },
-            Some(decided) = decisions.join_next(), if !decisions.is_empty() => {
-                answer_decided(&mut connection, decided, &mut encoded);
-                while let Some(decided) = decisions.try_join_next() {
-                    answer_decided(&mut connection, decided, &mut encoded);
-                }
-            }
-            () = &mut keepalive => {
-                let now = Instant::now();
-                if pinged_at.take().is_some_and(|at| last_heard <= at) {
-                    debug!("gRPC connection closed: no answer to the keepalive PING");
-                    return;
-                }
-                if now.duration_since(last_heard) >= HTTP2_KEEPALIVE_INTERVAL {
-                    pings += 1;
-                    connection.send_ping(pings.to_be_bytes());
-                    pinged_at = Some(now);
-                    keepalive.as_mut().reset(now + HTTP2_KEEPALIVE_TIMEOUT);
-                } else {
-                    keepalive.as_mut().reset(last_heard + HTTP2_KEEPALIVE_INTERVAL);
-                }
-            }
-            // A closed sender is a server gone: closing too.
-            _ = closing.wait_for(|closing| *closing), if !connection.goaway_sent() => {
-                connection.go_away(ErrorCode::NoError, "the server is shutting down");
-            }
-        }
-    }
-}
-
-/// Starts deciding `call`: answered at once when its decisions need no wait (the usual case),
-/// else a task of the connection (`decisions`).
-fn start(
-    service: &RlsService,
-    call: Call,
-    connection: &mut Connection,
-    decisions: &mut JoinSet<Decided>,
-    encoded: &mut Vec<u8>,
-) {
-    let request = match RateLimitRequest::decode(call.message()) {
-        Ok(request) => request,
-        Err(error) => {
-            let message = format!("not a RateLimitRequest: {error}");
-            return connection.respond_status(call.stream, tonic::Code::InvalidArgument, &message);
-        }
-    };
-    let mut decision = Box::pin(service.call(request));
-    // Polled once here: a decision that needs no wait is answered in this round, without a task.
-    // One that waits registered this no-op waker; the task polls it again with its own.
-    match decision.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(outcome) => answer(connection, call.stream, outcome, encoded),
-        Poll::Pending => {
-            let stream = call.stream;
-            decisions.spawn(async move { (stream, decision.await) });
-        }
-    }
-}
-
-/// Answers a call decided by a task of the connection (a task that panicked is logged: its
-/// stream is left for the client's own deadline).
-fn answer_decided(
-    connection: &mut Connection,
-    decided: Result<Decided, tokio::task::JoinError>,
-    encoded: &mut Vec<u8>,
-) {
-    match decided {
-        Ok((stream, outcome)) => answer(connection, stream, outcome, encoded),
-        Err(error) => tracing::warn!(%error, "an RLS call failed"),
-    }
-}
-
-/// Writes a call's outcome on its stream.
-fn answer(
-    connection: &mut Connection,
-    stream: u32,
-    outcome: Result<RateLimitResponse, Status>,
-    encoded: &mut Vec<u8>,
-) {
-    match outcome {
-        Ok(response) => {
-            encoded.clear();
-            // A Vec grows as needed: encoding into it cannot run out of room.
-            match response.encode(encoded) {
-                Ok(()) => connection.respond(stream, encoded),
-                Err(error) => connection.respond_status(stream, tonic::Code::Internal, &error.to_string()),
-            }
-        }
-        Err(status) => connection.respond_status(stream, status.code(), status.message()),
-    }
-}
-
-/// Writes what the connection has to send.
-async fn write_output(stream: &mut LimitedStream, connection: &mut Connection) -> std::io::Result<()> {
-    let output = connection.output();
-    if output.is_empty() {
-        return Ok(());
-    }
-    let written = stream.write_all(output).await;
-    output.clear();
-    written
-}
-
-/// Closes a connection after a protocol error: GOAWAY with its code (after what the round
-/// answered), then as every listener closes after one ([`crate::listener::close_after_error`]).
-async fn close_with_goaway(
-    stream: &mut LimitedStream,
-    connection: &mut Connection,
-    input: &mut Vec<u8>,
-    closing: &mut watch::Receiver<bool>,
-    error: http2::ConnectionError,
-) {
-    debug!(%error, "gRPC connection closed");
-    connection.go_away(error.code, &error.reason);
-    let reply = std::mem::take(connection.output());
-    close_after_error(stream, &reply, input, closing).await;
 }
 
 #[cfg(test)]
