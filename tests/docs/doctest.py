@@ -131,7 +131,7 @@ def check_links(path):
             continue
         if in_fence:
             continue
-        for target in LINK.findall(line):
+        for target in LINK.findall(re.sub(r"`[^`]*`", "", line)):
             if re.match(r"^[a-z]+:", target):
                 continue
             file_part, _, anchor = target.partition("#")
