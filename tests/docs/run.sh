@@ -17,8 +17,14 @@ cd "$(dirname "$0")/../.."
 : "${RATEMESHD:?set RATEMESHD to the ratemeshd binary the docs are tested with}"
 binary=$(realpath "$RATEMESHD")
 [ -x "$binary" ] || { echo "docs: $binary is not executable" >&2; exit 1; }
-command -v curl >/dev/null || { echo "docs: curl is required and missing" >&2; exit 1; }
-command -v python3 >/dev/null || { echo "docs: python3 is required and missing" >&2; exit 1; }
+need() {
+    command -v "$1" >/dev/null && return
+    echo "docs: installing $1" >&2
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >&2
+    command -v "$1" >/dev/null || { echo "docs: $1 is required and missing" >&2; exit 1; }
+}
+need curl
+need python3
 
 files=(README.md ARCHITECTURE.md simulations/README.md)
 while IFS= read -r f; do files+=("$f"); done < <(find docs -name '*.md' | sort)
