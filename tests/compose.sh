@@ -16,7 +16,7 @@
 #     the key has exactly 40 remaining again, asked at every node (never more: a node that has not
 #     heard from the owner yet in the first moments answers from its share of the 40).
 #
-# The bounds are those of ARCHITECTURE.md, "The cluster protocol": an owner enforces
+# The bounds are those of docs/protocol.md, "Ownership and shares": an owner enforces
 # limit × reachable / (live + dead), rounded down. Every wait is a bounded poll on a condition
 # (/readyz, the member view of /v1/cluster). Everything is torn down on exit (`down -v`, the
 # network), and any failure exits non-zero. Needs root (nsenter reaches the partitioned node).
@@ -184,8 +184,8 @@ expect_between "exact mode, 300 checks over 3 nodes" "$n" "$limit" "$limit"
 n=$(admitted compose-approx approx-1 100 1 2 3)
 expect_between "approximate mode, 300 checks over 3 nodes" "$n" $((limit / 2)) $((limit + 2 * (limit / 3)))
 
-# Shares of the limit are apportioned by rank so that they sum to the limit (ARCHITECTURE.md,
-# "The cluster protocol", ownership and shares): of 100 over three members, 34 / 33 / 33. One share is at most ceil(L/3),
+# Shares of the limit are apportioned by rank so that they sum to the limit (docs/protocol.md,
+# "Ownership and shares"): of 100 over three members, 34 / 33 / 33. One share is at most ceil(L/3),
 # two at most ceil(2L/3); both sides of a partition together at most L.
 one_share=$(((limit + 2) / 3))
 two_shares=$(((2 * limit + 2) / 3))

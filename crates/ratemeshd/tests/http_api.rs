@@ -495,13 +495,13 @@ async fn metrics_health_readiness_cluster_and_policies() {
     ] {
         assert!(value(name, &[]).is_some(), "{name} exported");
     }
-    // README.md's metrics table lists every series the daemon writes.
-    let readme = include_str!("../../../README.md");
-    let table = &readme[readme.find("### Metrics").expect("the metrics table")..];
+    // docs/http-api.md's metrics table lists every series the daemon writes.
+    let readme = include_str!("../../../docs/http-api.md");
+    let table = &readme[readme.find("## Metrics").expect("the metrics table")..];
     for line in r.text().lines().filter_map(|line| line.strip_prefix("# TYPE ")) {
         let (name, kind) = line.split_once(' ').expect("# TYPE name kind");
         let listed = if kind == "counter" { format!("`{name}_total") } else { format!("`{name}") };
-        assert!(table.contains(&listed), "{name} ({kind}) is missing from README.md's metrics table");
+        assert!(table.contains(&listed), "{name} ({kind}) is missing from docs/http-api.md's metrics table");
     }
 
     let r = h.get("/healthz").await;

@@ -13,7 +13,8 @@ use super::model::{
 };
 
 /// The configuration `ratemeshd` runs on without `--config`: every default (a single node on
-/// loopback) and one policy, `api`, so that README.md's quick start runs as written. An empty
+/// loopback) and one policy, `api`, with a tier `pro`, so that README.md's quick start and the
+/// shell blocks of docs/ run as written (`tests/docs/run.sh` runs them against it). An empty
 /// file is [`Config::default`], without it.
 pub const EMBEDDED_CONFIG: &str = r#"
 [[policies]]
@@ -21,6 +22,7 @@ name = "api"
 algorithm = "token_bucket"
 limit = 100
 period_ms = 1000
+tiers = [{ name = "pro", limit = 1000 }]
 "#;
 
 /// The name the embedded configuration is called by in errors.
