@@ -255,9 +255,9 @@ class Http1:
         meanwhile (bytes received instead: AssertionError, they would be an unasked answer)."""
         deadline = time.monotonic() + within_s
         try:
-            while True:
+            while not self.buffer:  # bytes read along with the answer count too
                 self._fill(deadline)
-                raise AssertionError(f"unexpected bytes after the answer: {self.buffer[:200]!r}")
+            raise AssertionError(f"unexpected bytes after the answer: {self.buffer[:200]!r}")
         except (Closed, ConnectionResetError):
             return True
         except (TimeoutError, socket.timeout):
