@@ -38,6 +38,28 @@ RESETS = 20_000
 RESET_BATCH = 500
 
 
+def rapid_reset(conn, time_up):
+    """Opens and cancels streams on `conn`, RESET_BATCH at a time, until RESETS were sent, the
+    time is up, or the server closes the connection or sends GOAWAY (looked for after each
+    batch, then for 5 s after the last): (streams sent, closed, GOAWAY code or None)."""
+    headers = [hpack.NeverIndexedHeaderTuple(k, v) for k, v in wire.request_headers(conn.authority)]
+    block = conn.encoder.encode(headers)
+    cancel = wire.CANCEL.to_bytes(4, "big")
+    sent, closed, goaway = 0, False, None
+    while sent < RESETS and not (closed or goaway is not None or time_up()):
+        streams = range(1 + 2 * sent, 1 + 2 * (sent + RESET_BATCH), 2)
+        try:
+            conn.send(b"".join(frame(HEADERS, END_HEADERS, s, block) + frame(RST_STREAM, 0, s, cancel)
+                               for s in streams))
+        except wire.Closed:
+            return sent, True, goaway
+        sent += RESET_BATCH
+        closed, goaway, _ = conn.until_closed(0.005)
+    if not closed and goaway is None:
+        closed, goaway, _ = conn.until_closed(5.0)
+    return sent, closed, goaway
+
+
 def test_rapid_reset_abuser_is_closed(daemon, memory, timer):
     """CVE-2023-44487: one connection opens 20 000 streams and cancels each at once (HEADERS,
     then RST_STREAM CANCEL), which costs the server work per stream and the client nothing.
@@ -46,23 +68,7 @@ def test_rapid_reset_abuser_is_closed(daemon, memory, timer):
     reset before they were accepted) close after a few dozen. Memory: 16 MiB, as no call
     completes; only stream state could grow."""
     conn = wire.RawH2(daemon.grpc)
-    headers = [hpack.NeverIndexedHeaderTuple(k, v) for k, v in wire.request_headers(conn.authority)]
-    block = conn.encoder.encode(headers)
-    time_up, sent, closed, goaway = timer(ATTACK_S), 0, False, None
-    while sent < RESETS and not (closed or goaway is not None or time_up()):
-        batch = b"".join(
-            frame(HEADERS, END_HEADERS, 1 + 2 * stream, block) + frame(RST_STREAM, 0, 1 + 2 * stream,
-                                                                       wire.CANCEL.to_bytes(4, "big"))
-            for stream in range(sent, sent + RESET_BATCH))
-        try:
-            conn.send(batch)
-        except wire.Closed:
-            closed = True
-            break
-        sent += RESET_BATCH
-        closed, goaway, _ = conn.until_closed(0.005)
-    if not closed and goaway is None:
-        closed, goaway, _ = conn.until_closed(5.0)
+    sent, closed, goaway = rapid_reset(conn, timer(ATTACK_S))
     conn.close()
     print(f"rapid reset: {sent} streams opened and reset; closed={closed}, GOAWAY={goaway}")
     assert closed or goaway == wire.ENHANCE_YOUR_CALM, (
@@ -168,13 +174,16 @@ def test_hpack_bomb_is_refused(daemon, memory):
               + hpack.hpack.encode_integer(BOMB_VALUE_BYTES, 7) + b"b" * BOMB_VALUE_BYTES)
     message = wire.grpc_message(load_call())
     first = plain.encode(request) + insert
-    conn.send(frame(HEADERS, END_HEADERS, 1, first) + frame(DATA, END_STREAM, 1, message))
     bombs = [3 + 2 * i for i in range(BOMB_STREAMS)]
-    for stream in bombs:
-        block = plain.encode(request)
-        block += b"\xbe" * (16_000 - len(block))  # index 62: the newest dynamic entry, x-bomb
-        conn.send(frame(HEADERS, END_HEADERS, stream, block) + frame(DATA, END_STREAM, stream, message))
     answers = Answers()
+    try:
+        conn.send(frame(HEADERS, END_HEADERS, 1, first) + frame(DATA, END_STREAM, 1, message))
+        for stream in bombs:
+            block = plain.encode(request)
+            block += b"\xbe" * (16_000 - len(block))  # index 62: the newest dynamic entry, x-bomb
+            conn.send(frame(HEADERS, END_HEADERS, stream, block) + frame(DATA, END_STREAM, stream, message))
+    except wire.Closed:
+        answers.closed = True  # closed while the bombs were sent: a refusal
     answers.read(conn, bombs, within_s=10.0)
     conn.close()
     accepted = [s for s in bombs if answers.grpc_ok(s)]
@@ -220,8 +229,11 @@ def zero_window_reader(daemon, calls):
     first = wire.call_frames(conn.encoder, 1, conn.authority, message)
     block = conn.encoder.encode(wire.request_headers(conn.authority))  # all indexed by now
     data = wire.grpc_message(message)
-    conn.send(first + b"".join(frame(HEADERS, END_HEADERS, stream, block) + frame(DATA, END_STREAM, stream, data)
-                               for stream in range(3, 2 * calls, 2)))
+    try:
+        conn.send(first + b"".join(frame(HEADERS, END_HEADERS, stream, block) + frame(DATA, END_STREAM, stream, data)
+                                   for stream in range(3, 2 * calls, 2)))
+    except wire.Closed:
+        pass  # closed by the server while the calls were sent: the reads that follow see it
     return conn
 
 
@@ -242,15 +254,16 @@ def taken(conn, calls, deadline):
 
 def test_zero_window_reader_with_many_calls(daemon, memory):
     """One zero-window reader with 1 000 calls in flight. The server may hold the answers or
-    refuse streams, but must go on serving others. Memory: 8 MiB (8 KiB per call would be far
-    more than an RLS answer needs); what a connection holds is the next case's business."""
+    refuse streams, but must go on serving others. Memory: 16 MiB (16 KiB per call, far more
+    than an RLS answer needs; today's server holds about 0.7 MiB here, the h2 one of 6 December
+    about 6.4 MiB in a debug build); what a connection holds is the next case's business."""
     conn = zero_window_reader(daemon, 1000)
     answers = taken(conn, 1000, wire.time.monotonic() + 10.0)
     print(f"zero window: {len(answers.headers)} streams answered headers, {len(answers.resets)} reset, "
           f"GOAWAY {answers.goaway}, closed {answers.closed}")
     assert answers.goaway in (None, wire.NO_ERROR, wire.ENHANCE_YOUR_CALM), f"GOAWAY {answers.goaway}"
     wellbehaved.assert_grpc_served(daemon)
-    memory.assert_growth_below(8)
+    memory.assert_growth_below(16)
     conn.close()
 
 
@@ -395,9 +408,12 @@ def test_stream_id_going_down_is_never_served(daemon, memory):
     as safe and is accepted here. What must not happen: stream 3 answered as a call, or left
     without an answer."""
     conn = wire.RawH2(daemon.grpc)
-    conn.send(frame(HEADERS, END_HEADERS, 5, _block())
-              + frame(HEADERS, END_HEADERS, 3, _block()) + frame(DATA, END_STREAM, 3, wire.grpc_message(load_call())))
     answers = Answers()
+    try:
+        conn.send(frame(HEADERS, END_HEADERS, 5, _block()) + frame(HEADERS, END_HEADERS, 3, _block())
+                  + frame(DATA, END_STREAM, 3, wire.grpc_message(load_call())))
+    except wire.Closed:
+        answers.closed = True
     answers.read(conn, [3], within_s=5.0)
     conn.close()
     print(f"stream id going down: resets {answers.resets}, GOAWAY {answers.goaway}, closed {answers.closed}")
