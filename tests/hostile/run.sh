@@ -14,6 +14,7 @@
 # non-zero when a case fails (or when none ran).
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
+script_name=hostile
 cd "$(dirname "$0")/../.."
 root=$PWD
 
