@@ -2,7 +2,9 @@
 writes, readiness, liveness and resident memory. Black box: the binary is run as an operator
 would run it and only its sockets and /proc are looked at."""
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -39,6 +41,12 @@ limit = 1
 period_ms = 3600000
 mode = "exact"
 """
+
+
+def _die_with_parent():
+    """In the child, before exec: SIGKILL when the suite's process dies (PR_SET_PDEATHSIG), so
+    that a suite killed by its timeout leaves no daemon behind."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def free_ports(kinds):
@@ -80,7 +88,8 @@ class Daemon:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [self.binary, "serve", "--config", self.config],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent)
         deadline = time.monotonic() + READY_S
         while time.monotonic() < deadline:
             assert self.alive(), f"ratemeshd exited at start:\n{self.log_tail()}"
