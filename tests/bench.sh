@@ -36,9 +36,14 @@
 # are installed with `cargo install --locked` into target/peers when missing (throttlecrab's
 # build needs Debian's protobuf-compiler), which takes minutes the first time.
 #
+# Baseline mode (BENCH_RLS_BASELINE=PATH): a second ratemeshd, the binary at PATH (an earlier
+# build, e.g. of another commit), runs beside the first with the same configuration on other
+# ports, and its gRPC RLS paths are measured in the same rounds with the same client, as
+# "ratemeshd gRPC RLS (baseline)": two server stacks side by side in one run.
+#
 # Environment: BENCH_ROUNDS (3), BENCH_SECONDS (10, at most 10), BENCH_CONNECTIONS (64),
 # BENCH_KEYS (10000), BENCH_REDIS_REQUESTS (200000; at pipeline 16, 5 times as many),
-# BENCH_PEERS (0).
+# BENCH_PEERS (0), BENCH_RLS_BASELINE (unset).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
@@ -50,6 +55,8 @@ connections=${BENCH_CONNECTIONS:-64}
 keys=${BENCH_KEYS:-10000}
 pinned=${BENCH_PINNED:-0}
 peers=${BENCH_PEERS:-0}
+rls_baseline=${BENCH_RLS_BASELINE:-}
+[[ -z $rls_baseline || -x $rls_baseline ]] || { echo "bench.sh: BENCH_RLS_BASELINE is no executable" >&2; exit 1; }
 redis_requests=${BENCH_REDIS_REQUESTS:-200000}
 out_dir=$root/target/bench
 ((seconds >= 1 && seconds <= 10)) || { echo "bench.sh: BENCH_SECONDS must be 1..10" >&2; exit 1; }
@@ -105,11 +112,13 @@ ratemeshd_pid=
 redis_pid=
 throttlecrab_pid=
 rateguard_pid=
+baseline_pid=
 make_work
-stop_at_exit ratemeshd_pid redis_pid throttlecrab_pid rateguard_pid
+stop_at_exit ratemeshd_pid redis_pid throttlecrab_pid rateguard_pid baseline_pid
 show_at_failure "ratemeshd log" 20 "$work/ratemeshd.log"
 
-ratemeshd_ports p_redis/tcp p_resp/tcp p_tc_http/tcp p_tc_resp/tcp p_rg_http/tcp p_rg_gossip/udp
+ratemeshd_ports p_redis/tcp p_resp/tcp p_tc_http/tcp p_tc_resp/tcp p_rg_http/tcp p_rg_gossip/udp \
+    p_base_http/tcp p_base_grpc/tcp p_base_gossip/udp p_base_quic/udp
 
 # The same token bucket on both sides: capacity 100, 10 tokens per second.
 write_config "$work/ratemesh.toml" <<EOF
@@ -154,6 +163,16 @@ sha=$(redis-cli -p "$p_redis" SCRIPT LOAD "$(cat tests/bench/rate_limit.lua)")
 # One call by hand: the script runs and allows.
 [[ $(redis-cli -p "$p_redis" EVALSHA "$sha" 1 rl:probe 100 10 1 "$(date +%s)" | head -n 1) == 1 ]] ||
     fail "the Lua token bucket did not allow its first call"
+
+if [[ -n $rls_baseline ]]; then
+    # The same configuration, its listeners moved by the environment (RATEMESH_LISTEN_*).
+    env -i PATH="$PATH" RATEMESH_LISTEN_HTTP="127.0.0.1:$p_base_http" RATEMESH_LISTEN_GRPC="127.0.0.1:$p_base_grpc" \
+        RATEMESH_LISTEN_GOSSIP="127.0.0.1:$p_base_gossip" RATEMESH_LISTEN_QUIC="127.0.0.1:$p_base_quic" \
+        TOKIO_WORKER_THREADS=1 "${server_cpu[@]}" "$rls_baseline" serve --config "$work/ratemesh.toml" \
+        >"$work/baseline.log" 2>&1 &
+    baseline_pid=$!
+    wait_for "baseline ratemeshd ready" answers "http://127.0.0.1:$p_base_http/readyz" 200
+fi
 
 if [[ $peers == 1 ]]; then
     TOKIO_WORKER_THREADS=1 "${server_cpu[@]}" "$peers_root/bin/throttlecrab-server" --http --http-host 127.0.0.1 --http-port "$p_tc_http" \
@@ -257,12 +276,12 @@ run_resp() {
     redis_benchmark "$p_resp" "$1" CL.THROTTLE 'key:__rand_int__' 15 30 60
 }
 
-# run_rls CONNECTIONS: rls_load with $connections calls in flight over CONNECTIONS HTTP/2
-# connections.
+# run_rls CONNECTIONS [PORT]: rls_load with $connections calls in flight over CONNECTIONS HTTP/2
+# connections, to PORT (default: ratemeshd's gRPC port).
 run_rls() {
-    local log=$work/rls_load.log
+    local log=$work/rls_load.log port=${2:-$p_grpc}
     # Time-bounded like wrk: the request count is only a cap.
-    timeout $((seconds + 20)) "${load_cpu[@]}" "$rls_load" --addr "127.0.0.1:$p_grpc" --domain bench --descriptor-key user \
+    timeout $((seconds + 20)) "${load_cpu[@]}" "$rls_load" --addr "127.0.0.1:$port" --domain bench --descriptor-key user \
         --keys "$keys" --concurrency "$connections" --connections "$1" --requests 5000000 --seconds "$seconds" --tsv \
         >"$log" 2>&1 || fail "rls_load failed: $(cat "$log")"
     # --tsv: the last line is requests_per_second<TAB>p50_ms<TAB>p99_ms; decisions ≈ rate × time.
@@ -275,7 +294,7 @@ runs=$work/runs.tsv
 # signal_servers SIGNAL PID: sends SIGNAL to every server but PID.
 signal_servers() {
     local pid
-    for pid in "$ratemeshd_pid" "$redis_pid" "$throttlecrab_pid" "$rateguard_pid"; do
+    for pid in "$ratemeshd_pid" "$redis_pid" "$throttlecrab_pid" "$rateguard_pid" "$baseline_pid"; do
         [[ -n $pid && $pid != "$2" ]] && kill "-$1" "$pid"
     done
     return 0
@@ -309,6 +328,10 @@ for ((round = 1; round <= rounds; round++)); do
         # As redis-benchmark and wrk at pipeline 1: one call in flight per connection.
         measure_path "ratemeshd gRPC RLS, 1 call per connection" "$ratemeshd_pid" run_rls "$connections"
     fi
+    if [[ -n $rls_load && -n $rls_baseline ]]; then
+        measure_path "ratemeshd gRPC RLS (baseline)" "$baseline_pid" run_rls 4 "$p_base_grpc"
+        measure_path "ratemeshd gRPC RLS, 1 call per connection (baseline)" "$baseline_pid" run_rls "$connections" "$p_base_grpc"
+    fi
     if [[ $peers == 1 ]]; then
         # The same bucket as ratemeshd's "bench" policy: capacity 100, 10 a second.
         measure_path "throttlecrab HTTP" "$throttlecrab_pid" run_http "http://127.0.0.1:$p_tc_http/throttle" \
@@ -320,6 +343,7 @@ for ((round = 1; round <= rounds; round++)); do
     fi
 done
 kill -0 "$ratemeshd_pid" || fail "ratemeshd died during the benchmark"
+[[ -z $rls_baseline ]] || kill -0 "$baseline_pid" || fail "the baseline ratemeshd died during the benchmark"
 
 placement="load generators and servers on the same cores"
 [[ $pinned == 1 ]] && placement="pinned: every server on core 0, every load generator on core 1 (one thread)"

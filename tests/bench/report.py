@@ -23,8 +23,9 @@ HTTP = "ratemeshd HTTP"
 REDIS = "Redis + Lua"
 FLOOR = "Redis PING (floor)"
 PEERS = ("throttlecrab", "rateguard")
-# Paths with several calls in flight per connection: not pipeline 1.
-MULTIPLEXED = ("ratemeshd gRPC RLS",)
+# Paths with several calls in flight per connection: not pipeline 1 (and the same path of a
+# baseline build, BENCH_RLS_BASELINE).
+MULTIPLEXED = ("ratemeshd gRPC RLS", "ratemeshd gRPC RLS (baseline)")
 
 
 def protocol(path: str) -> str:

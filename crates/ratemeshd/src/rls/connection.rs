@@ -57,7 +57,7 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use prost::Message as _;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tonic::Status;
 use tracing::debug;
 
@@ -94,11 +94,14 @@ pub const PEER_RESETS_MAX: u64 = 1024;
 
 /// Daemon-wide, the bytes of answers waiting for their clients' flow-control windows (see the
 /// module documentation).
-pub const ANSWERS_HELD_BYTES_MAX: usize = 16 * 1024 * 1024;
+pub const ANSWERS_HELD_BYTES_MAX: usize = 4 * 1024 * 1024;
 
-/// What a held answer counts against [`ANSWERS_HELD_BYTES_MAX`] beyond its own bytes: the state
-/// of its open stream in h2 and of its call here.
-const HELD_ANSWER_OVERHEAD_BYTES: usize = 1024;
+/// Daemon-wide open calls (streams taken and not yet ended: reading their request, deciding, or
+/// waiting for their client's window), per call allowed in flight (`limits.http_in_flight_max`).
+/// A stream past the bound is refused at once (`REFUSED_STREAM`: not processed, safe to retry):
+/// the state of open streams (a few hundred bytes in h2 and in the call each) is bounded whatever
+/// the number of connections.
+pub const OPEN_CALLS_PER_IN_FLIGHT: usize = 4;
 
 /// How often the server pings a connection, and how long it waits for the answer
 /// ([`HTTP2_KEEPALIVE_TIMEOUT`]) before closing it.
@@ -116,14 +119,27 @@ pub(super) struct Shared {
     pub service: RlsService,
     /// The daemon-wide budget of answers held for clients' windows, in bytes.
     pub held: Arc<Semaphore>,
+    /// The daemon-wide bound on open calls ([`OPEN_CALLS_PER_IN_FLIGHT`]).
+    pub open_calls: Arc<Semaphore>,
+    /// How long a request may take to arrive whole.
+    pub request_timeout: Duration,
     /// How long an answer may wait for the client's window.
     pub write_timeout: Duration,
 }
 
 impl Shared {
-    /// What the connections of a server over `service` share.
+    /// What the connections of a server over `service` share: requests must arrive within the
+    /// service's call timeout, answers be taken within `write_timeout`.
     pub fn new(service: RlsService, write_timeout: Duration) -> Shared {
-        Shared { service, held: Arc::new(Semaphore::new(ANSWERS_HELD_BYTES_MAX)), write_timeout }
+        let (config, _) = service.daemon.current();
+        let open_calls = config.limits.http_in_flight_max.saturating_mul(OPEN_CALLS_PER_IN_FLIGHT);
+        Shared {
+            request_timeout: service.call_timeout,
+            service,
+            held: Arc::new(Semaphore::new(ANSWERS_HELD_BYTES_MAX)),
+            open_calls: Arc::new(Semaphore::new(open_calls.min(Semaphore::MAX_PERMITS))),
+            write_timeout,
+        }
     }
 }
 
@@ -176,11 +192,15 @@ pub(super) async fn serve_connection(
     let mut ping_sent = false;
     let mut calls = FuturesUnordered::new();
     let (mut answered, mut peer_resets) = (0u64, 0u64);
-    let mut calm_sent = false;
+    let (mut calm_sent, mut shutting_down) = (false, false);
     loop {
         tokio::select! {
             accepted = connection.accept() => match accepted {
-                Some(Ok((request, respond))) => calls.push(call(&shared, request, respond)),
+                Some(Ok((request, mut respond))) => match Arc::clone(&shared.open_calls).try_acquire_owned() {
+                    Ok(open) => calls.push(call(&shared, request, respond, open)),
+                    // Not processed: the client may retry it (RFC 9113 8.7).
+                    Err(_) => respond.send_reset(Reason::REFUSED_STREAM),
+                },
                 Some(Err(error)) => return debug!(%error, "gRPC connection closed"),
                 None => return,
             },
@@ -214,7 +234,10 @@ pub(super) async fn serve_connection(
                 keepalive.as_mut().reset(tokio::time::Instant::now() + HTTP2_KEEPALIVE_TIMEOUT);
             }
             // A closed sender is a server gone: closing too.
-            _ = closing.wait_for(|closing| *closing), if !*closing.borrow() => connection.graceful_shutdown(),
+            _ = closing.wait_for(|closing| *closing), if !shutting_down => {
+                connection.graceful_shutdown();
+                shutting_down = true;
+            }
         }
         if !calm_sent && peer_resets > PEER_RESETS_MAX && peer_resets > answered {
             debug!(peer_resets, answered, "gRPC connection closed: the client resets the calls it makes");
@@ -224,43 +247,75 @@ pub(super) async fn serve_connection(
     }
 }
 
-/// One call: its request read, decided and answered (see the module documentation).
+/// One call: its request read, decided and answered (see the module documentation), holding
+/// one of the daemon's open calls (`_open`) throughout.
 async fn call(
     shared: &Shared,
     request: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
+    _open: OwnedSemaphorePermit,
 ) -> CallEnd {
     let (head, mut body) = request.into_parts();
-    if head.method != Method::POST {
-        return answer_http(&mut respond, StatusCode::METHOD_NOT_ALLOWED);
+    if let Err(end) = check_head(&head, &mut respond) {
+        return end;
     }
-    if !head.headers.get(http::header::CONTENT_TYPE).is_some_and(is_grpc_content_type) {
-        return answer_http(&mut respond, StatusCode::UNSUPPORTED_MEDIA_TYPE);
-    }
-    if head.uri.path() != PATH {
-        let status = Status::unimplemented("unknown method: only ShouldRateLimit is served");
-        return answer_status(&mut respond, &status);
-    }
-    let message = match read_message(&mut body).await {
+    // Not kept while the call waits: every byte of a call's state counts for each open stream.
+    drop(head);
+    let message = match read_in_time(&mut body, shared.request_timeout).await {
         Ok(message) => message,
         Err(Refusal::Stream(error)) => return ended_by(&error),
         Err(Refusal::Status(status)) => return answer_status(&mut respond, &status),
     };
-    let request = match RateLimitRequest::decode(message) {
-        Ok(request) => request,
-        Err(error) => {
-            let status = Status::invalid_argument(format!("not a RateLimitRequest: {error}"));
-            return answer_status(&mut respond, &status);
-        }
-    };
-    let outcome = shared.service.should_rate_limit_request(&request).await;
-    match outcome {
-        Ok(response) => answer(shared, respond, &response).await,
+    // Boxed: a decision's state is large (kilobytes) and lives only while it decides; unboxed it
+    // would size every call, also the calls that wait for their request or their client's window.
+    match Box::pin(decide(&shared.service, message)).await {
+        Ok(data) => answer(shared, respond, data).await,
+        Err(status) => answer_status(&mut respond, &status),
+    }
+}
+
+/// Whether a request's head is the gRPC call served; if not, it is answered (405, 415,
+/// `UNIMPLEMENTED`) and how it ended is the error.
+fn check_head(head: &http::request::Parts, respond: &mut SendResponse<Bytes>) -> Result<(), CallEnd> {
+    if head.method != Method::POST {
+        return Err(answer_http(respond, StatusCode::METHOD_NOT_ALLOWED));
+    }
+    if !head.headers.get(http::header::CONTENT_TYPE).is_some_and(is_grpc_content_type) {
+        return Err(answer_http(respond, StatusCode::UNSUPPORTED_MEDIA_TYPE));
+    }
+    if head.uri.path() != PATH {
+        let status = Status::unimplemented("unknown method: only ShouldRateLimit is served");
+        return Err(answer_status(respond, &status));
+    }
+    Ok(())
+}
+
+/// The decisions of a request's `message`: the answer's gRPC message (prefix and response), or
+/// the status that refuses the call.
+async fn decide(service: &RlsService, message: Bytes) -> Result<Bytes, Status> {
+    let request = RateLimitRequest::decode(message)
+        .map_err(|error| Status::invalid_argument(format!("not a RateLimitRequest: {error}")))?;
+    match service.should_rate_limit_request(&request).await {
+        Ok(response) => encode(&response),
         Err(status) => {
             debug!(domain = %request.domain, code = ?status.code(), message = status.message(), "RLS call refused");
-            answer_status(&mut respond, &status)
+            Err(status)
         }
     }
+}
+
+/// `response` as a gRPC message: its 5-byte prefix and its encoding.
+fn encode(response: &RateLimitResponse) -> Result<Bytes, Status> {
+    let length = response.encoded_len();
+    if length > MESSAGE_BYTES_MAX {
+        return Err(Status::internal(format!("an answer of {length} bytes, above {MESSAGE_BYTES_MAX}")));
+    }
+    let mut data = BytesMut::with_capacity(5 + length);
+    data.put_u8(0);
+    data.put_u32(length as u32);
+    // The buffer holds the encoded length: encoding cannot run out of room.
+    response.encode(&mut data).map_err(|error| Status::internal(error.to_string()))?;
+    Ok(data.freeze())
 }
 
 /// Why a request's message cannot be decided.
@@ -269,6 +324,20 @@ enum Refusal {
     Stream(h2::Error),
     /// The message is not one a gRPC server takes: answered with this status.
     Status(Status),
+}
+
+/// The request's message, within `timeout` (`DEADLINE_EXCEEDED` after it): a stream whose
+/// request never ends must not hold its state for good. A request that came whole with its head
+/// (the usual case) is read without a timer.
+async fn read_in_time(body: &mut RecvStream, timeout: Duration) -> Result<Bytes, Refusal> {
+    let mut read = std::pin::pin!(read_message(body));
+    if let Poll::Ready(read) = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+        return read;
+    }
+    tokio::time::timeout(timeout, read).await.unwrap_or_else(|_| {
+        let message = format!("the request did not arrive whole within {timeout:?}");
+        Err(Refusal::Status(Status::deadline_exceeded(message)))
+    })
 }
 
 /// The request's one gRPC message (behind its 5-byte prefix), read whole; the flow-control
@@ -326,30 +395,17 @@ fn grpc_head() -> http::Response<()> {
     head
 }
 
-/// Answers with `response`, as far as the client's window lets it through (see the module
+/// Answers with `data` (a gRPC message), as far as the client's window lets it through (see the module
 /// documentation), then `grpc-status: 0`.
-async fn answer(shared: &Shared, mut respond: SendResponse<Bytes>, response: &RateLimitResponse) -> CallEnd {
-    let length = response.encoded_len();
-    if length > MESSAGE_BYTES_MAX {
-        let status = Status::internal(format!("an answer of {length} bytes, above {MESSAGE_BYTES_MAX}"));
-        return answer_status(&mut respond, &status);
-    }
-    let mut data = BytesMut::with_capacity(5 + length);
-    data.put_u8(0);
-    data.put_u32(length as u32);
-    // The buffer holds the encoded length: encoding cannot run out of room.
-    if let Err(error) = response.encode(&mut data) {
-        return answer_status(&mut respond, &Status::internal(error.to_string()));
-    }
+async fn answer(shared: &Shared, mut respond: SendResponse<Bytes>, mut data: Bytes) -> CallEnd {
     let mut send = match respond.send_response(grpc_head(), false) {
         Ok(send) => send,
         Err(error) => return ended_by(&error),
     };
-    let mut data = data.freeze();
     send.reserve_capacity(data.len());
     if send.capacity() < data.len() {
         // The client's window is short: the rest waits for it, held against the daemon's budget.
-        let Ok(_held) = shared.held.try_acquire_many((data.len() + HELD_ANSWER_OVERHEAD_BYTES) as u32) else {
+        let Ok(_held) = shared.held.try_acquire_many(data.len() as u32) else {
             debug!("an RLS answer dropped: the budget of answers held for clients' windows is spent");
             send.send_reset(Reason::ENHANCE_YOUR_CALM);
             return CallEnd::Failed;
