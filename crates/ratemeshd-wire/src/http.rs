@@ -5,8 +5,9 @@
 //!
 //! A request is the front's when it is `POST /v1/check HTTP/1.1` with exactly one `Host`, one
 //! `Content-Length` (at most `body_bytes_max`), no `Transfer-Encoding`, no `Expect`, no
-//! `Connection` but one `keep-alive` or `close`, and at most [`HEADERS_MAX`] headers; while its
-//! head is incomplete, the front waits for at most [`HEAD_BYTES_MAX`] bytes of it.
+//! `Connection` but one `keep-alive` or `close`, at most [`HEADERS_MAX`] headers, and a head of
+//! at most [`HEAD_BYTES_MAX`] bytes, however many arrived at once (the front waits for at most
+//! that many bytes of an incomplete head).
 
 use std::ops::Range;
 
@@ -47,7 +48,10 @@ pub fn parse(input: &[u8], body_bytes_max: usize) -> Parsed {
     let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
     let mut request = httparse::Request::new(&mut headers);
     let head_len = match request.parse(input) {
-        Ok(httparse::Status::Complete(len)) => len,
+        // A whole head over the bound is not the front's however it arrived: in pieces, the front
+        // stops waiting for it at HEAD_BYTES_MAX bytes (below), so in one read it is not answered
+        // either.
+        Ok(httparse::Status::Complete(len)) if len <= HEAD_BYTES_MAX => len,
         Ok(httparse::Status::Partial) if input.len() <= HEAD_BYTES_MAX => {
             return Parsed::Incomplete { head_whole: false };
         }
@@ -147,5 +151,15 @@ mod tests {
         assert_eq!(parse(&check("Host: b\r\n"), 1024), Parsed::Other, "two Host fields");
         assert_eq!(parse(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 1024), Parsed::Http2);
         assert_eq!(parse(b"PRI * HTTP/2", 1024), Parsed::Incomplete { head_whole: false });
+    }
+
+    #[test]
+    fn a_head_over_the_bound_is_handed_off_however_it_arrives() {
+        let pad = format!("X-Pad: {}\r\n", "p".repeat(HEAD_BYTES_MAX));
+        let input = check(&pad);
+        // Whole in one read, or in pieces (the front has waited for HEAD_BYTES_MAX bytes of it).
+        assert_eq!(parse(&input, 1024), Parsed::Other);
+        assert_eq!(parse(&input[..HEAD_BYTES_MAX + 1], 1024), Parsed::Other);
+        assert_eq!(parse(&input[..HEAD_BYTES_MAX], 1024), Parsed::Incomplete { head_whole: false });
     }
 }
