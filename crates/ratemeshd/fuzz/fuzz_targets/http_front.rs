@@ -10,6 +10,8 @@
 //!   front, reading in pieces, answers the same requests).
 //! - The front waits for at most `HEAD_BYTES_MAX` bytes of a head, and for a body only when one
 //!   within the bound was announced.
+//! - The body bound is exact: a check or a wait for a body of `n` bytes is the same under a bound
+//!   of `n`, and the request is not the front's under `n - 1`.
 
 #![no_main]
 
@@ -31,6 +33,7 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(head.content_length, Some(body.len()), "{head:?}");
             assert_eq!(head.close, close, "{head:?}");
             assert_eq!(parse(&input[..body.end], bound), parsed, "without what follows");
+            check_bound_edge(input, body.len(), &parsed);
             let waiting = Parsed::Incomplete { head_whole: !body.is_empty() };
             assert_eq!(parse(&input[..body.end - 1], bound), waiting, "one byte short of its end");
             let waiting = Parsed::Incomplete { head_whole: false };
@@ -45,11 +48,22 @@ fuzz_target!(|data: &[u8]| {
             let announced = head.content_length.expect("a body announced");
             assert!(announced <= bound, "waits for a body of {announced} bytes over {bound}");
             assert!(input.len() < head.len + announced, "waits with the body in");
+            check_bound_edge(input, announced, &parsed);
         }
         Parsed::Http2 => assert!(input.starts_with(HTTP2_PREFACE_START)),
         Parsed::Other => {}
     }
 });
+
+/// The body bound is exact: a body of `len` bytes is the front's under a bound of `len`, not
+/// under `len - 1` (what the first two bytes rarely hit: the bound that equals a decimal
+/// `Content-Length`).
+fn check_bound_edge(input: &[u8], len: usize, parsed: &Parsed) {
+    assert_eq!(&parse(input, len), parsed, "a body of {len} bytes under a bound of {len}");
+    if let Some(under) = len.checked_sub(1) {
+        assert_eq!(parse(input, under), Parsed::Other, "a body of {len} bytes under a bound of {under}");
+    }
+}
 
 /// A request head as httparse reads it, its fields counted.
 #[derive(Debug)]
