@@ -1,19 +1,21 @@
 //! The HTTP/1.1 front of every API connection.
 //!
-//! `POST /v1/check`, the route that carries the load, is parsed (`httparse`), decided and answered
-//! here, from and into the connection's own reused buffers: no per-request allocation but the
-//! decision's, headers written as bytes ([`ratemesh::headers::write_header_lines`]), pipelined
-//! requests answered with one write. The profile of the daemon under `wrk` had hyper and axum's
-//! routing, middleware and response building at a quarter of its CPU.
+//! `POST /v1/check`, the route that carries the load, is recognised
+//! ([`ratemeshd_wire::http::parse`], over `httparse`), decided and answered here, from and into
+//! the connection's own reused buffers: no per-request allocation but the decision's, headers
+//! written as bytes ([`ratemesh::headers::write_header_lines`]), pipelined requests answered with
+//! one write. The profile of the daemon under `wrk` had hyper and axum's routing, middleware and
+//! response building at a quarter of its CPU.
 //!
 //! Any other request — another route, a body not announced by one `Content-Length`, not exactly
 //! one `Host` (the router then answers 400, as RFC 9112 requires of HTTP/1.1),
-//! `Transfer-Encoding`, `Expect`, a `Connection` other than `keep-alive` or `close`, HTTP/1.0, a head of more
-//! than [`HEAD_BYTES_MAX`] or [`HEADERS_MAX`] headers, a body that does not parse or validate —
-//! hands the connection, with every byte not yet answered, to hyper's HTTP/1 server and the axum
-//! router for the rest of its life ([`Front::hand_off`]). So every error answer, every other route
-//! and every corner of HTTP/1.1 is theirs, written once; what is answered here is a valid check,
-//! and the bytes are the router's for the same check (`tests/http_api.rs` compares them).
+//! `Transfer-Encoding`, `Expect`, a `Connection` other than `keep-alive` or `close`, HTTP/1.0, a
+//! head of more than [`HEAD_BYTES_MAX`](ratemeshd_wire::http::HEAD_BYTES_MAX) or
+//! [`HEADERS_MAX`](ratemeshd_wire::http::HEADERS_MAX) headers, a body that does not parse or
+//! validate — hands the connection, with every byte not yet answered, to hyper's HTTP/1 server
+//! and the axum router for the rest of its life ([`Front::hand_off`]). So every error answer, every
+//! other route and every corner of HTTP/1.1 is theirs, written once; what is answered here is a
+//! valid check, and the bytes are the router's for the same check (`tests/http_api.rs` compares them).
 //!
 //! The bounds are the router's: the same in-flight permits, request deadline and metrics, the
 //! head timeout from the moment a request is waited for (also how long a kept-alive connection
@@ -35,6 +37,8 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, Re
 use tokio::sync::watch;
 use tracing::debug;
 
+use ratemeshd_wire::http::{Parsed, parse};
+
 use super::body::{CheckResponse, parse_check};
 use super::decide::decide;
 use super::{Api, ApiError, InFlight, JSON, Timeouts, within};
@@ -44,12 +48,6 @@ use crate::listener::LimitedStream;
 
 /// Bytes asked of the socket per read.
 const READ_BYTES: usize = 8 * 1024;
-
-/// A request head longer than this is not the front's (hyper answers it: 431 past its own bound).
-pub const HEAD_BYTES_MAX: usize = 16 * 1024;
-
-/// Headers a request the front answers may have (more: hyper's).
-pub const HEADERS_MAX: usize = 32;
 
 /// Pipelined requests answered before their answers are written and other connections run.
 const REQUESTS_PER_ROUND_MAX: usize = 64;
@@ -145,20 +143,6 @@ struct Connection {
     input: Vec<u8>,
     /// Answers not yet written.
     output: Vec<u8>,
-}
-
-/// What the input begins with.
-#[derive(Debug, PartialEq, Eq)]
-enum Parsed {
-    /// A whole `POST /v1/check`: its body is `input[body]`, the request ends at `body.end`;
-    /// `close` when it asked for the connection to be closed after it (`Connection: close`).
-    Check { body: std::ops::Range<usize>, close: bool },
-    /// The start of one: its head is whole when `head_whole`.
-    Incomplete { head_whole: bool },
-    /// A request that is not the front's.
-    Other,
-    /// An HTTP/2 connection preface (prior knowledge): this port speaks HTTP/1.1 only.
-    Http2,
 }
 
 impl Connection {
@@ -271,41 +255,6 @@ impl Connection {
     }
 }
 
-/// What `input` begins with (see [`Parsed`]).
-fn parse(input: &[u8], body_bytes_max: usize) -> Parsed {
-    if input.is_empty() {
-        return Parsed::Incomplete { head_whole: false };
-    }
-    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
-    let mut request = httparse::Request::new(&mut headers);
-    let head_len = match request.parse(input) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) if input.len() <= HEAD_BYTES_MAX => {
-            return Parsed::Incomplete { head_whole: false };
-        }
-        // Too long, too many headers, malformed: hyper's to answer, but for HTTP/2's preface,
-        // whose version httparse refuses before the whole of it is here.
-        _ if input.starts_with(HTTP2_PREFACE_START) => return Parsed::Http2,
-        _ if HTTP2_PREFACE_START.starts_with(input) => return Parsed::Incomplete { head_whole: false },
-        _ => return Parsed::Other,
-    };
-    if request.method != Some("POST") || request.path != Some("/v1/check") || request.version != Some(1) {
-        return Parsed::Other;
-    }
-    let Some((body_len, close)) = body_len(request.headers) else { return Parsed::Other };
-    if body_len > body_bytes_max {
-        return Parsed::Other;
-    }
-    match input.len() >= head_len + body_len {
-        true => Parsed::Check { body: head_len..head_len + body_len, close },
-        false => Parsed::Incomplete { head_whole: true },
-    }
-}
-
-/// How the client connection preface of HTTP/2 with prior knowledge begins (RFC 9113, 3.4);
-/// httparse reads it as a request line as far as here, then refuses its version.
-const HTTP2_PREFACE_START: &[u8] = b"PRI * HTTP/2.0";
-
 /// The answer to an HTTP/2 connection preface, where hyper would close without a word: the
 /// server preface (an empty SETTINGS frame, RFC 9113, 3.4) and a GOAWAY with `HTTP_1_1_REQUIRED`
 /// (0xd) and the reason, so that an HTTP/2 client says why (curl: "HTTP_1_1_REQUIRED").
@@ -325,44 +274,6 @@ fn http2_refusal() -> Vec<u8> {
     bytes.extend(HTTP_1_1_REQUIRED.to_be_bytes());
     bytes.extend(REASON);
     bytes
-}
-
-/// The body length of a request the front answers, and whether it asks to close the connection
-/// after it: one `Host`, one `Content-Length`, no `Transfer-Encoding`, no `Expect`, no
-/// `Connection` but one `keep-alive` or `close`; `None` for any other.
-fn body_len(headers: &[httparse::Header<'_>]) -> Option<(usize, bool)> {
-    let mut len = None;
-    let mut connection = None;
-    let mut hosts = 0;
-    for header in headers {
-        let name = header.name;
-        if name.eq_ignore_ascii_case("host") {
-            hosts += 1;
-        } else if name.eq_ignore_ascii_case("content-length") {
-            let digits = header.value.trim_ascii();
-            let valid = !digits.is_empty() && digits.len() <= 9 && digits.iter().all(u8::is_ascii_digit);
-            if len.is_some() || !valid {
-                return None;
-            }
-            len = Some(digits.iter().fold(0, |len, digit| len * 10 + usize::from(digit - b'0')));
-        } else if name.eq_ignore_ascii_case("transfer-encoding") || name.eq_ignore_ascii_case("expect") {
-            return None;
-        } else if name.eq_ignore_ascii_case("connection") {
-            let value = header.value.trim_ascii();
-            let close = match value {
-                _ if value.eq_ignore_ascii_case(b"close") => true,
-                _ if value.eq_ignore_ascii_case(b"keep-alive") => false,
-                _ => return None,
-            };
-            if connection.replace(close).is_some() {
-                return None;
-            }
-        }
-    }
-    if hosts != 1 {
-        return None;
-    }
-    Some((len?, connection.unwrap_or(false)))
 }
 
 /// Decides `check` under the router's bounds (an in-flight permit or 503 at once, the request

@@ -35,7 +35,8 @@
 //! once. The buffers are the connection's, reused from round to round.
 
 pub mod command;
-pub mod protocol;
+/// RESP2 framing, in its own crate (`ratemeshd-wire`) so that the fuzz targets build it alone.
+pub use ratemeshd_wire::resp as protocol;
 
 use std::ops::Range;
 use std::sync::Arc;
