@@ -46,6 +46,7 @@
 //! closing its connections stops holding a connection slot).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -57,7 +58,7 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use prost::Message as _;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
 use tonic::Status;
 use tracing::debug;
 
@@ -92,16 +93,18 @@ pub const RESET_STREAM_KEPT: Duration = Duration::from_secs(1);
 /// rapid-reset abuser (when it also reset more calls than it was answered).
 pub const PEER_RESETS_MAX: u64 = 1024;
 
-/// Daemon-wide, the bytes of answers waiting for their clients' flow-control windows (see the
-/// module documentation).
-pub const ANSWERS_HELD_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Daemon-wide, the bytes of answers waiting for their clients' flow-control windows, with
+/// their state (see the module documentation): about 4 000 answers.
+pub const ANSWERS_HELD_BYTES_MAX: usize = 8 * 1024 * 1024;
 
-/// Daemon-wide open calls (streams taken and not yet ended: reading their request, deciding, or
-/// waiting for their client's window), per call allowed in flight (`limits.http_in_flight_max`).
-/// A stream past the bound is refused at once (`REFUSED_STREAM`: not processed, safe to retry):
-/// the state of open streams (a few hundred bytes in h2 and in the call each) is bounded whatever
-/// the number of connections.
-pub const OPEN_CALLS_PER_IN_FLIGHT: usize = 4;
+/// Answers of one connection that may wait for its client's window at once; one more closes
+/// the connection (GOAWAY `ENHANCE_YOUR_CALM`: a slow reader). A client that reads keeps none
+/// waiting; one with a small window that it opens as it reads, a few.
+pub const HELD_ANSWERS_PER_CONNECTION_MAX: usize = 256;
+
+/// What a held answer counts against [`ANSWERS_HELD_BYTES_MAX`] beyond its own bytes: its open
+/// stream's state in h2 and its call's here, measured (about 1.5 KiB) and rounded up.
+const HELD_ANSWER_STATE_BYTES: usize = 2048;
 
 /// How often the server pings a connection, and how long it waits for the answer
 /// ([`HTTP2_KEEPALIVE_TIMEOUT`]) before closing it.
@@ -119,8 +122,6 @@ pub(super) struct Shared {
     pub service: RlsService,
     /// The daemon-wide budget of answers held for clients' windows, in bytes.
     pub held: Arc<Semaphore>,
-    /// The daemon-wide bound on open calls ([`OPEN_CALLS_PER_IN_FLIGHT`]).
-    pub open_calls: Arc<Semaphore>,
     /// How long a request may take to arrive whole.
     pub request_timeout: Duration,
     /// How long an answer may wait for the client's window.
@@ -131,13 +132,10 @@ impl Shared {
     /// What the connections of a server over `service` share: requests must arrive within the
     /// service's call timeout, answers be taken within `write_timeout`.
     pub fn new(service: RlsService, write_timeout: Duration) -> Shared {
-        let (config, _) = service.daemon.current();
-        let open_calls = config.limits.http_in_flight_max.saturating_mul(OPEN_CALLS_PER_IN_FLIGHT);
         Shared {
             request_timeout: service.call_timeout,
             service,
             held: Arc::new(Semaphore::new(ANSWERS_HELD_BYTES_MAX)),
-            open_calls: Arc::new(Semaphore::new(open_calls.min(Semaphore::MAX_PERMITS))),
             write_timeout,
         }
     }
@@ -152,6 +150,9 @@ enum CallEnd {
     ResetByPeer,
     /// Its answer waited for the client's window past the write timeout.
     Stalled,
+    /// Its answer would wait for the client's window beyond what this connection
+    /// ([`HELD_ANSWERS_PER_CONNECTION_MAX`]) or the daemon ([`ANSWERS_HELD_BYTES_MAX`]) may hold.
+    TooManyHeld,
     /// Its stream failed otherwise (the connection is going away).
     Failed,
 }
@@ -190,17 +191,16 @@ pub(super) async fn serve_connection(
     let keepalive = tokio::time::sleep(HTTP2_KEEPALIVE_INTERVAL);
     tokio::pin!(keepalive);
     let mut ping_sent = false;
+    // Answers of this connection waiting for its client's window (atomic only to keep the calls
+    // `Send`: one task touches it). Declared before the calls that borrow it.
+    let held_here = AtomicUsize::new(0);
     let mut calls = FuturesUnordered::new();
     let (mut answered, mut peer_resets) = (0u64, 0u64);
     let (mut calm_sent, mut shutting_down) = (false, false);
     loop {
         tokio::select! {
             accepted = connection.accept() => match accepted {
-                Some(Ok((request, mut respond))) => match Arc::clone(&shared.open_calls).try_acquire_owned() {
-                    Ok(open) => calls.push(call(&shared, request, respond, open)),
-                    // Not processed: the client may retry it (RFC 9113 8.7).
-                    Err(_) => respond.send_reset(Reason::REFUSED_STREAM),
-                },
+                Some(Ok((request, respond))) => calls.push(call(&shared, &held_here, request, respond)),
                 Some(Err(error)) => return debug!(%error, "gRPC connection closed"),
                 None => return,
             },
@@ -211,6 +211,12 @@ pub(super) async fn serve_connection(
                 CallEnd::Stalled => {
                     return debug!("gRPC connection closed: an answer not taken within the write timeout (a slow reader)");
                 }
+                CallEnd::TooManyHeld if !calm_sent => {
+                    debug!("gRPC connection closed: too many answers wait for its window (a slow reader)");
+                    connection.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
+                    calm_sent = true;
+                }
+                CallEnd::TooManyHeld => {}
             },
             pong = std::future::poll_fn(|cx| match ping_pong.as_mut() {
                 Some(pings) => pings.poll_pong(cx),
@@ -247,13 +253,13 @@ pub(super) async fn serve_connection(
     }
 }
 
-/// One call: its request read, decided and answered (see the module documentation), holding
-/// one of the daemon's open calls (`_open`) throughout.
+/// One call: its request read, decided and answered (see the module documentation); `held_here`
+/// counts its connection's answers that wait for the client's window.
 async fn call(
     shared: &Shared,
+    held_here: &AtomicUsize,
     request: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
-    _open: OwnedSemaphorePermit,
 ) -> CallEnd {
     let (head, mut body) = request.into_parts();
     if let Err(end) = check_head(&head, &mut respond) {
@@ -269,7 +275,7 @@ async fn call(
     // Boxed: a decision's state is large (kilobytes) and lives only while it decides; unboxed it
     // would size every call, also the calls that wait for their request or their client's window.
     match Box::pin(decide(&shared.service, message)).await {
-        Ok(data) => answer(shared, respond, data).await,
+        Ok(data) => answer(shared, held_here, respond, data).await,
         Err(status) => answer_status(&mut respond, &status),
     }
 }
@@ -397,19 +403,22 @@ fn grpc_head() -> http::Response<()> {
 
 /// Answers with `data` (a gRPC message), as far as the client's window lets it through (see the module
 /// documentation), then `grpc-status: 0`.
-async fn answer(shared: &Shared, mut respond: SendResponse<Bytes>, mut data: Bytes) -> CallEnd {
+async fn answer(shared: &Shared, held_here: &AtomicUsize, mut respond: SendResponse<Bytes>, mut data: Bytes) -> CallEnd {
     let mut send = match respond.send_response(grpc_head(), false) {
         Ok(send) => send,
         Err(error) => return ended_by(&error),
     };
     send.reserve_capacity(data.len());
     if send.capacity() < data.len() {
-        // The client's window is short: the rest waits for it, held against the daemon's budget.
-        let Ok(_held) = shared.held.try_acquire_many(data.len() as u32) else {
-            debug!("an RLS answer dropped: the budget of answers held for clients' windows is spent");
+        // The client's window is short: the rest waits for it, held against this connection's
+        // and the daemon's bounds. A client past them is a slow reader: its connection is closed.
+        let _held_here = Held::new(held_here);
+        let charge = (data.len() + HELD_ANSWER_STATE_BYTES).min(ANSWERS_HELD_BYTES_MAX) as u32;
+        let held = shared.held.try_acquire_many(charge);
+        if held_here.load(Ordering::Relaxed) > HELD_ANSWERS_PER_CONNECTION_MAX || held.is_err() {
             send.send_reset(Reason::ENHANCE_YOUR_CALM);
-            return CallEnd::Failed;
-        };
+            return CallEnd::TooManyHeld;
+        }
         match tokio::time::timeout(shared.write_timeout, send_as_window_allows(&mut send, &mut data)).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => return ended_by(&error),
@@ -422,6 +431,22 @@ async fn answer(shared: &Shared, mut respond: SendResponse<Bytes>, mut data: Byt
     match sent {
         Ok(()) => CallEnd::Answered,
         Err(error) => ended_by(&error),
+    }
+}
+
+/// One answer of a connection waiting for its client's window, counted while it lives.
+struct Held<'a>(&'a AtomicUsize);
+
+impl<'a> Held<'a> {
+    fn new(held_here: &'a AtomicUsize) -> Held<'a> {
+        held_here.fetch_add(1, Ordering::Relaxed);
+        Held(held_here)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
