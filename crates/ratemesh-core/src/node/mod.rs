@@ -412,10 +412,15 @@ impl Node {
     /// whether it was released here; a release sent to the owner returns `false`.
     pub fn handle_release(&mut self, now: Instant, key: KeyHash, policy: &Policy, lease: LeaseId) -> bool {
         let owner = self.ring.owner(key).unwrap_or(self.id);
-        if owner == self.id {
-            return self.keys.release(key, &policy.limit, lease, now);
-        }
         let release = Release { key: key.0, limit: LimitWire::from_limit(&policy.limit), lease: lease.0 };
+        if owner == self.id {
+            let released = self.keys.release(key, &policy.limit, lease, now);
+            if released {
+                self.release_replica(release, now);
+                self.flush_out(now);
+            }
+            return released;
+        }
         self.send(owner, Body { release: vec![release], ..Body::default() }, now);
         self.flush_out(now);
         false
