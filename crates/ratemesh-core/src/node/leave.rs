@@ -9,11 +9,14 @@
 //! drains until every frame to a reachable peer is acknowledged (bounded by
 //! [`LeavePlan::drain_for`]) and emits [`Event::Left`]: the driver may stop it.
 //!
-//! It drains for at least half of `own_for` (within `drain_for`), even when everything was
-//! acknowledged at once: members leaving at the same moment may not have learned of this leave
-//! when they hand over, and hand it keys; it passes them on to their owner in its view (see
-//! `handoff.rs`). Leaving at once it would drop them, and the keys would restart from an older
-//! state. (Measured: scaling 5 nodes down to 2 lost a key's hits in one run of four without it.)
+//! When another member left its view gracefully since shortly before its own leave, it drains
+//! for at least half of `own_for` (within `drain_for`), even when everything was acknowledged
+//! at once: members leaving at the same moment may not have learned of this leave when they
+//! hand over, and hand it keys; it passes them on to their owner in its view (see `handoff.rs`).
+//! Leaving at once it would drop them, and the keys would restart from an older state, were the
+//! node not among the members each key goes to (`LEAVE_HANDOFF_OWNERS`). Otherwise (a leave with
+//! no other in sight: a rolling restart, a scale-down by one) it ends as soon as its handoff is
+//! acknowledged: SIGTERM to exit is `own_for` plus a round trip.
 
 use crate::prelude::*;
 use core::time::Duration;
@@ -35,7 +38,7 @@ pub struct LeavePlan {
 pub(super) enum Leave {
     /// Still owning its keys, until then; then it drains for `drain_nanos` at most and
     /// `linger_nanos` at least.
-    Owning { hand_over_at: Instant, drain_nanos: u64, linger_nanos: u64 },
+    Owning { hand_over_at: Instant, drain_nanos: u64, linger_nanos: u64, own_nanos: u64 },
     /// Handed over; passing on late handoffs until `linger_until` at least, waiting for
     /// acknowledgements until `give_up_at` at most.
     Draining { linger_until: Instant, give_up_at: Instant },
@@ -51,8 +54,9 @@ impl Node {
         }
         let hand_over_at = now.add_duration(plan.own_for);
         let drain_nanos = duration_nanos(plan.drain_for);
-        let linger_nanos = (duration_nanos(plan.own_for) / 2).min(drain_nanos);
-        self.leave = Some(Leave::Owning { hand_over_at, drain_nanos, linger_nanos });
+        let own_nanos = duration_nanos(plan.own_for);
+        let linger_nanos = (own_nanos / 2).min(drain_nanos);
+        self.leave = Some(Leave::Owning { hand_over_at, drain_nanos, linger_nanos, own_nanos });
         self.return_allowances(now);
         self.leave_progress(now);
         self.flush_out(now);
@@ -66,7 +70,14 @@ impl Node {
     /// Moves the leave on at `now`: hands over when owning is over, finishes when drained.
     pub(super) fn leave_progress(&mut self, now: Instant) {
         match self.leave {
-            Some(Leave::Owning { hand_over_at, drain_nanos, linger_nanos }) if now >= hand_over_at => {
+            Some(Leave::Owning { hand_over_at, drain_nanos, linger_nanos, own_nanos })
+                if now >= hand_over_at =>
+            {
+                // A member that left since `own_for` before this leave began may not have known
+                // of it when it handed over (another `own_for` of margin for slow gossip).
+                let since = hand_over_at.as_nanos().saturating_sub(3 * own_nanos);
+                let others_leaving = self.departed_at.is_some_and(|at| at.as_nanos() >= since);
+                let linger_nanos = if others_leaving { linger_nanos } else { 0 };
                 let (linger_until, give_up_at) = (now.add_nanos(linger_nanos), now.add_nanos(drain_nanos));
                 self.leave = Some(Leave::Draining { linger_until, give_up_at });
                 let live: Vec<NodeId> =
@@ -74,6 +85,8 @@ impl Node {
                 let dead = self.dead.clone();
                 self.apply_view(now, live, dead);
                 self.flush_forwards(now);
+                // The handoff goes out (unacknowledged) before the drain can count it done.
+                self.flush_out(now);
                 self.leave_progress(now);
             }
             Some(Leave::Draining { linger_until, give_up_at })

@@ -217,6 +217,9 @@ pub struct Node {
     fallbacks_since_sync: u64,
     settled: bool,
     leave: Option<leave::Leave>,
+    /// When a member last left this node's view gracefully (gone from the live members without
+    /// being dead): a leave at about the same time may hand this node keys late (see `leave.rs`).
+    departed_at: Option<Instant>,
     /// Until then the node takes no client checks (`NodeConfig::join_grace`).
     joining_until: Instant,
     transmits: VecDeque<Transmit>,
@@ -277,6 +280,7 @@ impl Node {
             fallbacks_since_sync: 0,
             settled: true,
             leave: None,
+            departed_at: None,
             // No grace: serving from the epoch on (a driver's clock may start below `now`).
             joining_until: match config.join_grace.is_zero() {
                 true => Instant::ZERO,
@@ -468,6 +472,10 @@ impl Node {
         let probes = self.peers.set_members(&live, now);
         self.transmits.extend(probes);
         let replicated = self.replicates();
+        let departed = self.ring.members().iter().any(|m| *m != self.id && !members.contains(m));
+        if departed {
+            self.departed_at = Some(now);
+        }
         self.ring = Ring::new(&live, self.config.ring_vnodes);
         self.rank = members.binary_search(&self.id).ok();
         self.members = members;
