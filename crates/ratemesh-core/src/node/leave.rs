@@ -4,7 +4,9 @@
 //! the node refuses new checks ([`CheckOutcome::Unavailable`]) and gives back every allowance it
 //! holds.
 //! It keeps owning its keys and answering peers for [`LeavePlan::own_for`], long enough for the
-//! announcement to reach every member, so that peers stop routing to it before its keys move.
+//! announcement to reach every member, so that peers stop routing to it before its keys move;
+//! or until the driver knows that every member has learned of it ([`Node::handle_leave_heard`]),
+//! if that is sooner.
 //! Then it applies its own view without itself: every owned key is handed to its new owner. It
 //! drains until every frame to a reachable peer is acknowledged (bounded by
 //! [`LeavePlan::drain_for`]) and emits [`Event::Left`]: the driver may stop it.
@@ -60,6 +62,17 @@ impl Node {
         self.return_allowances(now);
         self.leave_progress(now);
         self.flush_out(now);
+    }
+
+    /// Every member has learned of the leave (the driver saw it in their gossip): the node
+    /// stops owning now instead of at the end of [`LeavePlan::own_for`], and hands over. Nothing
+    /// when it is not owning any more (or not leaving).
+    pub fn handle_leave_heard(&mut self, now: Instant) {
+        if let Some(Leave::Owning { hand_over_at, .. }) = &mut self.leave {
+            *hand_over_at = (*hand_over_at).min(now);
+            self.leave_progress(now);
+            self.flush_out(now);
+        }
     }
 
     /// Whether the node is leaving (or has left).

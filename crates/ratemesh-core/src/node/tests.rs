@@ -1697,3 +1697,33 @@ fn a_lone_leave_ends_once_its_handoff_is_acknowledged_and_one_beside_another_lin
         }
     }
 }
+
+/// Once the driver knows every member learned of the leave, the node hands over at once
+/// instead of owning its keys for the rest of `own_for`, and leaves when that is acknowledged;
+/// on a node that is not leaving the call changes nothing.
+#[test]
+fn a_leave_heard_by_every_member_hands_over_without_waiting_for_own_for() {
+    let mut cluster = Cluster::new(3);
+    let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(3600));
+    let limit = Limit::new(spec).expect("valid");
+    let policy = Arc::new(Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare });
+    let k = key_owned_by(3, &[1, 2, 3]);
+    assert_eq!(cluster.admit(3, k, &policy, 10), 10);
+    let now = cluster.now;
+    cluster.node(1).handle_leave_heard(now);
+    assert!(!cluster.node(1).is_leaving());
+    let plan = LeavePlan { own_for: Duration::from_secs(10), drain_for: Duration::from_secs(2) };
+    cluster.node(3).handle_leave(now, plan);
+    cluster.drain();
+    cluster.view(&[1, 2], &[1, 2], &[]);
+    cluster.run_for(Duration::from_millis(20));
+    assert!(cluster.left.is_empty(), "owning for own_for until heard");
+    let now = cluster.now;
+    cluster.node(3).handle_leave_heard(now);
+    cluster.drain();
+    // A round trip and the peers' acknowledgement delay (7 ms here), not `own_for` (10 s).
+    cluster.run_for(Duration::from_millis(20));
+    assert_eq!(cluster.left, vec![NodeId(3)], "handed over and acknowledged");
+    let owner = cluster.node(1).owner_of(k).expect("an owner").0;
+    assert_eq!(cluster.admit(owner, k, &policy, 100), 90, "the count went with the key");
+}
