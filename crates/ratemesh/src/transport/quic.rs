@@ -300,7 +300,7 @@ impl PeerTransport for QuicTransport {
     /// Closes gracefully: refuses new sends, abandons connects in progress, lets every peer's
     /// worker write out its queue over its live connection and wait for the peer's
     /// acknowledgement (within `close_timeout_ms`), then closes the endpoint and gives the
-    /// connections [`CLOSE_NOTIFY_WAIT`] to send their close to the peers. Frames still queued
+    /// connections 50 ms to send their close to the peers. Frames still queued
     /// then, or queued for peers without a live connection, are lost (the core's
     /// acknowledgements tell which). Idempotent.
     async fn close(&self) {
