@@ -27,6 +27,12 @@
 //! up; `ratemeshd top` prints the same ranking; a killed member is left out of the answer
 //! ([`three_processes_list_three_abusive_keys_among_ten_thousand_first_on_every_node`]).
 //!
+//! And concurrency leases: taken through all three nodes and released through another node each,
+//! round after round in both modes, and after a crash of a node they were taken through and of
+//! the key's owner, all come back
+//! ([`concurrency_leases_released_through_any_node_come_back_every_round_and_after_a_crash`]).
+//! The SIGTERM test runs the default 200 ms gossip and bounds the stop (under a second).
+//!
 //! Real processes, real sockets, the daemon's own HTTP API spoken by a tiny HTTP/1.1 client over
 //! `std::net::TcpStream`. Every wait polls a condition (`/readyz`, the member view of
 //! `/v1/cluster`), bounded by [`WAIT`]. The [`Cluster`] guard kills every child process when
