@@ -376,7 +376,12 @@ fn certificate_files_are_written_once_and_load_as_provided_certs() {
         gossip_secret: ClusterSecret::new("a gossip secret of 16+ bytes").expect("long"),
     });
     assert_eq!(provided.identity(NodeId(2)).expect("loads").node_id(), NodeId(2));
-    assert!(matches!(provided.identity(NodeId(1)), Err(SecurityError::NodeMismatch { .. })));
+    let mismatch = provided.identity(NodeId(1));
+    assert!(
+        matches!(&mismatch, Err(SecurityError::File { path, reason }) if *path == node.cert
+            && matches!(**reason, SecurityError::NodeMismatch { .. })),
+        "{mismatch:?}"
+    );
     let again = ratemesh::security::write_cert_files(&dir, &ca, &[NodeId(1)]);
     assert!(matches!(again, Err(SecurityError::FileExists { .. })), "never overwrites");
     std::fs::remove_dir_all(&dir).expect("clean up");

@@ -402,8 +402,16 @@ fn cluster_table(json: &serde_json::Value) -> String {
     out
 }
 
+/// `validate`: the configuration as `serve` reads it, and the cluster's certificates as a start
+/// loads them (`ClusterSecurity::identity`: files readable, PEM parsed, the key matching the
+/// certificate, the certificate accepted by the CA and naming the node:
+/// `ClusterSecurity::checked_identity`).
 fn validate(path: &Path) -> ExitCode {
-    match load_config(Some(path)) {
+    let checked = load_config(Some(path)).map_err(anyhow::Error::from).and_then(|config| {
+        check_identity(&config)?;
+        Ok(config)
+    });
+    match checked {
         Ok(config) => {
             println!("ok: {} ({} policies)", path.display(), config.policies.len());
             ExitCode::SUCCESS
@@ -413,6 +421,22 @@ fn validate(path: &Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Builds the node's TLS identity from `config` as a start does (the node id resolved as a start
+/// resolves it when it comes from the environment).
+fn check_identity(config: &ratemeshd::Config) -> Result<()> {
+    let security = config.cluster.auth.security().context("cluster security")?;
+    if !matches!(security, ratemesh::ClusterSecurity::Provided(_)) {
+        return Ok(());
+    }
+    let node = match config.node.id_from {
+        None => config.node.id,
+        Some(_) => client_runtime()?.block_on(ratemeshd::identity::resolve(config))?.id,
+    };
+    // The error names the file and the reason, and is not wrapped: a context would repeat it.
+    security.checked_identity(node).map_err(|error| anyhow::anyhow!("cluster certificates: {error}"))?;
+    Ok(())
 }
 
 /// The node ids of `certs --nodes`, sorted: at most [`CERT_FILES_NODES_MAX`], each once (a

@@ -227,3 +227,58 @@ fn certs_writes_a_ca_and_node_certificates_once() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("exists already"));
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// Issue 41, point 2: `validate` checks the cluster certificates as a start loads them, and names
+/// the file and the reason: missing files, a file of the wrong kind, a key of another
+/// certificate, a certificate of another CA, a certificate of another node. Certificates that
+/// fit validate, and a start refuses what validate refuses.
+#[test]
+fn validate_checks_the_cluster_certificates_a_start_would_load() {
+    let dir = scratch("validate-certs");
+    let (ours, theirs) = (dir.join("ours"), dir.join("theirs"));
+    for (out, nodes) in [(&ours, "1,2"), (&theirs, "1")] {
+        let made = ratemeshd(&["certs", "--out", &out.display().to_string(), "--nodes", nodes]);
+        assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    }
+    let path = |dir: &Path, file: &str| dir.join(file).display().to_string();
+    let config = dir.join("node.toml");
+    let validate = |id: u64, ca: &str, cert: &str, key: &str| {
+        let text = format!(
+            "[node]\nid = {id}\n[cluster]\nsecret = \"the gossip secret, 16+ bytes\"\n\
+             ca_cert_path = {ca:?}\ncert_path = {cert:?}\nkey_path = {key:?}\n"
+        );
+        std::fs::write(&config, text).expect("write");
+        let out = ratemeshd(&["validate", "--config", &config.display().to_string()]);
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ca, cert, key) = (path(&ours, "ca.pem"), path(&ours, "node-1.pem"), path(&ours, "node-1.key"));
+    assert_eq!(validate(1, &ca, &cert, &key), (Some(0), String::new()));
+    let missing = path(&dir, "missing/ca.pem");
+    let cases = [
+        (1, missing.clone(), cert.clone(), key.clone(), missing.clone(), "No such file"),
+        (1, ca.clone(), missing.clone(), key.clone(), missing.clone(), "No such file"),
+        (1, ca.clone(), cert.clone(), missing.clone(), missing.clone(), "No such file"),
+        (1, ca.clone(), key.clone(), key.clone(), key.clone(), "no valid node certificate"),
+        (1, ca.clone(), cert.clone(), cert.clone(), cert.clone(), "no valid private key"),
+        (1, ca.clone(), cert.clone(), path(&ours, "node-2.key"), path(&ours, "node-2.key"), "does not match"),
+        (
+            1,
+            path(&theirs, "ca.pem"),
+            cert.clone(),
+            key.clone(),
+            cert.clone(),
+            "not accepted by the cluster CA",
+        ),
+        (2, ca.clone(), cert.clone(), key.clone(), cert.clone(), "expected NodeId(2)"),
+    ];
+    for (id, ca, cert, key, named, reason) in cases {
+        let (code, stderr) = validate(id, &ca, &cert, &key);
+        assert_eq!(code, Some(1), "{ca} {cert} {key}: {stderr}");
+        assert!(stderr.contains(&format!("{named}: ")) && stderr.contains(reason), "{reason}: {stderr}");
+    }
+    // The start checks the same: the last configuration (node 2, node 1's certificate) fails.
+    let out = ratemeshd(&["serve", "--config", &config.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected NodeId(2)"));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -6,6 +6,7 @@ use crate::prelude::*;
 use alloc::sync::Arc;
 
 use super::*;
+use crate::limit::Algorithm;
 use crate::wire::WireMode;
 
 /// A check forwarded to an owner, waiting for its decision.
@@ -251,7 +252,13 @@ impl Node {
     /// The owner has no room for `retry_nanos`: refuse the key locally meanwhile, without asking
     /// — until one round trip before then, so that the next check forwarded arrives when the room
     /// does (and competes with the owner's own checks on equal terms).
+    ///
+    /// Not for a concurrency limit: its refusal's retry is when the held leases expire, and a
+    /// release (through any node, this one never hears of it) frees room any time before.
     fn refuse_until(&mut self, pending: &PendingForward, retry_nanos: u64, now: Instant) {
+        if pending.policy.limit.algorithm() == Algorithm::Concurrency {
+            return;
+        }
         let rtt = self.peers.srtt_nanos(pending.owner).unwrap_or(0);
         let Some(blind_nanos) = retry_nanos.checked_sub(rtt).filter(|&n| n > 0) else { return };
         let until = now.add_nanos(blind_nanos);

@@ -217,6 +217,9 @@ pub struct Node {
     fallbacks_since_sync: u64,
     settled: bool,
     leave: Option<leave::Leave>,
+    /// When a member last left this node's view gracefully (gone from the live members without
+    /// being dead): a leave at about the same time may hand this node keys late (see `leave.rs`).
+    departed_at: Option<Instant>,
     /// Until then the node takes no client checks (`NodeConfig::join_grace`).
     joining_until: Instant,
     transmits: VecDeque<Transmit>,
@@ -277,6 +280,7 @@ impl Node {
             fallbacks_since_sync: 0,
             settled: true,
             leave: None,
+            departed_at: None,
             // No grace: serving from the epoch on (a driver's clock may start below `now`).
             joining_until: match config.join_grace.is_zero() {
                 true => Instant::ZERO,
@@ -412,10 +416,15 @@ impl Node {
     /// whether it was released here; a release sent to the owner returns `false`.
     pub fn handle_release(&mut self, now: Instant, key: KeyHash, policy: &Policy, lease: LeaseId) -> bool {
         let owner = self.ring.owner(key).unwrap_or(self.id);
-        if owner == self.id {
-            return self.keys.release(key, &policy.limit, lease, now);
-        }
         let release = Release { key: key.0, limit: LimitWire::from_limit(&policy.limit), lease: lease.0 };
+        if owner == self.id {
+            let released = self.keys.release(key, &policy.limit, lease, now);
+            if released {
+                self.release_replica(release, now);
+                self.flush_out(now);
+            }
+            return released;
+        }
         self.send(owner, Body { release: vec![release], ..Body::default() }, now);
         self.flush_out(now);
         false
@@ -463,6 +472,10 @@ impl Node {
         let probes = self.peers.set_members(&live, now);
         self.transmits.extend(probes);
         let replicated = self.replicates();
+        let departed = self.ring.members().iter().any(|m| *m != self.id && !members.contains(m));
+        if departed {
+            self.departed_at = Some(now);
+        }
         self.ring = Ring::new(&live, self.config.ring_vnodes);
         self.rank = members.binary_search(&self.id).ok();
         self.members = members;

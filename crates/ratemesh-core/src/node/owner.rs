@@ -148,11 +148,26 @@ impl Node {
         for release in releases {
             match release.limit.to_limit() {
                 Ok(limit) => {
-                    self.keys.release(KeyHash(release.key), &limit, LeaseId(release.lease), now);
+                    let key = KeyHash(release.key);
+                    if self.keys.release(key, &limit, LeaseId(release.lease), now) {
+                        self.release_replica(release, now);
+                    }
                 }
                 Err(_) => self.stats.items_refused += 1,
             }
         }
+    }
+
+    /// After a lease of a key this node owns was released here: the release goes to the key's
+    /// successor too. Its replica joins the owner's (a union of leases), so it would otherwise
+    /// hold the lease until it expires, and hold it against the key if it took over.
+    pub(super) fn release_replica(&mut self, release: Release, now: Instant) {
+        let key = KeyHash(release.key);
+        if self.ring.owner(key) != Some(self.id) || !self.replicates() {
+            return;
+        }
+        let Some(successor) = self.ring.successor(key).filter(|&s| s != self.id) else { return };
+        self.send(successor, Body { release: vec![release], ..Body::default() }, now);
     }
 
     pub(super) fn on_reports(&mut self, from: NodeId, order: u128, reports: Vec<Report>, now: Instant) {

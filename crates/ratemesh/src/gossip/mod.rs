@@ -37,8 +37,8 @@ use tracing::{error, info, warn};
 
 pub use check::GossipLimits;
 use seal::GossipKeys;
-pub(crate) use socket::SealConfig;
 use socket::SealedTransport;
+pub(crate) use socket::{HeardVersions, SealConfig};
 
 use crate::membership::chitchat_node_id;
 use crate::security::{ClusterSecurity, SecurityError};
@@ -301,6 +301,7 @@ mod tests {
             limits: GossipLimits::default(),
             counters: Arc::clone(counters),
             advertise: listen_addr,
+            heard: Arc::default(),
         };
         GossipStarter {
             node: NodeId(1),

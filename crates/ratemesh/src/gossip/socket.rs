@@ -8,18 +8,21 @@
 //! *authenticated* sender address, not to the datagram's source, so a replayed or spoofed
 //! datagram cannot aim a reply at a third party.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport};
 use chitchat::{Chitchat, ChitchatEnvelope};
+use ratemesh_core::NodeId;
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tracing::{debug, warn};
 
 use super::check::{GossipLimits, Summary, check_against, summarize};
 use super::seal::{DATAGRAM_LEN_MAX, GossipKeys, Opener, Reject, SEAL_OVERHEAD_MAX, Sealer};
 use super::{GossipCounters, bump};
+use crate::membership::parse_node_id;
 use crate::transport::{MemoryDatagrams, MemoryNetwork};
 
 /// What every socket of a node shares: keys, limits, counters, the address it gossips from.
@@ -30,6 +33,44 @@ pub(crate) struct SealConfig {
     pub(crate) counters: Arc<GossipCounters>,
     /// This node's gossip address as peers reach it: where they answer.
     pub(crate) advertise: SocketAddr,
+    /// The version of this node's own state each peer showed in its last digest.
+    pub(crate) heard: Arc<HeardVersions>,
+}
+
+/// What the peers know of this node's own gossip state: the highest version of it each peer
+/// showed in a digest (the peer found by the gossip address sealed into its datagram). A leave
+/// ends its wait for the peers to learn of it once every live peer showed the leave's version.
+#[derive(Debug)]
+pub(crate) struct HeardVersions {
+    versions: watch::Sender<BTreeMap<NodeId, u64>>,
+}
+
+impl Default for HeardVersions {
+    fn default() -> Self {
+        HeardVersions { versions: watch::Sender::new(BTreeMap::new()) }
+    }
+}
+
+impl HeardVersions {
+    /// `peer` showed `version` of this node's state.
+    fn record(&self, peer: NodeId, version: u64) {
+        self.versions.send_if_modified(|versions| {
+            let known = versions.entry(peer).or_insert(0);
+            let newer = version > *known;
+            *known = (*known).max(version);
+            newer
+        });
+    }
+
+    /// Waits until every one of `peers` showed at least `version` of this node's state.
+    pub(crate) async fn wait_for(&self, peers: &[NodeId], version: u64) {
+        let mut versions = self.versions.subscribe();
+        let heard = |versions: &BTreeMap<NodeId, u64>| {
+            peers.iter().all(|peer| versions.get(peer).is_some_and(|&seen| seen >= version))
+        };
+        // The sender lives as long as `self`: the wait ends only when all were heard.
+        let _ = versions.wait_for(heard).await;
+    }
 }
 
 /// The transport of one chitchat instance: its sockets check messages against its state, which
@@ -161,6 +202,9 @@ impl Socket for SealedSocket {
             let state = chitchat.lock().await;
             let Some(pending) = self.pending.take() else { continue };
             let verdict = check_against(&pending.summary, &state, &self.config.limits);
+            if verdict.is_ok() {
+                self.note_versions(&pending, &state);
+            }
             drop(state);
             if let Err(reject) = verdict {
                 self.refuse(reject, pending.from, pending.len);
@@ -185,6 +229,17 @@ impl Socket for SealedSocket {
 }
 
 impl SealedSocket {
+    /// Records the version of this node's state that the sender of an accepted digest knows.
+    fn note_versions(&self, pending: &Pending, state: &Chitchat) {
+        let me = state.self_chitchat_id();
+        let Some(mine) = pending.summary.digest.iter().find(|entry| entry.id == *me) else { return };
+        let sender =
+            state.node_states().keys().find(|id| id.gossip_advertise_addr == pending.from && id != &me);
+        if let Some(peer) = sender.and_then(|id| parse_node_id(&id.node_id)) {
+            self.config.heard.record(peer, mine.max_version);
+        }
+    }
+
     /// The chitchat instance this socket serves, once it exists.
     async fn state(&mut self) -> anyhow::Result<Arc<AsyncMutex<Chitchat>>> {
         let state = self.chitchat.wait_for(Option::is_some).await.context("the gossip instance is gone")?;

@@ -361,6 +361,7 @@ impl NodeBuilder {
             gossip: Arc::new(Mutex::new(Some(gossip))),
             gossip_health: gossip_health_rx,
             gossip_counters: counters,
+            gossip_heard: Arc::clone(&starter.seal.heard),
             tasks: Mutex::new(Vec::new()),
             leave_linger: self.leave_linger,
             gossip_interval: self.gossip_interval,
@@ -531,6 +532,7 @@ impl NodeBuilder {
                 limits: self.gossip_limits,
                 counters: Arc::clone(counters),
                 advertise: self.gossip_advertise_addr.unwrap_or(listen_addr),
+                heard: Arc::default(),
             };
             let starter = GossipStarter {
                 node: self.id,

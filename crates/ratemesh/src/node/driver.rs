@@ -285,24 +285,33 @@ impl Shared {
     /// Refuses new client checks and announces the leave in gossip. Returns how long to keep
     /// owning while peers learn of it (a few gossip rounds, growing with the log of the cluster's
     /// size: epidemic dissemination), or `None` when a shutdown already began.
-    pub(super) async fn announce_leave(&self) -> Option<Duration> {
+    pub(super) async fn announce_leave(&self) -> Option<Announced> {
         // Once per node: a task that ended set `leaving` but began no shutdown.
         if self.shutdown_begun.swap(true, Ordering::AcqRel) {
             return None;
         }
-        let mut members = None;
+        let (mut members, mut peers) = (None, Vec::new());
         for lane in &self.lanes {
             let mut state = lane.lock();
             state.leaving = true;
-            members.get_or_insert(state.view.live.len() + state.view.dead.len());
+            if members.is_none() {
+                members = Some(state.view.live.len() + state.view.dead.len());
+                peers = state.view.live.iter().copied().filter(|&m| m != self.id).collect();
+            }
         }
         let members = members.unwrap_or(1);
         let gossip =
             self.gossip.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(ChitchatHandle::chitchat);
+        // Without gossip no peer can be heard to know: the leave owns for `own_for`.
+        let mut version = u64::MAX;
         if let Some(chitchat) = gossip {
-            chitchat.lock().await.self_node_state().set(KEY_LEAVING, "1");
+            let mut chitchat = chitchat.lock().await;
+            let state = chitchat.self_node_state();
+            state.set(KEY_LEAVING, "1");
+            version = state.max_version();
         }
-        Some(self.gossip_interval * (defaults::LEAVE_GOSSIP_ROUNDS_MIN + members.max(1).ilog2() + 1))
+        let own_for = self.gossip_interval * (defaults::LEAVE_GOSSIP_ROUNDS_MIN + members.max(1).ilog2() + 1);
+        Some(Announced { own_for, version, peers })
     }
 
     /// Stops the tasks, gossip and the transport.
@@ -486,4 +495,14 @@ async fn sleep_or_forever(until: Option<tokio::time::Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// A leave announced in gossip ([`Shared::announce_leave`]).
+pub(super) struct Announced {
+    /// How long the node owns its keys at most before it hands them over.
+    pub(super) own_for: Duration,
+    /// The version of this node's gossip state that carries the leave.
+    pub(super) version: u64,
+    /// The live members other than this node: once each showed `version`, all know of the leave.
+    pub(super) peers: Vec<NodeId>,
 }

@@ -12,7 +12,7 @@ use ratemesh_core::{
     StoreStats,
 };
 use tokio::sync::{oneshot, watch};
-use tracing::{Instrument, info, info_span};
+use tracing::{Instrument, debug, info, info_span};
 
 use super::{
     CheckError, MissingMember, NamedPolicy, NodeMetrics, Released, SHARED_VALUE_BYTES_MAX, SHARED_VALUES_MAX,
@@ -512,19 +512,34 @@ impl Node {
     }
 
     async fn leave(&self) {
-        let Some(own_for) = self.shared.announce_leave().await else {
+        let Some(announced) = self.shared.announce_leave().await else {
             // Another shutdown is under way: return when it is done.
             let _ = self.shared.stop.subscribe().wait_for(|stopped| *stopped).await;
             return;
         };
+        let own_for = announced.own_for;
         let plan = LeavePlan { own_for, drain_for: self.shared.leave_linger };
         let left = self.shared.left.notified();
         self.shared.each_lane(|state| state.core.handle_leave(self.shared.now(), plan));
+        // Every live peer showed the leave in its gossip: the keys are handed over then, not at
+        // the end of `own_for` (which bounds the wait for a peer that is slow or not heard).
+        let heard = async {
+            self.shared.gossip_heard.wait_for(&announced.peers, announced.version).await;
+            debug!("every live member knows of the leave: handing over");
+            self.shared.each_lane(|state| state.core.handle_leave_heard(self.shared.now()));
+            std::future::pending::<()>().await
+        };
         // Every lane's core emits `Left` by its own deadline (owning, then the drain bound); the
         // timeout only guards against a stopped timer task.
         let bound = own_for + self.shared.leave_linger + self.shared.gossip_interval;
         if !self.shared.has_left() {
-            let _ = tokio::time::timeout(bound, left).await;
+            let _ = tokio::time::timeout(bound, async {
+                tokio::select! {
+                    () = left => {}
+                    () = heard => {}
+                }
+            })
+            .await;
         }
         let (mut handoffs, mut unacked) = (0, 0);
         for lane in &self.shared.lanes {

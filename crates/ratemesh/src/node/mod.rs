@@ -46,7 +46,7 @@ use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::durable::{Persistence, SnapshotMetrics};
-use crate::gossip::{GossipCounters, GossipHealth, GossipStats};
+use crate::gossip::{GossipCounters, GossipHealth, GossipStats, HeardVersions};
 use crate::membership::Member;
 use crate::security::SecurityError;
 use crate::top::{TopAnswer, TopShard, TopTable};
@@ -297,6 +297,8 @@ struct Shared {
     gossip: Arc<Mutex<Option<ChitchatHandle>>>,
     gossip_health: watch::Receiver<GossipHealth>,
     gossip_counters: Arc<GossipCounters>,
+    /// What the peers know of this node's gossip state (a leave waits for its version).
+    gossip_heard: Arc<HeardVersions>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     leave_linger: Duration,
     gossip_interval: Duration,

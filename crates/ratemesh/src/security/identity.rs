@@ -6,13 +6,18 @@ use std::sync::Arc;
 use ratemesh_core::NodeId;
 use rustls::RootCertStore;
 use rustls::client::Resumption;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::ServerCertVerifier as _;
 use rustls::crypto::CryptoProvider;
 use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use zeroize::Zeroizing;
 
-use super::{ALPN, CID_HKDF_SALT, SecurityError, admit, hkdf_sha256_32, pem_encode, reset_key_material};
+use super::{
+    ALPN, CID_HKDF_SALT, SecurityError, admit, hkdf_sha256_32, pem_encode, reset_key_material, server_name,
+};
 
 /// What one node presents (its certificate chain and key) and trusts (the cluster CA).
 pub struct NodeIdentity {
@@ -35,8 +40,16 @@ impl NodeIdentity {
     ) -> Result<Self, SecurityError> {
         let ca_certs = parse_certs(ca_pem, "CA certificate")?;
         let chain = parse_certs(cert_pem, "node certificate")?;
-        let key =
-            PrivateKeyDer::from_pem_slice(key_pem).map_err(|_| SecurityError::Pem { what: "private key" })?;
+        Self::from_parts(node, ca_certs, chain, parse_key(key_pem)?)
+    }
+
+    /// An identity from parsed parts; the leaf must name `node`.
+    pub(super) fn from_parts(
+        node: NodeId,
+        ca_certs: Vec<CertificateDer<'static>>,
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Result<Self, SecurityError> {
         admit(node, &chain)?;
         let reset_key = reset_key_material(key.secret_der(), node)?;
         Ok(Self { node, ca_certs, chain, key, reset_key })
@@ -117,6 +130,34 @@ impl NodeIdentity {
         Ok(u64::from_le_bytes(key))
     }
 
+    /// Checks that the private key matches the leaf certificate
+    /// ([`SecurityError::KeyMismatch`]; a key rustls cannot load is [`SecurityError::Tls`]).
+    pub fn check_key(&self) -> Result<(), SecurityError> {
+        CertifiedKey::from_der(self.chain.clone(), self.key.clone_key(), &ring_provider()).map(drop).map_err(
+            |error| match error {
+                rustls::Error::InconsistentKeys(_) => SecurityError::KeyMismatch,
+                other => SecurityError::Tls(other),
+            },
+        )
+    }
+
+    /// Checks the certificate chain now as the peers' handshakes will: it chains to one of the
+    /// trusted CAs, is valid at this time, may serve as client and as server, and names this
+    /// node ([`SecurityError::Untrusted`] with rustls' reason otherwise).
+    pub fn check_chain(&self) -> Result<(), SecurityError> {
+        let (leaf, intermediates) = self.chain.split_first().ok_or(SecurityError::NoPeerCertificate)?;
+        let now = UnixTime::now();
+        let provider = ring_provider();
+        let as_client =
+            WebPkiClientVerifier::builder_with_provider(self.roots()?, provider.clone()).build()?;
+        as_client.verify_client_cert(leaf, intermediates, now).map_err(SecurityError::Untrusted)?;
+        let as_server = WebPkiServerVerifier::builder_with_provider(self.roots()?, provider).build()?;
+        as_server
+            .verify_server_cert(leaf, intermediates, &server_name(self.node), &[], now)
+            .map_err(SecurityError::Untrusted)?;
+        Ok(())
+    }
+
     fn roots(&self) -> Result<Arc<RootCertStore>, SecurityError> {
         let mut roots = RootCertStore::empty();
         for cert in &self.ca_certs {
@@ -147,4 +188,8 @@ pub(super) fn parse_certs(
         return Err(SecurityError::Pem { what });
     }
     Ok(certs)
+}
+
+pub(super) fn parse_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, SecurityError> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|_| SecurityError::Pem { what: "private key" })
 }

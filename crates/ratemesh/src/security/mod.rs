@@ -162,6 +162,21 @@ pub enum SecurityError {
         /// The node the certificate names.
         found: NodeId,
     },
+    /// A certificate or key file named in the configuration is not usable; `source` says why.
+    #[error("{path}: {reason}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why it is not usable.
+        reason: Box<SecurityError>,
+    },
+    /// The private key is not the key of the node certificate.
+    #[error("the private key does not match the node certificate")]
+    KeyMismatch,
+    /// The node certificate would be refused by the peers' handshakes (it does not chain to the
+    /// cluster CA, has expired, or does not name the node); rustls' reason.
+    #[error("the node certificate is not accepted by the cluster CA: {0}")]
+    Untrusted(rustls::Error),
     /// A file to be written exists already (nothing is overwritten).
     #[error("{path} exists already; not overwriting")]
     FileExists {
@@ -355,14 +370,52 @@ impl ClusterSecurity {
                 }
                 Ok(identity)
             }
-            Self::Provided(certs) => NodeIdentity::from_pem(
-                node,
-                &certs.ca_cert.load()?,
-                &certs.node_cert.load()?,
-                &certs.node_key.load()?,
-            ),
+            Self::Provided(certs) => certs.identity(node),
         }
     }
+
+    /// [`ClusterSecurity::identity`], and in `Provided` mode the chain checked as the peers'
+    /// handshakes will check it ([`NodeIdentity::check_chain`]): what `ratemeshd validate` and a
+    /// daemon's start check, so that certificates the peers would refuse stop the start instead
+    /// of every handshake. (A node built with the library is not held to it: its handshakes
+    /// refuse what does not chain.)
+    pub fn checked_identity(&self, node: NodeId) -> Result<NodeIdentity, SecurityError> {
+        let identity = self.identity(node)?;
+        if let Self::Provided(certs) = self {
+            in_file(&certs.node_cert, identity.check_chain())?;
+        }
+        Ok(identity)
+    }
+}
+
+impl ProvidedCerts {
+    /// `node`'s identity from these certificates: each file read (at most [`PEM_FILE_LEN_MAX`]
+    /// bytes) and parsed, the leaf naming `node`, the key matching the leaf. An error about a
+    /// file's content is [`SecurityError::File`], naming it (one reading it names it already).
+    /// [`ClusterSecurity::checked_identity`] checks the chain too.
+    pub fn identity(&self, node: NodeId) -> Result<NodeIdentity, SecurityError> {
+        let ca_pem = in_file(&self.ca_cert, self.ca_cert.load())?;
+        let cert_pem = in_file(&self.node_cert, self.node_cert.load())?;
+        let key_pem = in_file(&self.node_key, self.node_key.load())?;
+        let ca_certs = in_file(&self.ca_cert, identity::parse_certs(&ca_pem, "CA certificate"))?;
+        let chain = in_file(&self.node_cert, identity::parse_certs(&cert_pem, "node certificate"))?;
+        let key = in_file(&self.node_key, identity::parse_key(&key_pem))?;
+        let identity = in_file(&self.node_cert, NodeIdentity::from_parts(node, ca_certs, chain, key))?;
+        in_file(&self.node_key, identity.check_key())?;
+        Ok(identity)
+    }
+}
+
+/// `result`, its error naming `source`'s file when it is one.
+fn in_file<T>(source: &PemSource, result: Result<T, SecurityError>) -> Result<T, SecurityError> {
+    result.map_err(|error| match source {
+        PemSource::Path(path)
+            if !matches!(error, SecurityError::Io { .. } | SecurityError::PemTooLarge { .. }) =>
+        {
+            SecurityError::File { path: path.clone(), reason: Box::new(error) }
+        }
+        _ => error,
+    })
 }
 
 #[cfg(test)]

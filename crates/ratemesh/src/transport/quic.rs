@@ -63,6 +63,9 @@ pub(crate) const STOP_NO_HANDLER: u32 = 3;
 
 /// Application close code: orderly shutdown.
 pub(crate) const CLOSE_SHUTDOWN: u32 = 0;
+/// How long a closing transport waits for its connections' close to go out (not for their
+/// draining period to end).
+pub(crate) const CLOSE_NOTIFY_WAIT: Duration = Duration::from_millis(50);
 /// Application close code: the peer's certificate names no node.
 pub(crate) const CLOSE_UNAUTHENTICATED: u32 = 1;
 /// Stream stop code: the frame exceeds `frame_len_max`.
@@ -296,9 +299,10 @@ impl PeerTransport for QuicTransport {
 
     /// Closes gracefully: refuses new sends, abandons connects in progress, lets every peer's
     /// worker write out its queue over its live connection and wait for the peer's
-    /// acknowledgement, then closes the endpoint and waits for the close to reach the peers,
-    /// each step within `close_timeout_ms`. Frames still queued then, or queued for peers
-    /// without a live connection, are lost (the core's acknowledgements tell which). Idempotent.
+    /// acknowledgement (within `close_timeout_ms`), then closes the endpoint and gives the
+    /// connections 50 ms to send their close to the peers. Frames still queued
+    /// then, or queued for peers without a live connection, are lost (the core's
+    /// acknowledgements tell which). Idempotent.
     async fn close(&self) {
         self.shared.closing.send_replace(true);
         let peers = std::mem::take(&mut *self.lock_peers());
@@ -314,7 +318,10 @@ impl PeerTransport for QuicTransport {
         stragglers.iter().for_each(AbortHandle::abort);
         let endpoint = &self.shared.dialer.endpoint;
         endpoint.close(VarInt::from_u32(CLOSE_SHUTDOWN), b"shutdown");
-        let _ = timeout(limit, endpoint.wait_idle()).await;
+        // Not the whole draining period (three probe timeouts, hundreds of milliseconds on a
+        // loaded machine): the close goes out on each connection's next poll, and the draining
+        // only absorbs a peer's late packets, which a process that exits need not wait for.
+        let _ = timeout(limit.min(CLOSE_NOTIFY_WAIT), endpoint.wait_idle()).await;
         info!(node = ?self.shared.node, "peer transport closed");
     }
 }

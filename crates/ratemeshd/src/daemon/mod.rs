@@ -121,8 +121,11 @@ impl Daemon {
             );
         }
         let identity = crate::identity::resolve(&config).await?;
+        let security = config.cluster.auth.security()?;
+        // What `ratemeshd validate` checks: certificates the peers would refuse stop the start.
+        security.checked_identity(identity.id)?;
         let mut builder = NodeBuilder::new(identity.id)
-            .security(config.cluster.auth.security()?)
+            .security(security)
             .gossip_addr(config.listen.gossip)
             .quic_addr(config.listen.quic)
             .seeds(config.cluster.seeds.iter().cloned())
