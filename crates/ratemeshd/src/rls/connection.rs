@@ -31,13 +31,16 @@
 //! # Answers that are not taken
 //!
 //! An answer goes to h2 only as far as the client's flow-control window takes it, so h2 never
-//! buffers more than it can send. An answer that has to wait for the client's window holds its
-//! bytes (and the stream's state) against a daemon-wide budget of [`ANSWERS_HELD_BYTES_MAX`]:
-//! clients that never open their windows cannot grow the daemon's memory with the number of
-//! their connections. An answer that finds the budget spent is not kept: its stream is reset
-//! (`ENHANCE_YOUR_CALM`; its hits were counted, as for a call whose client went away). An answer
-//! still waiting after the write timeout closes its connection, as a write the socket does not
-//! take does ([`crate::listener`]).
+//! buffers more than it can send. An answer that has to wait for the client's window is held,
+//! with its stream's state, against two bounds: at most [`HELD_ANSWERS_PER_CONNECTION_MAX`] per
+//! connection, and [`ANSWERS_HELD_BYTES_MAX`] daemon-wide (each answer's bytes and about 2 KiB of
+//! state). A connection that would pass either is a slow reader: GOAWAY `ENHANCE_YOUR_CALM`, and
+//! it closes (the answers it held are dropped; their hits were counted, as for a client that
+//! went away). So clients that never open their windows cannot grow the daemon's memory with the
+//! number of their connections, and cannot take the room of the clients that read. An answer
+//! still waiting after the write timeout closes its connection too, as a write the socket does
+//! not take does ([`crate::listener`]). A request must arrive whole within the call timeout
+//! (`DEADLINE_EXCEEDED` after it).
 //!
 //! # Keepalive
 //!
