@@ -48,9 +48,10 @@
 //! [`HTTP2_KEEPALIVE_TIMEOUT`] the connection is closed (an Envoy that went away without
 //! closing its connections stops holding a connection slot).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{BufMut as _, Bytes, BytesMut};
@@ -198,28 +199,26 @@ pub(super) async fn serve_connection(
     // `Send`: one task touches it). Declared before the calls that borrow it.
     let held_here = AtomicUsize::new(0);
     let mut calls = FuturesUnordered::new();
-    let (mut answered, mut peer_resets) = (0u64, 0u64);
+    let mut tally = Tally::default();
     let (mut calm_sent, mut shutting_down) = (false, false);
     loop {
         tokio::select! {
-            accepted = connection.accept() => match accepted {
-                Some(Ok((request, respond))) => calls.push(call(&shared, &held_here, request, respond)),
-                Some(Err(error)) => return debug!(%error, "gRPC connection closed"),
-                None => return,
-            },
-            Some(end) = calls.next(), if !calls.is_empty() => match end {
-                CallEnd::Answered => answered += 1,
-                CallEnd::ResetByPeer => peer_resets += 1,
-                CallEnd::Failed => {}
-                CallEnd::Stalled => {
+            turn = std::future::poll_fn(|cx| {
+                turn(cx, &mut connection, &mut calls, &mut tally, |request, respond| {
+                    call(&shared, &held_here, request, respond)
+                })
+            }) => match turn {
+                Turn::Closed(None) => return,
+                Turn::Closed(Some(error)) => return debug!(%error, "gRPC connection closed"),
+                Turn::Stalled => {
                     return debug!("gRPC connection closed: an answer not taken within the write timeout (a slow reader)");
                 }
-                CallEnd::TooManyHeld if !calm_sent => {
-                    debug!("gRPC connection closed: too many answers wait for its window (a slow reader)");
+                Turn::Calm(_) if calm_sent => {}
+                Turn::Calm(why) => {
+                    debug!(why, "gRPC connection closed with ENHANCE_YOUR_CALM");
                     connection.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
                     calm_sent = true;
                 }
-                CallEnd::TooManyHeld => {}
             },
             pong = std::future::poll_fn(|cx| match ping_pong.as_mut() {
                 Some(pings) => pings.poll_pong(cx),
@@ -248,10 +247,65 @@ pub(super) async fn serve_connection(
                 shutting_down = true;
             }
         }
-        if !calm_sent && peer_resets > PEER_RESETS_MAX && peer_resets > answered {
-            debug!(peer_resets, answered, "gRPC connection closed: the client resets the calls it makes");
-            connection.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
-            calm_sent = true;
+    }
+}
+
+/// What a connection's calls came to so far.
+#[derive(Debug, Default)]
+struct Tally {
+    answered: u64,
+    peer_resets: u64,
+}
+
+/// Why [`turn`] stopped.
+enum Turn {
+    /// The connection is over (with h2's error, if any: h2 sent GOAWAY for it).
+    Closed(Option<h2::Error>),
+    /// An answer waited for its client's window past the write timeout.
+    Stalled,
+    /// The client is abusive (the reason): the connection is to be closed.
+    Calm(&'static str),
+}
+
+/// One turn of a connection: every request h2 has read is taken and decided, every call that
+/// can finish does, and the answers go out together when h2 is driven again (one write for a
+/// round's answers, not one per answer); until nothing moves (`Pending`) or the connection must
+/// end.
+fn turn<F: Future<Output = CallEnd>>(
+    cx: &mut Context<'_>,
+    connection: &mut h2::server::Connection<LimitedStream, Bytes>,
+    calls: &mut FuturesUnordered<F>,
+    tally: &mut Tally,
+    mut call: impl FnMut(http::Request<RecvStream>, SendResponse<Bytes>) -> F,
+) -> Poll<Turn> {
+    loop {
+        let mut moved = false;
+        loop {
+            match std::pin::pin!(connection.accept()).poll(cx) {
+                Poll::Ready(Some(Ok((request, respond)))) => calls.push(call(request, respond)),
+                Poll::Ready(Some(Err(error))) => return Poll::Ready(Turn::Closed(Some(error))),
+                Poll::Ready(None) => return Poll::Ready(Turn::Closed(None)),
+                Poll::Pending => break,
+            }
+        }
+        while let Poll::Ready(Some(end)) = calls.poll_next_unpin(cx) {
+            moved = true;
+            match end {
+                CallEnd::Answered => tally.answered += 1,
+                CallEnd::ResetByPeer => tally.peer_resets += 1,
+                CallEnd::Failed => {}
+                CallEnd::Stalled => return Poll::Ready(Turn::Stalled),
+                CallEnd::TooManyHeld => {
+                    return Poll::Ready(Turn::Calm("too many answers wait for its window"));
+                }
+            }
+            if tally.peer_resets > PEER_RESETS_MAX && tally.peer_resets > tally.answered {
+                return Poll::Ready(Turn::Calm("the client resets the calls it makes"));
+            }
+        }
+        // Answers were handed to h2: driving it again writes them (and reads what came).
+        if !moved {
+            return Poll::Pending;
         }
     }
 }
@@ -406,7 +460,12 @@ fn grpc_head() -> http::Response<()> {
 
 /// Answers with `data` (a gRPC message), as far as the client's window lets it through (see the module
 /// documentation), then `grpc-status: 0`.
-async fn answer(shared: &Shared, held_here: &AtomicUsize, mut respond: SendResponse<Bytes>, mut data: Bytes) -> CallEnd {
+async fn answer(
+    shared: &Shared,
+    held_here: &AtomicUsize,
+    mut respond: SendResponse<Bytes>,
+    mut data: Bytes,
+) -> CallEnd {
     let mut send = match respond.send_response(grpc_head(), false) {
         Ok(send) => send,
         Err(error) => return ended_by(&error),
