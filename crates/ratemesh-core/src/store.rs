@@ -25,7 +25,7 @@ use hashbrown::HashTable;
 use rand::{RngExt, SeedableRng};
 
 use crate::algorithm::{Bucket, CoreRng, LOG_ENTRY_BYTES, Snapshot, SnapshotMismatch};
-use crate::decision::{Decision, LeaseId};
+use crate::decision::Decision;
 use crate::key::{KeyHash, KeyHasherBuilder};
 use crate::limit::Limit;
 use crate::time::Instant;
@@ -191,11 +191,6 @@ impl<X: KeyExtra> Store<X> {
     /// Returns `hits` to `key` (see [`Bucket::refund`]). An unknown key is full already.
     pub fn refund(&mut self, key: KeyHash, limit: &Limit, hits: u64, now: Instant) {
         self.update(key, limit, |bucket, _| bucket.refund(limit, hits, now));
-    }
-
-    /// Releases a concurrency lease on `key`; false when it is not held.
-    pub fn release(&mut self, key: KeyHash, limit: &Limit, lease: LeaseId, now: Instant) -> bool {
-        self.update(key, limit, |bucket, _| bucket.release(limit, lease, now)).unwrap_or(false)
     }
 
     /// `key`'s state relative to `now`, if tracked.

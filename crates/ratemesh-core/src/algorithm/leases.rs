@@ -12,10 +12,17 @@ pub(crate) struct Lease {
     pub expires_at: Instant,
 }
 
-/// The leases held on one key, ordered by expiry.
+/// The leases held on one key, ordered by expiry, and the leases released here that another
+/// node's older copy of the table may still hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Leases {
     pub held: Vec<Lease>,
+    /// Released leases, each until no copy of it can be live any more (its expiry): a replica or
+    /// handoff sent before the release (a retransmission, another route) arrives after it, and
+    /// the union in [`Leases::join`] would bring the lease back until it expires. At most
+    /// `limit` of them (the earliest-expiring dropped first: that lease then only waits for its
+    /// expiry, conservative).
+    released: Vec<(LeaseId, Instant)>,
 }
 
 /// Parameters of a concurrency limit.
@@ -28,6 +35,7 @@ pub(crate) struct LeaseParams {
 impl Leases {
     fn prune(&mut self, now: Instant) {
         self.held.retain(|lease| lease.expires_at > now);
+        self.released.retain(|&(_, expires_at)| expires_at > now);
     }
 
     /// Slots held. Wider than a slot count: leases from other nodes can sum past `u64::MAX`.
@@ -76,26 +84,43 @@ impl Leases {
         self.held.last().map_or(0, |lease| lease.expires_at.nanos_since(now))
     }
 
-    /// Releases lease `id`; false when no such lease is held (already released or expired).
-    pub fn release(&mut self, id: LeaseId, now: Instant) -> bool {
+    /// Releases lease `id`; false when no such lease is held (already released, expired, or not
+    /// known here yet). Either way the release is remembered until the lease would have expired,
+    /// so that a copy of the table from before it does not bring the lease back.
+    pub fn release(&mut self, p: LeaseParams, id: LeaseId, now: Instant) -> bool {
         self.prune(now);
-        let before = self.held.len();
-        self.held.retain(|lease| lease.id != id);
-        self.held.len() != before
+        let held = self.held.iter().position(|lease| lease.id == id).map(|at| self.held.remove(at));
+        // A lease not seen here was granted at most one lease period ago.
+        let expires_at = held.map_or(now.add_nanos(p.lease_nanos), |lease| lease.expires_at);
+        match self.released.iter_mut().find(|(released, _)| *released == id) {
+            Some((_, until)) => *until = (*until).max(expires_at),
+            None => self.released.push((id, expires_at)),
+        }
+        let len_max = usize::try_from(p.limit).unwrap_or(usize::MAX).max(1);
+        if self.released.len() > len_max {
+            self.released.sort_by_key(|&(id, expires_at)| (expires_at, id));
+            self.released.drain(..self.released.len() - len_max);
+        }
+        held.is_some()
     }
 
-    /// The instant after which no lease is held.
+    /// The instant after which no lease is held and no release needs remembering.
     pub fn fresh_at(&self) -> Instant {
-        self.held.last().map_or(Instant::ZERO, |lease| lease.expires_at)
+        let held = self.held.last().map_or(Instant::ZERO, |lease| lease.expires_at);
+        self.released.iter().map(|&(_, expires_at)| expires_at).fold(held, Instant::max)
     }
 
     fn sort(&mut self) {
         self.held.sort_by_key(|lease| (lease.expires_at, lease.id));
     }
 
-    /// Joins `other` into `self`: the union of the leases; a lease in both keeps the later expiry.
+    /// Joins `other` into `self`: the union of the leases, less those released here; a lease in
+    /// both keeps the later expiry.
     pub fn join(&mut self, p: LeaseParams, other: Leases, now: Instant) {
         for lease in other.held {
+            if self.released.iter().any(|&(released, _)| released == lease.id) {
+                continue;
+            }
             match self.held.iter_mut().find(|held| held.id == lease.id) {
                 Some(held) => held.expires_at = held.expires_at.max(lease.expires_at),
                 None => self.held.push(lease),
@@ -123,7 +148,7 @@ impl Leases {
             .map(|(id, slots, expires_in)| Lease { id, slots, expires_at: now.add_nanos(expires_in) })
             .collect();
         let mut table = Leases::default();
-        table.join(p, Leases { held }, now);
+        table.join(p, Leases { held, released: Vec::new() }, now);
         table
     }
 }

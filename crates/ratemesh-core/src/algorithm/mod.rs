@@ -216,8 +216,8 @@ impl Bucket {
     /// concurrency limit).
     pub fn release(&mut self, limit: &Limit, lease: LeaseId, now: Instant) -> bool {
         let now = self.advance(limit, now);
-        match &mut self.state {
-            State::Leases(leases) => leases.release(lease, now),
+        match (&mut self.state, limit.kind()) {
+            (State::Leases(leases), Kind::Leases(p)) => leases.release(p, lease, now),
             _ => false,
         }
     }

@@ -418,7 +418,7 @@ impl Node {
         let owner = self.ring.owner(key).unwrap_or(self.id);
         let release = Release { key: key.0, limit: LimitWire::from_limit(&policy.limit), lease: lease.0 };
         if owner == self.id {
-            let released = self.keys.release(key, &policy.limit, lease, now);
+            let released = self.release_lease(key, &policy.limit, lease, now);
             if released {
                 self.release_replica(release, now);
                 self.flush_out(now);

@@ -149,13 +149,28 @@ impl Node {
             match release.limit.to_limit() {
                 Ok(limit) => {
                     let key = KeyHash(release.key);
-                    if self.keys.release(key, &limit, LeaseId(release.lease), now) {
+                    if self.release_lease(key, &limit, LeaseId(release.lease), now) {
                         self.release_replica(release, now);
                     }
                 }
                 Err(_) => self.stats.items_refused += 1,
             }
         }
+    }
+
+    /// Releases `lease` of `key`; whether it was held here. The key is tracked even when it was
+    /// not, to remember the release: the state that holds the lease (a replica, a handoff to a
+    /// new owner) can arrive after it.
+    pub(super) fn release_lease(
+        &mut self,
+        key: KeyHash,
+        limit: &Limit,
+        lease: LeaseId,
+        now: Instant,
+    ) -> bool {
+        let owned = self.ring.owner(key) == Some(self.id);
+        let policy = || KeyMeta::new(handoff::state_policy(limit), owned);
+        self.keys.upsert_with(key, limit, now, policy, |bucket, _| bucket.release(limit, lease, now))
     }
 
     /// After a lease of a key this node owns was released here: the release goes to the key's

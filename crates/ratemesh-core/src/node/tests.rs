@@ -33,6 +33,9 @@ struct Cluster {
     left: Vec<NodeId>,
     /// The one-way latency of every link.
     latency_nanos: u64,
+    /// Links slower than the others by so many nanoseconds: (from, to, extra), so that a frame
+    /// sent over one can arrive after a later frame of the same sender (a retransmission).
+    slow: Vec<(NodeId, NodeId, u64)>,
 }
 
 impl Cluster {
@@ -60,6 +63,7 @@ impl Cluster {
             loss_per_mille: 0,
             left: vec![],
             latency_nanos: LATENCY_NANOS,
+            slow: vec![],
         };
         cluster.drain();
         cluster
@@ -85,9 +89,11 @@ impl Cluster {
                     }
                 }
                 let copies = if self.duplicate { 2 } else { 1 };
+                let extra_nanos: u64 =
+                    self.slow.iter().filter(|s| (s.0, s.1) == (id, transmit.to)).map(|s| s.2).sum();
                 for _ in 0..copies {
                     self.sent += 1;
-                    let at = self.now.add_nanos(self.latency_nanos);
+                    let at = self.now.add_nanos(self.latency_nanos + extra_nanos);
                     self.in_flight.push((at, self.sent, id, transmit.to, transmit.bytes.clone()));
                 }
             }
@@ -1653,6 +1659,38 @@ fn leases_released_before_the_owner_crashes_are_free_at_its_successor() {
     cluster.nodes.remove(&NodeId(2));
     cluster.view(&[1, 3], &[1, 3], &[2]);
     // The successor enforces the reachable 2/3 of the limit, every slot of it free.
+    assert_eq!(cluster.acquire(&[1, 3], k, &policy, 12).len(), 4);
+}
+
+/// The replica that holds the leases reaches the successor after their releases (it was sent
+/// first, over a slow path, as a retransmission would be): the successor remembers the
+/// releases, and when the owner crashes none of the leases is held there.
+#[test]
+fn a_replica_older_than_the_releases_does_not_bring_the_leases_back() {
+    let spec = LimitSpec::new(Algorithm::Concurrency, 6, Duration::from_secs(60));
+    let policy = Arc::new(Policy {
+        limit: Limit::new(spec).expect("valid"),
+        mode: Mode::Exact,
+        fallback: Fallback::LocalShare,
+    });
+    let mut cluster = Cluster::new(3);
+    let k = key_owned_by(2, &[1, 2, 3]);
+    let successor = cluster.node(2).ring.successor(k).expect("a successor");
+    let granted = cluster.acquire(&[1, 2, 3], k, &policy, 12);
+    assert_eq!(granted.len(), 6);
+    cluster.slow.push((NodeId(2), successor, 200_000_000));
+    cluster.run_for(Duration::from_millis(60)); // the replica is sent, and still on its way
+    cluster.slow.clear();
+    let now = cluster.now;
+    for (node, lease) in granted {
+        cluster.node(node % 3 + 1).handle_release(now, k, &policy, lease);
+    }
+    cluster.drain();
+    cluster.run_for(Duration::from_millis(300)); // the releases arrive, then the replica
+    let replicas = cluster.nodes[&successor].stats().replicas_received;
+    assert!(replicas > 0, "the replica arrived");
+    cluster.nodes.remove(&NodeId(2));
+    cluster.view(&[1, 3], &[1, 3], &[2]);
     assert_eq!(cluster.acquire(&[1, 3], k, &policy, 12).len(), 4);
 }
 
