@@ -201,6 +201,9 @@ pub(super) async fn serve_connection(
     let mut calls = FuturesUnordered::new();
     let mut tally = Tally::default();
     let (mut calm_sent, mut shutting_down) = (false, false);
+    // Made once, not once per wake: a fresh `wait_for` would take the channel's lock each time.
+    // A closed sender is a server gone: closing too.
+    let mut server_closing = std::pin::pin!(closing.wait_for(|closing| *closing));
     loop {
         tokio::select! {
             turn = std::future::poll_fn(|cx| {
@@ -241,8 +244,7 @@ pub(super) async fn serve_connection(
                 }
                 keepalive.as_mut().reset(tokio::time::Instant::now() + HTTP2_KEEPALIVE_TIMEOUT);
             }
-            // A closed sender is a server gone: closing too.
-            _ = closing.wait_for(|closing| *closing), if !shutting_down => {
+            _ = &mut server_closing, if !shutting_down => {
                 connection.graceful_shutdown();
                 shutting_down = true;
             }
@@ -281,7 +283,7 @@ fn turn<F: Future<Output = CallEnd>>(
     loop {
         let mut moved = false;
         loop {
-            match std::pin::pin!(connection.accept()).poll(cx) {
+            match connection.poll_accept(cx) {
                 Poll::Ready(Some(Ok((request, respond)))) => calls.push(call(request, respond)),
                 Poll::Ready(Some(Err(error))) => return Poll::Ready(Turn::Closed(Some(error))),
                 Poll::Ready(None) => return Poll::Ready(Turn::Closed(None)),
