@@ -34,6 +34,7 @@ pub mod rates;
 pub mod resp;
 pub mod rls;
 pub mod serve;
+pub mod xds;
 
 pub use config::{Config, ConfigError};
 pub use daemon::{Daemon, DaemonError};
