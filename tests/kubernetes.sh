@@ -14,7 +14,10 @@
 #     the Envoy example points its rate-limit cluster at the client Service's gRPC port;
 #  4. validates the ConfigMap's ratemesh.toml with `ratemeshd validate` and the StatefulSet's
 #     RATEMESH_ variables (values from the downward API replaced by examples): the pods' own
-#     configuration, as they will load it.
+#     configuration, as they will load it;
+#  5. the Envoy Gateway overlay (deploy/kubernetes/envoy-gateway): rendered, validated strictly,
+#     checked by tests/kubernetes_envoy_gateway.py, and the ratelimit Deployment Envoy Gateway
+#     would make from it validated strictly too.
 #
 # Fails, never skips, when kubectl, Python or the package is missing.
 set -euo pipefail
@@ -71,4 +74,27 @@ $(grep -v '^INFO' "$work/$name.validate")"
         fail "$dir: ratemeshd refuses the pods' configuration: $(cat "$work/$name.config")"
     say "ok: $dir: ratemeshd accepts the ConfigMap's ratemesh.toml with the pods' variables ($(tail -n 1 "$work/$name.config"))"
 done
+
+# The Envoy Gateway overlay: Envoy Gateway's configuration with the ratelimit Deployment
+# overridden, the pods' headless Service and the cluster secret. Rendered and validated
+# strictly; then the Deployment Envoy Gateway would create from it (the override merged into
+# its own, see tests/kubernetes_envoy_gateway.py) is validated strictly too, and the
+# container's RATEMESH_ variables with `ratemeshd validate` over the image's configuration.
+dir=deploy/kubernetes/envoy-gateway
+rendered=$work/envoy-gateway.yaml
+kubectl kustomize "$dir" >"$rendered" 2>"$work/envoy-gateway.err" ||
+    fail "kubectl kustomize $dir: $(cat "$work/envoy-gateway.err")"
+"$venv/bin/python" tests/kubernetes_envoy_gateway.py "$rendered" "$work/envoy-gateway-deployment.yaml" \
+    "$work/envoy-gateway.env" || fail "$dir: the overlay does not fit Envoy Gateway's contract"
+for file in "$rendered" "$work/envoy-gateway-deployment.yaml"; do
+    "$venv/bin/kubernetes-validate" --strict -k "$kubernetes_version" "$file" >"$work/envoy-gateway.validate" 2>&1 ||
+        fail "kubernetes-validate $file:
+$(grep -v '^INFO' "$work/envoy-gateway.validate")"
+    ! grep -q 'Couldn.t find schema' "$work/envoy-gateway.validate" ||
+        fail "$file: objects without a schema: $(cat "$work/envoy-gateway.validate")"
+done
+mapfile -t pod_env <"$work/envoy-gateway.env"
+env -i "${pod_env[@]}" "$binary" validate --config deploy/docker/ratemesh.toml >"$work/envoy-gateway.config" 2>&1 ||
+    fail "$dir: ratemeshd refuses the override's variables: $(cat "$work/envoy-gateway.config")"
+say "ok: $dir: renders, valid (strict) with the ratelimit Deployment it makes, variables accepted"
 say "PASS"
