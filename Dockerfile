@@ -12,7 +12,8 @@
 #         cargo build --release --target x86_64-unknown-linux-gnu -p ratemeshd
 #
 # into target/static, checks that the result is a static executable, and builds this file in a
-# context holding only `ratemeshd`, `ratemesh.toml` (deploy/docker/ratemesh.toml) and this file.
+# context holding only `ratemeshd`, `ratemesh.toml` (deploy/docker/ratemesh.toml), `bin/ratelimit` (a
+# symbolic link to /ratemeshd) and this file.
 #
 # Run a single node (HTTP API on port 8080, Envoy RLS gRPC on 8081):
 #
@@ -27,6 +28,9 @@
 FROM scratch
 
 COPY ratemeshd /ratemeshd
+# /bin/ratelimit -> /ratemeshd: started under that name (the command of Envoy Gateway's rate
+# limit Deployment, and of envoyproxy/ratelimit's image), ratemeshd runs `envoy-ratelimit`.
+COPY bin /bin
 COPY ratemesh.toml /etc/ratemesh/ratemesh.toml
 # The conventional data directory ([node] data_dir, off by default), owned by the daemon's user:
 # a named volume mounted here starts with this owner, so the daemon can write its snapshots.

@@ -28,6 +28,10 @@ strip --strip-debug -o "$context/ratemeshd" "$binary"
 cp deploy/docker/ratemesh.toml "$context/ratemesh.toml"
 cp Dockerfile "$context/Dockerfile"
 mkdir "$context/data" # /var/lib/ratemesh in the image, owned by the daemon's user
+# /bin/ratelimit: the command Envoy Gateway's rate limit Deployment runs; ratemeshd started
+# under that name runs `ratemeshd envoy-ratelimit` (docs/integrations/envoy-gateway.md).
+mkdir "$context/bin"
+ln -s /ratemeshd "$context/bin/ratelimit"
 # The image's default configuration must be valid, as is (no RATEMESH_ overrides), for this binary.
 env -i "$context/ratemeshd" validate --config "$context/ratemesh.toml" >&2
 

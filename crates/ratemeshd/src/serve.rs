@@ -78,6 +78,14 @@ pub enum ServeError {
     /// Signal handlers could not be installed.
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
+    /// A listener's TLS files could not be used.
+    #[error("TLS on the {listener} listener: {error}")]
+    Tls {
+        /// `gRPC`.
+        listener: &'static str,
+        /// Which file, and why.
+        error: crate::rls::tls::TlsError,
+    },
 }
 
 /// The time bounds of both servers. The defaults are those of [`crate::http`] and
@@ -269,9 +277,15 @@ async fn start_grpc(
     timeouts: crate::rls::Timeouts,
     tasks: &mut JoinSet<(&'static str, Result<(), String>)>,
 ) -> Result<Option<SocketAddr>, ServeError> {
+    let tls = match &daemon.current().0.listen.grpc_tls {
+        Some(files) => {
+            Some(files.server_config().map_err(|error| ServeError::Tls { listener: "gRPC", error })?)
+        }
+        None => None,
+    };
     let (listener, local) = bind("gRPC", addr).await?;
     let shutdown = daemon.close_signal();
-    let server = crate::rls::serve(Arc::clone(daemon), listener, connections, timeouts, shutdown);
+    let server = crate::rls::serve(Arc::clone(daemon), listener, connections, timeouts, tls, shutdown);
     tasks.spawn(async move {
         server.await;
         ("gRPC", Ok(()))

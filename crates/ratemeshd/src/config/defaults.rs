@@ -140,6 +140,7 @@ impl Default for ListenSection {
             advertise_gossip: None,
             advertise_quic: None,
             advertise_ip_from: None,
+            grpc_tls: None,
         }
     }
 }

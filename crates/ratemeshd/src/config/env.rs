@@ -58,7 +58,7 @@ type Locate = fn(&mut RawConfig) -> Slot<'_>;
 
 /// Every overridable field, as `section.field`, with where it lives. The variable's name is
 /// derived from the field's ([`variable_name`]), so the two cannot drift apart.
-const OVERRIDES: [(&str, Locate); 39] = [
+const OVERRIDES: [(&str, Locate); 42] = [
     ("node.id", |raw| Slot::Number(&mut raw.node.id)),
     ("node.id_from", |raw| Slot::Text(&mut raw.node.id_from)),
     ("node.incarnation", |raw| Slot::Number(&mut raw.node.incarnation)),
@@ -85,6 +85,9 @@ const OVERRIDES: [(&str, Locate); 39] = [
     ("listen.advertise_gossip", |raw| Slot::Text(&mut raw.listen.advertise_gossip)),
     ("listen.advertise_quic", |raw| Slot::Text(&mut raw.listen.advertise_quic)),
     ("listen.advertise_ip_from", |raw| Slot::Text(&mut raw.listen.advertise_ip_from)),
+    ("listen.grpc_tls_cert_path", |raw| Slot::Text(&mut raw.listen.grpc_tls_cert_path)),
+    ("listen.grpc_tls_key_path", |raw| Slot::Text(&mut raw.listen.grpc_tls_key_path)),
+    ("listen.grpc_tls_client_ca_path", |raw| Slot::Text(&mut raw.listen.grpc_tls_client_ca_path)),
     ("limits.keys_max", |raw| Slot::Number(&mut raw.limits.keys_max)),
     ("limits.log_bytes_max", |raw| Slot::Number(&mut raw.limits.log_bytes_max)),
     ("limits.http_body_bytes_max", |raw| Slot::Number(&mut raw.limits.http_body_bytes_max)),

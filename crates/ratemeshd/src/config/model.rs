@@ -233,6 +233,9 @@ pub struct ListenSection {
     /// `gossip` and `quic` (see `crate::identity`). Conflicts with `advertise_gossip` and
     /// `advertise_quic`.
     pub advertise_ip_from: Option<AdvertiseIpFrom>,
+    /// `grpc_tls_cert_path`, `grpc_tls_key_path` and `grpc_tls_client_ca_path`: TLS on the gRPC
+    /// listener (mutual with a client CA); plain HTTP/2 unless set. Read at start.
+    pub grpc_tls: Option<crate::rls::tls::TlsFiles>,
 }
 
 impl ListenSection {

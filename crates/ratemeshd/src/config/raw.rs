@@ -94,6 +94,9 @@ pub(super) struct RawListen {
     pub(super) advertise_gossip: Option<Val<String>>,
     pub(super) advertise_quic: Option<Val<String>>,
     pub(super) advertise_ip_from: Option<Val<String>>,
+    pub(super) grpc_tls_cert_path: Option<Val<String>>,
+    pub(super) grpc_tls_key_path: Option<Val<String>>,
+    pub(super) grpc_tls_client_ca_path: Option<Val<String>>,
 }
 
 /// `[limits]`.

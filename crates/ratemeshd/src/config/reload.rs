@@ -57,8 +57,17 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     differs("cluster.seed_resolve_interval_ms", *seed_resolve_interval != b.seed_resolve_interval);
     differs("cluster.leave_linger_ms", *leave_linger != b.leave_linger);
 
-    let ListenSection { http, grpc, resp, gossip, quic, advertise_gossip, advertise_quic, advertise_ip_from } =
-        listen;
+    let ListenSection {
+        http,
+        grpc,
+        resp,
+        gossip,
+        quic,
+        advertise_gossip,
+        advertise_quic,
+        advertise_ip_from,
+        grpc_tls,
+    } = listen;
     let b = &new.listen;
     differs("listen.http", *http != b.http);
     differs("listen.grpc", *grpc != b.grpc);
@@ -68,6 +77,7 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     differs("listen.advertise_gossip", *advertise_gossip != b.advertise_gossip);
     differs("listen.advertise_quic", *advertise_quic != b.advertise_quic);
     differs("listen.advertise_ip_from", *advertise_ip_from != b.advertise_ip_from);
+    differs("listen.grpc_tls_*", *grpc_tls != b.grpc_tls);
 
     // The per-request bounds are read by each request: reloadable.
     let Bounds {

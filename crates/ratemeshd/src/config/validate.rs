@@ -17,6 +17,7 @@ use super::defaults::*;
 use super::error::{ConfigError, Location};
 use super::model::*;
 use super::raw::{At, PolicyStarts, RawConfig, RawListen, Val};
+use crate::rls::tls::TlsFiles;
 
 /// The most seeds a node gossips with at start.
 pub const SEEDS_MAX: usize = 256;
@@ -456,7 +457,38 @@ impl Ctx<'_> {
             advertise_gossip,
             advertise_quic,
             advertise_ip_from,
+            grpc_tls: self.grpc_tls(l)?,
         })
+    }
+
+    /// `listen.grpc_tls_*`: a certificate and a key together, a client CA only beside them.
+    fn grpc_tls(&self, l: &RawListen) -> Result<Option<TlsFiles>, ConfigError> {
+        let fields = [
+            ("listen.grpc_tls_cert_path", &l.grpc_tls_cert_path),
+            ("listen.grpc_tls_key_path", &l.grpc_tls_key_path),
+            ("listen.grpc_tls_client_ca_path", &l.grpc_tls_client_ca_path),
+        ];
+        for (name, value) in fields {
+            if let Some(v) = value.as_ref().filter(|v| v.value.is_empty()) {
+                return Err(self.invalid(name, &v.at, "must not be empty"));
+            }
+        }
+        let path = |v: &Val<String>| PathBuf::from(&v.value);
+        match (&l.grpc_tls_cert_path, &l.grpc_tls_key_path, &l.grpc_tls_client_ca_path) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), ca) => {
+                Ok(Some(TlsFiles { cert: path(cert), key: path(key), client_ca: ca.as_ref().map(path) }))
+            }
+            (cert, key, ca) => {
+                let (name, v) = [(fields[0].0, cert), (fields[1].0, key), (fields[2].0, ca)]
+                    .into_iter()
+                    .find_map(|(name, v)| v.as_ref().map(|v| (name, v)))
+                    .expect("one is set");
+                let message =
+                    "TLS on the gRPC listener needs listen.grpc_tls_cert_path and listen.grpc_tls_key_path";
+                Err(self.invalid(name, &v.at, message))
+            }
+        }
     }
 
     /// A listen address (`ip:port`; port 0 lets the OS choose), if given.

@@ -62,12 +62,12 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use prost::Message as _;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Semaphore, watch};
 use tonic::Status;
 use tracing::debug;
 
 use super::{MESSAGE_BYTES_MAX, RlsService, STREAMS_PER_CONNECTION_MAX};
-use crate::listener::LimitedStream;
 
 /// The path of the one method served.
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -182,9 +182,9 @@ fn builder() -> h2::server::Builder {
 /// Serves one HTTP/2 connection until the client closes it, a protocol error (h2 sends GOAWAY
 /// with its code), an unanswered keepalive PING, an answer stalled past the write timeout, or the
 /// server closes (GOAWAY, then the calls in progress are answered).
-pub(super) async fn serve_connection(
+pub(super) async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     shared: Shared,
-    stream: LimitedStream,
+    stream: S,
     mut closing: watch::Receiver<bool>,
 ) {
     let mut connection = match builder().handshake::<_, Bytes>(stream).await {
@@ -273,9 +273,9 @@ enum Turn {
 /// can finish does, and the answers go out together when h2 is driven again (one write for a
 /// round's answers, not one per answer); until nothing moves (`Pending`) or the connection must
 /// end.
-fn turn<F: Future<Output = CallEnd>>(
+fn turn<S: AsyncRead + AsyncWrite + Unpin, F: Future<Output = CallEnd>>(
     cx: &mut Context<'_>,
-    connection: &mut h2::server::Connection<LimitedStream, Bytes>,
+    connection: &mut h2::server::Connection<S, Bytes>,
     calls: &mut FuturesUnordered<F>,
     tally: &mut Tally,
     mut call: impl FnMut(http::Request<RecvStream>, SendResponse<Bytes>) -> F,

@@ -123,6 +123,7 @@ mod plan;
 
 pub use connection::{HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_TIMEOUT};
 mod status;
+pub mod tls;
 
 pub use status::current_limit;
 
@@ -332,6 +333,7 @@ pub async fn serve(
     listener: TcpListener,
     connections: Arc<Semaphore>,
     timeouts: Timeouts,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let refused = daemon.metrics().connections_refused("grpc");
@@ -346,7 +348,18 @@ pub async fn serve(
         if let Err(error) = socket2::SockRef::from(stream.get_ref()).set_tcp_keepalive(&keepalive) {
             debug!(%error, "cannot set TCP keepalive");
         }
-        connection::serve_connection(shared.clone(), stream, closing)
+        let (shared, acceptor) = (shared.clone(), tls.clone().map(tokio_rustls::TlsAcceptor::from));
+        async move {
+            let Some(acceptor) = acceptor else {
+                return connection::serve_connection(shared, stream, closing).await;
+            };
+            // The whole handshake within the handshake timeout, as a request head's first bytes.
+            match tokio::time::timeout(timeouts.handshake, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => connection::serve_connection(shared, stream, closing).await,
+                Ok(Err(error)) => debug!(%error, "gRPC connection closed during the TLS handshake"),
+                Err(_) => debug!("gRPC connection closed: no TLS handshake within the handshake timeout"),
+            }
+        }
     })
     .await;
 }
