@@ -115,6 +115,7 @@ use tonic::Status;
 use tracing::debug;
 
 use crate::check::{Answer, ValidCheck};
+use crate::config::EnvoyRatelimitAnswers;
 use crate::daemon::Daemon;
 use crate::listener::{FirstBytes, LimitedIncoming, serve_connections};
 
@@ -127,7 +128,7 @@ mod status;
 pub use status::current_limit;
 
 use plan::plan;
-use status::{envoy_headers, limited_status, more_restrictive, no_limit_status};
+use status::{envoy_headers, envoy_ratelimit_headers, limited_status, more_restrictive, no_limit_status};
 
 /// The most descriptors in one request. Envoy sends one per matching rate-limit action set of a
 /// route (a handful); 64 leaves room for generous configurations and bounds the work per call.
@@ -236,7 +237,9 @@ impl RlsService {
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         // One policy table for the whole request, even if a reload swaps it meanwhile.
         let (config, policies) = self.daemon.current();
-        let plans = plan(&policies, request)?;
+        let mut plans = plan(&policies, request)?;
+        crate::envoy_ratelimit::replaced(&mut plans);
+        let compat = config.rls.envoy_ratelimit.as_deref();
         let mut decided = match config.rls.all_or_nothing_domains.contains(&request.domain) {
             true => self.all_or_nothing(&plans).await?,
             false => vec![None; plans.len()],
@@ -275,7 +278,11 @@ impl RlsService {
                 response.statuses.push(no_limit_status(u32::MAX));
                 continue;
             };
-            let status = limited_status(answer.label(), policy.limit.spec(), &decision);
+            let name = match compat {
+                Some(_) => crate::envoy_ratelimit::status_limit_name(check),
+                None => answer.label(),
+            };
+            let status = limited_status(name, policy.limit.spec(), &decision);
             if !decision.allowed {
                 response.overall_code = Code::OverLimit.into();
             }
@@ -284,11 +291,16 @@ impl RlsService {
                 tightest = Some((answer, decision));
             }
         }
-        if let Some((answer, decision)) = tightest
-            && let Some((policy, _)) = answer.answered()
-        {
-            let period = policy.limit.spec().period;
-            response.response_headers_to_add = envoy_headers(answer.label(), period, &decision);
+        match compat {
+            None => {
+                if let Some((answer, decision)) = tightest
+                    && let Some((policy, _)) = answer.answered()
+                {
+                    let period = policy.limit.spec().period;
+                    response.response_headers_to_add = envoy_headers(answer.label(), period, &decision);
+                }
+            }
+            Some(compat) => envoy_ratelimit_answer(compat, &mut response),
         }
         Ok(response)
     }
@@ -312,6 +324,18 @@ impl RlsService {
             decided[index] = Some(answer);
         }
         Ok(decided)
+    }
+}
+
+/// What `ratemeshd envoy-ratelimit` changes in an answer, as envoyproxy/ratelimit answers: its
+/// headers (only when `LIMIT_RESPONSE_HEADERS_ENABLED`), and `SHADOW_MODE`, under which an
+/// `OVER_LIMIT` overall code is `OK` (the descriptors' statuses stay as decided).
+fn envoy_ratelimit_answer(compat: &EnvoyRatelimitAnswers, response: &mut RateLimitResponse) {
+    if let Some(names) = &compat.headers {
+        response.response_headers_to_add = envoy_ratelimit_headers(names, &response.statuses);
+    }
+    if compat.global_shadow_mode && response.overall_code == i32::from(Code::OverLimit) {
+        response.overall_code = Code::Ok.into();
     }
 }
 
