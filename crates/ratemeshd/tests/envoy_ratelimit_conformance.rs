@@ -86,20 +86,30 @@ fn basic_config() {
     assert_eq!(get_limit(&t, "test-domain", &[("key1", "value1")]), None);
     assert_eq!(get_limit(&t, "test-domain", &[("key2", "value2"), ("subkey", "subvalue")]), None);
     assert_eq!(get_limit(&t, "test-domain", &[("key5", "value5"), ("subkey5", "subvalue")]), None);
-    assert_eq!(get_limit(&t, "test-domain", &[("key1", "value1"), ("subkey1", "something")]), limit(5, "SECOND"));
-    assert_eq!(get_limit(&t, "test-domain", &[("key1", "value1"), ("subkey1", "subvalue1")]), limit(10, "SECOND"));
+    assert_eq!(
+        get_limit(&t, "test-domain", &[("key1", "value1"), ("subkey1", "something")]),
+        limit(5, "SECOND")
+    );
+    assert_eq!(
+        get_limit(&t, "test-domain", &[("key1", "value1"), ("subkey1", "subvalue1")]),
+        limit(10, "SECOND")
+    );
     assert_eq!(get_limit(&t, "test-domain", &[("key2", "something")]), limit(20, "MINUTE"));
     assert_eq!(get_limit(&t, "test-domain", &[("key2", "value2")]), limit(30, "MINUTE"));
     // A value listed without a rate limit: matched, and so not limited by the key's default.
     assert_eq!(get_limit(&t, "test-domain", &[("key2", "value3")]), None);
     assert_eq!(get_limit(&t, "test-domain", &[("key3", "foo")]), limit(1, "HOUR"));
-    let key4 = Some(Got::Limit { requests: 1, unit: "DAY", name: Some("key4_rate_limit".into()), shadow: false });
+    let key4 =
+        Some(Got::Limit { requests: 1, unit: "DAY", name: Some("key4_rate_limit".into()), shadow: false });
     assert_eq!(get_limit(&t, "test-domain", &[("key4", "foo")]), key4);
     assert_eq!(get_limit(&t, "test-domain", &[("key6", "foo")]), Some(Got::Unlimited));
     assert_eq!(get_limit(&t, "test-domain", &[("key7", "unspecified_value")]), limit(70, "MINUTE"));
     assert_eq!(get_limit(&t, "test-domain", &[("key7", "another_value")]), limit(70, "MINUTE"));
     assert_eq!(get_limit(&t, "test-domain", &[("key5", "value5")]), limit(15, "DAY"));
-    assert_eq!(get_limit(&t, "test-domain", &[("key5", "value5"), ("subkey5", "subvalue5")]), limit(25, "DAY"));
+    assert_eq!(
+        get_limit(&t, "test-domain", &[("key5", "value5"), ("subkey5", "subvalue5")]),
+        limit(25, "DAY")
+    );
 }
 
 #[test]
@@ -119,24 +129,44 @@ fn errors_are_upstreams() {
             "duplicate_domain.yaml: duplicate domain 'test-domain' in config file",
         ),
         (&["empty_key.yaml"], false, "empty_key.yaml: descriptor has empty key"),
-        (&["duplicate_key.yaml"], false, "duplicate_key.yaml: duplicate descriptor composite key 'test-domain.key1_value1'"),
+        (
+            &["duplicate_key.yaml"],
+            false,
+            "duplicate_key.yaml: duplicate descriptor composite key 'test-domain.key1_value1'",
+        ),
         (
             &["merge_domain_key1.yaml", "merge_domain_key1.yaml"],
             true,
             "merge_domain_key1.yaml: duplicate descriptor composite key 'test-domain.key1_value1'",
         ),
         (&["bad_limit_unit.yaml"], false, "bad_limit_unit.yaml: invalid rate limit unit 'foo'"),
-        (&["replaces_self.yaml"], false, "replaces_self.yaml: replaces should not contain name of same descriptor"),
+        (
+            &["replaces_self.yaml"],
+            false,
+            "replaces_self.yaml: replaces should not contain name of same descriptor",
+        ),
         (&["replaces_empty.yaml"], false, "replaces_empty.yaml: should not have an empty replaces entry"),
         (&["misspelled_key.yaml"], false, "misspelled_key.yaml: config error, unknown key 'ratelimit'"),
-        (&["misspelled_key2.yaml"], false, "misspelled_key2.yaml: config error, unknown key 'requestsperunit'"),
-        (&["non_string_key.yaml"], false, "non_string_key.yaml: config error, key is not of type string: 0.25"),
+        (
+            &["misspelled_key2.yaml"],
+            false,
+            "misspelled_key2.yaml: config error, unknown key 'requestsperunit'",
+        ),
+        (
+            &["non_string_key.yaml"],
+            false,
+            "non_string_key.yaml: config error, key is not of type string: 0.25",
+        ),
         (
             &["non_map_list.yaml"],
             false,
             "non_map_list.yaml: config error, yaml file contains list of type other than map: a",
         ),
-        (&["unlimited_with_unit.yaml"], false, "unlimited_with_unit.yaml: should not specify rate limit unit when unlimited"),
+        (
+            &["unlimited_with_unit.yaml"],
+            false,
+            "unlimited_with_unit.yaml: should not specify rate limit unit when unlimited",
+        ),
         // Upstream's message is its YAML library's ("yaml: line 2: found unexpected end of stream").
         (&["bad_yaml.yaml"], false, "bad_yaml.yaml: error loading config file: "),
     ];
@@ -150,8 +180,14 @@ fn errors_are_upstreams() {
 fn shadow_mode_config() {
     let t = table("shadowmode_config.yaml");
     let shadow = |requests, unit| Some(Got::Limit { requests, unit, name: None, shadow: true });
-    assert_eq!(get_limit(&t, "test-domain", &[("key1", "value1"), ("subkey1", "something")]), limit(5, "SECOND"));
-    assert_eq!(get_limit(&t, "test-domain", &[("key1", "value1"), ("subkey1", "subvalue1")]), shadow(10, "SECOND"));
+    assert_eq!(
+        get_limit(&t, "test-domain", &[("key1", "value1"), ("subkey1", "something")]),
+        limit(5, "SECOND")
+    );
+    assert_eq!(
+        get_limit(&t, "test-domain", &[("key1", "value1"), ("subkey1", "subvalue1")]),
+        shadow(10, "SECOND")
+    );
     assert_eq!(get_limit(&t, "test-domain", &[("key2", "something")]), shadow(20, "MINUTE"));
     assert_eq!(get_limit(&t, "test-domain", &[("key2", "value2")]), limit(30, "MINUTE"));
 }

@@ -222,8 +222,8 @@ mod tests {
             json!({"overallCode": "OVER_LIMIT", "statuses": [{"code": "OK"}]})
         );
         assert_eq!(
-            (duration(60, 0), duration(1, 500_000_000), duration(0, 1_500)),
-            ("60s".into(), "1.500s".into(), "0.000002s".into())
+            [duration(60, 0), duration(1, 500_000_000), duration(0, 2_000), duration(0, 1_500)],
+            ["60s", "1.500s", "0.000002s", "0.000001500s"]
         );
     }
 }
