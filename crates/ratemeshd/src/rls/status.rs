@@ -123,6 +123,33 @@ pub(super) fn envoy_headers(label: &str, period: Duration, decision: &Decision) 
         .collect()
 }
 
+/// envoyproxy/ratelimit's three headers (`names`: limit, remaining, reset) for the status it
+/// picks: the last one over its limit, else the one with the least remaining (the first of
+/// equals) among those with a `current_limit`. The reset is in whole seconds, rounded up.
+pub(super) fn envoy_ratelimit_headers(
+    names: &[String; 3],
+    statuses: &[DescriptorStatus],
+) -> Vec<EnvoyHeader> {
+    let mut chosen: Option<&DescriptorStatus> = None;
+    let mut least = u32::MAX;
+    for status in statuses.iter().filter(|status| status.current_limit.is_some()) {
+        if status.code == i32::from(Code::OverLimit) {
+            (chosen, least) = (Some(status), 0);
+        } else if status.limit_remaining < least {
+            (chosen, least) = (Some(status), status.limit_remaining);
+        }
+    }
+    let Some(status) = chosen else { return Vec::new() };
+    let limit = status.current_limit.as_ref().map_or(0, |limit| limit.requests_per_unit);
+    let reset = status.duration_until_reset.map_or(0, |d| d.seconds.saturating_add(i64::from(d.nanos > 0)));
+    let values = [limit.to_string(), status.limit_remaining.to_string(), reset.to_string()];
+    names
+        .iter()
+        .zip(values)
+        .map(|(key, value)| EnvoyHeader { key: key.clone(), value, ..Default::default() })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use ratemesh_core::Algorithm;
@@ -213,31 +240,4 @@ mod tests {
             assert_eq!(got, expected);
         }
     }
-}
-
-/// envoyproxy/ratelimit's three headers (`names`: limit, remaining, reset) for the status it
-/// picks: the last one over its limit, else the one with the least remaining (the first of
-/// equals) among those with a `current_limit`. The reset is in whole seconds, rounded up.
-pub(super) fn envoy_ratelimit_headers(
-    names: &[String; 3],
-    statuses: &[DescriptorStatus],
-) -> Vec<EnvoyHeader> {
-    let mut chosen: Option<&DescriptorStatus> = None;
-    let mut least = u32::MAX;
-    for status in statuses.iter().filter(|status| status.current_limit.is_some()) {
-        if status.code == i32::from(Code::OverLimit) {
-            (chosen, least) = (Some(status), 0);
-        } else if status.limit_remaining < least {
-            (chosen, least) = (Some(status), status.limit_remaining);
-        }
-    }
-    let Some(status) = chosen else { return Vec::new() };
-    let limit = status.current_limit.as_ref().map_or(0, |limit| limit.requests_per_unit);
-    let reset = status.duration_until_reset.map_or(0, |d| d.seconds.saturating_add(i64::from(d.nanos > 0)));
-    let values = [limit.to_string(), status.limit_remaining.to_string(), reset.to_string()];
-    names
-        .iter()
-        .zip(values)
-        .map(|(key, value)| EnvoyHeader { key: key.clone(), value, ..Default::default() })
-        .collect()
 }
