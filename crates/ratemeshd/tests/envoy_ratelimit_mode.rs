@@ -10,8 +10,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -19,6 +17,9 @@ use ratemeshd::Daemon;
 use ratemeshd::daemon::{ConfigSource, ReloadError};
 use ratemeshd::envoy_ratelimit::{FILE_BYTES_MAX, Settings};
 use ratemeshd::rls::RlsService;
+
+mod support;
+use support::{code, descriptor, overall, request};
 
 /// The daemon's own settings: everything on loopback, ports chosen by the system.
 const BASE: &str = r#"
@@ -87,28 +88,13 @@ async fn daemon(root: &Root, extra: &[(&str, &str)]) -> Arc<Daemon> {
     Daemon::start_with_source(config, Some(source)).await.expect("daemon starts")
 }
 
-fn descriptor(key: &str, value: &str) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: vec![Entry { key: key.to_owned(), value: value.to_owned() }],
-        ..Default::default()
-    }
-}
-
-fn request(descriptors: &[(&str, &str)]) -> RateLimitRequest {
-    let descriptors = descriptors.iter().map(|(k, v)| descriptor(k, v)).collect();
-    RateLimitRequest { domain: "shop".to_owned(), descriptors, hits_addend: 0 }
+/// A request of the `shop` domain, one single-entry descriptor per pair.
+fn shop(pairs: &[(&str, &str)]) -> RateLimitRequest {
+    request("shop", pairs.iter().map(|pair| descriptor(&[*pair])).collect())
 }
 
 async fn ask(service: &RlsService, descriptors: &[(&str, &str)]) -> RateLimitResponse {
-    service.should_rate_limit_request(&request(descriptors)).await.expect("answered")
-}
-
-fn code(status: &DescriptorStatus) -> Code {
-    Code::try_from(status.code).expect("known code")
-}
-
-fn overall(response: &RateLimitResponse) -> Code {
-    Code::try_from(response.overall_code).expect("known code")
+    service.should_rate_limit_request(&shop(descriptors)).await.expect("answered")
 }
 
 fn limit_of(status: &DescriptorStatus) -> Option<(String, u32)> {
@@ -339,7 +325,7 @@ async fn the_command_serves_reloads_and_keeps_the_last_good_configuration() {
     assert!(log_has(&process.log, "REDIS_URL"), "the ignored variables are logged");
     let mut client = RateLimitServiceClient::connect(format!("http://{grpc}")).await.expect("gRPC connects");
     let mut call = async |descriptors: &[(&str, &str)]| {
-        let response = client.should_rate_limit(request(descriptors)).await.expect("answered").into_inner();
+        let response = client.should_rate_limit(shop(descriptors)).await.expect("answered").into_inner();
         overall(&response)
     };
     assert_eq!(call(&[("api", "a")]).await, Code::Ok);
