@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ratemeshd::PolicyTable;
 use ratemeshd::config::Rule;
-use ratemeshd::envoy_ratelimit::{ConfigFile, EnvoyConfigError, load};
+use ratemeshd::envoy_ratelimit::{ConfigFile, EnvoyConfigError, load, read_dir};
 
 /// What `GetLimit` returns for a descriptor that matches a limit.
 #[derive(Debug, PartialEq, Eq)]
@@ -244,4 +244,38 @@ fn wildcards_are_tried_in_file_order_as_upstream() {
     let loaded = load(&[ConfigFile { name: "order.yaml".into(), text: text.into() }], false).expect("valid");
     let t = PolicyTable::new(&loaded.policies);
     assert_eq!(get_limit(&t, "d", &[("k", "abc")]), limit(1, "SECOND"));
+}
+
+/// Every file of a fixture directory, as `ratemeshd envoy-ratelimit` reads a directory.
+fn directory(dir: &str) -> PolicyTable {
+    let path = std::path::PathBuf::from(format!(
+        "{}/tests/envoy_ratelimit/upstream/{dir}",
+        env!("CARGO_MANIFEST_DIR")
+    ));
+    let files = read_dir(&path, false).unwrap_or_else(|e| panic!("{dir}: {e}"));
+    let loaded = load(&files, false).unwrap_or_else(|e| panic!("{dir}: {e}"));
+    PolicyTable::new(&loaded.policies)
+}
+
+#[test]
+fn upstreams_integration_and_example_configurations_load() {
+    let t = directory("integration");
+    assert_eq!(get_limit(&t, "basic", &[("key1", "foo")]), limit(50, "SECOND"));
+    assert_eq!(get_limit(&t, "basic", &[("one_per_minute", "foo")]), limit(1, "MINUTE"));
+    assert_eq!(get_limit(&t, "another", &[("key4", "foo")]), limit(20, "DAY"));
+    assert_eq!(get_limit(&t, "share-threshold-test", &[("files", "files/a")]), limit(10, "HOUR"));
+    // reload.yaml's `block` is `requests_per_unit: 0`: matched, every request over it.
+    let block = t.match_descriptor("reload", &[("block", "x")]).expect("matches");
+    assert_eq!(block.entry.envoy.as_ref().and_then(|e| e.deny_all), Some(Duration::from_secs(1)));
+    let t = directory("examples");
+    assert_eq!(get_limit(&t, "mongo_cps", &[("database", "users")]), limit(500, "SECOND"));
+    assert_eq!(get_limit(&t, "rl", &[("foo", "x"), ("bar", "y")]), limit(3, "MINUTE"));
+    let bkthomps =
+        Some(Got::Limit { requests: 1, unit: "MINUTE", name: Some("bkthomps".into()), shadow: false });
+    assert_eq!(get_limit(&t, "rl", &[("foo", "x"), ("bar", "bkthomps")]), bkthomps);
+    let shady = Some(Got::Limit { requests: 3, unit: "MINUTE", name: None, shadow: true });
+    assert_eq!(get_limit(&t, "rl", &[("foo", "x"), ("baz", "shady")]), shady);
+    assert_eq!(get_limit(&t, "rl", &[("foo", "x"), ("bay", "y")]), Some(Got::Unlimited));
+    let quota = t.match_descriptor("rl", &[("service", "service_1")]).expect("matches");
+    assert!(quota.entry.envoy.as_ref().is_some_and(|e| e.quota_mode));
 }

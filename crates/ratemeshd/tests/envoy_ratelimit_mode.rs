@@ -46,6 +46,13 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
   - key: free
     rate_limit: {unlimited: true}
+  - key: banned
+    rate_limit: {name: banned, unit: minute, requests_per_unit: 0}
+  - key: pardon
+    rate_limit: {unit: minute, requests_per_unit: 5, replaces: [{name: banned}]}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
 "#;
 
 /// A temporary `RUNTIME_ROOT` with `config/` and a base TOML file.
@@ -166,6 +173,41 @@ async fn response_headers_are_upstreams_when_enabled() {
     assert_eq!(headers[2].0, "X-Reset");
     let reset: u64 = headers[2].1.parse().expect("seconds");
     assert!((1..=60).contains(&reset), "{reset}");
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_zero_limit_is_over_until_replaced() {
+    let root = Root::new("zero");
+    root.write("limits.yaml", LIMITS);
+    let daemon = daemon(&root, &[]).await;
+    let service = RlsService::new(Arc::clone(&daemon));
+    let banned = ask(&service, &[("banned", "x")]).await;
+    assert_eq!(overall(&banned), Code::OverLimit);
+    assert_eq!(limit_of(&banned.statuses[0]), Some(("banned".to_owned(), 0)));
+    let reset = banned.statuses[0].duration_until_reset.expect("reset").seconds;
+    assert!((0..=60).contains(&reset), "{reset}");
+    let pardoned = ask(&service, &[("banned", "x"), ("pardon", "y")]).await;
+    assert_eq!(overall(&pardoned), Code::Ok);
+    assert_eq!(limit_of(&pardoned.statuses[0]), None);
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn quota_mode_fails_a_call_only_when_every_quota_descriptor_is_over() {
+    let root = Root::new("quota");
+    root.write("limits.yaml", LIMITS);
+    let daemon = daemon(&root, &[]).await;
+    let service = RlsService::new(Arc::clone(&daemon));
+    assert_eq!(overall(&ask(&service, &[("quota", "a"), ("quota", "b")]).await), Code::Ok);
+    // "a" is over its quota, "b" is not yet: the call passes.
+    let one = ask(&service, &[("quota", "a"), ("quota", "c")]).await;
+    assert_eq!((code(&one.statuses[0]), overall(&one)), (Code::OverLimit, Code::Ok));
+    // Both over: the call is over.
+    assert_eq!(overall(&ask(&service, &[("quota", "a"), ("quota", "b")]).await), Code::OverLimit);
+    // A descriptor not in quota mode over its limit fails the call whatever the quotas say.
+    ask(&service, &[("api", "q")]).await;
+    assert_eq!(overall(&ask(&service, &[("api", "q"), ("quota", "d")]).await), Code::OverLimit);
     daemon.shutdown().await;
 }
 

@@ -436,6 +436,13 @@ pub struct EnvoyPattern {
     /// `rate_limit`, which takes a request's entry from a wildcard or a key without value): the
     /// policy holds no limit of its own and is answered as matching nothing.
     pub path_only: bool,
+    /// envoyproxy/ratelimit's `requests_per_unit: 0` (its files only): every request is over the
+    /// limit of 0 per this unit. The policy's rule is then [`Rule::Unlimited`] (nothing is
+    /// counted) and the Rate Limit Service answers `OVER_LIMIT` itself.
+    pub deny_all: Option<Duration>,
+    /// envoyproxy/ratelimit's `quota_mode` (its files only): this descriptor over its limit makes
+    /// the call `OVER_LIMIT` only when every quota-mode descriptor of the call is.
+    pub quota_mode: bool,
 }
 
 /// One descriptor entry of a policy: `{ key = "...", value = "..." }`.
@@ -552,6 +559,8 @@ pub struct EnvoyRatelimitAnswers {
     /// `SHADOW_MODE`: an `OVER_LIMIT` overall code is answered `OK` (the descriptors' statuses
     /// stay as decided).
     pub global_shadow_mode: bool,
+    /// `QUOTA_MODE`: every descriptor is in quota mode (see [`EnvoyPattern::quota_mode`]).
+    pub global_quota_mode: bool,
     /// `LIMIT_RESPONSE_HEADERS_ENABLED`: the names of the limit, remaining and reset headers
     /// (`LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`); `None`: no headers.
     pub headers: Option<[String; 3]>,

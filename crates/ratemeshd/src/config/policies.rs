@@ -339,6 +339,8 @@ impl Ctx<'_> {
             limit_name: None,
             replaces: Vec::new(),
             path_only: false,
+            deny_all: None,
+            quota_mode: false,
         }))
     }
 

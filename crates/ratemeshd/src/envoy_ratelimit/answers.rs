@@ -1,6 +1,8 @@
 //! envoyproxy/ratelimit's rules for a request's answers that the YAML files carry: `replaces`
 //! and the `current_limit` name (`src/service/ratelimit.go`).
 
+use std::time::Duration;
+
 use crate::check::{Target, ValidCheck};
 use crate::config::{EnvoyPattern, Rule};
 
@@ -23,7 +25,7 @@ pub(crate) fn replaced(plans: &mut [Option<ValidCheck>]) {
     for plan in plans.iter_mut() {
         let is_replaced = plan.as_ref().is_some_and(|check| {
             let limited = match &check.target {
-                Target::Named(entry) => !matches!(entry.rule, Rule::Unlimited),
+                Target::Named(entry) => !matches!(entry.rule, Rule::Unlimited) || deny_all(check).is_some(),
                 Target::Inline(_) => true,
             };
             let name = envoy(check).and_then(|envoy| envoy.limit_name.as_ref());
@@ -39,4 +41,14 @@ pub(crate) fn replaced(plans: &mut [Option<ValidCheck>]) {
 /// without one), as upstream answers.
 pub(crate) fn status_limit_name(check: &ValidCheck) -> &str {
     envoy(check).and_then(|envoy| envoy.limit_name.as_deref()).unwrap_or("")
+}
+
+/// The unit of a `requests_per_unit: 0` limit (every request over it), if this is one.
+pub(crate) fn deny_all(check: &ValidCheck) -> Option<Duration> {
+    envoy(check).and_then(|envoy| envoy.deny_all)
+}
+
+/// Whether a descriptor's limit is in `quota_mode`.
+pub(crate) fn quota_mode(check: &ValidCheck) -> bool {
+    envoy(check).is_some_and(|envoy| envoy.quota_mode)
 }

@@ -31,7 +31,7 @@ pub use settings::{Settings, SettingsError};
 pub use tree::{Loaded, load};
 pub use yaml::{YAML_DEPTH_MAX, YAML_NODES_MAX};
 
-pub(crate) use answers::{replaced, status_limit_name};
+pub(crate) use answers::{deny_all, quota_mode, replaced, status_limit_name};
 
 /// One configuration file: its name (in errors) and its text.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,9 +136,6 @@ pub enum Problem {
     /// `share_threshold` on a descriptor without wildcard.
     #[error("share_threshold can only be used with wildcard values (containing '*'), but found key '{0}'")]
     ShareThresholdWithoutWildcard(String),
-    /// `quota_mode`, which ratemesh does not implement.
-    #[error("quota_mode is not supported (descriptor '{0}')")]
-    QuotaMode(String),
     /// A descriptor path deeper than the daemon's policies may be.
     #[error("descriptor '{key}' is {depth} levels deep: at most {max} are supported")]
     DescriptorTooDeep {

@@ -110,6 +110,7 @@ impl Settings {
             debug: env.addr("DEBUG_HOST", "DEBUG_PORT", DEBUG_PORT_DEFAULT)?,
             answers: EnvoyRatelimitAnswers {
                 global_shadow_mode: env.boolean("SHADOW_MODE", false)?,
+                global_quota_mode: env.boolean("QUOTA_MODE", false)?,
                 headers,
                 dump: String::new(),
             },

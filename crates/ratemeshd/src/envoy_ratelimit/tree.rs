@@ -33,7 +33,7 @@ pub struct Loaded {
     /// without one), in file order.
     pub policies: Vec<PolicyConfig>,
     /// One line per limit, as upstream's `Dump`: `<key>: unit=<UNIT> requests_per_unit=<n>,
-    /// shadow_mode: <bool>, quota_mode: false`.
+    /// shadow_mode: <bool>, quota_mode: <bool>`.
     pub dump: String,
 }
 
@@ -110,16 +110,16 @@ impl Loader {
 
     /// Checks one descriptor and adds its policy.
     fn descriptor(&mut self, at: &At<'_>, descriptor: &Descriptor) -> Result<(), Problem> {
-        let rule = match &descriptor.rate_limit {
-            Some(limit) => Some(rule(&at.key, limit)?),
-            None => None,
+        let (rule, deny_all) = match &descriptor.rate_limit {
+            Some(limit) => {
+                let (rule, deny_all) = rule(&at.key, limit)?;
+                (Some(rule), deny_all)
+            }
+            None => (None, None),
         };
         if descriptor.share_threshold && !at.key.contains('*') {
             let final_key = at.key.rsplit('.').next().unwrap_or_default();
             return Err(Problem::ShareThresholdWithoutWildcard(final_key.to_owned()));
-        }
-        if descriptor.quota_mode {
-            return Err(Problem::QuotaMode(at.key.clone()));
         }
         // A descriptor without limit matters as a path only where no deeper one makes it.
         if rule.is_none() && !descriptor.descriptors.is_empty() {
@@ -129,8 +129,8 @@ impl Loader {
             return Err(Problem::TooManyDescriptors(POLICIES_MAX));
         }
         let limit = descriptor.rate_limit.as_ref();
-        if let (Some(limit), Some(rule)) = (limit, &rule) {
-            self.dump(&at.key, limit, rule, descriptor.shadow_mode);
+        if let Some(limit) = limit {
+            self.dump(&at.key, limit, descriptor);
         }
         let envoy = EnvoyPattern {
             domain: at.domain.to_owned(),
@@ -138,6 +138,8 @@ impl Loader {
             limit_name: limit.map(|l| l.name.clone()).filter(|name| !name.is_empty()),
             replaces: limit.map(|l| l.replaces.clone()).unwrap_or_default(),
             path_only: rule.is_none(),
+            deny_all,
+            quota_mode: descriptor.quota_mode,
         };
         let name = self.name(&at.key);
         self.loaded.policies.push(PolicyConfig {
@@ -168,16 +170,16 @@ impl Loader {
         name
     }
 
-    fn dump(&mut self, key: &str, limit: &RateLimit, rule: &Rule, shadow_mode: bool) {
-        let unit = match rule {
-            Rule::Unlimited => "UNKNOWN".to_owned(),
-            _ => limit.unit.to_uppercase(),
+    fn dump(&mut self, key: &str, limit: &RateLimit, descriptor: &Descriptor) {
+        let unit = match limit.unlimited {
+            true => "UNKNOWN".to_owned(),
+            false => limit.unit.to_uppercase(),
         };
         // Writing to a String cannot fail.
         let _ = writeln!(
             self.loaded.dump,
-            "{key}: unit={unit} requests_per_unit={}, shadow_mode: {shadow_mode}, quota_mode: false",
-            limit.requests_per_unit
+            "{key}: unit={unit} requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
+            limit.requests_per_unit, descriptor.shadow_mode, descriptor.quota_mode
         );
     }
 }
@@ -192,8 +194,10 @@ fn value_pattern(value: &str) -> ValuePattern {
     }
 }
 
-/// A `rate_limit` checked as upstream checks it (unit, then `replaces`), as a rule.
-fn rule(key: &str, limit: &RateLimit) -> Result<Rule, Problem> {
+/// A `rate_limit` checked as upstream checks it (unit, then `replaces`), as a rule; with
+/// `requests_per_unit: 0`, the unit of a limit that every request is over (see
+/// [`EnvoyPattern::deny_all`]).
+fn rule(key: &str, limit: &RateLimit) -> Result<(Rule, Option<Duration>), Problem> {
     let unit = UNITS.iter().find(|(name, _)| limit.unit.eq_ignore_ascii_case(name));
     if limit.unlimited && unit.is_some() {
         return Err(Problem::UnlimitedWithUnit);
@@ -211,7 +215,10 @@ fn rule(key: &str, limit: &RateLimit) -> Result<Rule, Problem> {
             return Err(Problem::ReplacesSelf);
         }
     }
-    let Some(seconds) = unit else { return Ok(Rule::Unlimited) };
+    let Some(seconds) = unit else { return Ok((Rule::Unlimited, None)) };
+    if limit.requests_per_unit == 0 {
+        return Ok((Rule::Unlimited, Some(Duration::from_secs(seconds))));
+    }
     let spec = LimitSpec::new(
         Algorithm::FixedWindow,
         u64::from(limit.requests_per_unit),
@@ -219,7 +226,8 @@ fn rule(key: &str, limit: &RateLimit) -> Result<Rule, Problem> {
     );
     let limit = Limit::new(spec)
         .map_err(|error| Problem::Limit { key: key.to_owned(), message: limit_error_message(&error) })?;
-    Ok(Rule::Limited(Arc::new(Policy { limit, mode: MODE_DEFAULT, fallback: FALLBACK_DEFAULT })))
+    let policy = Policy { limit, mode: MODE_DEFAULT, fallback: FALLBACK_DEFAULT };
+    Ok((Rule::Limited(Arc::new(policy)), None))
 }
 
 #[cfg(test)]
@@ -250,11 +258,13 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_limit_is_refused_and_names_the_descriptor() {
+    fn a_zero_limit_denies_every_request_of_its_unit() {
         let text =
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: Second, requests_per_unit: 0}\n";
-        let error = load(&[file("zero.yaml", text)], false).expect_err("zero");
-        assert!(matches!(&error.problem, Problem::Limit { key, .. } if key == "d.k"), "{error}");
+        let loaded = load(&[file("zero.yaml", text)], false).expect("valid");
+        let envoy = loaded.policies[0].envoy.as_ref().expect("a path");
+        assert_eq!(envoy.deny_all, Some(Duration::from_secs(1)));
+        assert_eq!(loaded.policies[0].rule, Rule::Unlimited);
     }
 
     #[test]

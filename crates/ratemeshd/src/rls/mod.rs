@@ -128,7 +128,9 @@ mod status;
 pub use status::current_limit;
 
 use plan::plan;
-use status::{envoy_headers, envoy_ratelimit_headers, limited_status, more_restrictive, no_limit_status};
+use status::{
+    denied_status, envoy_headers, envoy_ratelimit_headers, limited_status, more_restrictive, no_limit_status,
+};
 
 /// The most descriptors in one request. Envoy sends one per matching rate-limit action set of a
 /// route (a handful); 64 leaves room for generous configurations and bounds the work per call.
@@ -252,6 +254,15 @@ impl RlsService {
                 response.statuses.push(no_limit_status(0));
                 continue;
             };
+            if let Some(unit) = crate::envoy_ratelimit::deny_all(check) {
+                let name = crate::envoy_ratelimit::status_limit_name(check);
+                let status = denied_status(name, unit, check.target.shadow_mode());
+                if status.code == i32::from(Code::OverLimit) {
+                    response.overall_code = Code::OverLimit.into();
+                }
+                response.statuses.push(status);
+                continue;
+            }
             let outcome = match (decided[index].take(), check.refund) {
                 (Some(answer), _) => Ok(answer),
                 (None, true) => {
@@ -300,7 +311,7 @@ impl RlsService {
                     response.response_headers_to_add = envoy_headers(answer.label(), period, &decision);
                 }
             }
-            Some(compat) => envoy_ratelimit_answer(compat, &mut response),
+            Some(compat) => envoy_ratelimit_answer(compat, &plans, &mut response),
         }
         Ok(response)
     }
@@ -327,14 +338,38 @@ impl RlsService {
     }
 }
 
-/// What `ratemeshd envoy-ratelimit` changes in an answer, as envoyproxy/ratelimit answers: its
-/// headers (only when `LIMIT_RESPONSE_HEADERS_ENABLED`), and `SHADOW_MODE`, under which an
-/// `OVER_LIMIT` overall code is `OK` (the descriptors' statuses stay as decided).
-fn envoy_ratelimit_answer(compat: &EnvoyRatelimitAnswers, response: &mut RateLimitResponse) {
-    if let Some(names) = &compat.headers {
-        response.response_headers_to_add = envoy_ratelimit_headers(names, &response.statuses);
+/// What `ratemeshd envoy-ratelimit` changes in an answer, as envoyproxy/ratelimit answers: the
+/// overall code with quota mode (`OVER_LIMIT` when a descriptor not in quota mode is, or when
+/// every quota-mode descriptor is), its headers (only when `LIMIT_RESPONSE_HEADERS_ENABLED`),
+/// and `SHADOW_MODE`, under which an `OVER_LIMIT` overall code is `OK` (the descriptors'
+/// statuses stay as decided).
+fn envoy_ratelimit_answer(
+    compat: &EnvoyRatelimitAnswers,
+    plans: &[Option<ValidCheck>],
+    response: &mut RateLimitResponse,
+) {
+    let quota: Vec<bool> = plans
+        .iter()
+        .map(|plan| compat.global_quota_mode || plan.as_ref().is_some_and(crate::envoy_ratelimit::quota_mode))
+        .collect();
+    let (mut failed, mut failed_quota, mut total_quota) = (0, 0, 0);
+    for (status, &quota) in response.statuses.iter().zip(&quota) {
+        let unlimited = status.current_limit.is_none() && status.limit_remaining == u32::MAX;
+        if unlimited {
+            continue;
+        }
+        let over = status.code == i32::from(Code::OverLimit);
+        match quota {
+            true => (failed_quota, total_quota) = (failed_quota + usize::from(over), total_quota + 1),
+            false => failed += usize::from(over),
+        }
     }
-    if compat.global_shadow_mode && response.overall_code == i32::from(Code::OverLimit) {
+    let over = failed > 0 || (total_quota > 0 && total_quota == failed_quota);
+    response.overall_code = if over { Code::OverLimit } else { Code::Ok }.into();
+    if let Some(names) = &compat.headers {
+        response.response_headers_to_add = envoy_ratelimit_headers(names, &response.statuses, &quota);
+    }
+    if compat.global_shadow_mode && over {
         response.overall_code = Code::Ok.into();
     }
 }
