@@ -297,14 +297,19 @@ impl PolicyTable {
             node = Some(next);
         }
         let entry = Arc::clone(&self.entries[node?.policy?]);
-        let mut bucket_key = vec![ENVOY_KEY_TAG];
-        push_field(&mut bucket_key, domain);
-        for (key, value) in entries {
-            push_field(&mut bucket_key, key.as_ref());
-            push_field(&mut bucket_key, value.as_ref());
-        }
-        Some(Match { entry, bucket_key })
+        Some(Match { entry, bucket_key: envoy_bucket_key(domain, entries) })
     }
+}
+
+/// The bucket key of an Envoy descriptor within a namespace (see [`Match::bucket_key`]).
+pub fn envoy_bucket_key<K: AsRef<str>, V: AsRef<str>>(domain: &str, entries: &[(K, V)]) -> Vec<u8> {
+    let mut bucket_key = vec![ENVOY_KEY_TAG];
+    push_field(&mut bucket_key, domain);
+    for (key, value) in entries {
+        push_field(&mut bucket_key, key.as_ref());
+        push_field(&mut bucket_key, value.as_ref());
+    }
+    bucket_key
 }
 
 fn push_field(out: &mut Vec<u8>, field: &str) {

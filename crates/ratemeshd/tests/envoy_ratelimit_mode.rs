@@ -10,9 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use ratemeshd::Daemon;
 use ratemeshd::daemon::{ConfigSource, ReloadError};
 use ratemeshd::envoy_ratelimit::{FILE_BYTES_MAX, Settings};
@@ -208,6 +210,27 @@ async fn quota_mode_fails_a_call_only_when_every_quota_descriptor_is_over() {
     // A descriptor not in quota mode over its limit fails the call whatever the quotas say.
     ask(&service, &[("api", "q")]).await;
     assert_eq!(overall(&ask(&service, &[("api", "q"), ("quota", "d")]).await), Code::OverLimit);
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_limit_override_applies_without_a_matching_entry_in_a_known_domain() {
+    let root = Root::new("override");
+    root.write("limits.yaml", LIMITS);
+    let daemon = daemon(&root, &[]).await;
+    let service = RlsService::new(Arc::clone(&daemon));
+    let with_override = |domain: &str| {
+        let mut descriptor = descriptor(&[("unlisted", "x")]);
+        descriptor.limit =
+            Some(RateLimitOverride { requests_per_unit: 1, unit: RateLimitUnit::Minute.into() });
+        request(domain, vec![descriptor])
+    };
+    let first = service.should_rate_limit_request(&with_override("shop")).await.expect("answered");
+    assert_eq!((overall(&first), limit_of(&first.statuses[0])), (Code::Ok, Some((String::new(), 1))));
+    let second = service.should_rate_limit_request(&with_override("shop")).await.expect("answered");
+    assert_eq!(overall(&second), Code::OverLimit);
+    let unknown = service.should_rate_limit_request(&with_override("elsewhere")).await.expect("answered");
+    assert_eq!((overall(&unknown), limit_of(&unknown.statuses[0])), (Code::Ok, None));
     daemon.shutdown().await;
 }
 

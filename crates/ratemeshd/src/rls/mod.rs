@@ -51,7 +51,9 @@
 //! a bucket is never checked under two different limits. Differences from envoyproxy/ratelimit,
 //! which applies an override even without a matching config entry: here an override needs a
 //! matching limited policy (its algorithm and mode are not in the request); on a descriptor that
-//! matches nothing or an `unlimited` policy it changes nothing. An invalid override (`UNKNOWN`
+//! matches nothing or an `unlimited` policy it changes nothing — except under
+//! `ratemeshd envoy-ratelimit`, where an override on a descriptor of a known domain that matches
+//! nothing is a fixed window of its own, as there. An invalid override (`UNKNOWN`
 //! unit, 0 requests, a rate the algorithm cannot hold) refuses the request as `INVALID_ARGUMENT`.
 //!
 //! ## Errors and bounds
@@ -239,9 +241,9 @@ impl RlsService {
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         // One policy table for the whole request, even if a reload swaps it meanwhile.
         let (config, policies) = self.daemon.current();
-        let mut plans = plan(&policies, request)?;
-        crate::envoy_ratelimit::replaced(&mut plans);
         let compat = config.rls.envoy_ratelimit.as_deref();
+        let mut plans = plan(&policies, request, compat.is_some())?;
+        crate::envoy_ratelimit::replaced(&mut plans);
         let mut decided = match config.rls.all_or_nothing_domains.contains(&request.domain) {
             true => self.all_or_nothing(&plans).await?,
             false => vec![None; plans.len()],
