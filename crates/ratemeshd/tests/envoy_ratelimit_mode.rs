@@ -175,6 +175,9 @@ async fn response_headers_are_upstreams_when_enabled() {
     assert_eq!(headers[2].0, "X-Reset");
     let reset: u64 = headers[2].1.parse().expect("seconds");
     assert!((1..=60).contains(&reset), "{reset}");
+    // Whole seconds, as upstream: the header and the status agree.
+    let until_reset = response.statuses[0].duration_until_reset.expect("set");
+    assert_eq!((until_reset.seconds, until_reset.nanos), (i64::try_from(reset).expect("small"), 0));
     daemon.shutdown().await;
 }
 

@@ -340,8 +340,8 @@ impl RlsService {
     }
 }
 
-/// What `ratemeshd envoy-ratelimit` changes in an answer, as envoyproxy/ratelimit answers: the
-/// overall code with quota mode (`OVER_LIMIT` when a descriptor not in quota mode is, or when
+/// What `ratemeshd envoy-ratelimit` changes in an answer, as envoyproxy/ratelimit answers:
+/// `duration_until_reset` in whole seconds, the overall code with quota mode (`OVER_LIMIT` when a descriptor not in quota mode is, or when
 /// every quota-mode descriptor is), its headers (only when `LIMIT_RESPONSE_HEADERS_ENABLED`),
 /// and `SHADOW_MODE`, under which an `OVER_LIMIT` overall code is `OK` (the descriptors'
 /// statuses stay as decided).
@@ -364,6 +364,12 @@ fn envoy_ratelimit_answer(
         match quota {
             true => (failed_quota, total_quota) = (failed_quota + usize::from(over), total_quota + 1),
             false => failed += usize::from(over),
+        }
+    }
+    // Whole seconds, rounded up, as upstream computes them from the Unix time in seconds.
+    for reset in response.statuses.iter_mut().filter_map(|status| status.duration_until_reset.as_mut()) {
+        if reset.nanos > 0 {
+            (reset.seconds, reset.nanos) = (reset.seconds.saturating_add(1), 0);
         }
     }
     let over = failed > 0 || (total_quota > 0 && total_quota == failed_quota);

@@ -125,8 +125,8 @@ pub(super) fn envoy_headers(label: &str, period: Duration, decision: &Decision) 
 
 /// envoyproxy/ratelimit's three headers (`names`: limit, remaining, reset) for the status it
 /// picks: the last one over its limit not in quota mode (`quota`, by status), else the one with
-/// the least remaining (the first of equals) among those with a `current_limit`. The reset is in
-/// whole seconds, rounded up.
+/// the least remaining (the first of equals) among those with a `current_limit`; the reset is
+/// its `duration_until_reset`'s seconds.
 pub(super) fn envoy_ratelimit_headers(
     names: &[String; 3],
     statuses: &[DescriptorStatus],
@@ -143,7 +143,7 @@ pub(super) fn envoy_ratelimit_headers(
     }
     let Some(status) = chosen else { return Vec::new() };
     let limit = status.current_limit.as_ref().map_or(0, |limit| limit.requests_per_unit);
-    let reset = status.duration_until_reset.map_or(0, |d| d.seconds.saturating_add(i64::from(d.nanos > 0)));
+    let reset = status.duration_until_reset.map_or(0, |d| d.seconds);
     let values = [limit.to_string(), status.limit_remaining.to_string(), reset.to_string()];
     names
         .iter()
