@@ -217,7 +217,7 @@ async fn quota_mode_fails_a_call_only_when_every_quota_descriptor_is_over() {
 }
 
 #[tokio::test]
-async fn a_limit_override_applies_without_a_matching_entry_in_a_known_domain() {
+async fn a_limit_override_applies_to_any_descriptor_of_a_known_domain() {
     let root = Root::new("override");
     root.write("limits.yaml", LIMITS);
     let daemon = daemon(&root, &[]).await;
@@ -234,6 +234,13 @@ async fn a_limit_override_applies_without_a_matching_entry_in_a_known_domain() {
     assert_eq!(overall(&second), Code::OverLimit);
     let unknown = service.should_rate_limit_request(&with_override("elsewhere")).await.expect("answered");
     assert_eq!((overall(&unknown), limit_of(&unknown.statuses[0])), (Code::Ok, None));
+    // On a matching limit too, in place of it: no name, and shadow mode does not apply.
+    let mut shadow = descriptor(&[("shadow", "z")]);
+    shadow.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: RateLimitUnit::Hour.into() });
+    let request = request("shop", vec![shadow]);
+    service.should_rate_limit_request(&request).await.expect("answered");
+    let over = service.should_rate_limit_request(&request).await.expect("answered");
+    assert_eq!((overall(&over), limit_of(&over.statuses[0])), (Code::OverLimit, Some((String::new(), 1))));
     daemon.shutdown().await;
 }
 

@@ -51,9 +51,9 @@
 //! a bucket is never checked under two different limits. Differences from envoyproxy/ratelimit,
 //! which applies an override even without a matching config entry: here an override needs a
 //! matching limited policy (its algorithm and mode are not in the request); on a descriptor that
-//! matches nothing or an `unlimited` policy it changes nothing — except under
-//! `ratemeshd envoy-ratelimit`, where an override on a descriptor of a known domain that matches
-//! nothing is a fixed window of its own, as there. An invalid override (`UNKNOWN`
+//! matches nothing or an `unlimited` policy it changes nothing. Under `ratemeshd envoy-ratelimit`
+//! an override is applied as envoyproxy/ratelimit applies it: on any descriptor of a known
+//! domain, as a fixed window of its own (no name, no `replaces`, never in shadow mode). An invalid override (`UNKNOWN`
 //! unit, 0 requests, a rate the algorithm cannot hold) refuses the request as `INVALID_ARGUMENT`.
 //!
 //! ## Errors and bounds

@@ -29,12 +29,13 @@ const OVERRIDE_TAG: u8 = 0xFE;
 
 /// Validates `request` and resolves every descriptor: `None` for a descriptor that matches no
 /// policy. Nothing is counted here, so an invalid request counts nothing. With
-/// `unmatched_overrides` (`ratemeshd envoy-ratelimit`, as envoyproxy/ratelimit), a limit override
-/// on a descriptor of a known domain that matches no policy is a fixed window of its own.
+/// `upstream_overrides` (`ratemeshd envoy-ratelimit`), a limit override is applied as
+/// envoyproxy/ratelimit applies it: on any descriptor of a known domain, matched or not, as a
+/// fixed window of its own (no name, no `replaces`, never in shadow mode).
 pub(super) fn plan(
     policies: &PolicyTable,
     request: &RateLimitRequest,
-    unmatched_overrides: bool,
+    upstream_overrides: bool,
 ) -> Result<Vec<Option<ValidCheck>>, Status> {
     if request.domain.is_empty() {
         return Err(Status::invalid_argument("domain: must not be empty"));
@@ -55,7 +56,7 @@ pub(super) fn plan(
         .iter()
         .enumerate()
         .map(|(index, descriptor)| {
-            plan_descriptor(policies, &request.domain, index, descriptor, request_hits, unmatched_overrides)
+            plan_descriptor(policies, &request.domain, index, descriptor, request_hits, upstream_overrides)
         })
         .collect()
 }
@@ -66,7 +67,7 @@ fn plan_descriptor(
     index: usize,
     descriptor: &RateLimitDescriptor,
     request_hits: u64,
-    unmatched_overrides: bool,
+    upstream_overrides: bool,
 ) -> Result<Option<ValidCheck>, Status> {
     let entries = &descriptor.entries;
     if entries.is_empty() || entries.len() > ENTRIES_MAX {
@@ -85,15 +86,16 @@ fn plan_descriptor(
     };
     let refund = descriptor.is_negative_hits;
     let key_text = pairs.iter().map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>().join(",");
+    if let (true, Some((requests, period))) = (upstream_overrides, override_limit) {
+        if !policies.has_domain(domain) {
+            return Ok(None);
+        }
+        let target = upstream_override(index, requests, period)?;
+        let key = target.namespace().key(&envoy_bucket_key(domain, &pairs));
+        return Ok(Some(ValidCheck { target, key, key_text, cost: hits, refund }));
+    }
     let Some(matched) = policies.match_descriptor(domain, &pairs) else {
-        return match override_limit {
-            Some((requests, period)) if unmatched_overrides && policies.has_domain(domain) => {
-                let target = unmatched_override(index, requests, period)?;
-                let key = target.namespace().key(&envoy_bucket_key(domain, &pairs));
-                Ok(Some(ValidCheck { target, key, key_text, cost: hits, refund }))
-            }
-            _ => Ok(None),
-        };
+        return Ok(None);
     };
     let concurrency =
         matched.entry.rule.policy().is_some_and(|p| p.limit.algorithm() == Algorithm::Concurrency);
@@ -139,9 +141,9 @@ fn plan_descriptor(
     Ok(Some(ValidCheck { target, key, key_text, cost: hits, refund }))
 }
 
-/// envoyproxy/ratelimit's limit override without a matching entry: `requests` per `period` in a
-/// fixed window, in the default mode, never in shadow mode.
-fn unmatched_override(index: usize, requests: u64, period: Duration) -> Result<Target, Status> {
+/// envoyproxy/ratelimit's limit override: `requests` per `period` in a fixed window, in the
+/// default mode, never in shadow mode.
+fn upstream_override(index: usize, requests: u64, period: Duration) -> Result<Target, Status> {
     let limit = Limit::new(LimitSpec::new(Algorithm::FixedWindow, requests, period)).map_err(|error| {
         Status::invalid_argument(format!("descriptors[{index}].limit: {}", limit_error_message(&error)))
     })?;
