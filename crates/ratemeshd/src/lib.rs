@@ -23,6 +23,7 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod envoy_ratelimit;
 pub mod http;
 pub mod identity;
 pub mod listener;

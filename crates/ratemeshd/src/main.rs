@@ -6,6 +6,7 @@
 //! ratemeshd cluster                      print members, owners, ring balance
 //! ratemeshd certs --out DIR --nodes 1,2,3
 //! ratemeshd validate --config FILE
+//! ratemeshd envoy-ratelimit [--config FILE]   a drop-in for envoyproxy/ratelimit (its env variables)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -61,6 +62,11 @@ enum Command {
     Certs(CertsArgs),
     /// Check a configuration file (and the RATEMESH_ environment overrides) and exit.
     Validate(ValidateArgs),
+    /// Run a node as a drop-in for envoyproxy/ratelimit: its YAML files
+    /// ($RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY), its environment variables
+    /// (GRPC_PORT, PORT, DEBUG_PORT, SHADOW_MODE, LIMIT_RESPONSE_HEADERS_ENABLED, LOG_LEVEL, …)
+    /// and its HTTP endpoints; --config (a TOML file) and RATEMESH_ variables set the cluster.
+    EnvoyRatelimit(ServeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -176,6 +182,7 @@ fn main() -> ExitCode {
         Some(Command::Top(args)) => Ok(top(&args)),
         Some(Command::Certs(args)) => certs(&args),
         Some(Command::Validate(args)) => Ok(validate(&args.config)),
+        Some(Command::EnvoyRatelimit(args)) => envoy_ratelimit(&args),
     };
     result.unwrap_or_else(|error| {
         eprintln!("error: {error:#}");
@@ -207,6 +214,27 @@ fn serve(args: &ServeArgs) -> Result<ExitCode> {
         .build()
         .context("starting the tokio runtime")?;
     runtime.block_on(ratemeshd::serve::run(config, source, Some(log)))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `envoy-ratelimit`: runs a node on envoyproxy/ratelimit's configuration until SIGINT or
+/// SIGTERM.
+fn envoy_ratelimit(args: &ServeArgs) -> Result<ExitCode> {
+    let settings = ratemeshd::envoy_ratelimit::Settings::from_vars(std::env::vars_os())?;
+    let debug = settings.debug;
+    let ignored = settings.ignored.clone();
+    let mut source = ConfigSource::envoy_ratelimit(settings, args.config.clone(), std::env::vars_os());
+    let config = source.load()?;
+    let log = ratemeshd::logging::init(&config.log)?;
+    if !ignored.is_empty() {
+        tracing::info!(variables = ignored.join(","), "ignored: ratemesh needs no Redis, Memcache or statsd");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ratemeshd")
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(ratemeshd::serve::run_envoy_ratelimit(config, source, Some(log), debug))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -105,16 +105,17 @@ pub struct PolicyTable {
 struct Level {
     /// `key` → `value` → node, for exact values.
     exact: HashMap<String, HashMap<String, Node>>,
-    /// Prefix wildcards, longest prefix first (ties in file order).
-    prefixes: Vec<PrefixNode>,
+    /// Wildcards: prefixes longest first (ties in file order), then envoyproxy/ratelimit's
+    /// wildcards in file order.
+    wildcards: Vec<WildcardNode>,
     /// `key` → node, for patterns without value.
     any: HashMap<String, Node>,
 }
 
 #[derive(Debug)]
-struct PrefixNode {
+struct WildcardNode {
     key: String,
-    prefix: String,
+    pattern: ValuePattern,
     node: Node,
 }
 
@@ -132,38 +133,39 @@ impl Level {
                 self.exact.entry(key.to_owned()).or_default().entry(value.clone()).or_default()
             }
             ValuePattern::Any => self.any.entry(key.to_owned()).or_default(),
-            ValuePattern::Prefix(prefix) => {
-                let found = self.prefixes.iter().position(|p| p.key == key && p.prefix == *prefix);
-                let index = found.unwrap_or_else(|| {
-                    // Keep longest-first order: insert after every prefix at least as long.
-                    let index = self
-                        .prefixes
-                        .iter()
-                        .position(|p| p.prefix.len() < prefix.len())
-                        .unwrap_or(self.prefixes.len());
-                    let node = Node::default();
-                    self.prefixes
-                        .insert(index, PrefixNode { key: key.to_owned(), prefix: prefix.clone(), node });
-                    index
-                });
-                &mut self.prefixes[index].node
-            }
+            ValuePattern::Prefix(_) | ValuePattern::Wildcard(_) => self.wildcard_child(key, value),
         }
     }
 
-    /// The node for one request entry: an exact value first, then the longest matching prefix,
-    /// then a pattern without value. This is envoyproxy/ratelimit's order, except that among
-    /// prefixes it takes the first listed and this the longest, so that the order of the file
-    /// does not matter.
+    fn wildcard_child(&mut self, key: &str, pattern: &ValuePattern) -> &mut Node {
+        let found = self.wildcards.iter().position(|w| w.key == key && w.pattern == *pattern);
+        let index = found.unwrap_or_else(|| {
+            let index = match pattern {
+                // Keep longest-first order: insert before the first shorter prefix or wildcard.
+                ValuePattern::Prefix(prefix) => self
+                    .wildcards
+                    .iter()
+                    .position(|w| !matches!(&w.pattern, ValuePattern::Prefix(p) if p.len() >= prefix.len()))
+                    .unwrap_or(self.wildcards.len()),
+                _ => self.wildcards.len(),
+            };
+            let node = WildcardNode { key: key.to_owned(), pattern: pattern.clone(), node: Node::default() };
+            self.wildcards.insert(index, node);
+            index
+        });
+        &mut self.wildcards[index].node
+    }
+
+    /// The node for one request entry: an exact value first, then the first matching wildcard,
+    /// then a pattern without value. This is envoyproxy/ratelimit's order; among the prefixes of
+    /// the TOML file the longest is tried first (envoyproxy/ratelimit, and its YAML files here,
+    /// take the first listed), so that the order of the file does not matter.
     fn step(&self, key: &str, value: &str) -> Option<&Node> {
         self.exact
             .get(key)
             .and_then(|values| values.get(value))
             .or_else(|| {
-                self.prefixes
-                    .iter()
-                    .find(|p| p.key == key && value.starts_with(p.prefix.as_str()))
-                    .map(|p| &p.node)
+                self.wildcards.iter().find(|w| w.key == key && w.pattern.matches(value)).map(|w| &w.node)
             })
             .or_else(|| self.any.get(key))
     }
@@ -202,6 +204,10 @@ impl PolicyTable {
                 continue;
             }
             let index = table.entries.len();
+            if let Some(envoy) = policy.envoy.as_ref().filter(|envoy| envoy.path_only) {
+                table.insert_path(envoy);
+                continue;
+            }
             if let Some(envoy) = &policy.envoy {
                 let mut level = table.domains.entry(envoy.domain.clone()).or_default();
                 let mut node = None;
@@ -237,6 +243,14 @@ impl PolicyTable {
             table.entries.push(Arc::new(entry));
         }
         table
+    }
+
+    /// Inserts the nodes of a path that holds no policy (see [`EnvoyPattern::path_only`]).
+    fn insert_path(&mut self, envoy: &EnvoyPattern) {
+        let mut level = self.domains.entry(envoy.domain.clone()).or_default();
+        for pattern in &envoy.descriptors {
+            level = &mut level.child(&pattern.key, &pattern.value).next;
+        }
     }
 
     /// The policy named `name`.
@@ -283,14 +297,19 @@ impl PolicyTable {
             node = Some(next);
         }
         let entry = Arc::clone(&self.entries[node?.policy?]);
-        let mut bucket_key = vec![ENVOY_KEY_TAG];
-        push_field(&mut bucket_key, domain);
-        for (key, value) in entries {
-            push_field(&mut bucket_key, key.as_ref());
-            push_field(&mut bucket_key, value.as_ref());
-        }
-        Some(Match { entry, bucket_key })
+        Some(Match { entry, bucket_key: envoy_bucket_key(domain, entries) })
     }
+}
+
+/// The bucket key of an Envoy descriptor within a namespace (see [`Match::bucket_key`]).
+pub fn envoy_bucket_key<K: AsRef<str>, V: AsRef<str>>(domain: &str, entries: &[(K, V)]) -> Vec<u8> {
+    let mut bucket_key = vec![ENVOY_KEY_TAG];
+    push_field(&mut bucket_key, domain);
+    for (key, value) in entries {
+        push_field(&mut bucket_key, key.as_ref());
+        push_field(&mut bucket_key, value.as_ref());
+    }
+    bucket_key
 }
 
 fn push_field(out: &mut Vec<u8>, field: &str) {

@@ -40,7 +40,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{error, info, warn};
 
 use crate::config::Config;
-use crate::daemon::{ConfigSource, Daemon, DaemonError, FileStamp, ReloadError, Reloaded};
+use crate::daemon::{ConfigSource, Daemon, DaemonError, ReloadError, Reloaded};
 use crate::http::Front;
 use crate::listener::{LimitedIncoming, serve_connections};
 use crate::logging::LogControl;
@@ -48,7 +48,7 @@ use crate::logging::LogControl;
 /// How long the servers may take to finish the requests in progress at shutdown.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often the configuration file's stamp ([`FileStamp`]) is polled.
+/// How often the configuration file's stamp ([`crate::daemon::FileStamp`]) is polled.
 pub const FILE_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why serving failed.
@@ -333,7 +333,7 @@ pub fn reload_and_log(daemon: &Daemon, why: &str) -> Result<Reloaded, ReloadErro
     result
 }
 
-/// Polls the daemon's configuration file every `period` (its identity, modification time and
+/// Polls the daemon's configuration files every `period` (their identity, modification time and
 /// length, symlinks followed: a Kubernetes ConfigMap's symlink swap is a change; no file-system
 /// notification dependency) and reloads when it differs from the file as it was
 /// last read (at start, or by any reload: [`Daemon::read_stamp`]) and then stayed the same for
@@ -341,7 +341,7 @@ pub fn reload_and_log(daemon: &Daemon, why: &str) -> Result<Reloaded, ReloadErro
 /// between the start's read and the watcher's first poll is therefore seen too. Stops when the
 /// daemon shuts down. `None` when the daemon has no file.
 pub fn spawn_file_watcher(daemon: Arc<Daemon>, period: Duration) -> Option<JoinHandle<()>> {
-    let path = daemon.source_path()?.to_owned();
+    daemon.source_path()?;
     let shutdown = daemon.shutdown_signal();
     Some(tokio::spawn(async move {
         tokio::pin!(shutdown);
@@ -354,7 +354,7 @@ pub fn spawn_file_watcher(daemon: Arc<Daemon>, period: Duration) -> Option<JoinH
                 () = &mut shutdown => return,
                 _ = tick.tick() => {}
             }
-            let now = FileStamp::of(&path);
+            let now = daemon.stamp_now();
             if now != daemon.read_stamp() && now == pending {
                 let _ = reload_and_log(&daemon, "file changed");
             }
@@ -386,6 +386,43 @@ pub async fn run(
     source: Option<ConfigSource>,
     log: Option<LogControl>,
 ) -> Result<(), ServeError> {
+    run_with_debug(config, source, log, None).await
+}
+
+/// `ratemeshd envoy-ratelimit`: [`run`], and `GET /rlconfig` on `debug` (envoyproxy/ratelimit's
+/// `DEBUG_PORT`).
+pub async fn run_envoy_ratelimit(
+    config: Config,
+    source: ConfigSource,
+    log: Option<LogControl>,
+    debug: SocketAddr,
+) -> Result<(), ServeError> {
+    run_with_debug(config, Some(source), log, Some(debug)).await
+}
+
+/// Serves `GET /rlconfig` on `addr` until the daemon closes its servers.
+async fn start_debug(daemon: &Arc<Daemon>, addr: SocketAddr) -> Result<JoinHandle<()>, ServeError> {
+    let (listener, local) = bind("debug", addr).await?;
+    let shown = Arc::clone(daemon);
+    let router = axum::Router::new().route(
+        "/rlconfig",
+        axum::routing::get(move || std::future::ready(crate::http::envoy_ratelimit::rlconfig_text(&shown))),
+    );
+    info!(debug = %local, "serving /rlconfig");
+    let shutdown = daemon.close_signal();
+    Ok(tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
+            warn!(%error, "debug listener failed");
+        }
+    }))
+}
+
+async fn run_with_debug(
+    config: Config,
+    source: Option<ConfigSource>,
+    log: Option<LogControl>,
+    debug: Option<SocketAddr>,
+) -> Result<(), ServeError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
@@ -405,6 +442,16 @@ pub async fn run(
         node = daemon.id().0,
         "serving"
     );
+    let debug = match debug {
+        Some(addr) => match start_debug(&daemon, addr).await {
+            Ok(task) => Some(task),
+            Err(e) => {
+                servers.shutdown().await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     let _log_follower = log.map(|log| spawn_log_level_follower(&daemon, log));
     let _watcher = spawn_file_watcher(Arc::clone(&daemon), FILE_POLL_INTERVAL);
     // Runs until a stop signal or a server failure.
@@ -430,5 +477,8 @@ pub async fn run(
         }
     };
     servers.shutdown().await;
+    if let Some(debug) = debug {
+        debug.abort();
+    }
     outcome
 }

@@ -7,11 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
@@ -22,6 +20,9 @@ use ratemeshd::{Config, Daemon};
 use tokio::io::AsyncReadExt as _;
 use tokio::net::TcpStream;
 use tonic::transport::Channel;
+
+mod support;
+use support::{code, descriptor, header, limit, overall, request, until_reset};
 
 /// Limits long enough that nothing refills during a test (token buckets: one token per 20 min).
 const POLICIES: &str = r#"
@@ -152,49 +153,8 @@ impl Rls {
     }
 }
 
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry { key: (*k).to_owned(), value: (*v).to_owned() })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
-    RateLimitRequest { domain: domain.to_owned(), descriptors, hits_addend: 0 }
-}
-
 fn ip(address: &str) -> RateLimitDescriptor {
     descriptor(&[("remote_address", address)])
-}
-
-fn code(status: &DescriptorStatus) -> Code {
-    Code::try_from(status.code).expect("a known code")
-}
-
-fn overall(response: &RateLimitResponse) -> Code {
-    Code::try_from(response.overall_code).expect("a known code")
-}
-
-/// `(name, requests_per_unit, unit)` of a status's current limit.
-fn limit(status: &DescriptorStatus) -> Option<(String, u32, Unit)> {
-    status.current_limit.as_ref().map(|limit| {
-        (limit.name.clone(), limit.requests_per_unit, Unit::try_from(limit.unit).expect("a known unit"))
-    })
-}
-
-fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
-    response.response_headers_to_add.iter().find(|h| h.key == name).map(|h| h.value.as_str())
-}
-
-fn until_reset(status: &DescriptorStatus) -> Duration {
-    let reset = status.duration_until_reset.expect("duration_until_reset is set");
-    Duration::new(
-        u64::try_from(reset.seconds).expect("non-negative"),
-        u32::try_from(reset.nanos).expect("ok"),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -336,6 +336,8 @@ pub struct RlsSection {
     /// `POST /v1/check/all`). Default none: every descriptor counts on its own, like Envoy's
     /// ratelimit service.
     pub all_or_nothing_domains: Vec<String>,
+    /// envoyproxy/ratelimit's answers, set by `ratemeshd envoy-ratelimit` (never by the file).
+    pub envoy_ratelimit: Option<Arc<EnvoyRatelimitAnswers>>,
 }
 /// The most verbose level logged.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -427,6 +429,23 @@ pub struct EnvoyPattern {
     /// `descriptors`: one pattern per descriptor entry; a request's entries must match them one by
     /// one, with the same count.
     pub descriptors: Vec<DescriptorPattern>,
+    /// envoyproxy/ratelimit's `rate_limit.name` (`ratemeshd envoy-ratelimit` only): what other
+    /// limits' `replaces` name, and `current_limit.name` in answers.
+    pub limit_name: Option<String>,
+    /// envoyproxy/ratelimit's `rate_limit.replaces`: the names of the limits that are not applied
+    /// when this one matches a descriptor of the same request.
+    pub replaces: Vec<String>,
+    /// A path that matches without a limit (an envoyproxy/ratelimit descriptor with no
+    /// `rate_limit`, which takes a request's entry from a wildcard or a key without value): the
+    /// policy holds no limit of its own and is answered as matching nothing.
+    pub path_only: bool,
+    /// envoyproxy/ratelimit's `requests_per_unit: 0` (its files only): every request is over the
+    /// limit of 0 per this unit. The policy's rule is then [`Rule::Unlimited`] (nothing is
+    /// counted) and the Rate Limit Service answers `OVER_LIMIT` itself.
+    pub deny_all: Option<Duration>,
+    /// envoyproxy/ratelimit's `quota_mode` (its files only): this descriptor over its limit makes
+    /// the call `OVER_LIMIT` only when every quota-mode descriptor of the call is.
+    pub quota_mode: bool,
 }
 
 /// One descriptor entry of a policy: `{ key = "...", value = "..." }`.
@@ -449,6 +468,51 @@ pub enum ValuePattern {
     /// `value = "v*"`: any value starting with `v` (`"*"` alone: any value, but tried before a
     /// pattern without value, as in envoyproxy/ratelimit).
     Prefix(String),
+    /// envoyproxy/ratelimit's wildcard with a `*` inside (`"bar*b"`, `"foo*bar*baz"`): the parts
+    /// between the stars, in order, each `*` any run of characters. Tried, with the prefixes, in
+    /// file order (written by `ratemeshd envoy-ratelimit`'s YAML files only).
+    Wildcard(Vec<String>),
+}
+
+impl ValuePattern {
+    /// The pattern as written in a file (`None`: no value, any value matches).
+    pub fn text(&self) -> Option<String> {
+        match self {
+            ValuePattern::Any => None,
+            ValuePattern::Exact(value) => Some(value.clone()),
+            ValuePattern::Prefix(prefix) => Some(format!("{prefix}*")),
+            ValuePattern::Wildcard(parts) => Some(parts.join("*")),
+        }
+    }
+
+    /// Whether `value` matches this pattern.
+    pub fn matches(&self, value: &str) -> bool {
+        match self {
+            ValuePattern::Any => true,
+            ValuePattern::Exact(exact) => exact == value,
+            ValuePattern::Prefix(prefix) => value.starts_with(prefix.as_str()),
+            ValuePattern::Wildcard(parts) => wildcard_matches(parts, value),
+        }
+    }
+}
+
+/// envoyproxy/ratelimit's `wildcardMatch`: `value` starts with the first part, ends with the last,
+/// and holds the middle ones in order between them, without overlap.
+fn wildcard_matches(parts: &[String], value: &str) -> bool {
+    let (Some(first), Some(last)) = (parts.first(), parts.last()) else { return false };
+    if parts.len() == 1 {
+        return first == value;
+    }
+    let fixed: usize = parts.iter().map(String::len).sum();
+    if value.len() < fixed || !value.starts_with(first.as_str()) || !value.ends_with(last.as_str()) {
+        return false;
+    }
+    let Some(mut rest) = value.get(first.len()..value.len() - last.len()) else { return false };
+    for part in &parts[1..parts.len() - 1] {
+        let Some(at) = rest.find(part.as_str()) else { return false };
+        rest = &rest[at + part.len()..];
+    }
+    true
 }
 /// The mode called `name` in the file and the HTTP API.
 pub(crate) fn mode_from_name(name: &str) -> Option<Mode> {
@@ -489,4 +553,20 @@ pub(crate) fn fallback_from_name(name: &str) -> Option<Fallback> {
 /// Every algorithm name, for error messages.
 pub(crate) fn algorithm_names() -> String {
     Algorithm::ALL.map(Algorithm::name).join(", ")
+}
+
+/// How `ratemeshd envoy-ratelimit` answers, as envoyproxy/ratelimit's environment sets it: read
+/// at start and kept by reloads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EnvoyRatelimitAnswers {
+    /// `SHADOW_MODE`: an `OVER_LIMIT` overall code is answered `OK` (the descriptors' statuses
+    /// stay as decided).
+    pub global_shadow_mode: bool,
+    /// `QUOTA_MODE`: every descriptor is in quota mode (see [`EnvoyPattern::quota_mode`]).
+    pub global_quota_mode: bool,
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`: the names of the limit, remaining and reset headers
+    /// (`LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`); `None`: no headers.
+    pub headers: Option<[String; 3]>,
+    /// The loaded configuration as `GET /rlconfig` prints it.
+    pub dump: String,
 }

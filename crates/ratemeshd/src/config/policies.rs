@@ -332,7 +332,16 @@ impl Ctx<'_> {
             .enumerate()
             .map(|(j, entry)| self.descriptor(&field(&format!("descriptors[{j}]")), entry))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Some(EnvoyPattern { domain: domain.value.clone(), descriptors }))
+        let domain = domain.value.clone();
+        Ok(Some(EnvoyPattern {
+            domain,
+            descriptors,
+            limit_name: None,
+            replaces: Vec::new(),
+            path_only: false,
+            deny_all: None,
+            quota_mode: false,
+        }))
     }
 
     fn descriptor(

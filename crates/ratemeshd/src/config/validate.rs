@@ -190,7 +190,7 @@ impl Ctx<'_> {
             }
             domains.push(v.value.clone());
         }
-        Ok(RlsSection { all_or_nothing_domains: domains })
+        Ok(RlsSection { all_or_nothing_domains: domains, envoy_ratelimit: None })
     }
 
     fn node(&self, raw: &RawConfig) -> Result<NodeSection, ConfigError> {

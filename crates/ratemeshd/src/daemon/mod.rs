@@ -49,7 +49,7 @@ mod source;
 
 pub use live::AdminError;
 pub use reload::{ReloadError, Reloaded};
-pub use source::{ConfigSource, FileStamp};
+pub use source::{ConfigSource, FileStamp, SourceError, SourceStamp};
 
 /// Requests in flight on the observation routes (`/metrics`, `/readyz`, `/v1/cluster`,
 /// `/v1/policies`). They have their own small pool, apart from the API's
@@ -215,8 +215,14 @@ impl Daemon {
     /// The configuration file's stamp when it was last read (at start or by a reload): the file
     /// watcher reloads when the file no longer has it. `None` without a file, or when its
     /// metadata could not be read.
-    pub fn read_stamp(&self) -> Option<FileStamp> {
+    pub fn read_stamp(&self) -> Option<SourceStamp> {
         self.lock_source().as_ref().and_then(ConfigSource::read_stamp)
+    }
+
+    /// The configuration files' stamps now (`None` without a file): the file watcher compares
+    /// them with [`Daemon::read_stamp`].
+    pub fn stamp_now(&self) -> Option<SourceStamp> {
+        self.lock_source().as_ref().map(ConfigSource::stamp_now)
     }
 
     fn lock_source(&self) -> MutexGuard<'_, Option<ConfigSource>> {

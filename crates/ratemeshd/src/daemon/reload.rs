@@ -5,8 +5,10 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use super::SourceError;
 use super::{Current, Daemon};
 use crate::config::{Config, ConfigError, RELOADABLE, restart_only_changes};
+use crate::envoy_ratelimit::EnvoyConfigError;
 use crate::policy::PolicyTable;
 
 /// Why a reload was not applied. The running configuration stays.
@@ -18,12 +20,24 @@ pub enum ReloadError {
     /// The file is invalid; the error names the line and the field.
     #[error(transparent)]
     Invalid(#[from] ConfigError),
+    /// A YAML file of `ratemeshd envoy-ratelimit` is invalid; the error names the file.
+    #[error(transparent)]
+    EnvoyRatelimit(#[from] EnvoyConfigError),
     /// The file changes settings that only a restart applies.
     #[error("not applied: {} can only change with a restart (reloadable: {RELOADABLE})", fields.join(", "))]
     RestartRequired {
         /// The fields that changed.
         fields: Vec<&'static str>,
     },
+}
+
+impl From<SourceError> for ReloadError {
+    fn from(error: SourceError) -> ReloadError {
+        match error {
+            SourceError::Config(error) => ReloadError::Invalid(error),
+            SourceError::EnvoyRatelimit(error) => ReloadError::EnvoyRatelimit(error),
+        }
+    }
 }
 
 /// What a reload did.

@@ -1,12 +1,14 @@
 //! Where the configuration came from ([`ConfigSource`]: the file and the environment overrides
-//! read at start) and how the file watcher notices a change without reading the file
-//! ([`FileStamp`]).
+//! read at start, or `ratemeshd envoy-ratelimit`'s directory of YAML files) and how the file
+//! watcher notices a change without reading the files ([`FileStamp`], [`SourceStamp`]).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, EMBEDDED_CONFIG, EMBEDDED_CONFIG_ORIGIN};
+use crate::envoy_ratelimit::{EnvoyConfigError, Settings};
 
 /// A file's identity (device and inode), modification time and length: what the file watcher
 /// compares to notice a change without reading the file. Symlinks are followed, and the
@@ -35,16 +37,40 @@ impl FileStamp {
     }
 }
 
+/// The stamps of every file a configuration was read from: what the file watcher compares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceStamp(Vec<(PathBuf, Option<FileStamp>)>);
+
+/// Why a configuration source could not be read. Nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The TOML file (or the `RATEMESH_` variables) is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A YAML file of `ratemeshd envoy-ratelimit` is invalid.
+    #[error(transparent)]
+    EnvoyRatelimit(#[from] EnvoyConfigError),
+}
+
 /// Where the configuration came from, for reloads.
 #[derive(Clone, Debug)]
 pub struct ConfigSource {
-    /// The file.
+    /// The file; for `ratemeshd envoy-ratelimit`, the directory of YAML files.
     pub path: PathBuf,
     /// The `RATEMESH_` environment overrides read at start, applied again at every reload (the
     /// process's environment does not change; keeping them makes reloads reproducible).
     pub env: Vec<(OsString, OsString)>,
-    /// The file's stamp as it was when it was last read (see [`ConfigSource::load`]).
-    read_stamp: Option<FileStamp>,
+    /// The stamps of the files as they were when last read (see [`ConfigSource::load`]).
+    read_stamp: Option<SourceStamp>,
+    /// `ratemeshd envoy-ratelimit`'s settings and its TOML file, if any.
+    envoy: Option<EnvoySource>,
+}
+
+#[derive(Clone, Debug)]
+struct EnvoySource {
+    settings: Arc<Settings>,
+    /// The TOML file of the daemon's own settings (cluster, data directory, bounds), if any.
+    base: Option<PathBuf>,
 }
 
 impl ConfigSource {
@@ -54,23 +80,57 @@ impl ConfigSource {
     pub fn new(path: PathBuf, vars: impl IntoIterator<Item = (OsString, OsString)>) -> ConfigSource {
         let prefix = crate::config::ENV_PREFIX;
         let env = vars.into_iter().filter(|(name, _)| name.to_string_lossy().starts_with(prefix)).collect();
-        ConfigSource { path, env, read_stamp: None }
+        ConfigSource { path, env, read_stamp: None, envoy: None }
     }
 
-    /// Reads and validates the file, and remembers the file's stamp, whatever the outcome: the
-    /// file watcher reloads when the file differs from what was last read (an invalid file is not
-    /// read again every poll, only once it changes).
-    pub fn load(&mut self) -> Result<Config, ConfigError> {
+    /// `ratemeshd envoy-ratelimit`'s source: the YAML files of `settings.config_dir` over the
+    /// daemon's own settings, from `base` (a TOML file; else the embedded default) and the
+    /// `RATEMESH_` variables among `vars`.
+    pub fn envoy_ratelimit(
+        settings: Settings,
+        base: Option<PathBuf>,
+        vars: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> ConfigSource {
+        let source = ConfigSource::new(settings.config_dir.clone(), vars);
+        ConfigSource { envoy: Some(EnvoySource { settings: Arc::new(settings), base }), ..source }
+    }
+
+    /// Reads and validates the configuration, and remembers the files' stamps, whatever the
+    /// outcome: the file watcher reloads when the files differ from what was last read (an
+    /// invalid file is not read again every poll, only once it changes).
+    pub fn load(&mut self) -> Result<Config, SourceError> {
         // Taken before reading: a write that races the read changes the file after the stamp,
         // so the watcher sees a difference and reads again. Taken after, that write could be
         // stamped as read while its content was not.
-        self.read_stamp = FileStamp::of(&self.path);
-        Config::load_with_env(&self.path, self.env.iter().map(|(k, v)| (k, v)))
+        self.read_stamp = Some(self.stamp_now());
+        let env = || self.env.iter().map(|(k, v)| (k, v));
+        let Some(envoy) = &self.envoy else {
+            return Ok(Config::load_with_env(&self.path, env())?);
+        };
+        let mut config = match &envoy.base {
+            Some(base) => Config::load_with_env(base, env())?,
+            None => Config::parse_with_env(EMBEDDED_CONFIG, EMBEDDED_CONFIG_ORIGIN, env())?,
+        };
+        let files = crate::envoy_ratelimit::read_dir(&self.path, envoy.settings.ignore_dot_files)?;
+        let loaded = crate::envoy_ratelimit::load(&files, envoy.settings.merge_domains)?;
+        envoy.settings.apply(&mut config, loaded);
+        Ok(config)
     }
 
-    /// The file's stamp when it was last read by [`ConfigSource::load`] (`None`: never read, or
-    /// its metadata could not be read).
-    pub fn read_stamp(&self) -> Option<FileStamp> {
-        self.read_stamp
+    /// The stamps of the files now: the TOML file, or the envoy-ratelimit mode's TOML file (if
+    /// any) and every file of its directory.
+    pub fn stamp_now(&self) -> SourceStamp {
+        let stamp = |path: PathBuf| {
+            let stamp = FileStamp::of(&path);
+            (path, stamp)
+        };
+        let Some(envoy) = &self.envoy else { return SourceStamp(vec![stamp(self.path.clone())]) };
+        let files = crate::envoy_ratelimit::list(&self.path, envoy.settings.ignore_dot_files);
+        SourceStamp(envoy.base.iter().cloned().chain(files).map(stamp).collect())
+    }
+
+    /// The files' stamps when they were last read by [`ConfigSource::load`] (`None`: never read).
+    pub fn read_stamp(&self) -> Option<SourceStamp> {
+        self.read_stamp.clone()
     }
 }

@@ -75,6 +75,7 @@ use crate::policy::PolicyTable;
 mod admin;
 pub mod body;
 mod decide;
+pub mod envoy_ratelimit;
 mod front;
 mod observe;
 
@@ -149,8 +150,16 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
 /// The axum router of the API over `daemon`, with `timeouts` (only `body_read` and `request`
 /// matter here; `header_read` is the connection server's).
 pub fn router_with(daemon: Arc<Daemon>, timeouts: Timeouts) -> Router {
+    let envoy_ratelimit = daemon.current().0.rls.envoy_ratelimit.is_some();
     let api = Arc::new(Api { daemon, timeouts });
-    Router::new()
+    let router = match envoy_ratelimit {
+        true => Router::new()
+            .route("/healthcheck", get(envoy_ratelimit::healthcheck))
+            .route("/json", post(envoy_ratelimit::json))
+            .route("/rlconfig", get(envoy_ratelimit::rlconfig)),
+        false => Router::new(),
+    };
+    router
         .route("/v1/check", post(decide::check))
         .route("/v1/check/batch", post(decide::check_batch))
         .route("/v1/check/all", post(decide::check_all))
@@ -191,6 +200,9 @@ fn route_label(path: &str) -> &'static str {
         "/v1/top" => "top",
         "/v1/stats" => "stats",
         "/" => "dashboard",
+        "/healthcheck" => "healthcheck",
+        "/json" => "json",
+        "/rlconfig" => "rlconfig",
         // Never the policy or the key of the path.
         p if p.starts_with("/v1/overrides/") => "overrides",
         _ => "other",

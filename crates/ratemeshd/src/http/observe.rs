@@ -10,7 +10,7 @@ use ratemesh_core::Algorithm;
 use serde_json::json;
 
 use super::{ApiError, ApiState, error, json_response};
-use crate::config::{Rule, ValuePattern, fallback_name, mode_name};
+use crate::config::{Rule, fallback_name, mode_name};
 use crate::metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, status_name};
 use crate::policy::PolicyTable;
 
@@ -110,14 +110,7 @@ pub(super) async fn policies(State(api): ApiState) -> Response {
                 let descriptors: Vec<_> = envoy
                     .descriptors
                     .iter()
-                    .map(|d| {
-                        let value = match &d.value {
-                            ValuePattern::Any => None,
-                            ValuePattern::Exact(value) => Some(value.clone()),
-                            ValuePattern::Prefix(prefix) => Some(format!("{prefix}*")),
-                        };
-                        json!({ "key": d.key, "value": value })
-                    })
+                    .map(|d| json!({ "key": d.key, "value": d.value.text() }))
                     .collect();
                 item["domain"] = json!(envoy.domain);
                 item["descriptors"] = json!(descriptors);

@@ -51,7 +51,9 @@
 //! a bucket is never checked under two different limits. Differences from envoyproxy/ratelimit,
 //! which applies an override even without a matching config entry: here an override needs a
 //! matching limited policy (its algorithm and mode are not in the request); on a descriptor that
-//! matches nothing or an `unlimited` policy it changes nothing. An invalid override (`UNKNOWN`
+//! matches nothing or an `unlimited` policy it changes nothing. Under `ratemeshd envoy-ratelimit`
+//! an override is applied as envoyproxy/ratelimit applies it: on any descriptor of a known
+//! domain, as a fixed window of its own (no name, no `replaces`, never in shadow mode). An invalid override (`UNKNOWN`
 //! unit, 0 requests, a rate the algorithm cannot hold) refuses the request as `INVALID_ARGUMENT`.
 //!
 //! ## Errors and bounds
@@ -115,6 +117,7 @@ use tonic::Status;
 use tracing::debug;
 
 use crate::check::{Answer, ValidCheck};
+use crate::config::EnvoyRatelimitAnswers;
 use crate::daemon::Daemon;
 use crate::listener::{FirstBytes, LimitedIncoming, serve_connections};
 
@@ -128,7 +131,9 @@ pub mod tls;
 pub use status::current_limit;
 
 use plan::plan;
-use status::{envoy_headers, limited_status, more_restrictive, no_limit_status};
+use status::{
+    denied_status, envoy_headers, envoy_ratelimit_headers, limited_status, more_restrictive, no_limit_status,
+};
 
 /// The most descriptors in one request. Envoy sends one per matching rate-limit action set of a
 /// route (a handful); 64 leaves room for generous configurations and bounds the work per call.
@@ -237,7 +242,9 @@ impl RlsService {
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         // One policy table for the whole request, even if a reload swaps it meanwhile.
         let (config, policies) = self.daemon.current();
-        let plans = plan(&policies, request)?;
+        let compat = config.rls.envoy_ratelimit.as_deref();
+        let mut plans = plan(&policies, request, compat.is_some())?;
+        crate::envoy_ratelimit::replaced(&mut plans);
         let mut decided = match config.rls.all_or_nothing_domains.contains(&request.domain) {
             true => self.all_or_nothing(&plans).await?,
             false => vec![None; plans.len()],
@@ -250,6 +257,15 @@ impl RlsService {
                 response.statuses.push(no_limit_status(0));
                 continue;
             };
+            if let Some(unit) = crate::envoy_ratelimit::deny_all(check) {
+                let name = crate::envoy_ratelimit::status_limit_name(check);
+                let status = denied_status(name, unit, check.target.shadow_mode());
+                if status.code == i32::from(Code::OverLimit) {
+                    response.overall_code = Code::OverLimit.into();
+                }
+                response.statuses.push(status);
+                continue;
+            }
             let outcome = match (decided[index].take(), check.refund) {
                 (Some(answer), _) => Ok(answer),
                 (None, true) => {
@@ -276,7 +292,11 @@ impl RlsService {
                 response.statuses.push(no_limit_status(u32::MAX));
                 continue;
             };
-            let status = limited_status(answer.label(), policy.limit.spec(), &decision);
+            let name = match compat {
+                Some(_) => crate::envoy_ratelimit::status_limit_name(check),
+                None => answer.label(),
+            };
+            let status = limited_status(name, policy.limit.spec(), &decision);
             if !decision.allowed {
                 response.overall_code = Code::OverLimit.into();
             }
@@ -285,11 +305,16 @@ impl RlsService {
                 tightest = Some((answer, decision));
             }
         }
-        if let Some((answer, decision)) = tightest
-            && let Some((policy, _)) = answer.answered()
-        {
-            let period = policy.limit.spec().period;
-            response.response_headers_to_add = envoy_headers(answer.label(), period, &decision);
+        match compat {
+            None => {
+                if let Some((answer, decision)) = tightest
+                    && let Some((policy, _)) = answer.answered()
+                {
+                    let period = policy.limit.spec().period;
+                    response.response_headers_to_add = envoy_headers(answer.label(), period, &decision);
+                }
+            }
+            Some(compat) => envoy_ratelimit_answer(compat, &plans, &mut response),
         }
         Ok(response)
     }
@@ -313,6 +338,48 @@ impl RlsService {
             decided[index] = Some(answer);
         }
         Ok(decided)
+    }
+}
+
+/// What `ratemeshd envoy-ratelimit` changes in an answer, as envoyproxy/ratelimit answers:
+/// `duration_until_reset` in whole seconds, the overall code with quota mode (`OVER_LIMIT` when a descriptor not in quota mode is, or when
+/// every quota-mode descriptor is), its headers (only when `LIMIT_RESPONSE_HEADERS_ENABLED`),
+/// and `SHADOW_MODE`, under which an `OVER_LIMIT` overall code is `OK` (the descriptors'
+/// statuses stay as decided).
+fn envoy_ratelimit_answer(
+    compat: &EnvoyRatelimitAnswers,
+    plans: &[Option<ValidCheck>],
+    response: &mut RateLimitResponse,
+) {
+    let quota: Vec<bool> = plans
+        .iter()
+        .map(|plan| compat.global_quota_mode || plan.as_ref().is_some_and(crate::envoy_ratelimit::quota_mode))
+        .collect();
+    let (mut failed, mut failed_quota, mut total_quota) = (0, 0, 0);
+    for (status, &quota) in response.statuses.iter().zip(&quota) {
+        let unlimited = status.current_limit.is_none() && status.limit_remaining == u32::MAX;
+        if unlimited {
+            continue;
+        }
+        let over = status.code == i32::from(Code::OverLimit);
+        match quota {
+            true => (failed_quota, total_quota) = (failed_quota + usize::from(over), total_quota + 1),
+            false => failed += usize::from(over),
+        }
+    }
+    // Whole seconds, rounded up, as upstream computes them from the Unix time in seconds.
+    for reset in response.statuses.iter_mut().filter_map(|status| status.duration_until_reset.as_mut()) {
+        if reset.nanos > 0 {
+            (reset.seconds, reset.nanos) = (reset.seconds.saturating_add(1), 0);
+        }
+    }
+    let over = failed > 0 || (total_quota > 0 && total_quota == failed_quota);
+    response.overall_code = if over { Code::OverLimit } else { Code::Ok }.into();
+    if let Some(names) = &compat.headers {
+        response.response_headers_to_add = envoy_ratelimit_headers(names, &response.statuses, &quota);
+    }
+    if compat.global_shadow_mode && over {
+        response.overall_code = Code::Ok.into();
     }
 }
 

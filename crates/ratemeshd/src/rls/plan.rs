@@ -12,9 +12,9 @@ use ratemesh_core::{Algorithm, Limit, LimitSpec, Policy};
 use tonic::Status;
 
 use super::{DESCRIPTORS_MAX, ENTRIES_MAX};
-use crate::check::{Target, ValidCheck};
-use crate::config::{Rule, limit_error_field, limit_error_message};
-use crate::policy::{PolicyEntry, PolicyTable};
+use crate::check::{InlineLimit, Target, ValidCheck};
+use crate::config::{FALLBACK_DEFAULT, MODE_DEFAULT, Rule, limit_error_field, limit_error_message};
+use crate::policy::{PolicyEntry, PolicyTable, envoy_bucket_key};
 
 /// `MONTH` and `YEAR` of a limit override, in seconds, as envoyproxy/ratelimit counts them.
 pub(super) const MONTH_SECS: u64 = 30 * 24 * 3600;
@@ -28,10 +28,14 @@ pub(super) const YEAR_SECS: u64 = 365 * 24 * 3600;
 const OVERRIDE_TAG: u8 = 0xFE;
 
 /// Validates `request` and resolves every descriptor: `None` for a descriptor that matches no
-/// policy. Nothing is counted here, so an invalid request counts nothing.
+/// policy. Nothing is counted here, so an invalid request counts nothing. With
+/// `upstream_overrides` (`ratemeshd envoy-ratelimit`), a limit override is applied as
+/// envoyproxy/ratelimit applies it: on any descriptor of a known domain, matched or not, as a
+/// fixed window of its own (no name, no `replaces`, never in shadow mode).
 pub(super) fn plan(
     policies: &PolicyTable,
     request: &RateLimitRequest,
+    upstream_overrides: bool,
 ) -> Result<Vec<Option<ValidCheck>>, Status> {
     if request.domain.is_empty() {
         return Err(Status::invalid_argument("domain: must not be empty"));
@@ -52,7 +56,7 @@ pub(super) fn plan(
         .iter()
         .enumerate()
         .map(|(index, descriptor)| {
-            plan_descriptor(policies, &request.domain, index, descriptor, request_hits)
+            plan_descriptor(policies, &request.domain, index, descriptor, request_hits, upstream_overrides)
         })
         .collect()
 }
@@ -63,6 +67,7 @@ fn plan_descriptor(
     index: usize,
     descriptor: &RateLimitDescriptor,
     request_hits: u64,
+    upstream_overrides: bool,
 ) -> Result<Option<ValidCheck>, Status> {
     let entries = &descriptor.entries;
     if entries.is_empty() || entries.len() > ENTRIES_MAX {
@@ -75,14 +80,23 @@ fn plan_descriptor(
     // Validate the override even when nothing matches: a malformed request is refused the same
     // whatever the policy file holds.
     let override_limit = descriptor.limit.map(|o| override_spec(index, &o)).transpose()?;
-    let Some(matched) = policies.match_descriptor(domain, &pairs) else {
-        return Ok(None);
-    };
     let hits = match descriptor.hits_addend {
         Some(hits) => hits.value,
         None => request_hits,
     };
     let refund = descriptor.is_negative_hits;
+    let key_text = pairs.iter().map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>().join(",");
+    if let (true, Some((requests, period))) = (upstream_overrides, override_limit) {
+        if !policies.has_domain(domain) {
+            return Ok(None);
+        }
+        let target = upstream_override(index, requests, period)?;
+        let key = target.namespace().key(&envoy_bucket_key(domain, &pairs));
+        return Ok(Some(ValidCheck { target, key, key_text, cost: hits, refund }));
+    }
+    let Some(matched) = policies.match_descriptor(domain, &pairs) else {
+        return Ok(None);
+    };
     let concurrency =
         matched.entry.rule.policy().is_some_and(|p| p.limit.algorithm() == Algorithm::Concurrency);
     if refund && concurrency {
@@ -124,8 +138,17 @@ fn plan_descriptor(
         }
         _ => (Target::Named(Arc::clone(&matched.entry)), matched.key_hash()),
     };
-    let key_text = pairs.iter().map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>().join(",");
     Ok(Some(ValidCheck { target, key, key_text, cost: hits, refund }))
+}
+
+/// envoyproxy/ratelimit's limit override: `requests` per `period` in a fixed window, in the
+/// default mode, never in shadow mode.
+fn upstream_override(index: usize, requests: u64, period: Duration) -> Result<Target, Status> {
+    let limit = Limit::new(LimitSpec::new(Algorithm::FixedWindow, requests, period)).map_err(|error| {
+        Status::invalid_argument(format!("descriptors[{index}].limit: {}", limit_error_message(&error)))
+    })?;
+    let policy = Policy { limit, mode: MODE_DEFAULT, fallback: FALLBACK_DEFAULT };
+    Ok(Target::Inline(InlineLimit::new(policy)))
 }
 
 /// The requests and period of a descriptor's limit override.

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use ratemesh_core::{Decision, LimitSpec};
+use ratemesh_core::{Algorithm, Decision, LimitSpec};
 
 use super::plan::{MONTH_SECS, YEAR_SECS};
 
@@ -121,6 +121,53 @@ pub(super) fn envoy_headers(label: &str, period: Duration, decision: &Decision) 
             Some(EnvoyHeader { key: key.to_owned(), value: value.to_owned(), raw_value: Vec::new() })
         })
         .collect()
+}
+
+/// envoyproxy/ratelimit's three headers (`names`: limit, remaining, reset) for the status it
+/// picks: the last one over its limit not in quota mode (`quota`, by status), else the one with
+/// the least remaining (the first of equals) among those with a `current_limit`; the reset is
+/// its `duration_until_reset`'s seconds.
+pub(super) fn envoy_ratelimit_headers(
+    names: &[String; 3],
+    statuses: &[DescriptorStatus],
+    quota: &[bool],
+) -> Vec<EnvoyHeader> {
+    let mut chosen: Option<&DescriptorStatus> = None;
+    let mut least = u32::MAX;
+    for (status, &quota) in statuses.iter().zip(quota).filter(|(status, _)| status.current_limit.is_some()) {
+        if status.code == i32::from(Code::OverLimit) && !quota {
+            (chosen, least) = (Some(status), 0);
+        } else if status.limit_remaining < least {
+            (chosen, least) = (Some(status), status.limit_remaining);
+        }
+    }
+    let Some(status) = chosen else { return Vec::new() };
+    let limit = status.current_limit.as_ref().map_or(0, |limit| limit.requests_per_unit);
+    let reset = status.duration_until_reset.map_or(0, |d| d.seconds);
+    let values = [limit.to_string(), status.limit_remaining.to_string(), reset.to_string()];
+    names
+        .iter()
+        .zip(values)
+        .map(|(key, value)| EnvoyHeader { key: key.clone(), value, ..Default::default() })
+        .collect()
+}
+
+/// The status of a descriptor under envoyproxy/ratelimit's `requests_per_unit: 0` per `unit`:
+/// `OVER_LIMIT` (`OK` in shadow mode), nothing remaining, reset at the end of the unit's
+/// current window on the Unix clock (as upstream's windows).
+pub(super) fn denied_status(name: &str, unit: Duration, shadow_mode: bool) -> DescriptorStatus {
+    let code = if shadow_mode { Code::Ok } else { Code::OverLimit };
+    let spec = LimitSpec::new(Algorithm::FixedWindow, 0, unit);
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let unit_nanos = unit.as_nanos().max(1);
+    let into_window = Duration::from_nanos(u64::try_from(since_epoch.as_nanos() % unit_nanos).unwrap_or(0));
+    DescriptorStatus {
+        code: code.into(),
+        current_limit: Some(current_limit(name, &spec)),
+        limit_remaining: 0,
+        duration_until_reset: Some(pb_duration(unit.saturating_sub(into_window))),
+        quota: None,
+    }
 }
 
 #[cfg(test)]
