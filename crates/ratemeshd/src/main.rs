@@ -6,7 +6,8 @@
 //! ratemeshd cluster                      print members, owners, ring balance
 //! ratemeshd certs --out DIR --nodes 1,2,3
 //! ratemeshd validate --config FILE
-//! ratemeshd envoy-ratelimit [--config FILE]   a drop-in for envoyproxy/ratelimit (its env variables)
+//! ratemeshd envoy-ratelimit [--config FILE]   a drop-in for envoyproxy/ratelimit (its env variables;
+//!                                             also what `ratemeshd` runs when started as `ratelimit`)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -173,7 +174,7 @@ struct ValidateArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(arguments(std::env::args_os()));
     let result = match cli.command {
         None => serve(&cli.serve),
         Some(Command::Serve(args)) => serve(&args),
@@ -223,6 +224,11 @@ fn envoy_ratelimit(args: &ServeArgs) -> Result<ExitCode> {
     let settings = ratemeshd::envoy_ratelimit::Settings::from_vars(std::env::vars_os())?;
     let debug = settings.debug;
     let ignored = settings.ignored.clone();
+    let xds = settings.xds.clone().map(|xds| ratemeshd::serve::XdsStart {
+        settings: xds,
+        force_start: settings.force_start_without_initial_config,
+        merge_domains: settings.merge_domains,
+    });
     let mut source = ConfigSource::envoy_ratelimit(settings, args.config.clone(), std::env::vars_os());
     let config = source.load()?;
     let log = ratemeshd::logging::init(&config.log)?;
@@ -234,7 +240,7 @@ fn envoy_ratelimit(args: &ServeArgs) -> Result<ExitCode> {
         .thread_name("ratemeshd")
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(ratemeshd::serve::run_envoy_ratelimit(config, source, Some(log), debug))?;
+    runtime.block_on(ratemeshd::serve::run_envoy_ratelimit(config, source, Some(log), debug, xds))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -248,6 +254,18 @@ fn parse_cost(text: &str) -> Result<CostJson, String> {
     let hits: i128 = text.parse().map_err(|_| format!("{text:?} is not an integer (below 0: a refund)"))?;
     let magnitude = u64::try_from(hits.unsigned_abs()).map_err(|_| format!("{text} is out of range"))?;
     Ok(if hits < 0 { CostJson::Refund(magnitude) } else { CostJson::Take(magnitude) })
+}
+
+/// The command line, with `envoy-ratelimit` put first when the program runs as `ratelimit`:
+/// envoyproxy/ratelimit's command, which Envoy Gateway's Deployment runs (`/bin/ratelimit`, a
+/// link to `ratemeshd` in the image).
+fn arguments(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<_> = args.into_iter().collect();
+    let program = args.first().map(Path::new).and_then(Path::file_name);
+    if program.is_some_and(|name| name == "ratelimit") {
+        args.insert(1, "envoy-ratelimit".into());
+    }
+    args
 }
 
 /// `check`: `POST /v1/check` to a running node.
@@ -518,6 +536,10 @@ mod tests {
     fn no_command_means_serve() {
         let cli = Cli::try_parse_from(["ratemeshd"]).expect("parses");
         assert!(cli.command.is_none() && cli.serve.config.is_none());
+        let as_ratelimit = Cli::try_parse_from(arguments(["/bin/ratelimit".into()])).expect("parses");
+        assert!(matches!(as_ratelimit.command, Some(Command::EnvoyRatelimit(_))));
+        let plain = Cli::try_parse_from(arguments(["/usr/bin/ratemeshd".into()])).expect("parses");
+        assert!(plain.command.is_none());
         let cli = Cli::try_parse_from(["ratemeshd", "--config", "a.toml"]).expect("parses");
         assert_eq!(cli.serve.config.as_deref(), Some(Path::new("a.toml")));
         assert!(

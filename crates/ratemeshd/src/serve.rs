@@ -34,13 +34,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{error, info, warn};
 
 use crate::config::Config;
-use crate::daemon::{ConfigSource, Daemon, DaemonError, ReloadError, Reloaded};
+use crate::daemon::{ConfigSource, Daemon, DaemonError, ReloadError, Reloaded, XdsDocuments};
+use crate::envoy_ratelimit::ConfigFile;
 use crate::http::Front;
 use crate::listener::{LimitedIncoming, serve_connections};
 use crate::logging::LogControl;
@@ -386,18 +387,80 @@ pub async fn run(
     source: Option<ConfigSource>,
     log: Option<LogControl>,
 ) -> Result<(), ServeError> {
-    run_with_debug(config, source, log, None).await
+    run_with_debug(config, source, log, None, None).await
+}
+
+/// Stops a daemon that was signalled before its listeners opened.
+async fn stop_before_serving(daemon: &Daemon, signal: &'static str) -> Result<(), ServeError> {
+    info!(signal, "stopping");
+    daemon.shutdown().await;
+    Ok(())
+}
+
+/// A task aborted when this is dropped (the xDS client, when the daemon stops).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// `ratemeshd envoy-ratelimit`: [`run`], and `GET /rlconfig` on `debug` (envoyproxy/ratelimit's
-/// `DEBUG_PORT`).
+/// `DEBUG_PORT`); with `CONFIG_TYPE=GRPC_XDS_SOTW`, the xDS client (see [`XdsStart`]).
 pub async fn run_envoy_ratelimit(
     config: Config,
     source: ConfigSource,
     log: Option<LogControl>,
     debug: SocketAddr,
+    xds: Option<XdsStart>,
 ) -> Result<(), ServeError> {
-    run_with_debug(config, Some(source), log, Some(debug)).await
+    run_with_debug(config, Some(source), log, Some(debug), xds).await
+}
+
+/// The xDS client of `ratemeshd envoy-ratelimit` (`CONFIG_TYPE=GRPC_XDS_SOTW`): each
+/// configuration the server sends is checked as files are, put in the source's documents and
+/// reloaded; one that is refused is answered with a NACK and the running one stays.
+#[derive(Debug)]
+pub struct XdsStart {
+    /// How to reach the server.
+    pub settings: crate::xds::XdsSettings,
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: serve before the first configuration.
+    pub force_start: bool,
+    /// `MERGE_DOMAIN_CONFIG`.
+    pub merge_domains: bool,
+}
+
+impl XdsStart {
+    /// Spawns the client over `daemon`; the receiver turns true once a configuration from the
+    /// server is in force.
+    fn spawn(self, daemon: &Arc<Daemon>, documents: XdsDocuments) -> (JoinHandle<()>, watch::Receiver<bool>) {
+        let (applied, first) = watch::channel(false);
+        let reloaded = Arc::clone(daemon);
+        let merge_domains = self.merge_domains;
+        let apply = move |sent: Vec<crate::xds::ConfigDocument>| -> Result<(), String> {
+            let files: Vec<ConfigFile> = sent
+                .into_iter()
+                .map(|document| ConfigFile { name: document.name, text: document.yaml })
+                .collect();
+            // Checked before it replaces anything: a refused configuration is not even stored.
+            crate::envoy_ratelimit::load(&files, merge_domains).map_err(|error| error.to_string())?;
+            let lock = || documents.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let previous = std::mem::replace(&mut *lock(), files);
+            match reloaded.reload() {
+                Ok(_) => {
+                    applied.send_replace(true);
+                    Ok(())
+                }
+                Err(error) => {
+                    *lock() = previous;
+                    Err(error.to_string())
+                }
+            }
+        };
+        let task = tokio::spawn(crate::xds::run(self.settings, apply, daemon.close_signal()));
+        (task, first)
+    }
 }
 
 /// Serves `GET /rlconfig` on `addr` until the daemon closes its servers.
@@ -422,12 +485,31 @@ async fn run_with_debug(
     source: Option<ConfigSource>,
     log: Option<LogControl>,
     debug: Option<SocketAddr>,
+    xds: Option<XdsStart>,
 ) -> Result<(), ServeError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
+    let documents = source.as_ref().and_then(ConfigSource::xds_documents);
     let daemon = Daemon::start_with_source(config, source).await?;
+    let mut _xds_client = None;
+    if let (Some(xds), Some(documents)) = (xds, documents) {
+        let force_start = xds.force_start;
+        let (task, mut first) = xds.spawn(&daemon, documents);
+        _xds_client = Some(AbortOnDrop(task));
+        if !force_start {
+            // As envoyproxy/ratelimit starts: no listener before the first configuration.
+            info!(
+                "waiting for the first configuration from the xDS server (FORCE_START_WITHOUT_INITIAL_CONFIG is off)"
+            );
+            tokio::select! {
+                _ = first.wait_for(|applied| *applied) => {}
+                _ = interrupt.recv() => return stop_before_serving(&daemon, "SIGINT").await,
+                _ = terminate.recv() => return stop_before_serving(&daemon, "SIGTERM").await,
+            }
+        }
+    }
     let mut servers = match start(Arc::clone(&daemon)).await {
         Ok(servers) => servers,
         Err(e) => {

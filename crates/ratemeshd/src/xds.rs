@@ -39,7 +39,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 };
 use prost::Message as _;
 use serde_json::{Map, Value as Json, json};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tracing::{info, warn};
@@ -362,13 +362,14 @@ enum StreamEnd {
     BeforeConfig(String),
 }
 
-/// Runs the client until `closing` turns true: `apply` is called with every configuration the
+/// Runs the client until `shutdown` completes: `apply` is called with every configuration the
 /// server sends (all its resources at once) and returns whether it was taken (`Err`: why not,
 /// sent back as a NACK).
-pub async fn run<F>(settings: XdsSettings, mut apply: F, mut closing: watch::Receiver<bool>)
+pub async fn run<F>(settings: XdsSettings, mut apply: F, shutdown: impl Future<Output = ()>)
 where
     F: FnMut(Vec<ConfigDocument>) -> Result<(), String> + Send,
 {
+    let mut shutdown = std::pin::pin!(shutdown);
     let mut failures = 0u32;
     // The version last taken, across streams: a new stream reports it, as xDS clients do.
     let mut accepted = String::new();
@@ -376,7 +377,7 @@ where
         info!(server = %settings.server_url, node = %settings.node_id, "xDS: connecting for rate limit configurations");
         let end = tokio::select! {
             end = stream_once(&settings, &mut apply, &mut accepted) => end,
-            _ = closing.wait_for(|closing| *closing) => return,
+            () = &mut shutdown => return,
         };
         let why = match end {
             StreamEnd::AfterConfig(why) => {
@@ -392,7 +393,7 @@ where
         warn!(error = %why, ?delay, "xDS: the stream ended; the configuration in force is kept, reconnecting");
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            _ = closing.wait_for(|closing| *closing) => return,
+            () = &mut shutdown => return,
         }
     }
 }

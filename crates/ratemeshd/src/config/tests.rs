@@ -539,7 +539,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 39);
+    assert_eq!(names.len(), 42);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.
@@ -548,7 +548,7 @@ fn every_variable_overrides_its_field() {
         let field = error.field().expect("names a field").to_owned();
         let expected = name.trim_start_matches(ENV_PREFIX).to_ascii_lowercase();
         let path = field.split('[').next().unwrap_or_default().replacen('.', "_", 1);
-        if name.ends_with("_PATH") {
+        if name.starts_with("RATEMESH_CLUSTER_") && name.ends_with("_PATH") {
             // One certificate path alone is refused for lack of the others.
             assert!(path.starts_with("cluster_") && path.ends_with("_path"), "{name}: {error}");
         } else {
@@ -700,4 +700,21 @@ fn all_or_nothing_domains_are_plain_names_of_policies_domains() {
     );
     assert!(misspelt.contains("no policy has this domain"), "{misspelt}");
     assert!(parse("").expect("valid").rls.all_or_nothing_domains.is_empty(), "none by default");
+}
+
+#[test]
+fn grpc_tls_takes_a_certificate_and_a_key_and_a_client_ca_only_beside_them() {
+    use crate::rls::tls::TlsFiles;
+    assert_eq!(parse("").expect("valid").listen.grpc_tls, None);
+    let text = "[listen]\ngrpc_tls_cert_path = \"/certs/tls.crt\"\ngrpc_tls_key_path = \"/certs/tls.key\"\n";
+    let plain = TlsFiles { cert: "/certs/tls.crt".into(), key: "/certs/tls.key".into(), client_ca: None };
+    assert_eq!(parse(text).expect("valid").listen.grpc_tls, Some(plain.clone()));
+    let vars = [("RATEMESH_LISTEN_GRPC_TLS_CLIENT_CA_PATH", "/certs/ca.crt")];
+    let mutual = parse_env(text, &vars).expect("valid").listen.grpc_tls;
+    assert_eq!(mutual, Some(TlsFiles { client_ca: Some("/certs/ca.crt".into()), ..plain }));
+    let alone =
+        refused("[listen]\ngrpc_tls_cert_path = \"/certs/tls.crt\"\n", "listen.grpc_tls_cert_path", 2);
+    assert!(alone.contains("needs listen.grpc_tls_cert_path and listen.grpc_tls_key_path"), "{alone}");
+    refused("[listen]\ngrpc_tls_client_ca_path = \"/certs/ca.crt\"\n", "listen.grpc_tls_client_ca_path", 2);
+    refused("[listen]\ngrpc_tls_key_path = \"\"\n", "listen.grpc_tls_key_path", 2);
 }

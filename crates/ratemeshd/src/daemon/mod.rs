@@ -49,7 +49,7 @@ mod source;
 
 pub use live::AdminError;
 pub use reload::{ReloadError, Reloaded};
-pub use source::{ConfigSource, FileStamp, SourceError, SourceStamp};
+pub use source::{ConfigSource, FileStamp, SourceError, SourceStamp, XdsDocuments};
 
 /// Requests in flight on the observation routes (`/metrics`, `/readyz`, `/v1/cluster`,
 /// `/v1/policies`). They have their own small pool, apart from the API's

@@ -1,5 +1,6 @@
 //! Where the configuration came from ([`ConfigSource`]: the file and the environment overrides
-//! read at start, or `ratemeshd envoy-ratelimit`'s directory of YAML files) and how the file
+//! read at start, or `ratemeshd envoy-ratelimit`'s directory of YAML files or what its xDS
+//! server sent) and how the file
 //! watcher notices a change without reading the files ([`FileStamp`], [`SourceStamp`]).
 
 use std::ffi::OsString;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::config::{Config, ConfigError, EMBEDDED_CONFIG, EMBEDDED_CONFIG_ORIGIN};
-use crate::envoy_ratelimit::{EnvoyConfigError, Settings};
+use crate::envoy_ratelimit::{ConfigFile, EnvoyConfigError, Settings};
 
 /// A file's identity (device and inode), modification time and length: what the file watcher
 /// compares to notice a change without reading the file. Symlinks are followed, and the
@@ -71,7 +72,14 @@ struct EnvoySource {
     settings: Arc<Settings>,
     /// The TOML file of the daemon's own settings (cluster, data directory, bounds), if any.
     base: Option<PathBuf>,
+    /// With `CONFIG_TYPE=GRPC_XDS_SOTW`: the configuration the xDS server sent last (none
+    /// before the first), read instead of the directory's files.
+    xds: Option<XdsDocuments>,
 }
+
+/// The configuration documents an xDS server sent last, shared between the xDS client (which
+/// replaces them, then reloads) and the source (which reads them at each load).
+pub type XdsDocuments = Arc<std::sync::Mutex<Vec<ConfigFile>>>;
 
 impl ConfigSource {
     /// The file at `path`, with the `RATEMESH_` variables among `vars`. Not read yet: load the
@@ -92,7 +100,13 @@ impl ConfigSource {
         vars: impl IntoIterator<Item = (OsString, OsString)>,
     ) -> ConfigSource {
         let source = ConfigSource::new(settings.config_dir.clone(), vars);
-        ConfigSource { envoy: Some(EnvoySource { settings: Arc::new(settings), base }), ..source }
+        let xds = settings.xds.is_some().then(XdsDocuments::default);
+        ConfigSource { envoy: Some(EnvoySource { settings: Arc::new(settings), base, xds }), ..source }
+    }
+
+    /// With `CONFIG_TYPE=GRPC_XDS_SOTW`: where the xDS client puts what the server sends.
+    pub fn xds_documents(&self) -> Option<XdsDocuments> {
+        self.envoy.as_ref().and_then(|envoy| envoy.xds.clone())
     }
 
     /// Reads and validates the configuration, and remembers the files' stamps, whatever the
@@ -111,7 +125,11 @@ impl ConfigSource {
             Some(base) => Config::load_with_env(base, env())?,
             None => Config::parse_with_env(EMBEDDED_CONFIG, EMBEDDED_CONFIG_ORIGIN, env())?,
         };
-        let files = crate::envoy_ratelimit::read_dir(&self.path, envoy.settings.ignore_dot_files)?;
+        let files = match &envoy.xds {
+            // A poisoned lock still holds a whole list: the client replaces it in one assignment.
+            Some(documents) => documents.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone(),
+            None => crate::envoy_ratelimit::read_dir(&self.path, envoy.settings.ignore_dot_files)?,
+        };
         let loaded = crate::envoy_ratelimit::load(&files, envoy.settings.merge_domains)?;
         envoy.settings.apply(&mut config, loaded);
         Ok(config)
@@ -125,7 +143,11 @@ impl ConfigSource {
             (path, stamp)
         };
         let Some(envoy) = &self.envoy else { return SourceStamp(vec![stamp(self.path.clone())]) };
-        let files = crate::envoy_ratelimit::list(&self.path, envoy.settings.ignore_dot_files);
+        // With xDS, no file but the TOML one: the client reloads when the server sends.
+        let files = match envoy.xds {
+            Some(_) => Vec::new(),
+            None => crate::envoy_ratelimit::list(&self.path, envoy.settings.ignore_dot_files),
+        };
         SourceStamp(envoy.base.iter().cloned().chain(files).map(stamp).collect())
     }
 

@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use super::Loaded;
 use crate::config::{Config, EnvoyRatelimitAnswers, LogFormat, LogLevel};
+use crate::rls::tls::TlsFiles;
+use crate::xds::{XdsError, XdsSettings};
 
 /// Upstream's defaults.
 const RUNTIME_ROOT_DEFAULT: &str = "/srv/runtime_data/current";
@@ -19,7 +21,7 @@ const HOST_DEFAULT: &str = "0.0.0.0";
 const HEADER_NAMES_DEFAULT: [&str; 3] = ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"];
 
 /// The settings of `ratemeshd envoy-ratelimit`, from envoyproxy/ratelimit's variables.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Settings {
     /// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY`: where the YAML files are.
     pub config_dir: PathBuf,
@@ -41,10 +43,20 @@ pub struct Settings {
     pub log_format: Option<LogFormat>,
     /// Variables of upstream's that change nothing here (`REDIS_*`, `USE_STATSD`, …), by name.
     pub ignored: Vec<String>,
+    /// `CONFIG_TYPE=GRPC_XDS_SOTW`: the configuration comes from an xDS management server
+    /// (`CONFIG_GRPC_XDS_*`, see [`crate::xds`]) instead of the files of `config_dir`.
+    pub xds: Option<XdsSettings>,
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: with xDS, serve (and answer `/healthcheck`) before
+    /// the first configuration arrived, with no limits until then; otherwise the listeners open
+    /// once it is applied, as upstream starts.
+    pub force_start_without_initial_config: bool,
+    /// `GRPC_SERVER_USE_TLS` with `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY` and, for mutual
+    /// TLS, `GRPC_CLIENT_TLS_CACERT`: TLS on the Rate Limit Service's listener.
+    pub grpc_tls: Option<TlsFiles>,
 }
 
 /// A variable's value is invalid, or asks for what is not supported. Nothing started.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
     /// A value that does not parse.
     #[error("{name}={value:?}: {expected}")]
@@ -56,11 +68,17 @@ pub enum SettingsError {
         /// What it should be.
         expected: &'static str,
     },
-    /// `CONFIG_TYPE=GRPC_XDS_SOTW`.
-    #[error(
-        "CONFIG_TYPE=GRPC_XDS_SOTW (configuration from an xDS server) is not yet supported: use CONFIG_TYPE=FILE"
-    )]
-    XdsNotSupported,
+    /// A `CONFIG_GRPC_XDS_*` or `XDS_CLIENT_*` variable.
+    #[error(transparent)]
+    Xds(#[from] XdsError),
+    /// A variable that needs another one.
+    #[error("{name} is set: {needs}")]
+    Missing {
+        /// The variable.
+        name: &'static str,
+        /// What it needs.
+        needs: &'static str,
+    },
 }
 
 /// The variables whose only effect upstream is on what ratemesh does not have (Redis,
@@ -84,11 +102,11 @@ impl Settings {
             })
             .collect();
         let env = Env(&vars);
-        match env.get("CONFIG_TYPE").unwrap_or("FILE") {
-            "FILE" => {}
-            "GRPC_XDS_SOTW" => return Err(SettingsError::XdsNotSupported),
+        let xds = match env.get("CONFIG_TYPE").unwrap_or("FILE") {
+            "FILE" => None,
+            "GRPC_XDS_SOTW" => Some(XdsSettings::from_env(|name| env.get(name).map(str::to_owned))?),
             other => return Err(invalid("CONFIG_TYPE", other, "FILE or GRPC_XDS_SOTW")),
-        }
+        };
         let mut config_dir = PathBuf::from(env.get("RUNTIME_ROOT").unwrap_or(RUNTIME_ROOT_DEFAULT));
         config_dir.push(env.get("RUNTIME_SUBDIRECTORY").unwrap_or(""));
         config_dir.push(env.get("RUNTIME_APPDIRECTORY").unwrap_or(RUNTIME_APPDIRECTORY_DEFAULT));
@@ -122,6 +140,9 @@ impl Settings {
                 .filter(|name| IGNORED_PREFIXES.iter().any(|prefix| name.starts_with(prefix)))
                 .cloned()
                 .collect(),
+            xds,
+            force_start_without_initial_config: env.boolean("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?,
+            grpc_tls: grpc_tls(&env)?,
         })
     }
 
@@ -130,6 +151,9 @@ impl Settings {
     pub fn apply(&self, config: &mut Config, loaded: Loaded) {
         config.listen.http = self.http;
         config.listen.grpc = self.grpc;
+        if let Some(tls) = &self.grpc_tls {
+            config.listen.grpc_tls = Some(tls.clone());
+        }
         if let Some(level) = self.log_level {
             config.log.level = level;
         }
@@ -168,6 +192,21 @@ impl Env<'_> {
         };
         Ok(SocketAddr::new(ip, port))
     }
+}
+
+/// TLS on the gRPC listener from upstream's `GRPC_SERVER_*` variables (Envoy Gateway sets them to
+/// the certificates it mounts at `/certs`).
+fn grpc_tls(env: &Env<'_>) -> Result<Option<TlsFiles>, SettingsError> {
+    if !env.boolean("GRPC_SERVER_USE_TLS", false)? {
+        return Ok(None);
+    }
+    let path = |name: &'static str| env.get(name).filter(|p| !p.is_empty()).map(PathBuf::from);
+    let needs = "GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY";
+    let cert =
+        path("GRPC_SERVER_TLS_CERT").ok_or(SettingsError::Missing { name: "GRPC_SERVER_USE_TLS", needs })?;
+    let key =
+        path("GRPC_SERVER_TLS_KEY").ok_or(SettingsError::Missing { name: "GRPC_SERVER_USE_TLS", needs })?;
+    Ok(Some(TlsFiles { cert, key, client_ca: path("GRPC_CLIENT_TLS_CACERT") }))
 }
 
 fn invalid(name: &str, value: &str, expected: &'static str) -> SettingsError {
@@ -224,10 +263,31 @@ mod tests {
         assert_eq!(set.answers.headers.as_ref().map(|h| h[0].as_str()), Some("RateLimit-Limit"));
         assert_eq!(set.log_level, Some(LogLevel::Debug));
         assert_eq!(set.ignored, ["REDIS_URL"]);
-        assert_eq!(
-            Settings::from_vars([("CONFIG_TYPE", "GRPC_XDS_SOTW")]),
-            Err(SettingsError::XdsNotSupported)
-        );
+        let xds = Settings::from_vars([
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+        ])
+        .expect("Envoy Gateway's variables");
+        assert_eq!(xds.xds.as_ref().map(|x| x.server_url.as_str()), Some("envoy-gateway:18001"));
+        assert!(xds.force_start_without_initial_config);
+        let tls = xds.grpc_tls.expect("TLS");
+        assert_eq!(tls.client_ca, Some(PathBuf::from("/certs/ca.crt")));
+        assert!(matches!(
+            Settings::from_vars([("GRPC_SERVER_USE_TLS", "true")]),
+            Err(SettingsError::Missing { .. })
+        ));
+        assert!(matches!(
+            Settings::from_vars([
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "x")
+            ]),
+            Err(SettingsError::Xds(_))
+        ));
         assert!(matches!(Settings::from_vars([("SHADOW_MODE", "yes")]), Err(SettingsError::Invalid { .. })));
         assert!(matches!(Settings::from_vars([("PORT", "70000")]), Err(SettingsError::Invalid { .. })));
     }

@@ -101,3 +101,25 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 fn refused(path: &Path, error: &impl std::fmt::Display) -> TlsError {
     TlsError::Refused { path: path.to_owned(), reason: error.to_string() }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_or_foreign_files_are_refused_naming_the_file() {
+        let dir = std::env::temp_dir().join(format!("ratemesh-rls-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let missing = TlsFiles { cert: dir.join("none.crt"), key: dir.join("none.key"), client_ca: None };
+        let error = missing.server_config().expect_err("no such file").to_string();
+        assert!(error.contains("none.key") || error.contains("none.crt"), "{error}");
+        std::fs::write(dir.join("not.pem"), "not PEM at all").expect("written");
+        let garbage = TlsFiles { cert: dir.join("not.pem"), key: dir.join("not.pem"), client_ca: None };
+        let error = garbage.server_config().expect_err("no PEM").to_string();
+        assert!(error.contains("not.pem") && error.contains("in PEM"), "{error}");
+        let ca = TlsFiles { client_ca: Some(dir.join("not.pem")), ..garbage };
+        let error = ca.server_config().expect_err("no CA").to_string();
+        assert!(error.contains("no certificate in PEM"), "{error}");
+        std::fs::remove_dir_all(&dir).expect("removed");
+    }
+}

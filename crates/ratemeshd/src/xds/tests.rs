@@ -278,8 +278,8 @@ async fn configurations_are_applied_and_acked_refused_ones_nacked_and_the_stream
         recorded.lock().expect("lock").push(documents);
         Ok(())
     };
-    let (close, closing) = watch::channel(false);
-    let client = tokio::spawn(run(settings, apply, closing));
+    let (close, closing) = tokio::sync::oneshot::channel::<()>();
+    let client = tokio::spawn(run(settings, apply, async move { drop(closing.await) }));
 
     let first = stand_in.until("the first request", |r, _| !r.is_empty()).await;
     assert_eq!(first[0].type_url, RATE_LIMIT_CONFIG_TYPE_URL);
@@ -318,7 +318,7 @@ async fn configurations_are_applied_and_acked_refused_ones_nacked_and_the_stream
     assert_eq!(applied.lock().expect("lock").len(), 2);
     assert_eq!(applied.lock().expect("lock")[1][0].name, "c");
 
-    close.send(true).expect("the client listens");
+    close.send(()).expect("the client listens");
     client.await.expect("the client stops when asked");
     server.abort();
 }
