@@ -1606,19 +1606,20 @@ impl Cluster {
     }
 }
 
+/// A concurrency limit of 6 leases, each held for at most a minute, in `mode`.
+fn six_leases(mode: Mode) -> Arc<Policy> {
+    let spec = LimitSpec::new(Algorithm::Concurrency, 6, Duration::from_secs(60));
+    Arc::new(Policy { limit: Limit::new(spec).expect("valid"), mode, fallback: Fallback::LocalShare })
+}
+
 /// A concurrency limit of 6, 12 acquisitions spread over three nodes, each lease released
 /// through another node than the one that took it: every round gets the whole limit again. (The
 /// refusals of the first round's last acquisitions must not make the followers refuse the key
 /// unasked until the leases would expire: a release anywhere frees the room earlier.)
 #[test]
 fn concurrency_leases_released_through_any_node_are_all_given_back_round_after_round() {
-    let spec = LimitSpec::new(Algorithm::Concurrency, 6, Duration::from_secs(60));
     for mode in [Mode::Exact, Mode::Approximate] {
-        let policy = Arc::new(Policy {
-            limit: Limit::new(spec.clone()).expect("valid"),
-            mode,
-            fallback: Fallback::LocalShare,
-        });
+        let policy = six_leases(mode);
         let mut cluster = Cluster::new(3);
         let k = key_owned_by(2, &[1, 2, 3]);
         for round in 0..3 {
@@ -1639,12 +1640,7 @@ fn concurrency_leases_released_through_any_node_are_all_given_back_round_after_r
 /// does not hold them until they would expire.
 #[test]
 fn leases_released_before_the_owner_crashes_are_free_at_its_successor() {
-    let spec = LimitSpec::new(Algorithm::Concurrency, 6, Duration::from_secs(60));
-    let policy = Arc::new(Policy {
-        limit: Limit::new(spec).expect("valid"),
-        mode: Mode::Exact,
-        fallback: Fallback::LocalShare,
-    });
+    let policy = six_leases(Mode::Exact);
     let mut cluster = Cluster::new(3);
     let k = key_owned_by(2, &[1, 2, 3]);
     let granted = cluster.acquire(&[1, 2, 3], k, &policy, 12);
@@ -1667,12 +1663,7 @@ fn leases_released_before_the_owner_crashes_are_free_at_its_successor() {
 /// releases, and when the owner crashes none of the leases is held there.
 #[test]
 fn a_replica_older_than_the_releases_does_not_bring_the_leases_back() {
-    let spec = LimitSpec::new(Algorithm::Concurrency, 6, Duration::from_secs(60));
-    let policy = Arc::new(Policy {
-        limit: Limit::new(spec).expect("valid"),
-        mode: Mode::Exact,
-        fallback: Fallback::LocalShare,
-    });
+    let policy = six_leases(Mode::Exact);
     let mut cluster = Cluster::new(3);
     let k = key_owned_by(2, &[1, 2, 3]);
     let successor = cluster.node(2).ring.successor(k).expect("a successor");
