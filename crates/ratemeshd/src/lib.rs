@@ -14,7 +14,8 @@
 //! - [`metrics`]: the Prometheus metrics; [`rates`]: recent decision rates for the dashboard.
 //! - [`http`]: the HTTP API (axum), its JSON bodies ([`http::body`]) and the dashboard page
 //!   (`dashboard.html`, served at `/`); [`rls`]: the Envoy Rate Limit Service (gRPC);
-//!   [`resp`]: the Redis protocol listener (redis-cell's `CL.THROTTLE`);
+//!   [`resp`]: the Redis protocol listener (redis-cell's `CL.THROTTLE`); [`rlqs`]: Envoy's Rate
+//!   Limit Quota Service (one limit split across Envoys by reported demand);
 //!   [`serve`]: listeners, reload triggers, signals, graceful shutdown; [`listener`]: the
 //!   listeners' connection bound; [`logging`]: text or JSON logs with a reloadable level.
 //! - [`client`]: a minimal HTTP/1.1 client for the CLI's `check` and `cluster`.
@@ -33,6 +34,7 @@ pub mod overrides;
 pub mod policy;
 pub mod rates;
 pub mod resp;
+pub mod rlqs;
 pub mod rls;
 pub mod serve;
 pub mod xds;

@@ -268,6 +268,16 @@ impl AsyncRead for LimitedStream {
     }
 }
 
+/// tonic's server (the RLQS listener) serves a [`LimitedIncoming`]: the peer's address as its
+/// connection info, as for a plain `TcpStream`.
+impl tonic::transport::server::Connected for LimitedStream {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
 impl AsyncWrite for LimitedStream {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = &mut *self;

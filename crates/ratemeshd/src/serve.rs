@@ -109,6 +109,7 @@ pub struct Servers {
     http_addr: SocketAddr,
     grpc_addr: Option<SocketAddr>,
     resp_addr: Option<SocketAddr>,
+    rlqs_addr: Option<SocketAddr>,
     http_connections: Arc<Semaphore>,
     grpc_connections: Arc<Semaphore>,
     resp_connections: Arc<Semaphore>,
@@ -129,6 +130,11 @@ impl Servers {
     /// The Redis protocol address (`None` unless `[listen] resp` is set).
     pub fn resp_addr(&self) -> Option<SocketAddr> {
         self.resp_addr
+    }
+
+    /// The RLQS address (`None` unless `[listen] rlqs` is set).
+    pub fn rlqs_addr(&self) -> Option<SocketAddr> {
+        self.rlqs_addr
     }
 
     /// The daemon served.
@@ -216,11 +222,20 @@ pub async fn start_with(daemon: Arc<Daemon>, options: Options) -> Result<Servers
         }
         None => None,
     };
+    let rlqs_addr = match config.listen.rlqs {
+        // Its own connection bound, as every listener.
+        Some(addr) => Some(
+            start_rlqs(&daemon, addr, Arc::new(Semaphore::new(config.limits.connections_max)), &mut tasks)
+                .await?,
+        ),
+        None => None,
+    };
     Ok(Servers {
         daemon,
         http_addr,
         grpc_addr,
         resp_addr,
+        rlqs_addr,
         http_connections,
         grpc_connections,
         resp_connections,
@@ -310,6 +325,20 @@ async fn start_resp(
         server.await;
         ("RESP", Ok(()))
     });
+    Ok(local)
+}
+
+/// Envoy's Rate Limit Quota Service: binds `listen.rlqs` and runs [`crate::rlqs::serve`] until
+/// shutdown (its streams end when shutdown begins).
+async fn start_rlqs(
+    daemon: &Arc<Daemon>,
+    addr: SocketAddr,
+    connections: Arc<Semaphore>,
+    tasks: &mut JoinSet<(&'static str, Result<(), String>)>,
+) -> Result<SocketAddr, ServeError> {
+    let (listener, local) = bind("RLQS", addr).await?;
+    let server = crate::rlqs::serve(Arc::clone(daemon), listener, connections, daemon.close_signal());
+    tasks.spawn(async move { ("RLQS", server.await) });
     Ok(local)
 }
 
@@ -521,6 +550,7 @@ async fn run_with_debug(
         http = %servers.http_addr(),
         grpc = %servers.grpc_addr().map_or_else(|| "-".to_owned(), |addr| addr.to_string()),
         resp = %servers.resp_addr().map_or_else(|| "-".to_owned(), |addr| addr.to_string()),
+        rlqs = %servers.rlqs_addr().map_or_else(|| "-".to_owned(), |addr| addr.to_string()),
         node = daemon.id().0,
         "serving"
     );

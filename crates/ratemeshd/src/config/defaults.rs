@@ -9,7 +9,8 @@ use ratemesh::durable::SnapshotSettings;
 use ratemesh_core::{Fallback, Mode, NodeConfig, NodeId, StoreConfig};
 
 use super::model::{
-    AuthSection, Bounds, ClusterAuth, ClusterSection, Config, ListenSection, NodeSection, SecretString,
+    AuthSection, Bounds, ClusterAuth, ClusterSection, Config, ListenSection, NodeSection, RlqsSection,
+    SecretString, UnknownDomain,
 };
 
 /// The configuration `ratemeshd` runs on without `--config`: every default (a single node on
@@ -98,6 +99,16 @@ pub const AUTH_KEY_HEADER_DEFAULT: &str = "x-ratelimit-key";
 const fn loopback(port: u16) -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
 }
+/// Default `[limits] rlqs_streams_max`: RLQS streams open at once on a node (one per Envoy and
+/// domain).
+pub const RLQS_STREAMS_MAX_DEFAULT: usize = 10_000;
+/// Default `[limits] rlqs_buckets_per_stream_max`.
+pub const RLQS_BUCKETS_PER_STREAM_MAX_DEFAULT: usize = 10_000;
+/// Default `[rls] rlqs_report_period_ms`: Envoy's filter reports every 5 s, hard-coded.
+pub const RLQS_REPORT_PERIOD_MS_DEFAULT: u64 = 5_000;
+/// Default `[rls] rlqs_abandon_after_periods`.
+pub const RLQS_ABANDON_AFTER_PERIODS_DEFAULT: u32 = 3;
+
 /// Whole milliseconds of a default duration.
 pub(super) fn duration_ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
@@ -135,6 +146,7 @@ impl Default for ListenSection {
             http: HTTP_LISTEN_DEFAULT,
             grpc: GRPC_LISTEN_DEFAULT,
             resp: None,
+            rlqs: None,
             gossip: GOSSIP_LISTEN_DEFAULT,
             quic: QUIC_LISTEN_DEFAULT,
             advertise_gossip: None,
@@ -154,6 +166,18 @@ impl Default for Bounds {
             batch_len_max: BATCH_LEN_MAX_DEFAULT,
             key_bytes_max: KEY_BYTES_MAX_DEFAULT,
             log_bytes_max: StoreConfig::default().log_bytes_max,
+            rlqs_streams_max: RLQS_STREAMS_MAX_DEFAULT,
+            rlqs_buckets_per_stream_max: RLQS_BUCKETS_PER_STREAM_MAX_DEFAULT,
+        }
+    }
+}
+impl Default for RlqsSection {
+    fn default() -> Self {
+        RlqsSection {
+            domains: Vec::new(),
+            unknown_domain: UnknownDomain::AllowAll,
+            report_period: Duration::from_millis(RLQS_REPORT_PERIOD_MS_DEFAULT),
+            abandon_after_periods: RLQS_ABANDON_AFTER_PERIODS_DEFAULT,
         }
     }
 }

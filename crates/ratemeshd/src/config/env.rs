@@ -58,7 +58,7 @@ type Locate = fn(&mut RawConfig) -> Slot<'_>;
 
 /// Every overridable field, as `section.field`, with where it lives. The variable's name is
 /// derived from the field's ([`variable_name`]), so the two cannot drift apart.
-const OVERRIDES: [(&str, Locate); 42] = [
+const OVERRIDES: [(&str, Locate); 48] = [
     ("node.id", |raw| Slot::Number(&mut raw.node.id)),
     ("node.id_from", |raw| Slot::Text(&mut raw.node.id_from)),
     ("node.incarnation", |raw| Slot::Number(&mut raw.node.incarnation)),
@@ -80,6 +80,7 @@ const OVERRIDES: [(&str, Locate); 42] = [
     ("listen.http", |raw| Slot::Text(&mut raw.listen.http)),
     ("listen.grpc", |raw| Slot::Text(&mut raw.listen.grpc)),
     ("listen.resp", |raw| Slot::Text(&mut raw.listen.resp)),
+    ("listen.rlqs", |raw| Slot::Text(&mut raw.listen.rlqs)),
     ("listen.gossip", |raw| Slot::Text(&mut raw.listen.gossip)),
     ("listen.quic", |raw| Slot::Text(&mut raw.listen.quic)),
     ("listen.advertise_gossip", |raw| Slot::Text(&mut raw.listen.advertise_gossip)),
@@ -95,12 +96,17 @@ const OVERRIDES: [(&str, Locate); 42] = [
     ("limits.connections_max", |raw| Slot::Number(&mut raw.limits.connections_max)),
     ("limits.batch_len_max", |raw| Slot::Number(&mut raw.limits.batch_len_max)),
     ("limits.key_bytes_max", |raw| Slot::Number(&mut raw.limits.key_bytes_max)),
+    ("limits.rlqs_streams_max", |raw| Slot::Number(&mut raw.limits.rlqs_streams_max)),
+    ("limits.rlqs_buckets_per_stream_max", |raw| Slot::Number(&mut raw.limits.rlqs_buckets_per_stream_max)),
     ("log.format", |raw| Slot::Text(&mut raw.log.format)),
     ("log.level", |raw| Slot::Text(&mut raw.log.level)),
     ("auth.policy_header", |raw| Slot::Text(&mut raw.auth.policy_header)),
     ("auth.key_header", |raw| Slot::Text(&mut raw.auth.key_header)),
     ("auth.admin_token", |raw| Slot::Text(&mut raw.auth.admin_token)),
     ("rls.all_or_nothing_domains", |raw| Slot::List(&mut raw.rls.all_or_nothing_domains)),
+    ("rls.rlqs_unknown_domain", |raw| Slot::Text(&mut raw.rls.rlqs_unknown_domain)),
+    ("rls.rlqs_report_period_ms", |raw| Slot::Number(&mut raw.rls.rlqs_report_period_ms)),
+    ("rls.rlqs_abandon_after_periods", |raw| Slot::Number(&mut raw.rls.rlqs_abandon_after_periods)),
 ];
 
 /// The variable that overrides `field` (`cluster.seeds` → `RATEMESH_CLUSTER_SEEDS`).

@@ -34,6 +34,49 @@ pub struct Config {
     pub rls: RlsSection,
     /// `[[policies]]`, in file order; names unique, Envoy descriptor paths unique per domain.
     pub policies: Vec<PolicyConfig>,
+    /// `[[rlqs]]` with `[rls] rlqs_*`: Envoy's Rate Limit Quota Service (`crate::rlqs`).
+    pub rlqs: RlqsSection,
+}
+
+/// Envoy's Rate Limit Quota Service: `[[rlqs]]` domains, and `[rls] rlqs_*` for all of them.
+/// Reloadable: every report reads the configuration in force.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RlqsSection {
+    /// `[[rlqs]]`, in file order; domains unique.
+    pub domains: Vec<RlqsDomain>,
+    /// `[rls] rlqs_unknown_domain`: the answer to buckets of a domain no `[[rlqs]]` names
+    /// (default allow all).
+    pub unknown_domain: UnknownDomain,
+    /// `[rls] rlqs_report_period_ms`: how often Envoys report (default 5000: Envoy's filter reports
+    /// every 5 s whatever its configuration says). Assignments live 2 periods (whole seconds); a
+    /// bucket is abandoned after `abandon_after_periods` silent ones.
+    pub report_period: Duration,
+    /// `[rls] rlqs_abandon_after_periods`: report periods without a report of a bucket after which
+    /// the server abandons it on that stream (default 3).
+    pub abandon_after_periods: u32,
+}
+
+/// One `[[rlqs]]` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RlqsDomain {
+    /// `domain`: the Envoy filter's `domain`.
+    pub domain: String,
+    /// `policy`: the policy whose limit the domain's buckets split (its tiers do not apply; its
+    /// per-key overrides do).
+    pub policy: String,
+    /// `key_entries`: the bucket-id entries whose values, joined with `:` in this order, form the
+    /// key; unset, every entry sorted by name as `name=value` joined with `,`.
+    pub key_entries: Option<Vec<String>>,
+}
+
+/// What the RLQS server answers for a domain no `[[rlqs]]` names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UnknownDomain {
+    /// A blanket `ALLOW_ALL` (the default).
+    #[default]
+    AllowAll,
+    /// A blanket `DENY_ALL`.
+    DenyAll,
 }
 
 /// `[node]`: this member's identity and where it keeps its durable state.
@@ -220,6 +263,8 @@ pub struct ListenSection {
     pub grpc: SocketAddr,
     /// `resp`: the Redis protocol listener (TCP, redis-cell's `CL.THROTTLE`); off unless set.
     pub resp: Option<SocketAddr>,
+    /// `rlqs`: Envoy's Rate Limit Quota Service (gRPC, plain HTTP/2); off unless set.
+    pub rlqs: Option<SocketAddr>,
     /// `gossip`: membership gossip (UDP).
     pub gossip: SocketAddr,
     /// `quic`: the peer transport (UDP).
@@ -273,6 +318,12 @@ pub struct Bounds {
     /// `log_bytes_max`: the bytes all sliding window logs of the node may take together;
     /// beyond it logs are coarsened (conservatively). Restart only.
     pub log_bytes_max: usize,
+    /// `rlqs_streams_max`: RLQS streams open at once on this node; one more is refused
+    /// `RESOURCE_EXHAUSTED`.
+    pub rlqs_streams_max: usize,
+    /// `rlqs_buckets_per_stream_max`: buckets one RLQS stream may report; a report that would
+    /// exceed it ends the stream `RESOURCE_EXHAUSTED`.
+    pub rlqs_buckets_per_stream_max: usize,
 }
 
 /// `[log]`.

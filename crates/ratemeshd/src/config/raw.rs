@@ -43,6 +43,16 @@ pub(super) struct RawConfig {
     pub(super) auth: RawAuth,
     pub(super) rls: RawRls,
     pub(super) policies: Vec<Spanned<RawPolicy>>,
+    pub(super) rlqs: Vec<Spanned<RawRlqs>>,
+}
+
+/// One `[[rlqs]]` entry: an Envoy RLQS domain and the policy whose limit its buckets split.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawRlqs {
+    pub(super) domain: Option<Val<String>>,
+    pub(super) policy: Option<Val<String>>,
+    pub(super) key_entries: Option<Vec<Val<String>>>,
 }
 
 /// `[rls]`.
@@ -50,6 +60,9 @@ pub(super) struct RawConfig {
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawRls {
     pub(super) all_or_nothing_domains: Option<Vec<Val<String>>>,
+    pub(super) rlqs_unknown_domain: Option<Val<String>>,
+    pub(super) rlqs_report_period_ms: Option<Val<u64>>,
+    pub(super) rlqs_abandon_after_periods: Option<Val<u64>>,
 }
 
 /// `[node]`.
@@ -89,6 +102,7 @@ pub(super) struct RawListen {
     pub(super) http: Option<Val<String>>,
     pub(super) grpc: Option<Val<String>>,
     pub(super) resp: Option<Val<String>>,
+    pub(super) rlqs: Option<Val<String>>,
     pub(super) gossip: Option<Val<String>>,
     pub(super) quic: Option<Val<String>>,
     pub(super) advertise_gossip: Option<Val<String>>,
@@ -110,6 +124,8 @@ pub(super) struct RawLimits {
     pub(super) batch_len_max: Option<Val<u64>>,
     pub(super) key_bytes_max: Option<Val<u64>>,
     pub(super) log_bytes_max: Option<Val<u64>>,
+    pub(super) rlqs_streams_max: Option<Val<u64>>,
+    pub(super) rlqs_buckets_per_stream_max: Option<Val<u64>>,
 }
 
 /// `[log]`.

@@ -11,8 +11,9 @@
 use super::model::{AuthSection, Bounds, ClusterSection, Config, ListenSection, LogSection, NodeSection};
 
 /// What a reload applies without a restart, as the operator names it (for messages).
-pub const RELOADABLE: &str = "policies, log.level, auth, rls, limits.http_body_bytes_max, \
-                              limits.batch_len_max, limits.key_bytes_max";
+pub const RELOADABLE: &str = "policies, rlqs, log.level, auth, rls, limits.http_body_bytes_max, \
+                              limits.batch_len_max, limits.key_bytes_max, limits.rlqs_streams_max, \
+                              limits.rlqs_buckets_per_stream_max";
 
 /// The fields that differ between `running` and `new` and that only a restart can apply.
 ///
@@ -25,8 +26,8 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
             fields.push(field);
         }
     };
-    // [rls] is reloadable: nothing to compare.
-    let Config { node, cluster, listen, limits, log, auth, rls: _, policies: _ } = running;
+    // [rls] and [[rlqs]] are reloadable: nothing to compare.
+    let Config { node, cluster, listen, limits, log, auth, rls: _, policies: _, rlqs: _ } = running;
 
     let NodeSection { id, id_from, incarnation, data_dir, snapshot_interval, snapshot_period_min } = node;
     let b = &new.node;
@@ -61,6 +62,7 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
         http,
         grpc,
         resp,
+        rlqs,
         gossip,
         quic,
         advertise_gossip,
@@ -72,6 +74,7 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
     differs("listen.http", *http != b.http);
     differs("listen.grpc", *grpc != b.grpc);
     differs("listen.resp", *resp != b.resp);
+    differs("listen.rlqs", *rlqs != b.rlqs);
     differs("listen.gossip", *gossip != b.gossip);
     differs("listen.quic", *quic != b.quic);
     differs("listen.advertise_gossip", *advertise_gossip != b.advertise_gossip);
@@ -88,6 +91,8 @@ pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str>
         batch_len_max: _,
         key_bytes_max: _,
         log_bytes_max,
+        rlqs_streams_max: _,
+        rlqs_buckets_per_stream_max: _,
     } = limits;
     let b = &new.limits;
     differs("limits.keys_max", *keys_max != b.keys_max);

@@ -164,6 +164,8 @@ unlimited = true
             batch_len_max: 20,
             key_bytes_max: 100,
             log_bytes_max: 1 << 20,
+            rlqs_streams_max: RLQS_STREAMS_MAX_DEFAULT,
+            rlqs_buckets_per_stream_max: RLQS_BUCKETS_PER_STREAM_MAX_DEFAULT,
         }
     );
     assert_eq!(config.log, LogSection { format: LogFormat::Json, level: LogLevel::Debug });
@@ -539,7 +541,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 42);
+    assert_eq!(names.len(), 48);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.
@@ -717,4 +719,56 @@ fn grpc_tls_takes_a_certificate_and_a_key_and_a_client_ca_only_beside_them() {
     assert!(alone.contains("needs listen.grpc_tls_cert_path and listen.grpc_tls_key_path"), "{alone}");
     refused("[listen]\ngrpc_tls_client_ca_path = \"/certs/ca.crt\"\n", "listen.grpc_tls_client_ca_path", 2);
     refused("[listen]\ngrpc_tls_key_path = \"\"\n", "listen.grpc_tls_key_path", 2);
+}
+
+#[test]
+fn rlqs_domains_and_bounds() {
+    let policy = POLICY;
+    let config = parse("").expect("valid");
+    assert_eq!(config.listen.rlqs, None, "the RLQS listener is off by default");
+    assert_eq!(config.rlqs, RlqsSection::default());
+    assert_eq!(config.rlqs.report_period, Duration::from_secs(5));
+    assert_eq!(config.rlqs.unknown_domain, UnknownDomain::AllowAll);
+    let text = format!(
+        "[listen]\nrlqs = \"127.0.0.1:8083\"\n[limits]\nrlqs_streams_max = 7\nrlqs_buckets_per_stream_max = 9\n\
+         [rls]\nrlqs_unknown_domain = \"deny_all\"\nrlqs_report_period_ms = 1000\nrlqs_abandon_after_periods = 2\n\
+         {policy}[[rlqs]]\ndomain = \"edge\"\npolicy = \"api\"\n[[rlqs]]\ndomain = \"web\"\npolicy = \"api\"\n\
+         key_entries = [\"user\", \"app\"]\n"
+    );
+    let config = parse(&text).expect("valid");
+    assert_eq!(config.listen.rlqs, Some("127.0.0.1:8083".parse().expect("address")));
+    assert_eq!((config.limits.rlqs_streams_max, config.limits.rlqs_buckets_per_stream_max), (7, 9));
+    assert_eq!(config.rlqs.unknown_domain, UnknownDomain::DenyAll);
+    assert_eq!(config.rlqs.report_period, Duration::from_secs(1));
+    assert_eq!(config.rlqs.abandon_after_periods, 2);
+    assert_eq!(
+        config.rlqs.domains,
+        [
+            RlqsDomain { domain: "edge".into(), policy: "api".into(), key_entries: None },
+            RlqsDomain {
+                domain: "web".into(),
+                policy: "api".into(),
+                key_entries: Some(vec!["user".into(), "app".into()])
+            },
+        ]
+    );
+    let env = parse_env("", &[("RATEMESH_LISTEN_RLQS", "127.0.0.1:9083")]).expect("valid");
+    assert_eq!(env.listen.rlqs, Some("127.0.0.1:9083".parse().expect("address")));
+    refused("[listen]\nrlqs = \"127.0.0.1:8081\"\n", "listen.rlqs", 2);
+    refused("[rls]\nrlqs_unknown_domain = \"allow\"\n", "rls.rlqs_unknown_domain", 2);
+    refused("[rls]\nrlqs_report_period_ms = 10\n", "rls.rlqs_report_period_ms", 2);
+    refused(&format!("{policy}[[rlqs]]\ndomain = \"edge\"\npolicy = \"apl\"\n"), "rlqs[0].policy", 8);
+    refused(&format!("{policy}[[rlqs]]\npolicy = \"api\"\n"), "rlqs[0].domain", 6);
+    refused(
+        &format!(
+            "{policy}[[rlqs]]\ndomain = \"e\"\npolicy = \"api\"\n[[rlqs]]\ndomain = \"e\"\npolicy = \"api\"\n"
+        ),
+        "rlqs[1].domain",
+        10,
+    );
+    refused(
+        &format!("{policy}[[rlqs]]\ndomain = \"e\"\npolicy = \"api\"\nkey_entries = [\"a\", \"a\"]\n"),
+        "rlqs[0].key_entries[1]",
+        9,
+    );
 }

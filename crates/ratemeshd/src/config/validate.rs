@@ -50,6 +50,13 @@ const HTTP_BODY_BYTES_MAX_MAX: u64 = 16 << 20;
 const HTTP_IN_FLIGHT_MAX_MAX: u64 = 1 << 20;
 const CONNECTIONS_MAX_MAX: u64 = 4 << 20;
 const BATCH_LEN_MAX_MAX: u64 = 100_000;
+const RLQS_STREAMS_MAX_MAX: u64 = 1 << 20;
+const RLQS_BUCKETS_PER_STREAM_MAX_MAX: u64 = 1 << 20;
+/// Shortest RLQS report period: Envoy reports every 5 s; shorter ones are for tests and
+/// spec-literal clients (the proto's minimum reporting interval is 100 ms).
+const RLQS_REPORT_PERIOD_MS_MIN: u64 = 100;
+const RLQS_REPORT_PERIOD_MS_MAX: u64 = 3_600_000;
+const RLQS_ABANDON_AFTER_PERIODS_MAX: u64 = 1_000;
 /// The shortest accepted `[auth] admin_token`.
 pub const ADMIN_TOKEN_BYTES_MIN: usize = 16;
 /// The most overrides, and the most tiers, of one policy in the file.
@@ -159,7 +166,113 @@ impl Ctx<'_> {
         let auth = self.auth_section(raw)?;
         let policies = self.policies(&raw.policies)?;
         let rls = self.rls(raw, &policies)?;
-        Ok(Config { node, cluster, listen, limits, log, auth, rls, policies })
+        let rlqs = self.rlqs(raw, &policies)?;
+        Ok(Config { node, cluster, listen, limits, log, auth, rls, policies, rlqs })
+    }
+
+    /// `[[rlqs]]` and `[rls] rlqs_*`: each domain once, naming a policy of the file.
+    fn rlqs(&self, raw: &RawConfig, policies: &[PolicyConfig]) -> Result<RlqsSection, ConfigError> {
+        let defaults = RlqsSection::default();
+        let r = &raw.rls;
+        let unknown_domain = match &r.rlqs_unknown_domain {
+            None => defaults.unknown_domain,
+            Some(v) => match v.value.as_str() {
+                "allow_all" => UnknownDomain::AllowAll,
+                "deny_all" => UnknownDomain::DenyAll,
+                other => {
+                    return Err(self.invalid(
+                        "rls.rlqs_unknown_domain",
+                        &v.at,
+                        format!("unknown {other:?}: use allow_all or deny_all"),
+                    ));
+                }
+            },
+        };
+        let report_period_ms = self.number(
+            "rls.rlqs_report_period_ms",
+            &r.rlqs_report_period_ms,
+            duration_ms(defaults.report_period),
+            RLQS_REPORT_PERIOD_MS_MIN,
+            RLQS_REPORT_PERIOD_MS_MAX,
+        )?;
+        let abandon_after_periods = self.number(
+            "rls.rlqs_abandon_after_periods",
+            &r.rlqs_abandon_after_periods,
+            u64::from(defaults.abandon_after_periods),
+            1,
+            RLQS_ABANDON_AFTER_PERIODS_MAX,
+        )?;
+        if raw.rlqs.len() > POLICIES_MAX {
+            return Err(self.invalid_whole("rlqs", format!("more than {POLICIES_MAX} [[rlqs]] tables")));
+        }
+        let mut domains: Vec<RlqsDomain> = Vec::with_capacity(raw.rlqs.len());
+        for (i, table) in raw.rlqs.iter().enumerate() {
+            let at = At::File(table.span());
+            let t = table.get_ref();
+            let field = |name: &str| format!("rlqs[{i}].{name}");
+            let domain = match &t.domain {
+                None => return Err(self.invalid(field("domain"), &at, "missing: the Envoy filter's domain")),
+                Some(v) if v.value.is_empty() || v.value.len() > NAME_BYTES_MAX => {
+                    return Err(self.invalid(
+                        field("domain"),
+                        &v.at,
+                        format!("{:?}: a domain of 1 to {NAME_BYTES_MAX} bytes", v.value),
+                    ));
+                }
+                Some(v) if domains.iter().any(|d| d.domain == v.value) => {
+                    return Err(self.invalid(
+                        field("domain"),
+                        &v.at,
+                        format!("{:?} is named twice", v.value),
+                    ));
+                }
+                Some(v) => v.value.clone(),
+            };
+            let policy = match &t.policy {
+                None => {
+                    return Err(self.invalid(field("policy"), &at, "missing: the policy the domain splits"));
+                }
+                Some(v) if !policies.iter().any(|p| p.name == v.value) => {
+                    return Err(self.invalid(
+                        field("policy"),
+                        &v.at,
+                        format!("{:?}: no such policy", v.value),
+                    ));
+                }
+                Some(v) => v.value.clone(),
+            };
+            let key_entries = match &t.key_entries {
+                None => None,
+                Some(entries) => {
+                    if entries.is_empty() || entries.len() > DESCRIPTOR_DEPTH_MAX {
+                        return Err(self.invalid(
+                            field("key_entries"),
+                            &at,
+                            format!("1 to {DESCRIPTOR_DEPTH_MAX} entry names, or unset for every entry"),
+                        ));
+                    }
+                    let mut names = Vec::with_capacity(entries.len());
+                    for (j, v) in entries.iter().enumerate() {
+                        if v.value.is_empty() || v.value.len() > NAME_BYTES_MAX || names.contains(&v.value) {
+                            return Err(self.invalid(
+                                format!("rlqs[{i}].key_entries[{j}]"),
+                                &v.at,
+                                format!("{:?}: a distinct name of 1 to {NAME_BYTES_MAX} bytes", v.value),
+                            ));
+                        }
+                        names.push(v.value.clone());
+                    }
+                    Some(names)
+                }
+            };
+            domains.push(RlqsDomain { domain, policy, key_entries });
+        }
+        Ok(RlqsSection {
+            domains,
+            unknown_domain,
+            report_period: Duration::from_millis(report_period_ms),
+            abandon_after_periods: u32::try_from(abandon_after_periods).unwrap_or(u32::MAX),
+        })
     }
 
     /// `[rls]`; an all-or-nothing domain must be some policy's Envoy domain (a misspelt one
@@ -402,6 +515,7 @@ impl Ctx<'_> {
         let http = self.address("listen.http", l.http.as_ref())?.unwrap_or(HTTP_LISTEN_DEFAULT);
         let grpc = self.address("listen.grpc", l.grpc.as_ref())?.unwrap_or(GRPC_LISTEN_DEFAULT);
         let resp = self.address("listen.resp", l.resp.as_ref())?;
+        let rlqs = self.address("listen.rlqs", l.rlqs.as_ref())?;
         let gossip = self.address("listen.gossip", l.gossip.as_ref())?.unwrap_or(GOSSIP_LISTEN_DEFAULT);
         let quic = self.address("listen.quic", l.quic.as_ref())?.unwrap_or(QUIC_LISTEN_DEFAULT);
         let advertise_gossip = l
@@ -422,6 +536,13 @@ impl Ctx<'_> {
         if let Some(resp) = resp {
             pairs.push((("http", http, &l.http), ("resp", resp, &l.resp)));
             pairs.push((("grpc", grpc, &l.grpc), ("resp", resp, &l.resp)));
+        }
+        if let Some(rlqs) = rlqs {
+            pairs.push((("http", http, &l.http), ("rlqs", rlqs, &l.rlqs)));
+            pairs.push((("grpc", grpc, &l.grpc), ("rlqs", rlqs, &l.rlqs)));
+            if let Some(resp) = resp {
+                pairs.push((("resp", resp, &l.resp), ("rlqs", rlqs, &l.rlqs)));
+            }
         }
         for ((a, addr_a, va), (b, addr_b, vb)) in pairs {
             if addr_a == addr_b && addr_a.port() != 0 {
@@ -452,6 +573,7 @@ impl Ctx<'_> {
             http,
             grpc,
             resp,
+            rlqs,
             gossip,
             quic,
             advertise_gossip,
@@ -621,6 +743,18 @@ impl Ctx<'_> {
                 http_body_bytes_max as u64,
             )?,
             http_body_bytes_max,
+            rlqs_streams_max: self.size(
+                "limits.rlqs_streams_max",
+                &l.rlqs_streams_max,
+                defaults.rlqs_streams_max,
+                RLQS_STREAMS_MAX_MAX,
+            )?,
+            rlqs_buckets_per_stream_max: self.size(
+                "limits.rlqs_buckets_per_stream_max",
+                &l.rlqs_buckets_per_stream_max,
+                defaults.rlqs_buckets_per_stream_max,
+                RLQS_BUCKETS_PER_STREAM_MAX_MAX,
+            )?,
         })
     }
 

@@ -1,0 +1,207 @@
+//! The node's RLQS state shared by its streams: the open streams (their response senders, for
+//! pushes) and the groups (one per policy and key) with their members. One mutex; every
+//! operation is bounded by the members of the groups it touches.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaResponse};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use super::alloc::{Member, Share, assign};
+
+/// A stream's response sender.
+pub type Responses = mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
+
+/// One (policy, key): what a group of members splits.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupKey {
+    /// The policy's name.
+    pub policy: String,
+    /// The key (from the bucket id, see `super::key_of`).
+    pub key: String,
+}
+
+/// A member: a stream and the canonical form of one of its bucket ids.
+type MemberId = (u64, String);
+
+#[derive(Debug)]
+struct Group {
+    limit_rate: f64,
+    burst: u64,
+    members: BTreeMap<MemberId, (BucketId, Member)>,
+}
+
+/// What one stream learns from another's report: a new share for one of its buckets.
+#[derive(Debug)]
+pub struct Push {
+    /// The stream.
+    pub stream: u64,
+    /// Its bucket.
+    pub bucket_id: BucketId,
+    /// The new share.
+    pub share: Share,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    next_stream: u64,
+    streams: HashMap<u64, Responses>,
+    groups: HashMap<GroupKey, Group>,
+}
+
+/// The node's RLQS streams and groups.
+#[derive(Debug, Default)]
+pub struct Hub {
+    inner: Mutex<Inner>,
+}
+
+/// The group totals for metrics and tests: (streams, Σ assigned rate, limit rate).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupTotals {
+    /// Members.
+    pub members: usize,
+    /// Σ of the assigned token rates (tokens per second).
+    pub assigned_rate: f64,
+    /// The group's limit (tokens per second).
+    pub limit_rate: f64,
+}
+
+impl Hub {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic under the lock leaves consistent-enough data (every operation recomputes).
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Registers a stream, unless `max` are open: its id.
+    pub fn open(&self, responses: Responses, max: usize) -> Option<u64> {
+        let mut inner = self.lock();
+        if inner.streams.len() >= max {
+            return None;
+        }
+        inner.next_stream += 1;
+        let id = inner.next_stream;
+        inner.streams.insert(id, responses);
+        Some(id)
+    }
+
+    /// Streams open.
+    pub fn streams(&self) -> usize {
+        self.lock().streams.len()
+    }
+
+    /// A report of `requests` over `elapsed_s` for the member (`stream`, `canon`) of `group`,
+    /// whose limit is now `limit_rate` per second with `burst`: the member's share. Other
+    /// members whose share changed are sent theirs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn report(
+        &self,
+        stream: u64,
+        group: &GroupKey,
+        canon: &str,
+        bucket_id: &BucketId,
+        (limit_rate, burst): (f64, u64),
+        requests: u64,
+        elapsed_s: f64,
+        ttl_s: u64,
+    ) -> Share {
+        let mut inner = self.lock();
+        let g = inner.groups.entry(group.clone()).or_insert_with(|| Group {
+            limit_rate,
+            burst,
+            members: BTreeMap::new(),
+        });
+        let mut changed = g.limit_rate != limit_rate || g.burst != burst;
+        g.limit_rate = limit_rate;
+        g.burst = burst;
+        let id = (stream, canon.to_owned());
+        let (_, member) = g.members.entry(id.clone()).or_insert_with(|| {
+            changed = true;
+            (bucket_id.clone(), Member::default())
+        });
+        changed |= member.observe(requests, elapsed_s);
+        let pushes = if changed || member.assigned.is_none() { recompute(g, &id) } else { Vec::new() };
+        let share = g.members.get(&id).and_then(|(_, m)| m.assigned).unwrap_or(Share::DenyAll);
+        send(&inner, pushes, ttl_s);
+        share
+    }
+
+    /// The member (`stream`, `canon`) of `group` left (abandoned, or moved to another group);
+    /// the others' shares are recomputed and pushed.
+    pub fn leave(&self, stream: u64, group: &GroupKey, canon: &str, ttl_s: u64) {
+        let mut inner = self.lock();
+        let pushes = remove(&mut inner, stream, group, canon);
+        send(&inner, pushes, ttl_s);
+    }
+
+    /// The stream closed: its members leave, its sender is dropped.
+    pub fn close(&self, stream: u64, members: impl IntoIterator<Item = (GroupKey, String)>, ttl_s: u64) {
+        let mut inner = self.lock();
+        inner.streams.remove(&stream);
+        let mut pushes = Vec::new();
+        for (group, canon) in members {
+            pushes.extend(remove(&mut inner, stream, &group, &canon));
+        }
+        send(&inner, pushes, ttl_s);
+    }
+
+    /// The totals of `group`, if it has members.
+    pub fn totals(&self, group: &GroupKey) -> Option<GroupTotals> {
+        let inner = self.lock();
+        let g = inner.groups.get(group)?;
+        Some(GroupTotals {
+            members: g.members.len(),
+            assigned_rate: g.members.values().filter_map(|(_, m)| m.assigned).map(Share::rate).sum(),
+            limit_rate: g.limit_rate,
+        })
+    }
+}
+
+fn remove(inner: &mut Inner, stream: u64, group: &GroupKey, canon: &str) -> Vec<Push> {
+    let Some(g) = inner.groups.get_mut(group) else { return Vec::new() };
+    if g.members.remove(&(stream, canon.to_owned())).is_none() {
+        return Vec::new();
+    }
+    if g.members.is_empty() {
+        inner.groups.remove(group);
+        return Vec::new();
+    }
+    recompute(g, &(stream, canon.to_owned()))
+}
+
+/// Assigns every member of `g` its share; the changed ones other than `except` as pushes.
+fn recompute(g: &mut Group, except: &MemberId) -> Vec<Push> {
+    let shares = {
+        let members: Vec<&Member> = g.members.values().map(|(_, m)| m).collect();
+        assign(g.limit_rate, g.burst, &members)
+    };
+    let mut pushes = Vec::new();
+    for ((id, (bucket_id, member)), share) in g.members.iter_mut().zip(shares) {
+        if member.assigned == Some(share) {
+            continue;
+        }
+        let first = member.assigned.is_none();
+        member.assigned = Some(share);
+        // A member not yet answered gets its share with its own report's answer.
+        if id != except && !first {
+            pushes.push(Push { stream: id.0, bucket_id: bucket_id.clone(), share });
+        }
+    }
+    pushes
+}
+
+/// Sends the pushes, one response per stream. A stream whose queue is full (it does not read)
+/// misses the push; its next report's answer carries the share.
+fn send(inner: &Inner, pushes: Vec<Push>, ttl_s: u64) {
+    let mut by_stream: BTreeMap<u64, Vec<Push>> = BTreeMap::new();
+    for push in pushes {
+        by_stream.entry(push.stream).or_default().push(push);
+    }
+    for (stream, pushes) in by_stream {
+        let Some(responses) = inner.streams.get(&stream) else { continue };
+        let _ = responses.try_send(Ok(super::response(
+            pushes.iter().map(|p| super::assignment(p.bucket_id.clone(), p.share, ttl_s)),
+        )));
+    }
+}
