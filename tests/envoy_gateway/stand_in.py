@@ -10,6 +10,8 @@ Envoy, and checks, in order:
  2. the first configuration is applied and ACKed: /healthcheck 200, RLS over mutual TLS counts
     to the limit (OK ... OVER_LIMIT), REDIS_URL is ignored;
  3. a changed configuration (a higher limit, a new domain) is applied and ACKed;
+ 3b. Envoy Gateway's translated shape (the listener as domain, a route key whose value is itself
+    and holds a `*`, a distinct header under it) limits each header value on its own;
  4. a configuration to refuse (a duplicate domain across two resources) is NACKed with the
     error and the last accepted version; the running limits stay;
  5. a resource that is not a RateLimitConfig is NACKed;
@@ -322,32 +324,60 @@ def steps(ads, process, http, rls):
         fail(f"the new domain, 1 per hour: {codes}")
     say("ok 3: version 2 (a new domain) applied and ACKed")
 
-    ads.send("3", "n3", [config("eg-a", "eg", "remote_address", 10), config("eg-dup", "eg", "path", 1)])
-    nack = ads.next_request("the NACK of version 3")
-    if (nack.version_info, nack.response_nonce) != ("2", "n3") or "duplicate domain" not in nack.error_detail.message:
-        fail(f"not a NACK of 3 naming the duplicate domain: {nack}")
+    # Envoy Gateway's translated shape (its translator's tests): the listener as name and domain,
+    # the route as a generic key whose value is itself (with a `*`), a distinct header under it.
+    route = "httproute/default/backend/rule/0/match/0/*"
+    translated = RateLimitConfig(name="default/eg/listener-0", domain="default/eg/listener-0")
+    rule = translated.descriptors.add(key=route, value=route).descriptors.add(key="rule-0-match-0")
+    rule.rate_limit.unit = MINUTE
+    rule.rate_limit.requests_per_unit = 2
+    eg = any_pb2.Any(type_url=TYPE_URL, value=translated.SerializeToString())
+    ads.send("3", "n3", [config("eg-a", "eg", "remote_address", 10), config("eg-b", "other", "user", 1), eg])
+    ack = ads.next_request("the ACK of version 3")
+    if (ack.version_info, ack.response_nonce, ack.HasField("error_detail")) != ("3", "n3", False):
+        fail(f"not an ACK of 3: {ack}")
+
+    def translated_call(user):
+        request = RateLimitRequest(domain="default/eg/listener-0")
+        entries = request.descriptors.add().entries
+        entries.add(key=route, value=route)
+        entries.add(key="rule-0-match-0", value=user)
+        call = channel.unary_unary(RLS_METHOD, request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=RateLimitResponse.FromString)
+        return call(request, timeout=5).overall_code
+
+    wait_until("version 3 in force", lambda: translated_call("probe") == OK)
+    codes = [translated_call("alice") for _ in range(3)] + [translated_call("bob")]
+    if codes != [OK, OK, OVER_LIMIT, OK]:
+        fail(f"Envoy Gateway's translated config, 2 per minute per distinct header value: {codes}")
+    say("ok 3b: Envoy Gateway's translated shape (route key with '*', distinct header): 2 per minute per user")
+
+    ads.send("3d", "n3d", [config("eg-a", "eg", "remote_address", 10), config("eg-dup", "eg", "path", 1)])
+    nack = ads.next_request("the NACK of version 3d")
+    if (nack.version_info, nack.response_nonce) != ("3", "n3d") or "duplicate domain" not in nack.error_detail.message:
+        fail(f"not a NACK of 3d naming the duplicate domain: {nack}")
     if should_rate_limit(channel, "other", "user", "u3").overall_code != OK:
         fail("the running configuration changed after a refused one")
-    say("ok 4: version 3 (a duplicate domain) NACKed with the last accepted version; version 2 stays")
+    say("ok 4: version 3d (a duplicate domain) NACKed with the last accepted version; version 3 stays")
 
     garbage = any_pb2.Any(type_url="type.googleapis.com/envoy.config.cluster.v3.Cluster", value=b"\x0a\x01x")
     ads.send("4", "n4", [garbage])
     nack = ads.next_request("the NACK of version 4")
-    if (nack.version_info, nack.response_nonce) != ("2", "n4") or not nack.error_detail.message:
+    if (nack.version_info, nack.response_nonce) != ("3", "n4") or not nack.error_detail.message:
         fail(f"not a NACK of 4: {nack}")
     say("ok 5: a resource of another type NACKed")
 
     streams = ads.streams
     ads.drop_stream()
     again = ads.next_request("a request on a new stream")
-    if ads.streams <= streams or again.version_info != "2" or again.response_nonce:
-        fail(f"not a new stream reporting version 2: {again} (streams {streams} -> {ads.streams})")
+    if ads.streams <= streams or again.version_info != "3" or again.response_nonce:
+        fail(f"not a new stream reporting version 3: {again} (streams {streams} -> {ads.streams})")
     ads.send("5", "n5", [config("eg-c", "fresh", "user", 2)])
     ack = ads.next_request("the ACK of version 5")
     if (ack.version_info, ack.response_nonce, ack.HasField("error_detail")) != ("5", "n5", False):
         fail(f"not an ACK of 5: {ack}")
     wait_until("version 5 in force", lambda: should_rate_limit(channel, "fresh", "user", "f1").overall_code == OK)
-    say("ok 6: the stream dropped, the client came back with version 2 and took version 5")
+    say("ok 6: the stream dropped, the client came back with version 3 and took version 5")
 
     for cert, ca, who in ((None, "ca", "no certificate"), ("stranger", "ca", "another CA's certificate")):
         try:
