@@ -4,8 +4,6 @@ KIND ``flask``: Flask with Flask-Limiter (served by werkzeug); ``fastapi``: Fast
 (served by uvicorn). Both limit ``GET /`` by the client's address with LIMIT ("10/minute") in
 the `limits` storage STORAGE_URI (``ratemesh://…``) and STRATEGY."""
 
-from __future__ import annotations
-
 import sys
 
 import ratemesh  # noqa: F401  registers ratemesh:// with limits

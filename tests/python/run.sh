@@ -39,7 +39,8 @@ stop_all() {
         wait "$pid" 2>/dev/null || true
     done
 }
-trap 'stop_all; lib_exit' EXIT
+# (lib_exit reads the script's status from $?: keep it across stop_all.)
+trap 'status=$?; stop_all; (exit "$status"); lib_exit' EXIT
 
 declare -a http gossip
 node_list=""

@@ -34,6 +34,7 @@ from limits.aio.storage import SlidingWindowCounterSupport as AsyncSlidingWindow
 from limits.aio.storage import Storage as AsyncStorage
 from limits.errors import ConfigurationError
 from limits.storage import MovingWindowSupport, SlidingWindowCounterSupport, Storage
+from limits.storage.base import TimestampedSlidingWindow
 
 from ._model import Check, Decision, Limit, Mode, OnUnavailable, RatemeshError
 from .client import AsyncClient, Client
@@ -176,7 +177,9 @@ class _Mapping:
         return 0, 0.0, self._count(decision), ttl
 
 
-class RatemeshStorage(_Mapping, Storage, MovingWindowSupport, SlidingWindowCounterSupport):
+class RatemeshStorage(
+    _Mapping, Storage, MovingWindowSupport, SlidingWindowCounterSupport, TimestampedSlidingWindow
+):
     """``ratemesh://host:port[,host:port…][?mode=approximate&timeout=1&on_unavailable=raise&prefix=]``."""
 
     STORAGE_SCHEME = ["ratemesh"]
@@ -263,7 +266,13 @@ class RatemeshStorage(_Mapping, Storage, MovingWindowSupport, SlidingWindowCount
             self._client.check_batch(checks)
 
 
-class AsyncRatemeshStorage(_Mapping, AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowCounterSupport):
+class AsyncRatemeshStorage(
+    _Mapping,
+    AsyncStorage,
+    AsyncMovingWindowSupport,
+    AsyncSlidingWindowCounterSupport,
+    TimestampedSlidingWindow,
+):
     """``async+ratemesh://host:port[,host:port…]``: the asyncio twin of :class:`RatemeshStorage`."""
 
     STORAGE_SCHEME = ["async+ratemesh"]
