@@ -9,7 +9,8 @@
 #   tests/python/limits_upstream  the `limits` project's own storage and strategy tests, adapted
 #                                 to the ratemesh storage (see its README.md);
 #   tests/python/test_e2e.py      Flask-Limiter and SlowAPI apps, three processes each pointed at
-#                                 a different node, one limit: the total admitted within bounds.
+#                                 a different node, one limit: the total admitted within bounds;
+#   tests/python/test_node_killed.py  then, alone: node 3 killed mid-run, no error, within bounds.
 # Stops every process it started. Fails, never skips.
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
@@ -97,3 +98,10 @@ timeout "$pytest_timeout_s" "$venv/bin/python" -m pytest -p no:cacheprovider -c 
     --timeout=120 -q -rfEx \
     clients/python/tests tests/python/limits_upstream tests/python/test_e2e.py "$@" ||
     fail "pytest failed"
+
+# Last, alone: it kills node 3 (SIGKILL) mid-run.
+say "pytest: a node killed mid-run"
+export RATEMESH_KILL_PID=${pids[2]}
+timeout 300 "$venv/bin/python" -m pytest -p no:cacheprovider -c tests/python/pytest.ini --rootdir=. \
+    --timeout=120 -q -rfEx tests/python/test_node_killed.py ||
+    fail "pytest (a node killed mid-run) failed"

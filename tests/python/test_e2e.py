@@ -32,15 +32,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_apps(kind: str, strategy: str, prefix: str) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
+def start_apps(
+    kind: str, strategy: str, prefix: str, mode: str = "exact"
+) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
+    """Three app processes; process i asks node i first (its URI lists every node, node i first:
+    the others are its failover)."""
     nodes = os.environ["RATEMESH_NODES"].split(",")
     assert len(nodes) == 3, nodes
     work = Path(os.environ.get("RATEMESH_WORK", "/tmp"))
     processes, ports = [], []
-    for index, node in enumerate(nodes):
+    for index in range(3):
         port = free_port()
-        uri = f"ratemesh://{node}?prefix={prefix}"
-        log = open(work / f"e2e-{kind}-{strategy}-{index}.log", "wb")
+        ordered = ",".join(nodes[index:] + nodes[:index])
+        uri = f"ratemesh://{ordered}?prefix={prefix}&mode={mode}&timeout=2"
+        log = open(work / f"e2e-{kind}-{strategy}-{mode}-{index}.log", "wb")
         processes.append(
             subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("e2e_app.py")), kind, str(port), uri,
@@ -63,6 +68,13 @@ def start_apps(kind: str, strategy: str, prefix: str) -> tuple[list[subprocess.P
     return processes, ports
 
 
+def stop_apps(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.wait(timeout=10)
+
+
 @pytest.mark.parametrize("kind", ["flask", "fastapi"])
 @pytest.mark.parametrize("strategy", ["fixed-window", "moving-window", "sliding-window-counter"])
 def test_three_processes_one_limit(kind: str, strategy: str) -> None:
@@ -78,10 +90,7 @@ def test_three_processes_one_limit(kind: str, strategy: str) -> None:
                     assert int(answer.headers["Retry-After"]) >= 0
         end = time.time()
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=10)
+        stop_apps(processes)
     admitted = statuses.count(200)
     assert set(statuses) <= {200, 429}, statuses
     per_process = [statuses[i::3].count(200) for i in range(3)]
@@ -95,3 +104,26 @@ def test_three_processes_one_limit(kind: str, strategy: str) -> None:
         assert LIMIT <= admitted <= 2 * LIMIT * windows, (admitted, windows, per_process)
     # one limit, not three: a per-process count would admit 3 × LIMIT
     assert admitted < 3 * LIMIT or windows > 2
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])
+@pytest.mark.parametrize("strategy", ["fixed-window", "moving-window"])
+def test_three_processes_one_limit_approximate(kind: str, strategy: str) -> None:
+    """Approximate mode: each node decides from its allowance; admissions stay within the limit
+    per window (never more from allowances with stable membership)."""
+    processes, ports = start_apps(kind, strategy, f"e2a-{uuid.uuid4().hex[:8]}/", mode="approximate")
+    try:
+        statuses = []
+        start = time.time()
+        with httpx.Client(timeout=5) as http:
+            for i in range(REQUESTS):
+                statuses.append(http.get(f"http://127.0.0.1:{ports[i % 3]}/").status_code)
+        end = time.time()
+    finally:
+        stop_apps(processes)
+    assert set(statuses) <= {200, 429}, statuses
+    admitted = statuses.count(200)
+    windows = math.floor(end / PERIOD_S) - math.floor(start / PERIOD_S) + 1
+    if strategy == "moving-window":
+        windows = 1
+    assert 1 <= admitted <= LIMIT * windows, (admitted, windows, statuses)

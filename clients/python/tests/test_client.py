@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import uuid
 
 import httpx
@@ -90,7 +91,12 @@ def test_concurrency_lease_release() -> None:
         second = client.check(key, "conc")
         assert first.lease and second.lease and first.allowed and second.allowed
         assert not client.check(key, "conc").allowed
-        assert client.release(key, "conc", first.lease) in (True, None)
+        released = client.release(key, "conc", first.lease)
+        assert released in (True, None)  # None: the owner is another member, the release went there
+        deadline = time.monotonic() + 5
+        while not client.query(key, "conc").allowed:  # a release sent on to the owner lands soon
+            assert time.monotonic() < deadline, "the lease was not released within 5 s"
+            time.sleep(0.05)
         assert client.check(key, "conc").allowed
         assert client.release(key, "conc", "12345") in (False, None)
 

@@ -8,8 +8,8 @@ the cluster's, one per key, whichever node is asked:
   amount and period (the amount and period are read from the key that ``limits`` builds,
   ``…/{amount}/{multiples}/{granularity}``; a key that is not of that form counts against a
   limit of 10^15, an expiring counter). A hit the daemon refuses is not counted (Redis would
-  count it): ``incr`` answers the count plus the hit, above the limit, and the window's count
-  stays at the limit. Windows lie on a grid of multiples of the period (the owner's clock), not
+  count it): ``incr`` answers the limit plus the hit, and the window's count stays at the
+  limit. Windows lie on a grid of multiples of the period (the owner's clock), not
   from the first hit.
 - moving window (``acquire_entry``, ``get_moving_window``): a ``sliding_window_log``
   (limit at most 100 000).
@@ -161,7 +161,11 @@ class _Mapping:
         if decision.fallback:
             return 0 if decision.allowed else COUNTER_LIMIT
         count = self._count(decision)
-        return count if decision.allowed else count + amount
+        if decision.allowed:
+            return count
+        # Refused: above the limit whatever the count reads (in approximate mode a node may
+        # refuse from its own view while its bucket still shows room).
+        return max(count, decision.limit) + amount
 
     @staticmethod
     def _window_start(query: Decision, probe: Optional[Decision], expiry: int) -> float:

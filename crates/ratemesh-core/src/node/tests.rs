@@ -214,7 +214,7 @@ fn a_refused_costly_check_does_not_refuse_cheaper_ones_at_a_follower() {
             CheckOutcome::Decided(decision) => decision,
             CheckOutcome::Pending => {
                 cluster.run_for(Duration::from_millis(5));
-                cluster.decided.iter().find(|(done, _)| done.0 == id).expect("answered").1.clone()
+                cluster.decided.iter().find(|(done, _)| done.0 == id).expect("answered").1
             }
             CheckOutcome::Unavailable => panic!("node 2 is a member"),
         }
