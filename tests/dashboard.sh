@@ -39,8 +39,9 @@ stop_all() {
         wait "$pid" 2>/dev/null || true
     done
 }
-# lib.sh's EXIT trap stops the variables' pids; these are several: stop them first.
-trap 'stop_all; lib_exit' EXIT
+# lib.sh's EXIT trap stops the variables' pids; these are several: stop them first (keeping the
+# script's status for lib_exit, which reads it from $?: stop_all's last command would reset it).
+trap 'status=$?; stop_all; (exit "$status"); lib_exit' EXIT
 
 declare -a http gossip
 for ((id = 1; id <= nodes; id++)); do

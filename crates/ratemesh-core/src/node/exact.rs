@@ -222,7 +222,7 @@ impl Node {
     /// A refusal without asking, while the owner said the key has no room (see `refuse_until`).
     fn refused_here(&mut self, request: &CheckRequest, now: Instant) -> Option<Decision> {
         let follower = self.keys.extra(request.key)?.follower.as_ref()?;
-        if request.cost == 0 || follower.over_until <= now {
+        if request.cost == 0 || request.cost < follower.over_cost || follower.over_until <= now {
             return None;
         }
         let retry = follower.over_until.nanos_since(now);
@@ -270,7 +270,16 @@ impl Node {
             if follower.owner != Some(owner) {
                 follower.follow(owner, keys::new_epoch(rng));
             }
-            follower.over_until = follower.over_until.max(until);
+            // A larger cost never fits sooner than a smaller one: the refusal of the smallest
+            // cost seen is the one that holds for every cost at or above it.
+            // (A refund's or charge's answer is the view of a cost-1 check.)
+            let cost = if pending.adjustment.is_some() { 1 } else { pending.cost.max(1) };
+            if follower.over_until <= now || cost < follower.over_cost {
+                follower.over_until = until;
+                follower.over_cost = cost;
+            } else if cost == follower.over_cost {
+                follower.over_until = follower.over_until.max(until);
+            }
         });
     }
 

@@ -52,7 +52,7 @@ impl Node {
                     let left = follower.allowance.live(now);
                     return Some(FollowerStep::Decided(admitted_from_allowance(bucket, limit, left, now)));
                 }
-                if follower.over_until > now && cost > 0 {
+                if follower.over_until > now && cost > 0 && cost >= follower.over_cost {
                     follower.refused_unasked = follower.refused_unasked.saturating_add(cost);
                     let retry = follower.over_until.nanos_since(now);
                     return Some(FollowerStep::Decided(
@@ -169,6 +169,7 @@ impl Node {
                     let probe = bucket.peek(&limit, 1, now);
                     if let Some(retry) = probe.retry_after.filter(|_| !probe.allowed) {
                         follower.over_until = now.add_duration(retry);
+                        follower.over_cost = 1;
                     }
                 }
                 Some(())

@@ -284,8 +284,12 @@ pub(crate) struct Follower {
     pub refunded: u64,
     /// Hits asked for, decaying: the demand that shares are proportional to.
     pub demand: DemandMeter,
-    /// The owner said the key is over its limit until then: refuse locally, do not ask.
+    /// The owner said the key is over its limit until then for checks of `over_cost` hits or
+    /// more: refuse those locally, do not ask.
     pub over_until: Instant,
+    /// The smallest cost `over_until` holds for: a check of fewer hits may fit sooner (a log or
+    /// window with room for 1 hit refuses 2 until an older hit leaves) and is forwarded.
+    pub over_cost: u64,
     /// Hits refused locally while `over_until` held, since the last forward (which carries them
     /// to the owner: demand it would not see otherwise).
     pub refused_unasked: u64,

@@ -195,6 +195,39 @@ fn exact_mode_admits_exactly_the_burst_across_nodes() {
     assert_eq!(cluster.decided.len() as u64 + 60 - cluster.decided.len() as u64, 60);
 }
 
+/// A follower refused `c` hits by the owner refuses locally only checks of `c` hits or more until
+/// the owner's retry: a check of fewer hits may fit sooner and is asked (a log with room for one
+/// hit refuses two for as long as its oldest hit stays, yet takes one at once).
+#[test]
+fn a_refused_costly_check_does_not_refuse_cheaper_ones_at_a_follower() {
+    let mut cluster = Cluster::new(3);
+    let spec = LimitSpec::new(Algorithm::SlidingWindowLog, 3, Duration::from_secs(3600));
+    let policy = Arc::new(Policy {
+        limit: Limit::new(spec).expect("valid"),
+        mode: Mode::Exact,
+        fallback: Fallback::LocalShare,
+    });
+    let k = key_owned_by(1, &[1, 2, 3]);
+    let decide = |cluster: &mut Cluster, id: u64, cost: u64| -> Decision {
+        let request = CheckRequest { id: RequestId(id), key: k, policy: policy.clone(), cost };
+        match cluster.check(2, request) {
+            CheckOutcome::Decided(decision) => decision,
+            CheckOutcome::Pending => {
+                cluster.run_for(Duration::from_millis(5));
+                cluster.decided.iter().find(|(done, _)| done.0 == id).expect("answered").1
+            }
+            CheckOutcome::Unavailable => panic!("node 2 is a member"),
+        }
+    };
+    assert!(decide(&mut cluster, 1, 2).allowed);
+    assert!(!decide(&mut cluster, 2, 2).allowed, "one hit of room left");
+    assert!(!decide(&mut cluster, 3, 2).allowed, "refused locally or by the owner alike");
+    assert!(decide(&mut cluster, 4, 1).allowed, "the room for one hit is taken");
+    let full = decide(&mut cluster, 5, 1);
+    assert!(!full.allowed && full.retry_after.is_some());
+    assert!(!decide(&mut cluster, 6, 1).allowed);
+}
+
 /// A forwarded check is decided only by the owner it went to: another member's answer with the
 /// same id is counted as refused and changes nothing; the owner's answer decides it.
 #[test]

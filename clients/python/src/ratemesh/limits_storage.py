@@ -1,0 +1,361 @@
+"""A `limits` storage over a ratemesh cluster: ``ratemesh://host:port[,host:port…]`` and
+``async+ratemesh://…`` (the nodes' HTTP ports), registered when :mod:`ratemesh` is imported.
+
+Every operation is a check of an inline limit on the daemon (``POST /v1/check``), so counts are
+the cluster's, one per key, whichever node is asked:
+
+- fixed window (``incr``, ``get``, ``get_expiry``): a ``fixed_window`` limit of the rate limit's
+  amount and period (the amount and period are read from the key that ``limits`` builds,
+  ``…/{amount}/{multiples}/{granularity}``; a key that is not of that form counts against a
+  limit of 10^15, an expiring counter). A hit the daemon refuses is not counted (Redis would
+  count it): ``incr`` answers the limit plus the hit, and the window's count stays at the
+  limit. Windows lie on a grid of multiples of the period (the owner's clock), not
+  from the first hit.
+- moving window (``acquire_entry``, ``get_moving_window``): a ``sliding_window_log``
+  (limit at most 100 000).
+- sliding window counter: the daemon's ``sliding_window_counter`` (the same weighting);
+  ``get_sliding_window`` reports the weighted count as the current window's, the previous as 0.
+- ``clear``: refunds every hit of the key's limits; ``reset``: clears the keys this storage
+  object used (the cluster has no listing of keys).
+
+Options (URI query or keyword arguments): ``mode`` (``exact``, the default, or ``approximate``),
+``timeout`` (seconds per node, default 1), ``on_unavailable`` (``raise``, the default, ``allow`` or
+``deny``), ``prefix`` (prepended to every key), ``cooldown`` (seconds a failed node is skipped).
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from typing import Any, Optional, Union
+
+from limits.aio.storage import MovingWindowSupport as AsyncMovingWindowSupport
+from limits.aio.storage import SlidingWindowCounterSupport as AsyncSlidingWindowCounterSupport
+from limits.aio.storage import Storage as AsyncStorage
+from limits.errors import ConfigurationError
+from limits.storage import MovingWindowSupport, SlidingWindowCounterSupport, Storage
+from limits.storage.base import TimestampedSlidingWindow
+
+from ._model import Check, Decision, Limit, Mode, OnUnavailable, RatemeshError
+from .client import AsyncClient, Client
+
+COUNTER_LIMIT = 10**15
+"""The limit of an expiring counter whose key does not say its limit."""
+REFUND_ALL = 2**62
+SECONDS = {
+    "second": 1,
+    "minute": 60,
+    "hour": 3600,
+    "day": 86400,
+    "month": 30 * 86400,
+    "year": 12 * 30 * 86400,
+}
+
+Spec = tuple[str, int, int]
+"""(algorithm, limit, expiry in seconds)."""
+
+
+def parse_limits_key(key: str) -> Optional[tuple[int, int]]:
+    """``LIMITER/…/10/2/minute`` → (10, 120): the amount and the expiry of ``limits``' key."""
+    parts = key.rsplit("/", 3)
+    if len(parts) != 4 or parts[3] not in SECONDS or not parts[1].isdigit() or not parts[2].isdigit():
+        return None
+    return int(parts[1]), int(parts[2]) * SECONDS[parts[3]]
+
+
+class _Options:
+    def __init__(self, uri: Optional[str], options: dict[str, Any], scheme: str):
+        if not uri:
+            raise ConfigurationError(f"{scheme}: a URI with at least one host:port is required")
+        parsed = urllib.parse.urlparse(uri)
+        locations: list[tuple[str, int]] = []
+        for location in parsed.netloc.split(","):
+            if not location.strip():
+                continue
+            try:
+                sub = urllib.parse.urlparse(f"http://{location.strip()}")
+                host, port = sub.hostname, sub.port
+            except ValueError as error:
+                raise ConfigurationError(f"{scheme}: bad location {location!r} in {uri!r}: {error}") from error
+            if not host or port is None:
+                raise ConfigurationError(f"{scheme}: location {location!r} in {uri!r} is not host:port")
+            locations.append((host, port))
+        if not locations:
+            raise ConfigurationError(f"{scheme}: {uri!r} names no host:port")
+        query = {name: values[-1] for name, values in urllib.parse.parse_qs(parsed.query).items()}
+        merged: dict[str, Any] = {**query, **options}
+        unknown = set(merged) - {"mode", "timeout", "on_unavailable", "prefix", "cooldown"}
+        if unknown:
+            raise ConfigurationError(f"{scheme}: unknown option(s) {sorted(unknown)}")
+        mode = str(merged.get("mode", "exact"))
+        if mode not in ("exact", "approximate"):
+            raise ConfigurationError(f"{scheme}: mode is 'exact' or 'approximate', not {mode!r}")
+        on_unavailable = str(merged.get("on_unavailable", "raise"))
+        if on_unavailable not in ("raise", "allow", "deny"):
+            raise ConfigurationError(f"{scheme}: on_unavailable is 'raise', 'allow' or 'deny', not {on_unavailable!r}")
+        try:
+            self.timeout = float(merged.get("timeout", 1.0))
+            self.cooldown = float(merged.get("cooldown", 5.0))
+        except ValueError as error:
+            raise ConfigurationError(f"{scheme}: timeout and cooldown are seconds: {error}") from error
+        self.mode: Mode = "exact" if mode == "exact" else "approximate"
+        self.on_unavailable: OnUnavailable = (
+            "raise" if on_unavailable == "raise" else "allow" if on_unavailable == "allow" else "deny"
+        )
+        self.prefix = str(merged.get("prefix", ""))
+        self.nodes = [f"{host}:{port}" if ":" not in host else f"[{host}]:{port}" for host, port in locations]
+
+
+class _Mapping:
+    """What both storages share: the limits that a key's operations map to."""
+
+    def _setup(self, options: _Options) -> None:
+        self._options = options
+        self._used: dict[str, set[Spec]] = {}
+
+    def _limit(self, spec: Spec) -> Limit:
+        algorithm, limit, expiry = spec
+        return Limit(algorithm, limit, period_ms=max(1, expiry) * 1000, mode=self._options.mode)  # type: ignore[arg-type]
+
+    def _remember(self, key: str, spec: Spec) -> Spec:
+        self._used.setdefault(key, set()).add(spec)
+        return spec
+
+    def _counter(self, key: str, expiry: Optional[int]) -> Optional[Spec]:
+        """The fixed-window spec of ``key`` (``expiry`` None: from the key or an earlier incr)."""
+        parsed = parse_limits_key(key)
+        if expiry is not None:
+            limit = parsed[0] if parsed and parsed[1] == expiry else COUNTER_LIMIT
+            return ("fixed_window", limit, expiry)
+        used = [s for s in self._used.get(key, ()) if s[0] == "fixed_window"]
+        if used:
+            return used[0]
+        return ("fixed_window", parsed[0], parsed[1]) if parsed else None
+
+    def _sliding(self, key: str, expiry: int) -> Optional[Spec]:
+        used = [s for s in self._used.get(key, ()) if s[0] == "sliding_window_counter" and s[2] == expiry]
+        if used:
+            return used[0]
+        parsed = parse_limits_key(key)
+        return ("sliding_window_counter", parsed[0], expiry) if parsed else None
+
+    def _clear_checks(self, key: str, only: Optional[str] = None) -> list[Check]:
+        specs = set(self._used.get(key, ()))
+        parsed = parse_limits_key(key)
+        if parsed:
+            amount, expiry = parsed
+            specs |= {("fixed_window", amount, expiry), ("sliding_window_counter", amount, expiry)}
+            if amount <= 100_000:
+                specs.add(("sliding_window_log", amount, expiry))
+        return [
+            Check(self._options.prefix + key, self._limit(s), cost=-REFUND_ALL)
+            for s in sorted(specs)
+            if only is None or s[0] == only
+        ]
+
+    @staticmethod
+    def _count(decision: Decision) -> int:
+        return max(0, decision.limit - decision.remaining)
+
+    def _incr_result(self, decision: Decision, amount: int) -> int:
+        if decision.fallback:
+            return 0 if decision.allowed else COUNTER_LIMIT
+        count = self._count(decision)
+        if decision.allowed:
+            return count
+        # Refused: above the limit whatever the count reads (in approximate mode a node may
+        # refuse from its own view while its bucket still shows room).
+        return max(count, decision.limit) + amount
+
+    @staticmethod
+    def _window_start(query: Decision, probe: Optional[Decision], expiry: int) -> float:
+        now = time.time()
+        if probe is not None and probe.retry_after_ms is not None:
+            return now + probe.retry_after_ms / 1000 - expiry
+        return now + query.reset_after_ms / 1000 - expiry
+
+    def _sliding_result(self, decision: Optional[Decision], expiry: int) -> tuple[int, float, int, float]:
+        if decision is None or decision.fallback:
+            return 0, 0.0, 0, 0.0
+        ttl = expiry - (time.time() % expiry)
+        return 0, 0.0, self._count(decision), ttl
+
+
+class RatemeshStorage(
+    _Mapping, Storage, MovingWindowSupport, SlidingWindowCounterSupport, TimestampedSlidingWindow
+):
+    """``ratemesh://host:port[,host:port…][?mode=approximate&timeout=1&on_unavailable=raise&prefix=]``."""
+
+    STORAGE_SCHEME = ["ratemesh"]
+
+    def __init__(self, uri: Optional[str] = None, wrap_exceptions: bool = False, **options: Union[float, str, bool]):
+        self._setup(_Options(uri, dict(options), "ratemesh"))
+        self._client = Client(
+            self._options.nodes,
+            timeout=self._options.timeout,
+            on_unavailable=self._options.on_unavailable,
+            cooldown=self._options.cooldown,
+        )
+        super().__init__(uri, wrap_exceptions=wrap_exceptions)
+
+    @property
+    def base_exceptions(self) -> Union[type[Exception], tuple[type[Exception], ...]]:
+        return RatemeshError
+
+    def _check(self, key: str, spec: Spec, cost: int) -> Decision:
+        return self._client.check(self._options.prefix + key, self._limit(spec), cost=cost)
+
+    def incr(self, key: str, expiry: int, amount: int = 1) -> int:
+        spec = self._remember(key, self._counter(key, expiry))  # type: ignore[arg-type]
+        return self._incr_result(self._check(key, spec, amount), amount)
+
+    def get(self, key: str) -> int:
+        spec = self._counter(key, None)
+        if spec is None:
+            return 0
+        decision = self._check(key, spec, 0)
+        return 0 if decision.fallback else self._count(decision)
+
+    def get_expiry(self, key: str) -> float:
+        spec = self._counter(key, None)
+        if spec is None:
+            return time.time()
+        return time.time() + self._check(key, spec, 0).reset_after_ms / 1000
+
+    def check(self) -> bool:
+        return self._client.healthy()
+
+    def reset(self) -> Optional[int]:
+        keys = list(self._used)
+        for key in keys:
+            self.clear(key)
+        return len(keys)
+
+    def clear(self, key: str) -> None:
+        checks = self._clear_checks(key)
+        if checks:
+            self._client.check_batch(checks)
+        self._used.pop(key, None)
+
+    def acquire_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
+        spec = self._remember(key, ("sliding_window_log", limit, expiry))
+        return self._check(key, spec, amount).allowed
+
+    def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
+        spec: Spec = ("sliding_window_log", limit, expiry)
+        query = self._check(key, spec, 0)
+        count = 0 if query.fallback else self._count(query)
+        if count == 0:
+            return time.time(), 0
+        probe = None
+        if query.remaining + 1 <= limit:
+            # Refused (the window has no room for it) and so not counted: its retry time is when
+            # the oldest entry leaves the window. Admitted in a race: given back at once.
+            probe = self._check(key, spec, query.remaining + 1)
+            if probe.allowed and not probe.fallback:
+                self._client.refund(self._options.prefix + key, self._limit(spec), query.remaining + 1)
+        return self._window_start(query, probe, expiry), count
+
+    def acquire_sliding_window_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
+        spec = self._remember(key, ("sliding_window_counter", limit, expiry))
+        return self._check(key, spec, amount).allowed
+
+    def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
+        spec = self._sliding(key, expiry)
+        return self._sliding_result(None if spec is None else self._check(key, spec, 0), expiry)
+
+    def clear_sliding_window(self, key: str, expiry: int) -> None:
+        checks = self._clear_checks(key, "sliding_window_counter")
+        if checks:
+            self._client.check_batch(checks)
+
+
+class AsyncRatemeshStorage(
+    _Mapping,
+    AsyncStorage,
+    AsyncMovingWindowSupport,
+    AsyncSlidingWindowCounterSupport,
+    TimestampedSlidingWindow,
+):
+    """``async+ratemesh://host:port[,host:port…]``: the asyncio twin of :class:`RatemeshStorage`."""
+
+    STORAGE_SCHEME = ["async+ratemesh"]
+
+    def __init__(self, uri: Optional[str] = None, wrap_exceptions: bool = False, **options: Union[float, str, bool]):
+        self._setup(_Options(uri, dict(options), "async+ratemesh"))
+        self._client = AsyncClient(
+            self._options.nodes,
+            timeout=self._options.timeout,
+            on_unavailable=self._options.on_unavailable,
+            cooldown=self._options.cooldown,
+        )
+        super().__init__(uri, wrap_exceptions=wrap_exceptions)
+
+    @property
+    def base_exceptions(self) -> Union[type[Exception], tuple[type[Exception], ...]]:
+        return RatemeshError
+
+    async def _check(self, key: str, spec: Spec, cost: int) -> Decision:
+        return await self._client.check(self._options.prefix + key, self._limit(spec), cost=cost)
+
+    async def incr(self, key: str, expiry: int, amount: int = 1) -> int:
+        spec = self._remember(key, self._counter(key, expiry))  # type: ignore[arg-type]
+        return self._incr_result(await self._check(key, spec, amount), amount)
+
+    async def get(self, key: str) -> int:
+        spec = self._counter(key, None)
+        if spec is None:
+            return 0
+        decision = await self._check(key, spec, 0)
+        return 0 if decision.fallback else self._count(decision)
+
+    async def get_expiry(self, key: str) -> float:
+        spec = self._counter(key, None)
+        if spec is None:
+            return time.time()
+        return time.time() + (await self._check(key, spec, 0)).reset_after_ms / 1000
+
+    async def check(self) -> bool:
+        return await self._client.healthy()
+
+    async def reset(self) -> Optional[int]:
+        keys = list(self._used)
+        for key in keys:
+            await self.clear(key)
+        return len(keys)
+
+    async def clear(self, key: str) -> None:
+        checks = self._clear_checks(key)
+        if checks:
+            await self._client.check_batch(checks)
+        self._used.pop(key, None)
+
+    async def acquire_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
+        spec = self._remember(key, ("sliding_window_log", limit, expiry))
+        return (await self._check(key, spec, amount)).allowed
+
+    async def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
+        spec: Spec = ("sliding_window_log", limit, expiry)
+        query = await self._check(key, spec, 0)
+        count = 0 if query.fallback else self._count(query)
+        if count == 0:
+            return time.time(), 0
+        probe = None
+        if query.remaining + 1 <= limit:
+            probe = await self._check(key, spec, query.remaining + 1)
+            if probe.allowed and not probe.fallback:
+                await self._client.refund(self._options.prefix + key, self._limit(spec), query.remaining + 1)
+        return self._window_start(query, probe, expiry), count
+
+    async def acquire_sliding_window_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
+        spec = self._remember(key, ("sliding_window_counter", limit, expiry))
+        return (await self._check(key, spec, amount)).allowed
+
+    async def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
+        spec = self._sliding(key, expiry)
+        return self._sliding_result(None if spec is None else await self._check(key, spec, 0), expiry)
+
+    async def clear_sliding_window(self, key: str, expiry: int) -> None:
+        checks = self._clear_checks(key, "sliding_window_counter")
+        if checks:
+            await self._client.check_batch(checks)

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The Python package (clients/python) against a real three-node cluster on loopback. Run by .ci/run.
+#
+# Creates a venv under target/python-venv (pinned PyPI versions: tests/python/requirements.txt),
+# installs `pip install ./clients/python`, runs mypy --strict on the package, starts three
+# ratemeshd nodes (RATEMESHD, or the static release build of tests/docker/static-binary.sh) and
+# runs pytest (bounded by pytest-timeout and `timeout`) on:
+#   clients/python/tests          the client, the middleware, failover, fail-open/closed, errors;
+#   tests/python/limits_upstream  the `limits` project's own storage and strategy tests, adapted
+#                                 to the ratemesh storage (see its README.md);
+#   tests/python/test_e2e.py      Flask-Limiter and SlowAPI apps, three processes each pointed at
+#                                 a different node, one limit: the total admitted within bounds;
+#   tests/python/test_node_killed.py  then, alone: node 3 killed mid-run, no error, within bounds.
+# Stops every process it started. Fails, never skips.
+set -euo pipefail
+source "$(dirname "$0")/../lib.sh"
+cd "$(dirname "$0")/../.."
+root=$PWD
+
+wait_s=60
+nodes=3
+venv=$root/target/python-venv
+pytest_timeout_s=${PYTEST_TIMEOUT_S:-900}
+
+require_tools curl python3 timeout
+ratemeshd_binary ${RATEMESHD:+"$RATEMESHD"}
+
+make_venv "$venv"
+pip_install "$venv" "tests/python/requirements.txt" -r tests/python/requirements.txt
+pip_install "$venv" "clients/python" --force-reinstall --no-deps ./clients/python
+say "mypy --strict on clients/python/src"
+(cd clients/python && "$venv/bin/mypy" src) || fail "mypy found type errors in clients/python"
+
+make_work
+pids=()
+stop_all() {
+    local pid
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+}
+# (lib_exit reads the script's status from $?: keep it across stop_all.)
+trap 'status=$?; stop_all; (exit "$status"); lib_exit' EXIT
+
+declare -a http gossip
+node_list=""
+for ((id = 1; id <= nodes; id++)); do
+    ratemeshd_ports
+    http[id]=$p_http
+    gossip[id]=$p_gossip
+    seeds=""
+    ((id == 1)) || seeds="\"127.0.0.1:${gossip[1]}\""
+    write_config "$work/node-$id.toml" <<TOML
+[node]
+id = $id
+
+[cluster]
+cluster_id = "python"
+seeds = [$seeds]
+secret = "python test: a cluster secret"
+gossip_interval_ms = 100
+
+[[policies]]
+name = "api"
+algorithm = "token_bucket"
+limit = 5
+period_ms = 60000
+mode = "exact"
+
+[[policies]]
+name = "conc"
+algorithm = "concurrency"
+limit = 2
+period_ms = 60000
+TOML
+    env -i PATH="$PATH" "$binary" serve --config "$work/node-$id.toml" >"$work/node-$id.log" 2>&1 &
+    pids+=($!)
+    show_at_failure "node $id log" 30 "$work/node-$id.log"
+    node_list+="${node_list:+,}127.0.0.1:${http[id]}"
+done
+
+live_members() {
+    curl -sf --max-time 2 "http://127.0.0.1:$1/v1/cluster" |
+        python3 -c 'import json,sys; print(sum(m["status"] == "live" for m in json.load(sys.stdin)["members"]))'
+}
+all_live() { [[ $(live_members "$1") == "$nodes" ]]; }
+for ((id = 1; id <= nodes; id++)); do
+    wait_for "node $id ready" answers "http://127.0.0.1:${http[id]}/readyz" 200
+    wait_for "node $id sees $nodes live members" all_live "${http[id]}"
+done
+say "$nodes nodes live: $node_list"
+
+export RATEMESH_NODES=$node_list
+export RATEMESH_WORK=$work
+say "pytest (at most ${pytest_timeout_s}s)"
+timeout "$pytest_timeout_s" "$venv/bin/python" -m pytest -p no:cacheprovider -c tests/python/pytest.ini --rootdir=. \
+    --timeout=120 -q -rfEx \
+    clients/python/tests tests/python/limits_upstream tests/python/test_e2e.py "$@" ||
+    fail "pytest failed"
+
+# Last, alone: it kills node 3 (SIGKILL) mid-run.
+say "pytest: a node killed mid-run"
+export RATEMESH_KILL_PID=${pids[2]}
+timeout 300 "$venv/bin/python" -m pytest -p no:cacheprovider -c tests/python/pytest.ini --rootdir=. \
+    --timeout=120 -q -rfEx tests/python/test_node_killed.py ||
+    fail "pytest (a node killed mid-run) failed"
