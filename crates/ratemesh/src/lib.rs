@@ -55,8 +55,9 @@ pub use gossip::{GossipHealth, GossipLimits, GossipStats};
 pub use layer::{HeaderKey, KeyExtractor, RateLimitBody, RateLimitLayer, RateLimitService};
 pub use membership::{Member, MemberStatus};
 pub use node::{
-    CheckError, LANES_MAX, MissingMember, NamedPolicy, Node, NodeBuilder, NodeMetrics, Released,
-    SHARED_VALUE_BYTES_MAX, SHARED_VALUES_MAX, SharedValuesError, StartError, TopLabel, TopReport,
+    APP_QUERY_TAG, APP_QUESTION_LEN_MAX, AskError, CheckError, LANES_MAX, MissingMember, NamedPolicy, Node,
+    NodeBuilder, NodeMetrics, Released, SHARED_VALUE_BYTES_MAX, SHARED_VALUES_MAX, SharedValuesError,
+    StartError, TopLabel, TopReport,
 };
 pub use overrides::{LiveOverride, LiveOverrides, OverrideError, OverrideLimit};
 pub use ratemesh_core::{Adjustment, NodeId};

@@ -12,7 +12,8 @@ use ratemesh_core::{MemberView, NodeConfig, NodeId};
 use tokio::sync::{Notify, mpsc, watch};
 use tracing::info;
 
-use super::driver::{restore, top_query_handler};
+use super::driver::restore;
+use super::queries::query_handler;
 use super::{
     GOSSIP_BIND_ATTEMPTS_MAX, LANE_SEED_STEP, LANES_MAX, Lane, Node, Origin, Shared, StartError, State,
     protocol_tag,
@@ -369,8 +370,9 @@ impl NodeBuilder {
             final_snapshot: std::sync::atomic::AtomicBool::new(false),
             top: TopTable::new(self.top.clone()),
             top_query_timeout: self.top_query_timeout,
+            app_queries: std::sync::OnceLock::new(),
         });
-        shared.transport.set_query_handler(top_query_handler(Arc::downgrade(&shared)));
+        shared.transport.set_query_handler(query_handler(Arc::downgrade(&shared)));
         let slot =
             GossipSlot { handle: Arc::clone(&shared.gossip), state: gossip_state, health: gossip_health };
         shared.spawn_tasks(received, me, members_tx, stop_rx, gossip_state_rx);

@@ -66,7 +66,7 @@ use ratemesh_core::NodeId;
 /// ```
 #[derive(Clone)]
 pub struct Node {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Node {

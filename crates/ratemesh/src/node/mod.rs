@@ -56,10 +56,12 @@ mod builder;
 mod clock;
 mod driver;
 mod handle;
+mod queries;
 
 pub use builder::NodeBuilder;
 use clock::Origin;
 pub use handle::Node;
+pub use queries::{APP_QUERY_TAG, APP_QUESTION_LEN_MAX, AskError};
 
 /// Frames handed to the core per lock taken by the receive task (the rest wait for the next turn,
 /// so that client checks are not starved by a burst of frames).
@@ -309,6 +311,8 @@ struct Shared {
     /// What the lanes' top-keys shards share (each lane holds its shard: [`State::top`]).
     top: TopTable,
     top_query_timeout: Duration,
+    /// How this node answers members' [`Node::ask`] (set once by the application).
+    app_queries: std::sync::OnceLock<crate::transport::QueryHandler>,
 }
 
 /// One lane of a node: a core node that holds the keys of the lane, behind its own lock, with its

@@ -43,8 +43,9 @@ pub type QueryHandler = Arc<dyn Fn(NodeId, &[u8]) -> Vec<u8> + Send + Sync>;
 
 /// Concurrent queries a peer may ask on one connection (bidirectional streams).
 pub const QUERIES_PER_CONNECTION_MAX: u32 = 4;
-/// Largest question of a query, in bytes.
-pub const QUERY_LEN_MAX: usize = 4096;
+/// Largest question of a query, in bytes: room for a batch of application questions (a member
+/// reads at most this much per question, [`QUERIES_PER_CONNECTION_MAX`] at once per connection).
+pub const QUERY_LEN_MAX: usize = 64 * 1024;
 /// The backoff doubles at most this many times (then it stays at `backoff_max_ms`).
 const BACKOFF_DOUBLINGS_MAX: u32 = 20;
 

@@ -106,6 +106,9 @@ pub const RLQS_STREAMS_MAX_DEFAULT: usize = 10_000;
 pub const RLQS_BUCKETS_PER_STREAM_MAX_DEFAULT: usize = 10_000;
 /// Default `[rls] rlqs_report_period_ms`: Envoy's filter reports every 5 s, hard-coded.
 pub const RLQS_REPORT_PERIOD_MS_DEFAULT: u64 = 5_000;
+/// Default `[rls] rlqs_sync_interval_ms`: how often a node tells the keys' owners its Envoys'
+/// demand and learns its part of each limit.
+pub const RLQS_SYNC_INTERVAL_MS_DEFAULT: u64 = 1_000;
 /// Default `[rls] rlqs_abandon_after_periods`.
 pub const RLQS_ABANDON_AFTER_PERIODS_DEFAULT: u32 = 3;
 
@@ -178,6 +181,7 @@ impl Default for RlqsSection {
             unknown_domain: UnknownDomain::AllowAll,
             report_period: Duration::from_millis(RLQS_REPORT_PERIOD_MS_DEFAULT),
             abandon_after_periods: RLQS_ABANDON_AFTER_PERIODS_DEFAULT,
+            sync_interval: Duration::from_millis(RLQS_SYNC_INTERVAL_MS_DEFAULT),
         }
     }
 }

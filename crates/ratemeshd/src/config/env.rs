@@ -58,7 +58,7 @@ type Locate = fn(&mut RawConfig) -> Slot<'_>;
 
 /// Every overridable field, as `section.field`, with where it lives. The variable's name is
 /// derived from the field's ([`variable_name`]), so the two cannot drift apart.
-const OVERRIDES: [(&str, Locate); 48] = [
+const OVERRIDES: [(&str, Locate); 49] = [
     ("node.id", |raw| Slot::Number(&mut raw.node.id)),
     ("node.id_from", |raw| Slot::Text(&mut raw.node.id_from)),
     ("node.incarnation", |raw| Slot::Number(&mut raw.node.incarnation)),
@@ -107,6 +107,7 @@ const OVERRIDES: [(&str, Locate); 48] = [
     ("rls.rlqs_unknown_domain", |raw| Slot::Text(&mut raw.rls.rlqs_unknown_domain)),
     ("rls.rlqs_report_period_ms", |raw| Slot::Number(&mut raw.rls.rlqs_report_period_ms)),
     ("rls.rlqs_abandon_after_periods", |raw| Slot::Number(&mut raw.rls.rlqs_abandon_after_periods)),
+    ("rls.rlqs_sync_interval_ms", |raw| Slot::Number(&mut raw.rls.rlqs_sync_interval_ms)),
 ];
 
 /// The variable that overrides `field` (`cluster.seeds` → `RATEMESH_CLUSTER_SEEDS`).

@@ -54,6 +54,9 @@ pub struct RlqsSection {
     /// `[rls] rlqs_abandon_after_periods`: report periods without a report of a bucket after which
     /// the server abandons it on that stream (default 3).
     pub abandon_after_periods: u32,
+    /// `[rls] rlqs_sync_interval_ms`: how often each node tells the owner of each key its
+    /// Envoys' demand and learns its part of the key's limit (default 1000; `crate::rlqs::fleet`).
+    pub sync_interval: Duration,
 }
 
 /// One `[[rlqs]]` entry.

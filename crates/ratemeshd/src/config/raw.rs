@@ -63,6 +63,7 @@ pub(super) struct RawRls {
     pub(super) rlqs_unknown_domain: Option<Val<String>>,
     pub(super) rlqs_report_period_ms: Option<Val<u64>>,
     pub(super) rlqs_abandon_after_periods: Option<Val<u64>>,
+    pub(super) rlqs_sync_interval_ms: Option<Val<u64>>,
 }
 
 /// `[node]`.

@@ -541,7 +541,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 48);
+    assert_eq!(names.len(), 49);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.
@@ -731,7 +731,7 @@ fn rlqs_domains_and_bounds() {
     assert_eq!(config.rlqs.unknown_domain, UnknownDomain::AllowAll);
     let text = format!(
         "[listen]\nrlqs = \"127.0.0.1:8083\"\n[limits]\nrlqs_streams_max = 7\nrlqs_buckets_per_stream_max = 9\n\
-         [rls]\nrlqs_unknown_domain = \"deny_all\"\nrlqs_report_period_ms = 1000\nrlqs_abandon_after_periods = 2\n\
+         [rls]\nrlqs_unknown_domain = \"deny_all\"\nrlqs_report_period_ms = 1000\nrlqs_abandon_after_periods = 2\nrlqs_sync_interval_ms = 250\n\
          {policy}[[rlqs]]\ndomain = \"edge\"\npolicy = \"api\"\n[[rlqs]]\ndomain = \"web\"\npolicy = \"api\"\n\
          key_entries = [\"user\", \"app\"]\n"
     );
@@ -741,6 +741,7 @@ fn rlqs_domains_and_bounds() {
     assert_eq!(config.rlqs.unknown_domain, UnknownDomain::DenyAll);
     assert_eq!(config.rlqs.report_period, Duration::from_secs(1));
     assert_eq!(config.rlqs.abandon_after_periods, 2);
+    assert_eq!(config.rlqs.sync_interval, Duration::from_millis(250));
     assert_eq!(
         config.rlqs.domains,
         [
@@ -757,6 +758,7 @@ fn rlqs_domains_and_bounds() {
     refused("[listen]\nrlqs = \"127.0.0.1:8081\"\n", "listen.rlqs", 2);
     refused("[rls]\nrlqs_unknown_domain = \"allow\"\n", "rls.rlqs_unknown_domain", 2);
     refused("[rls]\nrlqs_report_period_ms = 10\n", "rls.rlqs_report_period_ms", 2);
+    refused("[rls]\nrlqs_sync_interval_ms = 5\n", "rls.rlqs_sync_interval_ms", 2);
     refused(&format!("{policy}[[rlqs]]\ndomain = \"edge\"\npolicy = \"apl\"\n"), "rlqs[0].policy", 8);
     refused(&format!("{policy}[[rlqs]]\npolicy = \"api\"\n"), "rlqs[0].domain", 6);
     refused(

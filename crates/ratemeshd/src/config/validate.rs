@@ -57,6 +57,8 @@ const RLQS_BUCKETS_PER_STREAM_MAX_MAX: u64 = 1 << 20;
 const RLQS_REPORT_PERIOD_MS_MIN: u64 = 100;
 const RLQS_REPORT_PERIOD_MS_MAX: u64 = 3_600_000;
 const RLQS_ABANDON_AFTER_PERIODS_MAX: u64 = 1_000;
+const RLQS_SYNC_INTERVAL_MS_MIN: u64 = 10;
+const RLQS_SYNC_INTERVAL_MS_MAX: u64 = 60_000;
 /// The shortest accepted `[auth] admin_token`.
 pub const ADMIN_TOKEN_BYTES_MIN: usize = 16;
 /// The most overrides, and the most tiers, of one policy in the file.
@@ -202,6 +204,13 @@ impl Ctx<'_> {
             1,
             RLQS_ABANDON_AFTER_PERIODS_MAX,
         )?;
+        let sync_interval_ms = self.number(
+            "rls.rlqs_sync_interval_ms",
+            &r.rlqs_sync_interval_ms,
+            duration_ms(defaults.sync_interval),
+            RLQS_SYNC_INTERVAL_MS_MIN,
+            RLQS_SYNC_INTERVAL_MS_MAX,
+        )?;
         if raw.rlqs.len() > POLICIES_MAX {
             return Err(self.invalid_whole("rlqs", format!("more than {POLICIES_MAX} [[rlqs]] tables")));
         }
@@ -272,6 +281,7 @@ impl Ctx<'_> {
             unknown_domain,
             report_period: Duration::from_millis(report_period_ms),
             abandon_after_periods: u32::try_from(abandon_after_periods).unwrap_or(u32::MAX),
+            sync_interval: Duration::from_millis(sync_interval_ms),
         })
     }
 

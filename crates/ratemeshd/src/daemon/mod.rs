@@ -100,6 +100,8 @@ pub struct Daemon {
     reloads: watch::Sender<u64>,
     /// Live per-key overrides (`crate::overrides`).
     live: LiveOverrides,
+    /// Envoy RLQS streams and the quota shares this node keeps or owns (`crate::rlqs`).
+    rlqs: crate::rlqs::State,
 }
 
 impl Daemon {
@@ -183,9 +185,18 @@ impl Daemon {
             log_level,
             reloads,
             live,
+            rlqs: crate::rlqs::State::default(),
         });
+        // Every node answers RLQS fleet questions, whether it serves RLQS or not: it may own
+        // keys that other nodes' Envoys report.
+        daemon.node.answer_queries(crate::rlqs::fleet::handler(Arc::downgrade(&daemon)));
         daemon.spawn_override_watch();
         Ok(daemon)
+    }
+
+    /// The node's RLQS state.
+    pub fn rlqs(&self) -> &crate::rlqs::State {
+        &self.rlqs
     }
 
     /// The ratemesh node.

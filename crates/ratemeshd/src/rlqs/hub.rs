@@ -4,8 +4,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaResponse};
+use ratemesh_core::KeyHash;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -23,14 +26,36 @@ pub struct GroupKey {
     pub key: String,
 }
 
+/// A rate (tokens per second) and a burst: a policy's whole limit, or this node's part of it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Quota {
+    /// Tokens per second.
+    pub rate: f64,
+    /// Tokens at once.
+    pub burst: u64,
+}
+
 /// A member: a stream and the canonical form of one of its bucket ids.
 type MemberId = (u64, String);
 
 #[derive(Debug)]
 struct Group {
-    limit_rate: f64,
-    burst: u64,
+    /// The policy's whole limit.
+    limit: Quota,
+    /// The bucket of the key at its owner (`super::fleet`).
+    hash: KeyHash,
+    /// This node's part of the limit, once the key's owner (or the fallback) said it.
+    node: Option<Quota>,
+    /// When `node` was last said.
+    node_at: Instant,
     members: BTreeMap<MemberId, (BucketId, Member)>,
+}
+
+impl Group {
+    /// What this node's members split: its part (once known: nothing is assigned before).
+    fn quota(&self) -> Quota {
+        self.node.unwrap_or(Quota { rate: 0.0, burst: 0 })
+    }
 }
 
 /// What one stream learns from another's report: a new share for one of its buckets.
@@ -57,15 +82,32 @@ pub struct Hub {
     inner: Mutex<Inner>,
 }
 
-/// The group totals for metrics and tests: (streams, Σ assigned rate, limit rate).
+/// The group totals for metrics and tests.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GroupTotals {
     /// Members.
     pub members: usize,
     /// Σ of the assigned token rates (tokens per second).
     pub assigned_rate: f64,
-    /// The group's limit (tokens per second).
+    /// The policy's limit (tokens per second).
     pub limit_rate: f64,
+    /// This node's part of it, once known.
+    pub node_rate: Option<f64>,
+}
+
+/// What this node tells a key's owner about one group (`super::fleet`).
+#[derive(Clone, Debug)]
+pub struct GroupDemand {
+    /// The group.
+    pub group: GroupKey,
+    /// Its key's bucket (the owner is found from it).
+    pub hash: KeyHash,
+    /// The policy's whole limit.
+    pub limit: Quota,
+    /// Each member's demand used for shares (`None`: unknown yet), in member order.
+    pub demands: Vec<Option<f64>>,
+    /// This node's part now, and how long ago it was said.
+    pub held: Option<(Quota, std::time::Duration)>,
 }
 
 impl Hub {
@@ -91,40 +133,84 @@ impl Hub {
         self.lock().streams.len()
     }
 
-    /// A report of `requests` over `elapsed_s` for the member (`stream`, `canon`) of `group`,
-    /// whose limit is now `limit_rate` per second with `burst`: the member's share. Other
-    /// members whose share changed are sent theirs.
+    /// Takes a report of `requests` over `elapsed_s` for the member (`stream`, `canon`) of
+    /// `group` (key bucket `hash`), whose policy's limit is now `limit`; members whose share
+    /// changed, but for this one, are sent theirs. Returns whether this node's part of the
+    /// group is known (else the caller asks the key's owner before answering).
     #[allow(clippy::too_many_arguments)]
     pub fn report(
         &self,
         stream: u64,
         group: &GroupKey,
+        hash: KeyHash,
         canon: &str,
         bucket_id: &BucketId,
-        (limit_rate, burst): (f64, u64),
+        limit: Quota,
         requests: u64,
         elapsed_s: f64,
         ttl_s: u64,
-    ) -> Share {
+    ) -> bool {
         let mut inner = self.lock();
         let g = inner.groups.entry(group.clone()).or_insert_with(|| Group {
-            limit_rate,
-            burst,
+            limit,
+            hash,
+            node: None,
+            node_at: Instant::now(),
             members: BTreeMap::new(),
         });
-        let mut changed = g.limit_rate != limit_rate || g.burst != burst;
-        g.limit_rate = limit_rate;
-        g.burst = burst;
+        let mut changed = g.limit != limit;
+        g.limit = limit;
+        g.hash = hash;
         let id = (stream, canon.to_owned());
         let (_, member) = g.members.entry(id.clone()).or_insert_with(|| {
             changed = true;
             (bucket_id.clone(), Member::default())
         });
         changed |= member.observe(requests, elapsed_s);
-        let pushes = if changed || member.assigned.is_none() { recompute(g, &id) } else { Vec::new() };
-        let share = g.members.get(&id).and_then(|(_, m)| m.assigned).unwrap_or(Share::DenyAll);
+        // Until this node's part is known nothing is assigned: the caller asks for it first.
+        let known = g.node.is_some();
+        let due = known && (changed || member.assigned.is_none());
+        let pushes = if due { recompute(g, &id) } else { Vec::new() };
         send(&inner, pushes, ttl_s);
-        share
+        known
+    }
+
+    /// The share of member (`stream`, `canon`) of `group` (a refusal if it is not one).
+    pub fn share(&self, stream: u64, group: &GroupKey, canon: &str) -> Share {
+        let inner = self.lock();
+        let member = inner.groups.get(group).and_then(|g| g.members.get(&(stream, canon.to_owned())));
+        member.and_then(|(_, m)| m.assigned).unwrap_or(Share::DenyAll)
+    }
+
+    /// What this node tells the keys' owners: every group with members.
+    pub fn demands(&self) -> Vec<GroupDemand> {
+        let inner = self.lock();
+        let now = Instant::now();
+        inner
+            .groups
+            .iter()
+            .map(|(group, g)| GroupDemand {
+                group: group.clone(),
+                hash: g.hash,
+                limit: g.limit,
+                demands: g.members.values().map(|(_, m)| m.demand).collect(),
+                held: g.node.map(|q| (q, now.saturating_duration_since(g.node_at))),
+            })
+            .collect()
+    }
+
+    /// This node's part of `group` is now `quota` (said by the key's owner, or the fallback):
+    /// the members' shares are recomputed and the changed ones pushed.
+    pub fn set_node_quota(&self, group: &GroupKey, quota: Quota, ttl_s: u64) {
+        let mut inner = self.lock();
+        let Some(g) = inner.groups.get_mut(group) else { return };
+        g.node_at = Instant::now();
+        if g.node == Some(quota) {
+            return;
+        }
+        g.node = Some(quota);
+        let pushes = recompute(g, &(0, String::new()));
+        send(&inner, pushes, ttl_s);
     }
 
     /// The member (`stream`, `canon`) of `group` left (abandoned, or moved to another group);
@@ -150,11 +236,24 @@ impl Hub {
     pub fn totals(&self, group: &GroupKey) -> Option<GroupTotals> {
         let inner = self.lock();
         let g = inner.groups.get(group)?;
-        Some(GroupTotals {
-            members: g.members.len(),
-            assigned_rate: g.members.values().filter_map(|(_, m)| m.assigned).map(Share::rate).sum(),
-            limit_rate: g.limit_rate,
-        })
+        Some(totals(g))
+    }
+
+    /// Every group's totals, in key order (metrics, the dashboard).
+    pub fn all_totals(&self) -> Vec<(GroupKey, GroupTotals)> {
+        let inner = self.lock();
+        let mut all: Vec<_> = inner.groups.iter().map(|(k, g)| (k.clone(), totals(g))).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+}
+
+fn totals(g: &Group) -> GroupTotals {
+    GroupTotals {
+        members: g.members.len(),
+        assigned_rate: g.members.values().filter_map(|(_, m)| m.assigned).map(Share::rate).sum(),
+        limit_rate: g.limit.rate,
+        node_rate: g.node.map(|q| q.rate),
     }
 }
 
@@ -174,7 +273,8 @@ fn remove(inner: &mut Inner, stream: u64, group: &GroupKey, canon: &str) -> Vec<
 fn recompute(g: &mut Group, except: &MemberId) -> Vec<Push> {
     let shares = {
         let members: Vec<&Member> = g.members.values().map(|(_, m)| m).collect();
-        assign(g.limit_rate, g.burst, &members)
+        let quota = g.quota();
+        assign(quota.rate, quota.burst, &members)
     };
     let mut pushes = Vec::new();
     for ((id, (bucket_id, member)), share) in g.members.iter_mut().zip(shares) {

@@ -44,11 +44,13 @@
 //! it are dropped when its queue is full. Garbage that is not HTTP/2 or gRPC is refused by tonic.
 
 pub mod alloc;
+pub mod fleet;
 pub mod hub;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::{
@@ -73,7 +75,8 @@ use crate::config::{Config, RlqsDomain, UnknownDomain};
 use crate::daemon::Daemon;
 use crate::listener::LimitedIncoming;
 use alloc::Share;
-use hub::{GroupKey, Hub};
+use hub::{GroupKey, Hub, Quota};
+use ratemesh_core::KeyHash;
 
 /// The largest message accepted (4 MiB, gRPC's default receive limit); a larger one ends the
 /// stream `RESOURCE_EXHAUSTED`.
@@ -87,6 +90,17 @@ pub const STREAMS_PER_CONNECTION_MAX: u32 = 128;
 /// The longest bucket id, all names and values together, in bytes.
 pub const BUCKET_ID_BYTES_MAX: usize = 4096;
 
+/// A daemon's RLQS state: its streams and groups, and the ledger of the keys it owns.
+#[derive(Debug, Default)]
+pub struct State {
+    /// The node's streams and groups.
+    pub hub: Arc<Hub>,
+    /// What the other nodes said of the groups whose keys this node owns (`fleet`).
+    pub ledger: fleet::Ledger,
+    /// Fleet sync rounds completed ([`fleet::run`]).
+    pub sync_rounds: AtomicU64,
+}
+
 /// The RLQS service over a [`Daemon`].
 #[derive(Debug, Clone)]
 pub struct RlqsService {
@@ -95,9 +109,10 @@ pub struct RlqsService {
 }
 
 impl RlqsService {
-    /// The service, with its own (empty) streams and groups.
+    /// The service over the daemon's streams and groups.
     pub fn new(daemon: Arc<Daemon>) -> RlqsService {
-        RlqsService { daemon, hub: Arc::new(Hub::default()) }
+        let hub = Arc::clone(&daemon.rlqs().hub);
+        RlqsService { daemon, hub }
     }
 
     /// The node's streams and groups.
@@ -115,6 +130,7 @@ pub async fn serve(
 ) -> Result<(), String> {
     let refused = daemon.metrics().connections_refused("rlqs");
     let incoming = LimitedIncoming::new(TcpListenerStream::new(listener), connections, "rlqs", refused);
+    tokio::spawn(fleet::run(Arc::clone(&daemon)));
     let service = RateLimitQuotaServiceServer::new(RlqsService::new(daemon))
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
@@ -192,7 +208,7 @@ impl StreamState {
         loop {
             let answer = tokio::select! {
                 message = inbound.message() => match message {
-                    Ok(Some(reports)) => self.on_reports(reports),
+                    Ok(Some(reports)) => self.on_reports(reports).await,
                     Ok(None) => break,
                     Err(status) => Err(refusal(status)),
                 },
@@ -223,8 +239,9 @@ impl StreamState {
         self.hub.close(self.id, members, ttl);
     }
 
-    /// One message: its actions, in the order of its usages.
-    fn on_reports(&mut self, reports: RateLimitQuotaUsageReports) -> Result<Vec<BucketAction>, Status> {
+    /// One message: its actions, in the order of its usages. Groups new on this node wait for
+    /// their part from the keys' owners (one fleet round, at most a sync interval).
+    async fn on_reports(&mut self, reports: RateLimitQuotaUsageReports) -> Result<Vec<BucketAction>, Status> {
         match &self.domain {
             None if reports.domain.is_empty() => {
                 return Err(Status::invalid_argument("the first report of a stream must name its domain"));
@@ -244,7 +261,8 @@ impl StreamState {
         let cap = config.limits.rlqs_buckets_per_stream_max;
         let ttl = ttl_s(&config);
         let now = Instant::now();
-        let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
+        let mut answered = Vec::with_capacity(reports.bucket_quota_usages.len());
+        let mut unknown = HashSet::new();
         for usage in reports.bucket_quota_usages {
             let bucket_id =
                 usage.bucket_id.ok_or_else(|| Status::invalid_argument("a usage without bucket_id"))?;
@@ -261,7 +279,7 @@ impl StreamState {
                 Some(table) => target(table, &bucket_id, &policies)?,
             };
             let group = match &target {
-                Target::Group(group, _) => Some(group.clone()),
+                Target::Group(group, ..) => Some(group.clone()),
                 Target::Blanket(_) => None,
             };
             // A reload may move a bucket to another group: it leaves the old one first.
@@ -270,18 +288,29 @@ impl StreamState {
             {
                 self.hub.leave(self.id, &old, &canon, ttl);
             }
-            let action = match target {
-                Target::Blanket(rule) => blanket(bucket_id.clone(), rule, ttl),
-                Target::Group(group, limit) => {
-                    let share =
-                        self.hub.report(self.id, &group, &canon, &bucket_id, limit, requests, elapsed_s, ttl);
-                    assignment(bucket_id.clone(), share, ttl)
+            if let Target::Group(group, hash, limit) = &target {
+                let known = self
+                    .hub
+                    .report(self.id, group, *hash, &canon, &bucket_id, *limit, requests, elapsed_s, ttl);
+                if !known {
+                    unknown.insert(group.clone());
                 }
-            };
-            actions.push(action);
+            }
+            answered.push((canon.clone(), bucket_id.clone(), target));
             self.buckets.insert(canon, Tracked { group, last_report: now, bucket_id });
         }
-        Ok(actions)
+        if !unknown.is_empty() {
+            fleet::sync(&self.daemon, Some(&unknown)).await;
+        }
+        Ok(answered
+            .into_iter()
+            .map(|(canon, bucket_id, target)| match target {
+                Target::Blanket(rule) => blanket(bucket_id, rule, ttl),
+                Target::Group(group, ..) => {
+                    assignment(bucket_id, self.hub.share(self.id, &group, &canon), ttl)
+                }
+            })
+            .collect())
     }
 
     /// Abandons the buckets not reported for `abandon_after_periods` periods.
@@ -317,8 +346,8 @@ impl StreamState {
 enum Target {
     /// A blanket rule.
     Blanket(UnknownDomain),
-    /// A share of a group's (rate per second, burst).
-    Group(GroupKey, (f64, u64)),
+    /// A share of a group's limit; the key's bucket finds its owner.
+    Group(GroupKey, KeyHash, Quota),
 }
 
 /// The group of `bucket_id` under `table`, with its limit now.
@@ -335,7 +364,9 @@ fn target(table: &RlqsDomain, bucket_id: &BucketId, policies: &crate::PolicyTabl
     let limit = &policy.limit;
     let period_s = limit.spec().period.as_secs_f64();
     let rate = if period_s > 0.0 { limit.reported_limit() as f64 / period_s } else { 0.0 };
-    Ok(Target::Group(GroupKey { policy: table.policy.clone(), key }, (rate, limit.capacity())))
+    let hash = entry.namespace.key(key.as_bytes());
+    let quota = Quota { rate, burst: limit.capacity() };
+    Ok(Target::Group(GroupKey { policy: table.policy.clone(), key }, hash, quota))
 }
 
 /// The key of `bucket_id` under `table` (see the module's documentation).
