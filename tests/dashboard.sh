@@ -30,36 +30,9 @@ require_tools chromium
 ratemeshd_binary ${RATEMESHD_BIN:+"$RATEMESHD_BIN"}
 
 make_work
-pids=()
 chromium_pid=
-stop_all() {
-    local pid
-    for pid in "${pids[@]}" $chromium_pid; do
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-}
-# lib.sh's EXIT trap stops the variables' pids; these are several: stop them first (keeping the
-# script's status for lib_exit, which reads it from $?: stop_all's last command would reset it).
-trap 'status=$?; stop_all; (exit "$status"); lib_exit' EXIT
-
-declare -a http gossip
-for ((id = 1; id <= nodes; id++)); do
-    ratemeshd_ports
-    http[id]=$p_http
-    gossip[id]=$p_gossip
-    seeds=""
-    ((id == 1)) || seeds="\"127.0.0.1:${gossip[1]}\""
-    write_config "$work/node-$id.toml" <<TOML
-[node]
-id = $id
-
-[cluster]
-cluster_id = "dashboard"
-seeds = [$seeds]
-secret = "dashboard test: a cluster secret"
-gossip_interval_ms = 100
-
+stop_at_exit chromium_pid
+start_cluster "$nodes" dashboard <<TOML
 [[policies]]
 name = "api"
 algorithm = "token_bucket"
@@ -73,20 +46,6 @@ algorithm = "fixed_window"
 limit = 5
 period_ms = 60000
 TOML
-    env -i PATH="$PATH" "$binary" serve --config "$work/node-$id.toml" >"$work/node-$id.log" 2>&1 &
-    pids+=($!)
-    show_at_failure "node $id log" 20 "$work/node-$id.log"
-done
-
-live_members() {
-    curl -sf --max-time 2 "http://127.0.0.1:$1/v1/cluster" |
-        python3 -c 'import json,sys; print(sum(m["status"] == "live" for m in json.load(sys.stdin)["members"]))'
-}
-three_live() { [[ $(live_members "$1") == "$nodes" ]]; }
-for ((id = 1; id <= nodes; id++)); do
-    wait_for "node $id ready" answers "http://127.0.0.1:${http[id]}/readyz" 200
-    wait_for "node $id sees $nodes live members" three_live "${http[id]}"
-done
 say "$nodes nodes live"
 
 # Load: every normal key twice, each abusive key 60 times, spread over the nodes, in batches.

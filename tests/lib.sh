@@ -140,6 +140,55 @@ start_ratemeshd() {
     ratemeshd_pid=$!
 }
 
+# start_cluster N NAME: starts N ratemeshd nodes (ids 1 to N) of cluster NAME on loopback, node 1
+# the seed of the others, gossiping every 100 ms. Node ID's configuration is $work/node-ID.toml:
+# its [listen] section, [node] and [cluster], then stdin (the policies, ...); its log is
+# $work/node-ID.log (shown at failure). With cluster_rlqs=1, each node also serves RLQS on
+# rlqs[ID]. Sets http[ID], gossip[ID], node_pids[ID] (stopped at exit) and node_list
+# ("127.0.0.1:HTTP,..."), then waits until every node is ready and sees N live members.
+start_cluster() {
+    local count=$1 name=$2 id seeds config
+    config=$(cat)
+    declare -ga http=() gossip=() rlqs=() node_pids=()
+    node_list=""
+    stop_at_exit node_pids
+    for ((id = 1; id <= count; id++)); do
+        if [[ -n ${cluster_rlqs:-} ]]; then ratemeshd_ports p_rlqs/tcp; else ratemeshd_ports; fi
+        http[id]=$p_http
+        gossip[id]=$p_gossip
+        rlqs[id]=${p_rlqs:-}
+        seeds=""
+        ((id == 1)) || seeds="\"127.0.0.1:${gossip[1]}\""
+        write_config "$work/node-$id.toml" <<TOML
+[node]
+id = $id
+
+[cluster]
+cluster_id = "$name"
+seeds = [$seeds]
+secret = "$name test: a cluster secret"
+gossip_interval_ms = 100
+
+$config
+TOML
+        env -i PATH="$PATH" ${cluster_rlqs:+RATEMESH_LISTEN_RLQS="127.0.0.1:${rlqs[id]}"} \
+            "$binary" serve --config "$work/node-$id.toml" >"$work/node-$id.log" 2>&1 &
+        node_pids[id]=$!
+        show_at_failure "node $id log" 30 "$work/node-$id.log"
+        node_list+="${node_list:+,}127.0.0.1:${http[id]}"
+    done
+    for ((id = 1; id <= count; id++)); do
+        wait_for "node $id ready" answers "http://127.0.0.1:${http[id]}/readyz" 200
+        wait_for "node $id sees $count live members" live_members_are "${http[id]}" "$count"
+    done
+}
+
+# live_members_are HTTP_PORT N: the node on HTTP_PORT sees N live members.
+live_members_are() {
+    [[ $(curl -sf --max-time 2 "http://127.0.0.1:$1/v1/cluster" |
+        python3 -c 'import json,sys; print(sum(m["status"] == "live" for m in json.load(sys.stdin)["members"]))') == "$2" ]]
+}
+
 # answers URL CODE: URL answers HTTP status CODE (within 2 s).
 answers() { [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1") == "$2" ]]; }
 
@@ -171,8 +220,8 @@ wait_for() {
 lib_stop=() # names of the variables that hold the pids to stop at exit, in this order
 lib_logs=() # "LINES|FILE|TITLE" of the logs to show when the script fails
 
-# stop_at_exit VARIABLE...: at exit, kill and reap the process whose pid VARIABLE holds then
-# (nothing when it is empty: a script that stopped a process itself clears the variable).
+# stop_at_exit VARIABLE...: at exit, kill and reap the processes whose pids VARIABLE (a scalar or
+# an array) holds then (nothing when it is empty: a script that stopped a process clears it).
 stop_at_exit() { lib_stop+=("$@"); }
 
 # show_at_failure TITLE LINES FILE: on a failed exit, the last LINES lines of FILE, on stderr,
@@ -190,13 +239,15 @@ make_work() {
 lib_exit() {
     local status=$? variable pid entry lines file title
     for variable in "${lib_stop[@]}"; do
-        pid=${!variable:-}
-        if [[ -n $pid ]]; then
+        # A variable holds one pid, or an array of them (start_cluster's node_pids).
+        eval "local -a lib_pids=(\"\${${variable}[@]}\")"
+        for pid in "${lib_pids[@]}"; do
+            [[ -n $pid ]] || continue
             kill "$pid" 2>/dev/null || true
             # A process stopped by SIGSTOP (bench.sh quiets idle servers) acts on it once continued.
             kill -CONT "$pid" 2>/dev/null || true
             wait "$pid" 2>/dev/null || true
-        fi
+        done
     done
     if [[ $status -ne 0 ]]; then
         for entry in "${lib_logs[@]}"; do

@@ -32,35 +32,7 @@ say "mypy --strict on clients/python/src"
 (cd clients/python && "$venv/bin/mypy" src) || fail "mypy found type errors in clients/python"
 
 make_work
-pids=()
-stop_all() {
-    local pid
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-}
-# (lib_exit reads the script's status from $?: keep it across stop_all.)
-trap 'status=$?; stop_all; (exit "$status"); lib_exit' EXIT
-
-declare -a http gossip
-node_list=""
-for ((id = 1; id <= nodes; id++)); do
-    ratemeshd_ports
-    http[id]=$p_http
-    gossip[id]=$p_gossip
-    seeds=""
-    ((id == 1)) || seeds="\"127.0.0.1:${gossip[1]}\""
-    write_config "$work/node-$id.toml" <<TOML
-[node]
-id = $id
-
-[cluster]
-cluster_id = "python"
-seeds = [$seeds]
-secret = "python test: a cluster secret"
-gossip_interval_ms = 100
-
+start_cluster "$nodes" python <<TOML
 [[policies]]
 name = "api"
 algorithm = "token_bucket"
@@ -74,21 +46,6 @@ algorithm = "concurrency"
 limit = 2
 period_ms = 60000
 TOML
-    env -i PATH="$PATH" "$binary" serve --config "$work/node-$id.toml" >"$work/node-$id.log" 2>&1 &
-    pids+=($!)
-    show_at_failure "node $id log" 30 "$work/node-$id.log"
-    node_list+="${node_list:+,}127.0.0.1:${http[id]}"
-done
-
-live_members() {
-    curl -sf --max-time 2 "http://127.0.0.1:$1/v1/cluster" |
-        python3 -c 'import json,sys; print(sum(m["status"] == "live" for m in json.load(sys.stdin)["members"]))'
-}
-all_live() { [[ $(live_members "$1") == "$nodes" ]]; }
-for ((id = 1; id <= nodes; id++)); do
-    wait_for "node $id ready" answers "http://127.0.0.1:${http[id]}/readyz" 200
-    wait_for "node $id sees $nodes live members" all_live "${http[id]}"
-done
 say "$nodes nodes live: $node_list"
 
 export RATEMESH_NODES=$node_list
@@ -101,7 +58,7 @@ timeout "$pytest_timeout_s" "$venv/bin/python" -m pytest -p no:cacheprovider -c 
 
 # Last, alone: it kills node 3 (SIGKILL) mid-run.
 say "pytest: a node killed mid-run"
-export RATEMESH_KILL_PID=${pids[2]}
+export RATEMESH_KILL_PID=${node_pids[3]}
 timeout 300 "$venv/bin/python" -m pytest -p no:cacheprovider -c tests/python/pytest.ini --rootdir=. \
     --timeout=120 -q -rfEx tests/python/test_node_killed.py ||
     fail "pytest (a node killed mid-run) failed"

@@ -1,4 +1,11 @@
-"""Emulated Envoys against ratemeshd's RLQS listener (run by run.sh): ADDRESS MODE.
+"""Emulated Envoys against ratemeshd's RLQS listeners (run by run.sh): ADDRESSES MODE [HTTP PIDS].
+
+ADDRESSES is one RLQS address, or several (comma-separated, one per node of a cluster): the
+Envoys of a scenario connect to them in turn, so every Envoy of a three-node cluster speaks to
+another node, and the limit they share goes through the key's owner (`rlqs::fleet`). With a
+cluster, HTTP (the nodes' HTTP ports) lets the run wait for two fleet rounds on every node after
+each simulated period (`GET /v1/rlqs`), and PIDS (the nodes' process ids) lets it kill the
+key's owner (scenario 6).
 
 MODE `envoy` behaves as Envoy's `rate_limit_quota` filter does (FIELD-NOTES-3 §1.2): one stream
 per Envoy and domain; the domain on every message; a bucket's first report at once, with a
@@ -19,16 +26,30 @@ a policy of 1 000/s with a burst of 1 000 (the bounds of issue 44, point 6, on o
  4. below the limit (3 x 200/s): at least 99 % admitted;
  5. one Envoy leaves: the server pushes the two others larger shares as soon as the stream ends,
     and they hold the whole limit within 3 report periods.
+ 6. (a cluster) the key's owner is killed (SIGKILL) and its Envoy reconnects to the next node,
+    keeping what it holds until it is answered there: after every period the rates the three
+    Envoys hold sum to at most the limit; what they admit from the kill on is at most the limit
+    over that time plus one burst (Envoy starts a changed assignment's bucket full); and they
+    hold at least 0.95 x the limit at the end.
 """
 
+import json
+import os
 import queue
+import signal
 import sys
 import threading
+import time
+import urllib.request
 
 import grpc
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2, rlqs_pb2_grpc
 
-ADDRESS, MODE = sys.argv[1], sys.argv[2]
+ADDRESSES, MODE = sys.argv[1].split(","), sys.argv[2]
+HTTP = sys.argv[3].split(",") if len(sys.argv) > 3 else []
+PIDS = [int(pid) for pid in sys.argv[4].split(",")] if len(sys.argv) > 4 else []
+CLUSTER = len(ADDRESSES) > 1
+LIVE = list(range(len(ADDRESSES)))  # the nodes not killed
 DOMAIN = "edge"
 LIMIT = 1000.0
 BURST = 1000.0
@@ -47,15 +68,16 @@ def say(message):
 class Envoy:
     """One stream; the assignments it holds; its simulated token buckets."""
 
-    def __init__(self, name):
+    def __init__(self, name, node=0):
         self.name = name
+        self.node = node
         self.outbox = queue.Queue()
         self.answers = queue.Queue()
         self.held = {}  # bucket key -> (rate, max_tokens, fill_interval_s, ttl_s)
         self.tokens = {}
         self.lock = threading.Lock()
         self.reports = 0
-        channel = grpc.insecure_channel(ADDRESS)
+        channel = grpc.insecure_channel(ADDRESSES[node])
         stub = rlqs_pb2_grpc.RateLimitQuotaServiceStub(channel)
         self.call = stub.StreamRateLimitQuotas(iter(self.outbox.get, None))
         self.channel = channel
@@ -121,7 +143,8 @@ class Envoy:
         # it on this stream (one stream is in order), so what this Envoy holds is then current.
         self.reports += 1
         marker = message.bucket_quota_usages.add()
-        marker.bucket_id.bucket.update({"marker": f"{self.name}-{self.reports}"})
+        # (named to sort after the scenarios' buckets in GET /v1/rlqs's lists)
+        marker.bucket_id.bucket.update({"~marker": f"{self.name}-{self.reports}"})
         self.outbox.put(message)
         marker_key = tuple(sorted(marker.bucket_id.bucket.items()))
         while marker_key not in {tuple(sorted(a.bucket_id.bucket.items())) for a in self.take("an answer").bucket_action}:
@@ -157,6 +180,28 @@ class Envoy:
         self.channel.close()
 
 
+def rlqs_state(node):
+    with urllib.request.urlopen(f"http://127.0.0.1:{HTTP[node]}/v1/rlqs", timeout=2) as answer:
+        return json.load(answer)
+
+
+def settle(envoys):
+    """A cluster: waits until every live node ran two more fleet rounds (its part then reflects
+    every report sent before), then has each Envoy take what was pushed to it meanwhile (a
+    report of its marker alone). One node: nothing to wait for (its answers are at once)."""
+    if not CLUSTER:
+        return
+    start = {node: rlqs_state(node)["fleet_rounds"] for node in LIVE}
+    deadline = time.monotonic() + TIMEOUT_S
+    for node in LIVE:
+        while rlqs_state(node)["fleet_rounds"] < start[node] + 2:
+            if time.monotonic() > deadline:
+                fail(f"node {node + 1} ran no two fleet rounds within {TIMEOUT_S} s")
+            time.sleep(0.02)  # a bounded poll of the node's counter, not a synchronization
+    for envoy in envoys:
+        envoy.report([])
+
+
 def period_s(i):
     """Envoy: 5 s; spec: 4.75 s and 5.25 s in turn (10 s per two periods either way)."""
     return 5.0 if MODE == "envoy" else (4.75 if i % 2 == 0 else 5.25)
@@ -166,11 +211,12 @@ def fleet(label, demands, periods, warmup_periods=2, leave_at=None):
     """Runs Envoys with `demands` on one bucket; returns (admitted per s per Envoy after the
     warm-up, the final assigned rates)."""
     bucket = {"scenario": label}
-    envoys = [Envoy(f"envoy-{i}") for i in range(len(demands))]
+    envoys = [Envoy(f"{label}-{i}", LIVE[i % len(LIVE)]) for i in range(len(demands))]
     for envoy in envoys:
         envoy.report([(bucket, 0.0, 0, 0)])  # the immediate first report: 0 s in whole seconds
         if envoy.rate(bucket) <= 0:
             fail(f"{label}: {envoy.name}'s first report got no quota")
+    settle(envoys)
     admitted = [0] * len(envoys)
     measured_s = 0.0
     active = list(range(len(envoys)))
@@ -190,6 +236,7 @@ def fleet(label, demands, periods, warmup_periods=2, leave_at=None):
                 admitted[e] += allowed
         if i >= warmup_periods:
             measured_s += seconds
+        settle([envoys[e] for e in active])
     rates = [envoys[e].rate(bucket) for e in active]
     for e in active:
         envoys[e].close()
@@ -229,6 +276,62 @@ def main():
     if sum(rates) < 0.95 * LIMIT:
         fail(f"one of three left 3 periods ago: the others hold {rates}")
     say(f"ok 5: one of three left: the others hold {sum(rates):.0f}/s within 3 periods")
+
+    if PIDS:
+        owner_killed()
+
+
+def owner_of(label):
+    """The node whose ledger holds the scenario's group."""
+    for node in LIVE:
+        if any(g["key"] == f"scenario={label}" for g in rlqs_state(node)["owned"]):
+            return node
+    fail(f"no node owns scenario={label}")
+
+
+def owner_killed():
+    """Scenario 6: 3 x 600/s, one Envoy per node; the key's owner is killed after 4 periods."""
+    label, demand, periods, kill_at = "kill", 600, 12, 4
+    bucket = {"scenario": label}
+    envoys = [Envoy(f"{label}-{i}", i) for i in range(3)]
+    for envoy in envoys:
+        envoy.report([(bucket, 0.0, 0, 0)])
+    settle(envoys)
+    killed, admitted, elapsed_s, held_max, held_min = None, 0, 0.0, 0.0, LIMIT
+    for i in range(periods):
+        if i == kill_at:
+            killed = owner_of(label)
+            os.kill(PIDS[killed], signal.SIGKILL)
+            LIVE.remove(killed)
+            # Its Envoy reconnects to the next node, holding what it held (Envoy keeps
+            # assignments across streams until their TTL).
+            orphan = envoys[killed]
+            moved = Envoy(orphan.name + "-moved", LIVE[0])
+            moved.held, moved.tokens = dict(orphan.held), dict(orphan.tokens)
+            orphan.outbox.put(None)
+            envoys[killed] = moved
+            moved.report([(bucket, 0.0, 0, 0)])
+        seconds = period_s(i)
+        for envoy in envoys:
+            allowed, denied = envoy.run(bucket, demand, seconds)
+            envoy.report([(bucket, seconds, allowed, denied)])
+            if killed is not None:
+                admitted += allowed
+        if killed is not None:
+            elapsed_s += seconds
+        settle(envoys)
+        held = sum(envoy.rate(bucket) for envoy in envoys)
+        held_max = max(held_max, held)
+        if killed is not None:
+            held_min = min(held_min, held)
+    for envoy in envoys:
+        envoy.close()
+    bound = LIMIT * elapsed_s + BURST
+    if held_max > LIMIT * 1.0001 or admitted > bound or held < 0.95 * LIMIT:
+        fail(f"owner (node {killed + 1}) killed: held at most {held_max:.0f}/s, admitted {admitted} "
+             f"in {elapsed_s:.0f} s (bound {bound:.0f}), {held:.0f}/s held at the end")
+    say(f"ok 6: the key's owner (node {killed + 1}) killed: {held_min:.0f} to {held_max:.0f}/s held after each period, "
+        f"{admitted} admitted in the {elapsed_s:.0f} s from the kill (bound {bound:.0f}), {held:.0f}/s held at the end")
 
 
 if __name__ == "__main__":

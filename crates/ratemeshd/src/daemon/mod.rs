@@ -101,7 +101,7 @@ pub struct Daemon {
     /// Live per-key overrides (`crate::overrides`).
     live: LiveOverrides,
     /// Envoy RLQS streams and the quota shares this node keeps or owns (`crate::rlqs`).
-    rlqs: crate::rlqs::State,
+    rlqs: Arc<crate::rlqs::State>,
 }
 
 impl Daemon {
@@ -171,8 +171,9 @@ impl Daemon {
         let (close_tx, _) = watch::channel(false);
         let (log_level, _) = watch::channel(config.log.level);
         let (reloads, _) = watch::channel(0);
+        let rlqs = Arc::new(crate::rlqs::State::default());
         let daemon = Arc::new(Daemon {
-            metrics: Metrics::new(node.clone()),
+            metrics: Metrics::new(node.clone(), Arc::clone(&rlqs)),
             node,
             current: RwLock::new(Current { config: Arc::new(config), policies }),
             source_path: source.as_ref().map(|source| source.path.clone()),
@@ -185,7 +186,7 @@ impl Daemon {
             log_level,
             reloads,
             live,
-            rlqs: crate::rlqs::State::default(),
+            rlqs,
         });
         // Every node answers RLQS fleet questions, whether it serves RLQS or not: it may own
         // keys that other nodes' Envoys report.

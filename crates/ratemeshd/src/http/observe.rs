@@ -1,5 +1,5 @@
 //! The observation routes: `/metrics`, `/healthz`, `/readyz`, `/v1/cluster`, `/v1/policies`,
-//! `/v1/top`, `/v1/stats` and the dashboard page (`dashboard.html`, at `/`).
+//! `/v1/top`, `/v1/rlqs`, `/v1/stats` and the dashboard page (`dashboard.html`, at `/`).
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
@@ -32,6 +32,55 @@ pub(super) async fn readyz(State(api): ApiState) -> Response {
             json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({ "ready": false, "reason": reason }))
         }
     }
+}
+
+/// Groups listed by `GET /v1/rlqs` (the first in (policy, key) order; `groups_total` counts all).
+const RLQS_GROUPS_SHOWN_MAX: usize = 100;
+
+/// This node's RLQS state: streams, fleet rounds, and its groups with their parts.
+pub(super) async fn rlqs(State(api): ApiState) -> Response {
+    let daemon = &api.daemon;
+    let (config, _) = daemon.current();
+    let state = daemon.rlqs();
+    let all = state.hub.all_totals();
+    let groups: Vec<_> = all
+        .iter()
+        .take(RLQS_GROUPS_SHOWN_MAX)
+        .map(|(group, totals)| {
+            json!({
+                "policy": group.policy,
+                "key": group.key,
+                "buckets": totals.members,
+                "limit_rate": totals.limit_rate,
+                "node_rate": totals.node_rate,
+                "assigned_rate": totals.assigned_rate,
+            })
+        })
+        .collect();
+    let owned: Vec<_> = state
+        .ledger
+        .first_groups(RLQS_GROUPS_SHOWN_MAX)
+        .into_iter()
+        .map(|(group, nodes)| {
+            json!({ "policy": group.policy, "key": group.key, "nodes": nodes.iter().map(|n| n.0).collect::<Vec<_>>() })
+        })
+        .collect();
+    let ordering = std::sync::atomic::Ordering::Relaxed;
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "node": daemon.id().0,
+            "serving": config.listen.rlqs.is_some(),
+            "sync_interval_ms": u64::try_from(config.rlqs.sync_interval.as_millis()).unwrap_or(u64::MAX),
+            "fleet_rounds": state.sync_rounds.load(ordering),
+            "fleet_fallbacks": state.fallbacks.load(ordering),
+            "streams": state.hub.streams(),
+            "owned_groups": state.ledger.groups(),
+            "owned": owned,
+            "groups_total": all.len(),
+            "groups": groups,
+        }),
+    )
 }
 
 pub(super) async fn cluster(State(api): ApiState) -> Response {

@@ -7,7 +7,8 @@
 //!   shadow-mode checks that failed, reloads;
 //! - read from the node at scrape time (`node::NodeCollector`, every counter of the library's `NodeMetrics`): the protocol's, store's and
 //!   transport's counters and the members, so that a scrape shows the node as it is now and the
-//!   hot path pays nothing for them.
+//!   hot path pays nothing for them; and the RLQS streams and quota shares
+//!   (`rlqs::RlqsCollector`).
 //!
 //! Label cardinality is bounded: `policy` is a configured policy's name (at most
 //! `POLICIES_MAX` of them) or `inline`, never a client's key; `route` is one of the fixed API
@@ -16,8 +17,10 @@
 //! file edited many times does not accumulate the labels of every name it ever had.
 
 mod node;
+mod rlqs;
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -154,7 +157,7 @@ fn http_duration_histogram() -> Histogram {
 
 impl Metrics {
     /// A registry with every metric registered, reading the node's counters at scrape time.
-    pub fn new(node: Node) -> Metrics {
+    pub fn new(node: Node, rlqs: Arc<crate::rlqs::State>) -> Metrics {
         let mut registry = Registry::default();
         let requests = Family::<PolicyDecision, Counter>::default();
         registry.register(
@@ -240,6 +243,7 @@ impl Metrics {
             reloads.clone(),
         );
         registry.register_collector(Box::new(NodeCollector { node }));
+        registry.register_collector(Box::new(rlqs::RlqsCollector { state: rlqs }));
         Metrics {
             registry,
             requests,

@@ -23,7 +23,7 @@ pub(super) struct NodeCollector {
 type CounterRow = (&'static str, &'static str, u64);
 
 /// Writes one unlabelled counter (`name` gets the `_total` suffix).
-fn counter(
+pub(super) fn counter(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -34,7 +34,12 @@ fn counter(
 }
 
 /// Writes one unlabelled gauge.
-fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) -> Result<(), std::fmt::Error> {
+pub(super) fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: i64,
+) -> Result<(), std::fmt::Error> {
     let metric = ConstGauge::new(value);
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
@@ -56,7 +61,7 @@ fn gauge_value(value: u64) -> i64 {
 }
 
 /// [`gauge_value`] of a count held in memory.
-fn gauge_len(value: usize) -> i64 {
+pub(super) fn gauge_len(value: usize) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 

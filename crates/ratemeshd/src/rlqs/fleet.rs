@@ -120,6 +120,17 @@ impl Ledger {
         self.lock().groups.len()
     }
 
+    /// The first `max` groups recorded in (policy, key) order, each with the nodes heard of.
+    pub fn first_groups(&self, max: usize) -> Vec<(GroupKey, Vec<NodeId>)> {
+        let inner = self.lock();
+        let mut keys: Vec<&GroupKey> = inner.groups.keys().collect();
+        keys.sort_unstable();
+        keys.into_iter()
+            .take(max)
+            .map(|key| (key.clone(), inner.groups[key].nodes.keys().copied().collect()))
+            .collect()
+    }
+
     /// Records `from`'s asks at `now` and answers each with `from`'s part (see the module's
     /// documentation); a record older than `stale` is forgotten, and a group known for less than
     /// `warmup` answers what the node holds.
@@ -284,6 +295,7 @@ pub async fn sync(daemon: &Arc<Daemon>, only: Option<&HashSet<GroupKey>>) {
             let rate = demand.limit.rate / live as f64;
             let burst = demand.limit.burst / live as u64;
             hub.set_node_quota(&demand.group, Quota { rate, burst }, ttl);
+            daemon.rlqs().fallbacks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     };
     orphans.iter().for_each(fall_back);

@@ -99,6 +99,8 @@ pub struct State {
     pub ledger: fleet::Ledger,
     /// Fleet sync rounds completed ([`fleet::run`]).
     pub sync_rounds: AtomicU64,
+    /// Groups set to the fallback part (their owner silent for [`fleet::STALE_INTERVALS`]).
+    pub fallbacks: AtomicU64,
 }
 
 /// The RLQS service over a [`Daemon`].
