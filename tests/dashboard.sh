@@ -32,7 +32,7 @@ ratemeshd_binary ${RATEMESHD_BIN:+"$RATEMESHD_BIN"}
 make_work
 chromium_pid=
 stop_at_exit chromium_pid
-start_cluster "$nodes" dashboard <<TOML
+cluster_rlqs=1 start_cluster "$nodes" dashboard <<TOML
 [[policies]]
 name = "api"
 algorithm = "token_bucket"
@@ -45,6 +45,10 @@ name = "login"
 algorithm = "fixed_window"
 limit = 5
 period_ms = 60000
+
+[[rlqs]]
+domain = "edge"
+policy = "api"
 TOML
 say "$nodes nodes live"
 
@@ -82,10 +86,10 @@ chromium_flags=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --
 # 1. --dump-dom: the DOM once the page's scripts ran.
 timeout 60 chromium "${chromium_flags[@]}" --virtual-time-budget=8000 --dump-dom "$page" \
     >"$work/dom.html" 2>"$work/chromium-dump.log" || fail "chromium --dump-dom failed: $(tail -5 "$work/chromium-dump.log")"
-for expected in abuser-a abuser-b abuser-c '(this node)' '>live<'; do
+for expected in abuser-a abuser-b abuser-c '(this node)' '>live<' 'RLQS streams: 0'; do
     grep -qF -- "$expected" "$work/dom.html" || fail "the dumped DOM lacks '$expected'"
 done
-say "--dump-dom shows the members and the top keys"
+say "--dump-dom shows the members, the top keys and the RLQS panel"
 
 # 2. DevTools protocol: console, requests, content, screenshot.
 free_ports p_devtools/tcp

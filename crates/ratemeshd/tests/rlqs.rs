@@ -463,3 +463,43 @@ async fn unknown_domains_abandonment_and_shutdown() {
     }
     tokio::time::timeout(TIMEOUT, shutdown).await.expect("bounded").expect("shut down");
 }
+
+#[tokio::test]
+async fn tiers_and_unknown_domains_as_configured_and_counted() {
+    let servers = start(
+        "[[policies]]\nname = \"plans\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod_ms = 1000\n\
+         tiers = [{ name = \"pro\", limit = 5000 }]\n\n[[rlqs]]\ndomain = \"tiered\"\npolicy = \"plans\"\n\
+         tier_entry = \"plan\"\n",
+    )
+    .await;
+    let addr = servers.rlqs_addr().expect("RLQS bound");
+    let mut envoy = Envoy::open(addr, "tiered").await.expect("opens");
+    let pro = bucket(&[("tenant", "a"), ("plan", "pro")]);
+    let plain = bucket(&[("tenant", "b")]);
+    let unknown_tier = bucket(&[("tenant", "c"), ("plan", "platinum")]);
+    envoy.report(vec![usage(&pro, 0, 0, 0), usage(&plain, 0, 0, 0), usage(&unknown_tier, 0, 0, 0)]).await;
+    assert_eq!(envoy.held(&pro).rate(), 5000.0, "the tier's limit");
+    assert_eq!(envoy.held(&plain).rate(), 100.0, "no tier entry: the policy's own limit");
+    assert_eq!(envoy.held(&unknown_tier).rate(), 100.0, "a tier the policy lacks: its own limit");
+
+    let mut stranger = Envoy::open(addr, "nobody-configured-this").await.expect("opens");
+    stranger.report(vec![usage(&plain, 0, 1, 0)]).await;
+    let metrics = http_get(servers.http_addr(), "/metrics").await;
+    // The stranger's bucket and its marker; the configured stream by its domain.
+    assert!(metrics.contains("ratemesh_rlqs_unknown_domain_reports_total 2"), "{metrics}");
+    assert!(metrics.contains("ratemesh_rlqs_domain_streams{domain=\"tiered\"} 1"), "{metrics}");
+    assert!(metrics.contains("ratemesh_rlqs_domain_buckets{domain=\"tiered\"} 4"), "{metrics}");
+    assert!(metrics.contains("ratemesh_rlqs_domain_streams{domain=\"unknown\"} 1"), "{metrics}");
+    let state = http_get(servers.http_addr(), "/v1/rlqs").await;
+    assert!(state.contains("\"streams\":2"), "{state}");
+    tokio::time::timeout(TIMEOUT, servers.shutdown()).await.expect("bounded");
+}
+
+/// `GET path` from the daemon's HTTP API: the body.
+async fn http_get(addr: SocketAddr, path: &str) -> String {
+    let response = ratemeshd::client::request(&addr.to_string(), "GET", path, &[], b"", TIMEOUT)
+        .await
+        .expect("the HTTP API answers");
+    assert_eq!(response.status, 200, "{path}: {}", response.text());
+    response.text()
+}

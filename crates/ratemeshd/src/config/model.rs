@@ -64,12 +64,15 @@ pub struct RlqsSection {
 pub struct RlqsDomain {
     /// `domain`: the Envoy filter's `domain`.
     pub domain: String,
-    /// `policy`: the policy whose limit the domain's buckets split (its tiers do not apply; its
-    /// per-key overrides do).
+    /// `policy`: the policy whose limit the domain's buckets split (its per-key overrides apply,
+    /// and its tiers through `tier_entry`).
     pub policy: String,
     /// `key_entries`: the bucket-id entries whose values, joined with `:` in this order, form the
     /// key; unset, every entry sorted by name as `name=value` joined with `,`.
     pub key_entries: Option<Vec<String>>,
+    /// `tier_entry`: the bucket-id entry whose value names the policy's tier for the bucket
+    /// (unset, absent from a bucket id, or naming no tier of the policy: the policy's own limit).
+    pub tier_entry: Option<String>,
 }
 
 /// What the RLQS server answers for a domain no `[[rlqs]]` names.

@@ -53,6 +53,7 @@ pub(super) struct RawRlqs {
     pub(super) domain: Option<Val<String>>,
     pub(super) policy: Option<Val<String>>,
     pub(super) key_entries: Option<Vec<Val<String>>>,
+    pub(super) tier_entry: Option<Val<String>>,
 }
 
 /// `[rls]`.

@@ -745,11 +745,12 @@ fn rlqs_domains_and_bounds() {
     assert_eq!(
         config.rlqs.domains,
         [
-            RlqsDomain { domain: "edge".into(), policy: "api".into(), key_entries: None },
+            RlqsDomain { domain: "edge".into(), policy: "api".into(), key_entries: None, tier_entry: None },
             RlqsDomain {
                 domain: "web".into(),
                 policy: "api".into(),
-                key_entries: Some(vec!["user".into(), "app".into()])
+                key_entries: Some(vec!["user".into(), "app".into()]),
+                tier_entry: None
             },
         ]
     );
@@ -771,6 +772,11 @@ fn rlqs_domains_and_bounds() {
     refused(
         &format!("{policy}[[rlqs]]\ndomain = \"e\"\npolicy = \"api\"\nkey_entries = [\"a\", \"a\"]\n"),
         "rlqs[0].key_entries[1]",
+        9,
+    );
+    refused(
+        &format!("{policy}[[rlqs]]\ndomain = \"e\"\npolicy = \"api\"\ntier_entry = \"\"\n"),
+        "rlqs[0].tier_entry",
         9,
     );
 }

@@ -274,7 +274,17 @@ impl Ctx<'_> {
                     Some(names)
                 }
             };
-            domains.push(RlqsDomain { domain, policy, key_entries });
+            let tier_entry = match &t.tier_entry {
+                Some(v) if v.value.is_empty() || v.value.len() > NAME_BYTES_MAX => {
+                    return Err(self.invalid(
+                        field("tier_entry"),
+                        &v.at,
+                        format!("{:?}: an entry name of 1 to {NAME_BYTES_MAX} bytes", v.value),
+                    ));
+                }
+                v => v.as_ref().map(|v| v.value.clone()),
+            };
+            domains.push(RlqsDomain { domain, policy, key_entries, tier_entry });
         }
         Ok(RlqsSection {
             domains,

@@ -17,7 +17,7 @@
 //! | `GET /v1/top?policy=NAME&n=20&by=refused` | the `n` (1 to [`TOP_N_MAX`], default 20) heaviest keys of a named policy by `refused` (default) or `demand` hits over the last minute at most, merged from every live member; the estimates' error bound, the window, the members that answered and those missing |
 //! | `GET /v1/stats` | this node: allowed and refused decisions per policy in 5 s slots over the last 5 minutes, sync lag, peer round-trip times, bytes held by the top-keys sketches |
 //! | `GET /v1/rlqs` | this node's RLQS state: streams, fleet rounds and fallbacks, the groups whose keys it owns, and its groups (the first 100 by policy and key) with the policy's rate, this node's part and what its Envoys are assigned |
-//! | `GET /` | the dashboard: one self-contained HTML page (no external assets) that polls `/v1/cluster`, `/v1/stats`, `/v1/policies` and `/v1/top` |
+//! | `GET /` | the dashboard: one self-contained HTML page (no external assets) that polls `/v1/cluster`, `/v1/stats`, `/v1/policies`, `/v1/top` and `/v1/rlqs` (its RLQS panel shows when the node serves RLQS) |
 //! | `PUT`, `DELETE /v1/overrides/{policy}/{key}` | a live override set or deleted cluster-wide (`crate::overrides`; `Authorization: Bearer` the `[auth] admin_token`: 403 without one configured, 401 when missing or wrong) |
 //! | `GET /v1/overrides/{policy}` | the live overrides of a policy |
 //!

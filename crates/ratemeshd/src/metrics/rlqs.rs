@@ -47,6 +47,30 @@ impl prometheus_client::collector::Collector for RlqsCollector {
             "RLQS groups whose owner did not answer for 3 intervals, set to the limit over the live members",
             state.fallbacks.load(Ordering::Relaxed),
         )?;
+        counter(
+            e,
+            "ratemesh_rlqs_unknown_domain_reports",
+            "RLQS bucket reports of domains no [[rlqs]] names (answered [rls] rlqs_unknown_domain)",
+            state.unknown_domain_reports.load(Ordering::Relaxed),
+        )?;
+        // By domain: a configured domain or `unknown`, bounded by the configuration.
+        let by_domain = state.hub.by_domain();
+        let streams = by_domain.iter().map(|(d, row)| (d.as_str(), row.0 as f64));
+        by_label_gauge(
+            e,
+            "ratemesh_rlqs_domain_streams",
+            "RLQS streams open on this node, by domain",
+            "domain",
+            streams,
+        )?;
+        let buckets = by_domain.iter().map(|(d, row)| (d.as_str(), row.1 as f64));
+        by_label_gauge(
+            e,
+            "ratemesh_rlqs_domain_buckets",
+            "RLQS buckets of this node's streams, by domain",
+            "domain",
+            buckets,
+        )?;
         // By policy: bounded by the configuration's policies (keys never become labels).
         let mut by_policy: BTreeMap<String, PolicyRow> = BTreeMap::new();
         for (group, totals) in state.hub.all_totals() {
@@ -57,39 +81,43 @@ impl prometheus_client::collector::Collector for RlqsCollector {
         }
         let per =
             |value: fn(&PolicyRow) -> f64| by_policy.iter().map(move |(p, row)| (p.as_str(), value(row)));
-        by_policy_gauge(
+        by_label_gauge(
             e,
             "ratemesh_rlqs_groups",
             "RLQS groups (policy, key) with buckets on this node, by policy",
+            "policy",
             per(|r| r.0 as f64),
         )?;
-        by_policy_gauge(
+        by_label_gauge(
             e,
             "ratemesh_rlqs_assigned_rate",
             "Tokens per second assigned to this node's Envoys, by policy (at most ratemesh_rlqs_node_rate)",
+            "policy",
             per(|r| r.1),
         )?;
-        by_policy_gauge(
+        by_label_gauge(
             e,
             "ratemesh_rlqs_node_rate",
             "This node's parts of its RLQS groups' limits, tokens per second, by policy",
+            "policy",
             per(|r| r.2),
         )?;
         Ok(())
     }
 }
 
-/// Writes one gauge family labelled by policy.
-fn by_policy_gauge<'a>(
+/// Writes one gauge family with one label.
+fn by_label_gauge<'a>(
     e: &mut DescriptorEncoder,
     name: &str,
     help: &str,
+    label: &str,
     values: impl Iterator<Item = (&'a str, f64)>,
 ) -> Result<(), std::fmt::Error> {
     let metric = ConstGauge::new(0.0_f64);
     let mut family = e.encode_descriptor(name, help, None, metric.metric_type())?;
-    for (policy, value) in values {
-        ConstGauge::new(value).encode(family.encode_family(&[("policy", policy)])?)?;
+    for (value_label, value) in values {
+        ConstGauge::new(value).encode(family.encode_family(&[(label, value_label)])?)?;
     }
     Ok(())
 }

@@ -69,10 +69,20 @@ pub struct Push {
     pub share: Share,
 }
 
+/// An open stream.
+#[derive(Debug)]
+struct Stream {
+    responses: Responses,
+    /// Its domain as metrics label it (a configured domain, or `unknown`), once it said one.
+    domain: Option<String>,
+    /// Its buckets.
+    buckets: usize,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     next_stream: u64,
-    streams: HashMap<u64, Responses>,
+    streams: HashMap<u64, Stream>,
     groups: HashMap<GroupKey, Group>,
 }
 
@@ -124,13 +134,39 @@ impl Hub {
         }
         inner.next_stream += 1;
         let id = inner.next_stream;
-        inner.streams.insert(id, responses);
+        inner.streams.insert(id, Stream { responses, domain: None, buckets: 0 });
         Some(id)
     }
 
     /// Streams open.
     pub fn streams(&self) -> usize {
         self.lock().streams.len()
+    }
+
+    /// Stream `stream` is of domain `label` (for metrics: a configured domain or `unknown`) and
+    /// holds `buckets` buckets.
+    pub fn describe(&self, stream: u64, label: &str, buckets: usize) {
+        let mut inner = self.lock();
+        if let Some(s) = inner.streams.get_mut(&stream) {
+            if s.domain.as_deref() != Some(label) {
+                s.domain = Some(label.to_owned());
+            }
+            s.buckets = buckets;
+        }
+    }
+
+    /// Streams and buckets by domain label (streams that said no domain yet are left out).
+    pub fn by_domain(&self) -> BTreeMap<String, (usize, usize)> {
+        let inner = self.lock();
+        let mut by_domain: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        for stream in inner.streams.values() {
+            if let Some(domain) = &stream.domain {
+                let row = by_domain.entry(domain.clone()).or_default();
+                row.0 += 1;
+                row.1 += stream.buckets;
+            }
+        }
+        by_domain
     }
 
     /// Takes a report of `requests` over `elapsed_s` for the member (`stream`, `canon`) of
@@ -299,7 +335,7 @@ fn send(inner: &Inner, pushes: Vec<Push>, ttl_s: u64) {
         by_stream.entry(push.stream).or_default().push(push);
     }
     for (stream, pushes) in by_stream {
-        let Some(responses) = inner.streams.get(&stream) else { continue };
+        let Some(Stream { responses, .. }) = inner.streams.get(&stream) else { continue };
         let _ = responses.try_send(Ok(super::response(
             pushes.iter().map(|p| super::assignment(p.bucket_id.clone(), p.share, ttl_s)),
         )));

@@ -11,8 +11,9 @@
 //! A stream's domain (its first message's; later messages may repeat it or leave it empty) names
 //! a `[[rlqs]]` table: its `policy`, and `key_entries` (the bucket-id values joined with `:` in
 //! that order; unset, every entry sorted by name as `name=value` joined with `,`). The policy's
-//! per-key overrides apply to the key (live ones too); its tiers, shadow mode and algorithm do
-//! not: the split is of its sustained rate (`limit` per `period_ms`) and its capacity (`burst`,
+//! per-key overrides apply to the key (live ones too), and its tiers when `tier_entry` names the
+//! bucket-id entry that holds the tier (one the policy lacks: its own limit); its shadow mode and
+//! algorithm do not: the split is of its sustained rate (`limit` per `period_ms`) and its capacity (`burst`,
 //! or `limit` for window algorithms). An `unlimited` policy answers `ALLOW_ALL`. A domain no
 //! table names is answered with a blanket rule, `[rls] rlqs_unknown_domain`.
 //!
@@ -101,7 +102,12 @@ pub struct State {
     pub sync_rounds: AtomicU64,
     /// Groups set to the fallback part (their owner silent for [`fleet::STALE_INTERVALS`]).
     pub fallbacks: AtomicU64,
+    /// Bucket reports of domains no `[[rlqs]]` names (answered `[rls] rlqs_unknown_domain`).
+    pub unknown_domain_reports: AtomicU64,
 }
+
+/// The metrics label of the domains no `[[rlqs]]` names.
+pub const UNKNOWN_DOMAIN_LABEL: &str = "unknown";
 
 /// The RLQS service over a [`Daemon`].
 #[derive(Debug, Clone)]
@@ -301,6 +307,15 @@ impl StreamState {
             answered.push((canon.clone(), bucket_id.clone(), target));
             self.buckets.insert(canon, Tracked { group, last_report: now, bucket_id });
         }
+        let label = table.map_or(UNKNOWN_DOMAIN_LABEL, |t| t.domain.as_str());
+        self.hub.describe(self.id, label, self.buckets.len());
+        if table.is_none() {
+            let reports = u64::try_from(answered.len()).unwrap_or(u64::MAX);
+            self.daemon
+                .rlqs()
+                .unknown_domain_reports
+                .fetch_add(reports, std::sync::atomic::Ordering::Relaxed);
+        }
         if !unknown.is_empty() {
             fleet::sync(&self.daemon, Some(&unknown)).await;
         }
@@ -358,8 +373,9 @@ fn target(table: &RlqsDomain, bucket_id: &BucketId, policies: &crate::PolicyTabl
     let Some(entry) = policies.get(&table.policy) else {
         return Ok(Target::Blanket(UnknownDomain::AllowAll));
     };
-    // The key's override, if any (tiers are not named by RLQS buckets).
-    let entry = entry.resolve(&key, None).unwrap_or_else(|_| Arc::clone(entry));
+    // The key's override, else the tier the bucket names (one the policy lacks: its own limit).
+    let tier = table.tier_entry.as_ref().and_then(|name| bucket_id.bucket.get(name));
+    let entry = entry.resolve(&key, tier.map(String::as_str)).unwrap_or_else(|_| Arc::clone(entry));
     let Some(policy) = entry.rule.policy() else {
         return Ok(Target::Blanket(UnknownDomain::AllowAll));
     };

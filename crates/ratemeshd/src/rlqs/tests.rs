@@ -79,6 +79,7 @@ fn bucket_ids_are_checked_and_keyed() {
         domain: "d".to_owned(),
         policy: "p".to_owned(),
         key_entries: key_entries.map(|names| names.iter().map(|n| (*n).to_owned()).collect()),
+        tier_entry: None,
     };
     assert_eq!(key_of(&table(None), &id).expect("key"), "app=web,route=/x,user=alice");
     assert_eq!(key_of(&table(Some(&["user", "app"])), &id).expect("key"), "alice:web");
