@@ -31,6 +31,7 @@
 //! - [`usage`]: refunds ([`Node::refund`]), charges after the fact ([`Node::charge`]) and
 //!   all-or-nothing checks across limits ([`Node::check_all`]).
 
+mod backoff;
 pub mod calendar;
 pub mod defaults;
 pub mod dns;
@@ -48,6 +49,7 @@ pub mod top;
 pub mod transport;
 pub mod usage;
 
+pub use backoff::Backoff;
 pub use calendar::{Calendar, CalendarPolicy, CalendarUnit};
 pub use durable::{FileStateStore, StateStore};
 pub use gossip::{GossipHealth, GossipLimits, GossipStats};

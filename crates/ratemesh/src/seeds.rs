@@ -187,7 +187,8 @@ pub(crate) fn spawn(
 async fn run(resolution: SeedResolution, sink: &dyn SeedSink) {
     let mut dns: Option<Dns> = None;
     let mut addrs: Vec<SocketAddr> = Vec::new();
-    let mut alone_backoff = resolution.gossip_interval;
+    let backoff = crate::Backoff { initial: resolution.gossip_interval, max: resolution.resolve_interval };
+    let mut alone_backoff = backoff.initial;
     // Runs until the node stops (the caller drops this future).
     loop {
         let resolved = resolve(&mut dns, &resolution).await;
@@ -201,7 +202,7 @@ async fn run(resolution: SeedResolution, sink: &dyn SeedSink) {
             resolution.resolve_interval
         } else {
             let wait = alone_backoff;
-            alone_backoff = (alone_backoff * 2).min(resolution.resolve_interval);
+            alone_backoff = backoff.next(alone_backoff);
             wait
         };
         let next_resolution = Instant::now() + wait;

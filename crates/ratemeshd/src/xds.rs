@@ -182,8 +182,7 @@ impl XdsSettings {
 
     /// The delay before reconnect attempt `failures` (≥ 1), jittered.
     fn backoff(&self, failures: u32) -> Duration {
-        let doubled = self.backoff_initial.saturating_mul(1 << failures.saturating_sub(1).min(16));
-        let base = doubled.min(self.backoff_max);
+        let base = ratemesh::Backoff { initial: self.backoff_initial, max: self.backoff_max }.delay(failures);
         // A uniform draw in [0, 1) from the process's random hasher keys: no RNG crate for this.
         let draw = (RandomState::new().hash_one(failures) >> 11) as f64 / (1u64 << 53) as f64;
         base.mul_f64(1.0 - self.backoff_random_factor + 2.0 * self.backoff_random_factor * draw)

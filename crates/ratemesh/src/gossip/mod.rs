@@ -255,7 +255,8 @@ pub(crate) async fn supervise(
                 () = tokio::time::sleep(backoff) => {}
                 _ = stop.wait_for(|stopped| *stopped) => return,
             }
-            backoff = (backoff * 2).min(RESTART_BACKOFF_MAX);
+            backoff =
+                crate::Backoff { initial: RESTART_BACKOFF_INITIAL, max: RESTART_BACKOFF_MAX }.next(backoff);
             generation = next_generation(generation);
             match starter.spawn(generation, key_values.clone()).await {
                 Ok(handle) => break handle,

@@ -46,8 +46,6 @@ pub const QUERIES_PER_CONNECTION_MAX: u32 = 4;
 /// Largest question of a query, in bytes: room for a batch of application questions (a member
 /// reads at most this much per question, [`QUERIES_PER_CONNECTION_MAX`] at once per connection).
 pub const QUERY_LEN_MAX: usize = 64 * 1024;
-/// The backoff doubles at most this many times (then it stays at `backoff_max_ms`).
-const BACKOFF_DOUBLINGS_MAX: u32 = 20;
 
 /// Bounds and timings of a [`PeerTransport`]. Every field has a default ([`Default`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,9 +130,8 @@ impl TransportConfig {
 
     /// The reconnect delay after `failures` consecutive failed connects (≥ 1).
     pub(crate) fn backoff(&self, failures: u32) -> Duration {
-        let doublings = failures.saturating_sub(1).min(BACKOFF_DOUBLINGS_MAX);
-        let delay_ms = self.backoff_initial_ms.saturating_mul(1_u64 << doublings);
-        Duration::from_millis(delay_ms.min(self.backoff_max_ms))
+        let initial = Duration::from_millis(self.backoff_initial_ms);
+        crate::Backoff { initial, max: Duration::from_millis(self.backoff_max_ms) }.delay(failures)
     }
 }
 
@@ -376,15 +373,6 @@ pub trait PeerTransport: Send + Sync + std::fmt::Debug + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_from_initial_up_to_max() {
-        let config =
-            TransportConfig { backoff_initial_ms: 50, backoff_max_ms: 1000, ..TransportConfig::default() };
-        let delays_ms: Vec<u128> = (1..=7).map(|failures| config.backoff(failures).as_millis()).collect();
-        assert_eq!(delays_ms, [50, 100, 200, 400, 800, 1000, 1000]);
-        assert_eq!(config.backoff(u32::MAX), millis(1000));
-    }
 
     #[test]
     fn inconsistent_configurations_are_refused() {
