@@ -18,9 +18,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use ratemesh::{
-    ClusterSecurity, HeaderKey, MemberStatus, NamedPolicy, Node, NodeBuilder, NodeId, RateLimitLayer,
+    Algorithm, ClusterSecurity, Fallback, HeaderKey, Limit, LimitSpec, MemberStatus, Mode, NamedPolicy, Node,
+    NodeBuilder, NodeConfig, NodeId, Policy, RateLimitLayer,
 };
-use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, NodeConfig, Policy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

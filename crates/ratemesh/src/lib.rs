@@ -62,7 +62,12 @@ pub use node::{
     StartError, TopLabel, TopReport,
 };
 pub use overrides::{LiveOverride, LiveOverrides, OverrideError, OverrideLimit};
-pub use ratemesh_core::{Adjustment, NodeId};
+// What an embedder names from the core (policies, limits, decisions, the node's configuration),
+// so that an application imports one crate.
+pub use ratemesh_core::{
+    Adjustment, Algorithm, Decision, Fallback, KeyHash, LeaseId, Limit, LimitError, LimitSpec, Mode,
+    Namespace, NodeConfig, NodeConfigError, NodeId, Policy,
+};
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};
 pub use top::{TopAnswer, TopBy, TopConfig, TopEntry};
