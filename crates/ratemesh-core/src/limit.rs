@@ -31,11 +31,15 @@ pub enum Algorithm {
     LeakyBucketShaper,
     /// At most `limit` leases held at once; a lease not released expires after `period`.
     Concurrency,
+    /// A counter with an expiry, like Redis `INCR` + `EXPIRE`: at most `limit` hits in a window
+    /// of `period` that starts at the first hit counted into an empty counter (not on a grid) and
+    /// after which the count is zero; the next hit starts the next window.
+    ExpiringCounter,
 }
 
 impl Algorithm {
     /// Every algorithm, in declaration order.
-    pub const ALL: [Algorithm; 7] = [
+    pub const ALL: [Algorithm; 8] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindowLog,
         Algorithm::SlidingWindowCounter,
@@ -43,6 +47,7 @@ impl Algorithm {
         Algorithm::Gcra,
         Algorithm::LeakyBucketShaper,
         Algorithm::Concurrency,
+        Algorithm::ExpiringCounter,
     ];
 
     /// The name used in configuration and APIs (`token_bucket`, `gcra`, …).
@@ -55,6 +60,7 @@ impl Algorithm {
             Algorithm::Gcra => "gcra",
             Algorithm::LeakyBucketShaper => "leaky_bucket",
             Algorithm::Concurrency => "concurrency",
+            Algorithm::ExpiringCounter => "expiring_counter",
         }
     }
 
@@ -250,7 +256,7 @@ pub struct Limit {
 pub(crate) enum Kind {
     /// Token bucket, GCRA and shaper: a theoretical arrival time.
     Tat(TatParams),
-    /// Fixed window and sliding window counter.
+    /// Fixed window, sliding window counter and expiring counter.
     Window(WindowParams),
     /// Sliding window log.
     Log(LogParams),
@@ -285,10 +291,11 @@ impl Limit {
             return calendar_kind(&spec, window, period_nanos).map(|kind| Limit { spec, kind });
         }
         let kind = match spec.algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
+            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::ExpiringCounter => {
                 no_burst(&spec, reject)?;
                 let sliding = spec.algorithm == Algorithm::SlidingWindowCounter;
-                Kind::Window(WindowParams { period_nanos, limit: spec.limit, sliding })
+                let expiring = spec.algorithm == Algorithm::ExpiringCounter;
+                Kind::Window(WindowParams { period_nanos, limit: spec.limit, sliding, expiring })
             }
             Algorithm::SlidingWindowLog => {
                 no_burst(&spec, reject)?;

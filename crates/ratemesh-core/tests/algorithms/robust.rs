@@ -32,7 +32,7 @@ fn limit() -> impl Strategy<Value = Limit> {
         |(algorithm, period, count, burst, delay)| {
             let mut spec = LimitSpec::new(algorithm, count, Duration::from_nanos(period));
             match algorithm {
-                Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {}
+                Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::ExpiringCounter => {}
                 Algorithm::SlidingWindowLog => spec.limit = count.min(SLIDING_LOG_LIMIT_MAX),
                 Algorithm::Concurrency => spec.limit = count.min(CONCURRENCY_LIMIT_MAX),
                 Algorithm::TokenBucket | Algorithm::Gcra => {
@@ -162,7 +162,7 @@ fn a_log_holds_forced_hits_past_u64_max() {
 /// Regression: with a limit near `u64::MAX` a saturated sum let a request pass and overflow.
 #[test]
 fn a_window_with_a_huge_limit_refuses_what_does_not_fit() {
-    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter, Algorithm::ExpiringCounter] {
         let limit = limit_of(algorithm, u64::MAX, 1_000);
         let mut rng = CoreRng::seed_from_u64(0);
         let mut bucket = Bucket::new(&limit, Instant::ZERO);

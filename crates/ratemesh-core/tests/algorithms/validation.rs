@@ -55,7 +55,9 @@ fn zero_limit_and_zero_period() {
 
 #[test]
 fn parameters_that_do_not_apply() {
-    for name in ["fixed_window", "sliding_window_counter", "sliding_window_log", "concurrency"] {
+    for name in
+        ["fixed_window", "sliding_window_counter", "sliding_window_log", "concurrency", "expiring_counter"]
+    {
         check(&format!("{name} 3/1s burst=3"), not_applicable("burst", name));
         check(&format!("{name} 3/1s delay=0"), not_applicable("delay", name));
     }
