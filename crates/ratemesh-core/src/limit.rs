@@ -15,7 +15,8 @@ pub enum Algorithm {
     /// At most `limit` hits in each window of `period`, windows aligned to a fixed grid. Admits up to
     /// 2 × `limit` across a window edge.
     FixedWindow,
-    /// At most `limit` hits in any interval of length `period`, kept as a log of hits.
+    /// At most `limit` hits in any interval of length `period`, kept as a log of hits (at most
+    /// [`SLIDING_LOG_ENTRIES_MAX`] entries of a time and a cost per key).
     SlidingWindowLog,
     /// The previous window's count weighted by its overlap with the sliding window, plus the current
     /// window's count, must stay within `limit` (Cloudflare's approximation).
@@ -237,8 +238,11 @@ impl LimitError {
     }
 }
 
-/// The most hits a sliding window log keeps per key: its memory is O(limit).
-pub const SLIDING_LOG_LIMIT_MAX: u64 = 100_000;
+/// The most entries a sliding window log keeps per key, whatever its limit: an entry is a time
+/// and the cost of the hits at that time (16 bytes), so a log's memory is bounded by its entries,
+/// not by its limit. A log whose window holds hits at more distinct times merges its oldest
+/// entries into their successors (conservative: it may refuse a little early, never admit more).
+pub const SLIDING_LOG_ENTRIES_MAX: u64 = 100_000;
 /// The most leases a concurrency limit tracks per key: its memory is O(limit).
 pub const CONCURRENCY_LIMIT_MAX: u64 = 100_000;
 /// The longest period accepted: about 100 years, so that instants never saturate in practice.
@@ -299,7 +303,6 @@ impl Limit {
             }
             Algorithm::SlidingWindowLog => {
                 no_burst(&spec, reject)?;
-                at_most(LimitParameter::Limit, spec.limit, SLIDING_LOG_LIMIT_MAX)?;
                 Kind::Log(LogParams { period_nanos, limit: spec.limit })
             }
             Algorithm::Concurrency => {

@@ -10,8 +10,8 @@ the cluster's, one per key, whichever node is asked:
   limit of 10^15). Like Redis ``INCR`` + ``EXPIRE``, the window starts at the first hit and the
   count expires a period later. A hit the daemon refuses is not counted (Redis would count it):
   ``incr`` answers the limit plus the hit, and the window's count stays at the limit.
-- moving window (``acquire_entry``, ``get_moving_window``): a ``sliding_window_log``
-  (limit at most 100 000).
+- moving window (``acquire_entry``, ``get_moving_window``): a ``sliding_window_log`` (any
+  limit: a hit is one entry whatever its cost).
 - sliding window counter: the daemon's ``sliding_window_counter`` (the same weighting);
   ``get_sliding_window`` reports the weighted count as the current window's, the previous as 0.
 - ``clear``: refunds every hit of the key's limits; ``reset``: clears the keys this storage
@@ -143,9 +143,11 @@ class _Mapping:
         parsed = parse_limits_key(key)
         if parsed:
             amount, expiry = parsed
-            specs |= {("expiring_counter", amount, expiry), ("sliding_window_counter", amount, expiry)}
-            if amount <= 100_000:
-                specs.add(("sliding_window_log", amount, expiry))
+            specs |= {
+                ("expiring_counter", amount, expiry),
+                ("sliding_window_counter", amount, expiry),
+                ("sliding_window_log", amount, expiry),
+            }
         return [
             Check(self._options.prefix + key, self._limit(s), cost=-REFUND_ALL)
             for s in sorted(specs)
