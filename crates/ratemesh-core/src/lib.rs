@@ -48,7 +48,7 @@ pub use decision::{Decision, LeaseId};
 pub use key::{KeyHash, KeyHasher, KeyHasherBuilder, Namespace};
 pub use limit::{
     Algorithm, CONCURRENCY_LIMIT_MAX, CalendarWindow, Limit, LimitError, LimitParameter, LimitSpec,
-    PERIOD_NANOS_MAX, SLIDING_LOG_LIMIT_MAX,
+    PERIOD_NANOS_MAX, SLIDING_LOG_ENTRIES_MAX,
 };
 #[cfg(feature = "std")]
 pub use node::{

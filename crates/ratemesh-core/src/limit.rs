@@ -15,7 +15,8 @@ pub enum Algorithm {
     /// At most `limit` hits in each window of `period`, windows aligned to a fixed grid. Admits up to
     /// 2 × `limit` across a window edge.
     FixedWindow,
-    /// At most `limit` hits in any interval of length `period`, kept as a log of hits.
+    /// At most `limit` hits in any interval of length `period`, kept as a log of hits (at most
+    /// [`SLIDING_LOG_ENTRIES_MAX`] entries of a time and a cost per key).
     SlidingWindowLog,
     /// The previous window's count weighted by its overlap with the sliding window, plus the current
     /// window's count, must stay within `limit` (Cloudflare's approximation).
@@ -31,11 +32,15 @@ pub enum Algorithm {
     LeakyBucketShaper,
     /// At most `limit` leases held at once; a lease not released expires after `period`.
     Concurrency,
+    /// A counter with an expiry, like Redis `INCR` + `EXPIRE`: at most `limit` hits in a window
+    /// of `period` that starts at the first hit counted into an empty counter (not on a grid) and
+    /// after which the count is zero; the next hit starts the next window.
+    ExpiringCounter,
 }
 
 impl Algorithm {
     /// Every algorithm, in declaration order.
-    pub const ALL: [Algorithm; 7] = [
+    pub const ALL: [Algorithm; 8] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindowLog,
         Algorithm::SlidingWindowCounter,
@@ -43,6 +48,7 @@ impl Algorithm {
         Algorithm::Gcra,
         Algorithm::LeakyBucketShaper,
         Algorithm::Concurrency,
+        Algorithm::ExpiringCounter,
     ];
 
     /// The name used in configuration and APIs (`token_bucket`, `gcra`, …).
@@ -55,6 +61,7 @@ impl Algorithm {
             Algorithm::Gcra => "gcra",
             Algorithm::LeakyBucketShaper => "leaky_bucket",
             Algorithm::Concurrency => "concurrency",
+            Algorithm::ExpiringCounter => "expiring_counter",
         }
     }
 
@@ -231,8 +238,11 @@ impl LimitError {
     }
 }
 
-/// The most hits a sliding window log keeps per key: its memory is O(limit).
-pub const SLIDING_LOG_LIMIT_MAX: u64 = 100_000;
+/// The most entries a sliding window log keeps per key, whatever its limit: an entry is a time
+/// and the cost of the hits at that time (16 bytes), so a log's memory is bounded by its entries,
+/// not by its limit. A log whose window holds hits at more distinct times merges its oldest
+/// entries into their successors (conservative: it may refuse a little early, never admit more).
+pub const SLIDING_LOG_ENTRIES_MAX: u64 = 100_000;
 /// The most leases a concurrency limit tracks per key: its memory is O(limit).
 pub const CONCURRENCY_LIMIT_MAX: u64 = 100_000;
 /// The longest period accepted: about 100 years, so that instants never saturate in practice.
@@ -250,7 +260,7 @@ pub struct Limit {
 pub(crate) enum Kind {
     /// Token bucket, GCRA and shaper: a theoretical arrival time.
     Tat(TatParams),
-    /// Fixed window and sliding window counter.
+    /// Fixed window, sliding window counter and expiring counter.
     Window(WindowParams),
     /// Sliding window log.
     Log(LogParams),
@@ -285,14 +295,14 @@ impl Limit {
             return calendar_kind(&spec, window, period_nanos).map(|kind| Limit { spec, kind });
         }
         let kind = match spec.algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
+            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::ExpiringCounter => {
                 no_burst(&spec, reject)?;
                 let sliding = spec.algorithm == Algorithm::SlidingWindowCounter;
-                Kind::Window(WindowParams { period_nanos, limit: spec.limit, sliding })
+                let expiring = spec.algorithm == Algorithm::ExpiringCounter;
+                Kind::Window(WindowParams { period_nanos, limit: spec.limit, sliding, expiring })
             }
             Algorithm::SlidingWindowLog => {
                 no_burst(&spec, reject)?;
-                at_most(LimitParameter::Limit, spec.limit, SLIDING_LOG_LIMIT_MAX)?;
                 Kind::Log(LogParams { period_nanos, limit: spec.limit })
             }
             Algorithm::Concurrency => {

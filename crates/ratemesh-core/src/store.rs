@@ -13,7 +13,8 @@
 //!   group and then the slot itself: two dependent memory accesses.
 //! - A check that consumes nothing (a refusal, a query) on an unknown key inserts nothing, so
 //!   refused floods of random keys cannot fill the table.
-//! - Sliding window logs grow with their limits (up to 100 000 entries of 16 bytes each per key):
+//! - Sliding window logs grow with their traffic (up to `SLIDING_LOG_ENTRIES_MAX`, 100 000
+//!   entries of 16 bytes each per key, whatever the limit):
 //!   `log_bytes_max` bounds all of them together. Past it, a log that is changed is coarsened
 //!   (halved, conservatively: it may refuse a little early, never admit more) until the total is
 //!   back under the bound or the log is down to one entry; counted in

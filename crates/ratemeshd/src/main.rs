@@ -88,7 +88,7 @@ struct CheckArgs {
     #[arg(long, conflicts_with = "algorithm")]
     tier: Option<String>,
     /// Inline limit: token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_counter,
-    /// sliding_window_log or concurrency.
+    /// sliding_window_log, concurrency or expiring_counter.
     #[arg(long, conflicts_with = "policy", requires_all = ["limit", "period_ms"])]
     algorithm: Option<String>,
     /// Inline limit: hits per period (concurrency: leases at once).

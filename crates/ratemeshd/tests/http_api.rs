@@ -43,7 +43,7 @@ level = "info"
 "#;
 
 /// The algorithms, each as a policy of that name: 3 per hour, exact mode.
-const ALGORITHMS: [&str; 7] = [
+const ALGORITHMS: [&str; 8] = [
     "token_bucket",
     "gcra",
     "leaky_bucket",
@@ -51,6 +51,7 @@ const ALGORITHMS: [&str; 7] = [
     "sliding_window_counter",
     "sliding_window_log",
     "concurrency",
+    "expiring_counter",
 ];
 
 /// Whether `algorithm` has a burst parameter (its default is 1 for GCRA and the shaper: set it
@@ -242,7 +243,8 @@ async fn every_algorithm_admits_then_refuses_with_headers() {
     // parameters and key do not share a bucket (each admitted 3 above).
     let metrics = h.get("/metrics").await.text();
     assert!(metrics.contains(r#"ratemesh_requests_total{policy="gcra",decision="allowed"} 3"#), "{metrics}");
-    assert!(metrics.contains(r#"ratemesh_over_limit_total{policy="inline"} 7"#), "{metrics}");
+    let inline_refused = format!(r#"ratemesh_over_limit_total{{policy="inline"}} {}"#, ALGORITHMS.len());
+    assert!(metrics.contains(&inline_refused), "{metrics}");
     h.stop().await;
 }
 
@@ -1229,6 +1231,64 @@ async fn calendar_windows_reset_at_the_next_boundary() {
     assert_error(&h.post("/v1/check", &bad).await, 400, Some("limit.time_zone"), "unknown zone");
     let bad = json!({"key": "m", "limit": {"algorithm": "token_bucket", "limit": 2, "window": "day"}});
     assert_error(&h.post("/v1/check", &bad).await, 400, Some("limit.algorithm"), "calendar token bucket");
+    h.stop().await;
+}
+
+/// An expiring counter's window starts at its first hit (not on a grid of the period) and ends
+/// a period later; a query starts nothing; the first hit after the end starts the next window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiring_counter_starts_its_window_at_the_first_hit() {
+    let h = Harness::standard("expiring").await;
+    let period_ms = 1500;
+    let body = |cost: i64| {
+        json!({"key": "e", "cost": cost, "limit": {
+            "algorithm": "expiring_counter", "limit": 2, "period_ms": period_ms, "mode": "exact"}})
+    };
+    // A query of an empty counter: nothing counted, nothing to reset, no window started.
+    let r = h.post("/v1/check", &body(0)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer = json_of(&r);
+    assert_eq!((answer["allowed"].clone(), answer["remaining"].clone()), (json!(true), json!(2)), "{answer}");
+    assert_eq!(answer["reset_after_ms"], json!(0), "{answer}");
+    // Start off any grid of the period: 700 ms after a whole multiple of 1.5 s since 1970.
+    let offset = unix_ms() % period_ms;
+    tokio::time::sleep(Duration::from_millis((period_ms + 700 - offset) % period_ms)).await;
+    for round in 0..2 {
+        let (r, before, after) = check_timed(&h, &body(1)).await;
+        let answer = json_of(&r);
+        assert_eq!(answer["allowed"], json!(true), "round {round}: {answer}");
+        // The window ends a period after this first hit, wherever the grid is.
+        points_at(&r, before, after, |ms| ms + period_ms);
+        let (r, before, after) = check_timed(&h, &body(1)).await;
+        assert_eq!(json_of(&r)["remaining"], json!(0), "round {round}: {}", r.text());
+        // Asked at most a few ms later: still the first hit's window (1 ms of rounding).
+        let first_end = before + period_ms;
+        let reset = json_of(&r)["reset_after_ms"].as_u64().expect("reset_after_ms");
+        assert!(reset <= first_end - before + 1 && after - before < 500, "round {round}: {reset}");
+        let (r, _, _) = check_timed(&h, &body(1)).await;
+        let answer = json_of(&r);
+        assert_eq!(answer["allowed"], json!(false), "round {round}: {answer}");
+        let retry = answer["retry_after_ms"].as_u64().expect("retry_after_ms");
+        assert!(retry <= period_ms && retry.abs_diff(answer["reset_after_ms"].as_u64().unwrap_or(0)) <= 1);
+        // After the window: empty (a query starts nothing), then a hit starts a new window.
+        tokio::time::sleep(Duration::from_millis(retry + 20)).await;
+        let answer = json_of(&h.post("/v1/check", &body(0)).await);
+        assert_eq!(
+            (answer["remaining"].clone(), answer["reset_after_ms"].clone()),
+            (json!(2), json!(0)),
+            "{answer}"
+        );
+        // The second round starts 300 ms later than a period after the first: still off the grid.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // A refund of every hit empties the counter: the next hit starts a new window.
+    let (r, before, after) = check_timed(&h, &body(1)).await;
+    points_at(&r, before, after, |ms| ms + period_ms);
+    assert_eq!(h.post("/v1/check", &body(-5)).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (r, before, after) = check_timed(&h, &body(1)).await;
+    points_at(&r, before, after, |ms| ms + period_ms);
+    assert_still_serving(&h).await;
     h.stop().await;
 }
 

@@ -38,13 +38,8 @@ def async_ratemesh_uri() -> str:
 
 
 # Where ratemesh's storage differs from Redis by design: these upstream tests are expected to
-# fail (xfail, not strict: test_fixed_window passes when it happens to start on a window edge).
-# docs/integrations/python.md states each difference.
+# fail (xfail, not strict). docs/integrations/python.md states each difference.
 KNOWN_DEVIATIONS = {
-    "test_fixed_window": "fixed windows lie on a grid of multiples of the period on the owner's "
-    "clock, not from the first hit: the test's 2 s window may end 1 s after it starts",
-    "test_moving_window_huge_cost": "the moving window is a sliding_window_log, limited to "
-    "100 000 per period: a limit of 1 000 000 is a RequestError naming limit.limit",
     "test_sliding_window_counter_previous_window": "the daemon answers the weighted count, not "
     "the previous and current windows' counts apart, so reset times within a window differ",
 }

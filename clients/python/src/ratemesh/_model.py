@@ -14,6 +14,7 @@ Algorithm = Literal[
     "sliding_window_counter",
     "sliding_window_log",
     "concurrency",
+    "expiring_counter",
 ]
 Mode = Literal["exact", "approximate"]
 OnUnavailable = Literal["raise", "allow", "deny"]

@@ -4,15 +4,14 @@
 Every operation is a check of an inline limit on the daemon (``POST /v1/check``), so counts are
 the cluster's, one per key, whichever node is asked:
 
-- fixed window (``incr``, ``get``, ``get_expiry``): a ``fixed_window`` limit of the rate limit's
-  amount and period (the amount and period are read from the key that ``limits`` builds,
+- fixed window (``incr``, ``get``, ``get_expiry``): an ``expiring_counter`` limit of the rate
+  limit's amount and period (the amount and period are read from the key that ``limits`` builds,
   ``…/{amount}/{multiples}/{granularity}``; a key that is not of that form counts against a
-  limit of 10^15, an expiring counter). A hit the daemon refuses is not counted (Redis would
-  count it): ``incr`` answers the limit plus the hit, and the window's count stays at the
-  limit. Windows lie on a grid of multiples of the period (the owner's clock), not
-  from the first hit.
-- moving window (``acquire_entry``, ``get_moving_window``): a ``sliding_window_log``
-  (limit at most 100 000).
+  limit of 10^15). Like Redis ``INCR`` + ``EXPIRE``, the window starts at the first hit and the
+  count expires a period later. A hit the daemon refuses is not counted (Redis would count it):
+  ``incr`` answers the limit plus the hit, and the window's count stays at the limit.
+- moving window (``acquire_entry``, ``get_moving_window``): a ``sliding_window_log`` (any
+  limit: a hit is one entry whatever its cost).
 - sliding window counter: the daemon's ``sliding_window_counter`` (the same weighting);
   ``get_sliding_window`` reports the weighted count as the current window's, the previous as 0.
 - ``clear``: refunds every hit of the key's limits; ``reset``: clears the keys this storage
@@ -126,11 +125,11 @@ class _Mapping:
         parsed = parse_limits_key(key)
         if expiry is not None:
             limit = parsed[0] if parsed and parsed[1] == expiry else COUNTER_LIMIT
-            return ("fixed_window", limit, expiry)
-        used = [s for s in self._used.get(key, ()) if s[0] == "fixed_window"]
+            return ("expiring_counter", limit, expiry)
+        used = [s for s in self._used.get(key, ()) if s[0] == "expiring_counter"]
         if used:
             return used[0]
-        return ("fixed_window", parsed[0], parsed[1]) if parsed else None
+        return ("expiring_counter", parsed[0], parsed[1]) if parsed else None
 
     def _sliding(self, key: str, expiry: int) -> Optional[Spec]:
         used = [s for s in self._used.get(key, ()) if s[0] == "sliding_window_counter" and s[2] == expiry]
@@ -144,9 +143,11 @@ class _Mapping:
         parsed = parse_limits_key(key)
         if parsed:
             amount, expiry = parsed
-            specs |= {("fixed_window", amount, expiry), ("sliding_window_counter", amount, expiry)}
-            if amount <= 100_000:
-                specs.add(("sliding_window_log", amount, expiry))
+            specs |= {
+                ("expiring_counter", amount, expiry),
+                ("sliding_window_counter", amount, expiry),
+                ("sliding_window_log", amount, expiry),
+            }
         return [
             Check(self._options.prefix + key, self._limit(s), cost=-REFUND_ALL)
             for s in sorted(specs)

@@ -1,9 +1,12 @@
 //! Sliding window log: every admitted hit is kept with its time until it leaves the window.
 //!
-//! A hit at `t` counts while `now < t + period`. The log never holds more entries than the limit
-//! (each entry costs at least 1, and admitted hits never exceed the limit); hits forced in from
-//! other nodes may exceed it, and then the two oldest entries are merged into the later of the two,
-//! which keeps every hit counted at least as long as before (conservative).
+//! A hit at `t` counts while `now < t + period`; an entry is a time and the cost of the hits at
+//! that time. The log never holds more entries than the limit (each entry costs at least 1, and
+//! admitted hits never exceed the limit) nor than [`SLIDING_LOG_ENTRIES_MAX`] (so a log's memory
+//! is bounded whatever its limit): past either bound (hits forced in from other nodes, or more
+//! distinct hit times in a window than the entry bound) the oldest entry is merged into its
+//! successor, which keeps every hit counted at least as long as before (conservative: a log past
+//! the entry bound may refuse a little early, never late).
 //!
 //! Memory: a log takes [`LOG_ENTRY_BYTES`] per entry its buffer has room for (pruning gives room
 //! back once the buffer is four times larger than needed). The store bounds all logs of a node
@@ -15,6 +18,7 @@ use crate::prelude::*;
 use alloc::collections::VecDeque;
 
 use crate::decision::Decision;
+use crate::limit::SLIDING_LOG_ENTRIES_MAX;
 use crate::time::Instant;
 
 /// The bytes of one log entry: a time and a cost.
@@ -113,9 +117,10 @@ impl Log {
         }
     }
 
-    /// Keeps at most `limit` entries by merging the oldest into its successor (conservative).
+    /// Keeps at most `limit` entries, and at most [`SLIDING_LOG_ENTRIES_MAX`], by merging the
+    /// oldest into its successor (conservative).
     fn bound(&mut self, p: LogParams) {
-        self.merge_to(usize::try_from(p.limit).unwrap_or(usize::MAX));
+        self.merge_to(usize::try_from(p.limit.min(SLIDING_LOG_ENTRIES_MAX)).unwrap_or(usize::MAX));
     }
 
     /// Entries the log's buffer has room for: its memory, in [`LOG_ENTRY_BYTES`].

@@ -247,11 +247,20 @@ impl Bucket {
         match (&self.state, limit.kind()) {
             (State::Window(w), Kind::Window(p)) => {
                 let now = now.max(self.updated_at);
-                let windows = now.nanos_since(w.start) / p.period_nanos.max(1);
-                let end = w.start.add_nanos((windows + 1).saturating_mul(p.period_nanos));
-                Some(end.nanos_since(now))
+                Some(w.end_nanos(p, now))
             }
             _ => None,
+        }
+    }
+
+    /// Expiring counter only: whether it counts nothing at `now`, so that the next hit counted
+    /// into it (a check, an allowance debited, a hold) would open its window. An owner grants no
+    /// allowance from such a counter: its window must start at a hit, not at a grant. False
+    /// under every other algorithm.
+    pub fn opens_window_on_debit(&self, limit: &Limit, now: Instant) -> bool {
+        match (&self.state, limit.kind()) {
+            (State::Window(w), Kind::Window(p)) if p.expiring => w.is_empty(p, now.max(self.updated_at)),
+            _ => false,
         }
     }
 

@@ -4,6 +4,11 @@
 //! the state when state is imported from another node (the owner's grid wins). The fixed window
 //! counts only the current window; the sliding counter adds the previous window's count weighted
 //! by the part of it still inside the sliding window (Cloudflare's approximation).
+//!
+//! The expiring counter (`expiring_counter`, Redis `INCR` + `EXPIRE`) uses the same state
+//! without a grid: its window starts at the first hit counted into an empty counter and ends
+//! `period` later, when the count drops to zero; the next hit starts the next window. A counter
+//! at zero has no window (its `start` means nothing), and `prev` stays zero.
 
 use crate::decision::Decision;
 use crate::time::Instant;
@@ -25,17 +30,29 @@ pub(crate) struct WindowParams {
     pub period_nanos: u64,
     pub limit: u64,
     pub sliding: bool,
+    /// Expiring counter: the window starts at the first hit, not on a grid (never `sliding`).
+    pub expiring: bool,
 }
 
 impl Window {
     /// A fresh window grid aligned to a multiple of the period.
     pub fn fresh(p: WindowParams, now: Instant) -> Window {
+        if p.expiring {
+            return Window { start: now, prev: 0, curr: 0 };
+        }
         let start = Instant::from_nanos(now.as_nanos() - now.as_nanos() % p.period_nanos);
         Window { start, prev: 0, curr: 0 }
     }
 
     /// Moves the grid forward so that `now` lies in the current window.
     pub fn roll(&mut self, p: WindowParams, now: Instant) {
+        if p.expiring {
+            if self.curr != 0 && now.nanos_since(self.start) >= p.period_nanos {
+                self.curr = 0;
+            }
+            self.prev = 0;
+            return;
+        }
         let windows = now.nanos_since(self.start) / p.period_nanos;
         if windows == 0 {
             return;
@@ -86,8 +103,16 @@ impl Window {
             let retry = self.retry_after(p, probe, now);
             return self.decision(p, now).refused_for(Some(retry));
         }
+        self.start_counting(p, cost, now);
         self.curr += cost;
         self.decision(p, now)
+    }
+
+    /// Expiring counter: the first hit counted into an empty counter starts its window.
+    fn start_counting(&mut self, p: WindowParams, hits: u64, now: Instant) {
+        if p.expiring && self.curr == 0 && hits > 0 {
+            self.start = now;
+        }
     }
 
     fn decision(&self, p: WindowParams, now: Instant) -> Decision {
@@ -116,12 +141,14 @@ impl Window {
     /// Applies `hits` unconditionally (admitted elsewhere; the window may exceed the limit).
     pub fn force(&mut self, p: WindowParams, hits: u64, now: Instant) {
         self.roll(p, now);
+        self.start_counting(p, hits, now);
         self.curr = self.curr.saturating_add(hits);
     }
 
     /// Counts at least `hits` in the current window (see [`super::Bucket::hold`]).
     pub fn hold(&mut self, p: WindowParams, hits: u64, now: Instant) {
         self.roll(p, now);
+        self.start_counting(p, hits, now);
         self.curr = self.curr.max(hits);
     }
 
@@ -133,6 +160,25 @@ impl Window {
         self.prev = self.prev.saturating_sub(hits - from_curr);
     }
 
+    /// Nanoseconds from `now` until the current window ends; for an empty (or expired) expiring
+    /// counter, the end of the window a hit now would start.
+    pub fn end_nanos(&self, p: WindowParams, now: Instant) -> u64 {
+        if p.expiring {
+            let end = self.start.add_nanos(p.period_nanos);
+            return if self.curr == 0 || end <= now { p.period_nanos } else { end.nanos_since(now) };
+        }
+        let windows = now.nanos_since(self.start) / p.period_nanos.max(1);
+        let end = self.start.add_nanos((windows + 1).saturating_mul(p.period_nanos));
+        end.nanos_since(now)
+    }
+
+    /// Whether nothing is counted at `now` (no window running, for an expiring counter).
+    pub fn is_empty(&self, p: WindowParams, now: Instant) -> bool {
+        let mut rolled = self.clone();
+        rolled.roll(p, now);
+        rolled.curr == 0 && rolled.prev == 0
+    }
+
     /// The instant after which this state is the same as a fresh one.
     pub fn fresh_at(&self, p: WindowParams, now: Instant) -> Instant {
         now.add_nanos(self.reset_after(p, now))
@@ -140,9 +186,19 @@ impl Window {
 
     /// Joins `other` into `self` (both at `now`): the later grid, the larger counts. The result
     /// counts every hit at least as long as either input does.
+    ///
+    /// Expiring counter: an empty side takes the other's window (an empty counter has none);
+    /// two counting sides keep the later start and the larger count, which counts the larger
+    /// count at least as long as either side does. Both empty: the later start.
     pub fn join(&mut self, p: WindowParams, mut other: Window, now: Instant) {
         self.roll(p, now);
         other.roll(p, now);
+        if p.expiring && (self.curr == 0) != (other.curr == 0) {
+            if self.curr == 0 {
+                *self = other;
+            }
+            return;
+        }
         self.start = self.start.max(other.start);
         self.prev = self.prev.max(other.prev);
         self.curr = self.curr.max(other.curr);

@@ -276,6 +276,8 @@ impl SizingContext {
         share: bool,
     ) -> Option<Grant> {
         let now = self.now;
+        // An expiring counter's window starts at its first hit: none is granted ahead of it.
+        let share = share && !bucket.opens_window_on_debit(limit, now);
         let pool = self.pool(bucket, limit, meta);
         let contended = self.contended(&pool);
         let p = meta.participants.iter_mut().find(|p| p.node == holder)?;
@@ -309,7 +311,9 @@ impl SizingContext {
         let pool = self.pool(bucket, limit, meta);
         let own_demand = meta.demand.per_second(now, self.half_life_nanos);
         let held = meta.own.live(now);
-        let target = if self.contended(&pool) { self.target(&pool, own_demand, held) } else { 0 };
+        let opens_window = bucket.opens_window_on_debit(limit, now);
+        let target =
+            if self.contended(&pool) && !opens_window { self.target(&pool, own_demand, held) } else { 0 };
         meta.own_contended = target > 0;
         if held > target {
             bucket.refund(limit, held - target, now);

@@ -1789,3 +1789,80 @@ fn a_leave_heard_by_every_member_hands_over_without_waiting_for_own_for() {
     let owner = cluster.node(1).owner_of(k).expect("an owner").0;
     assert_eq!(cluster.admit(owner, k, &policy, 100), 90, "the count went with the key");
 }
+
+/// An expiring counter across three nodes, in both modes: its windows start at the first hit at
+/// the owner (not on a grid of the period), each admits at most the limit (exact mode: exactly
+/// the limit), and once the last window has ended every node answers a fresh counter.
+#[test]
+fn an_expiring_counter_counts_from_its_first_hit_across_the_nodes() {
+    for mode in [Mode::Exact, Mode::Approximate] {
+        let mut cluster = Cluster::new(3);
+        // 1 s into the cluster's clock plus 300 ms: off any grid of the 2 s period.
+        cluster.run_for(Duration::from_millis(300));
+        let spec = LimitSpec::new(Algorithm::ExpiringCounter, 10, Duration::from_secs(2));
+        let policy = Arc::new(Policy {
+            limit: Limit::new(spec).expect("valid"),
+            mode,
+            fallback: Fallback::LocalShare,
+        });
+        let k = key_owned_by(1, &[1, 2, 3]);
+        let mut id = 0;
+        let mut admitted_in = |cluster: &mut Cluster, checks: u64, gap: Duration| -> u64 {
+            let before = cluster.decided.len();
+            let mut allowed = 0;
+            for i in 0..checks {
+                id += 1;
+                let request = CheckRequest { id: RequestId(id), key: k, policy: policy.clone(), cost: 1 };
+                if let CheckOutcome::Decided(d) = cluster.check(i % 3 + 1, request) {
+                    allowed += u64::from(d.allowed);
+                }
+                cluster.run_for(gap);
+            }
+            cluster.run_for(Duration::from_millis(10));
+            allowed + cluster.decided[before..].iter().filter(|(_, d)| d.allowed).count() as u64
+        };
+        let query = |cluster: &mut Cluster, node: u64| -> Decision {
+            let now = cluster.now;
+            let policy = policy.clone();
+            match cluster
+                .node(node)
+                .handle_check(now, CheckRequest { id: RequestId(0), key: k, policy, cost: 0 })
+            {
+                CheckOutcome::Decided(d) => d,
+                _ => {
+                    cluster.run_for(Duration::from_millis(10));
+                    cluster.decided.iter().rev().find(|(r, _)| r.0 == 0).expect("answered").1
+                }
+            }
+        };
+        // First window: 30 checks over 1.5 s (a check every 50 ms from the nodes in turn).
+        let first = admitted_in(&mut cluster, 30, Duration::from_millis(50));
+        // The owner's window started at the first hit, 1.3 s on the cluster clock: it ends at
+        // 3.3 s, 1.5 s + 10 ms after it started (a grid of 2 s would end it at 2 s, long past).
+        let owner = query(&mut cluster, 1);
+        assert_eq!(owner.remaining, 0, "{mode:?}: {owner:?}");
+        let left = owner.reset_after.as_millis();
+        assert!(
+            (480..=500).contains(&left),
+            "{mode:?}: the window ends 2 s after its first hit, {left} ms left"
+        );
+        println!("{mode:?}: first window {first} admitted");
+        if mode == Mode::Exact {
+            assert_eq!(first, 10, "exact: the limit");
+        } else {
+            assert!((8..=12).contains(&first), "approximate: about the limit, {first}");
+        }
+        // Past the end (and a few sync intervals): a fresh counter at every node; the next hits
+        // start the next window.
+        cluster.run_for(Duration::from_millis(700));
+        for node in 1..=3 {
+            let fresh = query(&mut cluster, node);
+            assert_eq!((fresh.remaining, fresh.reset_after), (10, Duration::ZERO), "{mode:?} node {node}");
+        }
+        let second = admitted_in(&mut cluster, 15, Duration::from_millis(1));
+        assert!(second >= 9 && second <= 10 + u64::from(mode == Mode::Approximate) * 2, "{mode:?}: {second}");
+        let owner = query(&mut cluster, 1);
+        let left = owner.reset_after.as_millis();
+        assert!((1_950..=2_000).contains(&left), "{mode:?}: a new window from its first hit, {left} ms left");
+    }
+}

@@ -287,7 +287,7 @@ impl LimitCode {
     fn from_limit(limit: &LimitWire) -> LimitCode {
         let code = Algorithm::ALL.iter().position(|&a| a == limit.algorithm).unwrap_or(0);
         LimitCode {
-            // Seven algorithms: the position fits a byte.
+            // Eight algorithms: the position fits a byte.
             algorithm: u8::try_from(code).unwrap_or(u8::MAX),
             limit: limit.limit,
             period_nanos: limit.period_nanos,

@@ -202,6 +202,31 @@ fn sliding_window_counter() {
 }
 
 #[test]
+fn expiring_counter() {
+    // The window starts at the first hit (300 ms), not on the grid (0): it ends at 1300 ms.
+    check("fixed_window 3/1s", "@300ms 3x1 1", "Yx3 N(700ms)");
+    check(
+        "expiring_counter 3/1s",
+        "@300ms 3x1 1 ? @1299ms ? @1300ms ? 1 ?",
+        "Yx3 N(1s) q(r=0,t=1s,N=1s) q(r=0,t=1ms,N=1ms) q(r=3,t=0s) Y q(r=2,t=1s)",
+    );
+    // A query starts no window; the first hit after the end starts the next one at its time.
+    check(
+        "expiring_counter 3/1s",
+        "@0 ? @500ms 1 ? @1700ms ? 1 ?",
+        "q(r=3,t=0s) Y q(r=2,t=1s) q(r=3,t=0s) Y q(r=2,t=1s)",
+    );
+    check("expiring_counter 3/1s", "@0 4 ? 3 0", "N(never) q(r=3,t=0s) Y N(1s)");
+    // Refunds: a partial one keeps the window, a full one empties it (the next hit starts anew).
+    check("expiring_counter 3/1s", "@0 2x1 -1 @400ms 1 ?", "Yx3 q(r=1,t=600ms)");
+    check("expiring_counter 3/1s", "@0 2x1 -2 @400ms 1 ?", "Yx3 q(r=2,t=1s)");
+    // Forced hits start a window too, and count beyond the limit until it ends.
+    check("expiring_counter 2/1s", "@200ms !5 ? @1199ms 1 @1200ms ?", "q(r=0,t=1s,N=1s) N(1ms) q(r=2,t=0s)");
+    // Time going backwards is no time passing.
+    check("expiring_counter 3/1s", "@1s 3x1 @0 1", "Yx3 N(1s)");
+}
+
+#[test]
 fn token_bucket() {
     // Capacity 10, rate 2/s: 10 at once, then 2 per second.
     check("token_bucket 2/1s burst=10", "@0 11x1 @1s 3x1 @2s 3x1", "Yx10 N(500ms) Yx2 N(500ms) Yx2 N(500ms)");
@@ -282,6 +307,7 @@ fn costs_above_capacity_and_queries_take_nothing() {
         ("gcra 3/1s burst=2", 2),
         ("leaky_bucket 3/1s burst=4", 5),
         ("concurrency 3/1s", 3),
+        ("expiring_counter 3/1s", 3),
     ] {
         let script = format!("@0 {} {} 5x0 ? {capacity}", capacity + 1, u64::MAX);
         let last = if spec.starts_with("leaky") { "Y+1333333336ns" } else { "Y" };

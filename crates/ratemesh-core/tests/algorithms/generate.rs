@@ -93,6 +93,7 @@ pub fn spec(algorithm: Algorithm) -> BoxedStrategy<LimitSpec> {
     match algorithm {
         Algorithm::FixedWindow
         | Algorithm::SlidingWindowCounter
+        | Algorithm::ExpiringCounter
         | Algorithm::SlidingWindowLog
         | Algorithm::Concurrency => (1..=8u64, 1..=3_000u64)
             .prop_map(move |(limit, period)| LimitSpec::new(algorithm, limit, nanos(period)))

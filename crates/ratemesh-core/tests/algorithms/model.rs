@@ -105,6 +105,7 @@ pub fn model_for(spec: &LimitSpec, start: u64) -> Box<dyn Model> {
             state: None,
         }),
         Algorithm::Concurrency => Box::new(Leases { lease_nanos: period, limit, held: Vec::new() }),
+        Algorithm::ExpiringCounter => Box::new(Expiring { period, limit, window: None }),
     }
 }
 
@@ -470,6 +471,61 @@ impl Model for Log {
                 self.hits[i].1 -= taken;
                 left -= taken;
             }
+        }
+    }
+}
+
+/// Expiring counter: `(first hit, count)` of the window running, if any. The window holds its
+/// count while `t < first hit + period`; a hit into no window (none, ended, or emptied by
+/// refunds) opens a new one at its own time.
+struct Expiring {
+    period: u64,
+    limit: u64,
+    window: Option<(u64, u128)>,
+}
+
+impl Expiring {
+    fn count(&self, t: u64) -> u128 {
+        match self.window {
+            Some((start, count)) if u128::from(start) + u128::from(self.period) > u128::from(t) => count,
+            _ => 0,
+        }
+    }
+}
+
+impl Model for Expiring {
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn fits(&self, t: u64, hits: u64) -> bool {
+        self.count(t) + u128::from(hits) <= u128::from(self.limit)
+    }
+
+    fn is_fresh(&self, t: u64) -> bool {
+        self.count(t) == 0
+    }
+
+    fn take(&mut self, t: u64, cost: u64, _: Option<LeaseId>) -> u64 {
+        self.force(t, cost);
+        0
+    }
+
+    fn force(&mut self, t: u64, hits: u64) {
+        if hits == 0 {
+            return;
+        }
+        let count = self.count(t);
+        self.window = match self.window {
+            Some((start, _)) if count > 0 => Some((start, count + u128::from(hits))),
+            _ => Some((t, u128::from(hits))),
+        };
+    }
+
+    fn refund(&mut self, t: u64, hits: u64) {
+        let count = self.count(t);
+        if let Some((start, _)) = self.window {
+            self.window = Some((start, count - count.min(u128::from(hits))));
         }
     }
 }

@@ -78,6 +78,7 @@ against_model! {
     gcra_agrees_with_model: Algorithm::Gcra;
     shaper_agrees_with_model: Algorithm::LeakyBucketShaper;
     concurrency_agrees_with_model: Algorithm::Concurrency;
+    expiring_counter_agrees_with_model: Algorithm::ExpiringCounter;
 }
 
 /// When a request is refused with `retry_after = Some(d)`, the same request passes at `now + d`,
@@ -206,6 +207,28 @@ proptest! {
         for &(at, _) in &admitted {
             let in_window: u64 = admitted.iter().filter(|&&(t, _)| t / period == at / period).map(|&(_, c)| c).sum();
             prop_assert!(in_window <= spec.limit);
+        }
+    }
+
+    /// An expiring counter admits at most `limit` in a period from a window's first hit, so at
+    /// most 2 × `limit` in any interval of length `period`; and every window starts at an admitted
+    /// hit.
+    #[test]
+    fn expiring_counter_admits_at_most_the_limit_from_a_first_hit(
+        (spec, start, requests) in window_spec(Algorithm::ExpiringCounter).prop_flat_map(traffic)
+    ) {
+        let period = period_nanos(&spec);
+        let admitted = admitted(&spec, start, &requests);
+        heaviest(&admitted, |span, sum| span > period || sum <= 2 * spec.limit)?;
+        // Replay: a window opens at the first admitted hit after the last one ended (a query,
+        // cost 0, opens none).
+        let mut window: Option<(u64, u64)> = None;
+        for &(at, cost) in admitted.iter().filter(|&&(_, cost)| cost > 0) {
+            match window {
+                Some((first, count)) if at < first + period => window = Some((first, count + cost)),
+                _ => window = Some((at, cost)),
+            }
+            prop_assert!(window.is_some_and(|(_, count)| count <= spec.limit), "{window:?} at {at}");
         }
     }
 

@@ -9,7 +9,7 @@ use proptest::sample::select;
 use rand::SeedableRng;
 use ratemesh_core::{
     Algorithm, Bucket, CONCURRENCY_LIMIT_MAX, CoreRng, Instant, LeaseId, Limit, LimitSpec, PERIOD_NANOS_MAX,
-    SLIDING_LOG_LIMIT_MAX, Snapshot,
+    SLIDING_LOG_ENTRIES_MAX, Snapshot,
 };
 
 use crate::config;
@@ -32,8 +32,10 @@ fn limit() -> impl Strategy<Value = Limit> {
         |(algorithm, period, count, burst, delay)| {
             let mut spec = LimitSpec::new(algorithm, count, Duration::from_nanos(period));
             match algorithm {
-                Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {}
-                Algorithm::SlidingWindowLog => spec.limit = count.min(SLIDING_LOG_LIMIT_MAX),
+                Algorithm::FixedWindow
+                | Algorithm::SlidingWindowCounter
+                | Algorithm::ExpiringCounter
+                | Algorithm::SlidingWindowLog => {}
                 Algorithm::Concurrency => spec.limit = count.min(CONCURRENCY_LIMIT_MAX),
                 Algorithm::TokenBucket | Algorithm::Gcra => {
                     spec.limit = count.min(period);
@@ -141,6 +143,44 @@ fn limit_of(algorithm: Algorithm, limit: u64, period_nanos: u64) -> Limit {
     Limit::new(LimitSpec::new(algorithm, limit, Duration::from_nanos(period_nanos))).expect("valid limit")
 }
 
+/// A log of a limit above [`SLIDING_LOG_ENTRIES_MAX`] keeps at most that many entries: hits at
+/// more distinct times merge the oldest into their successors, which may refuse a little early
+/// (the merged hits count until the later time), never admit more than the limit. A costly hit is
+/// one entry whatever its cost (`limits`' test: a million per 2 s, one hit, then 999 999 at once).
+#[test]
+fn a_log_with_a_huge_limit_keeps_its_entries_bounded() {
+    let entries_max = SLIDING_LOG_ENTRIES_MAX;
+    let limit = limit_of(Algorithm::SlidingWindowLog, 1_000_000, 2_000_000_000);
+    let mut rng = CoreRng::seed_from_u64(0);
+    let mut bucket = Bucket::new(&limit, Instant::ZERO);
+    assert!(bucket.check(&limit, 1, Instant::ZERO, &mut rng).allowed);
+    let d = bucket.check(&limit, 999_999, Instant::from_nanos(1_000_000_000), &mut rng);
+    assert_eq!((d.allowed, d.remaining), (true, 0));
+    assert!(!bucket.check(&limit, 1, Instant::from_nanos(1_000_000_000), &mut rng).allowed);
+    // The first hit leaves at 2 s, the rest at 3 s.
+    let d = bucket.check(&limit, 0, Instant::from_nanos(2_000_000_000), &mut rng);
+    assert_eq!(d.remaining, 1);
+    // 150 000 hits at distinct times in one window: at most the entry bound is kept, every hit
+    // still counted, and nothing is admitted past the limit.
+    let mut bucket = Bucket::new(&limit, Instant::ZERO);
+    let hits = entries_max + 50_000;
+    for i in 0..hits {
+        assert!(bucket.check(&limit, 1, Instant::from_nanos(i), &mut rng).allowed);
+    }
+    let Snapshot::Log { hits: entries } = bucket.export(Instant::from_nanos(hits)) else { panic!("a log") };
+    assert_eq!(entries.len() as u64, entries_max);
+    assert_eq!(entries.iter().map(|&(_, cost)| cost).sum::<u64>(), hits);
+    let d = bucket.check(&limit, 1_000_000 - hits, Instant::from_nanos(hits), &mut rng);
+    assert_eq!((d.allowed, d.remaining), (true, 0));
+    assert!(!bucket.check(&limit, 1, Instant::from_nanos(hits), &mut rng).allowed);
+    // Early, never late: the merged oldest hits leave with the later time they merged into (the
+    // costly hit took one more entry: the 50 002 oldest merged into the one at 50 001 ns).
+    let d = bucket.check(&limit, 0, Instant::from_nanos(2_000_000_000 + 50_000), &mut rng);
+    assert_eq!(d.remaining, 0);
+    let d = bucket.check(&limit, 0, Instant::from_nanos(2_000_000_000 + 50_001), &mut rng);
+    assert_eq!(d.remaining, 50_002);
+}
+
 /// Regression: forced hits summing past `u64::MAX` overflowed the log's total (and undercounted
 /// it once the first of them left).
 #[test]
@@ -162,7 +202,7 @@ fn a_log_holds_forced_hits_past_u64_max() {
 /// Regression: with a limit near `u64::MAX` a saturated sum let a request pass and overflow.
 #[test]
 fn a_window_with_a_huge_limit_refuses_what_does_not_fit() {
-    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter, Algorithm::ExpiringCounter] {
         let limit = limit_of(algorithm, u64::MAX, 1_000);
         let mut rng = CoreRng::seed_from_u64(0);
         let mut bucket = Bucket::new(&limit, Instant::ZERO);

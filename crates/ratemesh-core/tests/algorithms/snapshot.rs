@@ -288,7 +288,7 @@ fn family(snapshot: &Snapshot) -> &'static str {
 
 fn family_of(algorithm: Algorithm) -> &'static str {
     match algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => "window",
+        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::ExpiringCounter => "window",
         Algorithm::SlidingWindowLog => "log",
         Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucketShaper => "tat",
         Algorithm::Concurrency => "leases",

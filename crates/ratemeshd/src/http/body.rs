@@ -221,7 +221,7 @@ pub struct ChargeBody {
 #[serde(deny_unknown_fields)]
 pub struct LimitBody {
     /// One of `token_bucket`, `gcra`, `leaky_bucket`, `fixed_window`, `sliding_window_counter`,
-    /// `sliding_window_log`, `concurrency`.
+    /// `sliding_window_log`, `concurrency`, `expiring_counter`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub algorithm: Option<String>,
     /// Hits per period (concurrency: leases at once).
