@@ -19,7 +19,7 @@ impl Node {
     /// ([`Event::Decided`]). The decision says whether a cost-1 check would pass afterwards.
     pub fn handle_adjust(&mut self, now: Instant, request: AdjustRequest) -> CheckOutcome {
         let outcome = self.adjust(now, request);
-        self.flush_out(now);
+        self.end_input(now);
         outcome
     }
 

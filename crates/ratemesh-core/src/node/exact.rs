@@ -93,7 +93,7 @@ impl Node {
             self.send_forwards(owner, batch, now);
         } else {
             let at = self.forward_flush_at(owner, now);
-            self.flush_at = Some(self.flush_at.map_or(at, |flush_at| flush_at.min(at)));
+            self.timers.set_earliest(Timer::FlushForwards, at);
         }
         CheckOutcome::Pending
     }
@@ -131,13 +131,13 @@ impl Node {
     /// Sends the queued forwards of every owner whose hold is over; the others wait for their
     /// owner's answer or the end of their hold.
     pub(super) fn flush_forwards(&mut self, now: Instant) {
-        self.flush_at = None;
+        self.timers.stop(Timer::FlushForwards);
         self.forwards_held_until.retain(|_, &mut until| until > now);
         let outbox = core::mem::take(&mut self.outbox);
         for (owner, batch) in outbox.into_iter().filter(|(_, b)| !b.is_empty()) {
             match self.forwards_held_until.get(&owner) {
                 Some(&until) => {
-                    self.flush_at = Some(self.flush_at.map_or(until, |flush_at| flush_at.min(until)));
+                    self.timers.set_earliest(Timer::FlushForwards, until);
                     self.outbox.insert(owner, batch);
                 }
                 None => self.send_forwards(owner, batch, now),
@@ -213,7 +213,7 @@ impl Node {
     }
 
     /// Drops the records of timed-out forwards whose answers are no longer expected.
-    fn forget_timed_out(&mut self, now: Instant) {
+    pub(super) fn forget_timed_out(&mut self, now: Instant) {
         while self.timed_out.first_key_value().is_some_and(|(_, late)| late.until <= now) {
             self.timed_out.pop_first();
         }

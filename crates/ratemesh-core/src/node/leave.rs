@@ -61,7 +61,7 @@ impl Node {
         self.leave = Some(Leave::Owning { hand_over_at, drain_nanos, linger_nanos, own_nanos });
         self.return_allowances(now);
         self.leave_progress(now);
-        self.flush_out(now);
+        self.end_input(now);
     }
 
     /// Every member has learned of the leave (the driver saw it in their gossip): the node
@@ -71,7 +71,7 @@ impl Node {
         if let Some(Leave::Owning { hand_over_at, .. }) = &mut self.leave {
             *hand_over_at = (*hand_over_at).min(now);
             self.leave_progress(now);
-            self.flush_out(now);
+            self.end_input(now);
         }
     }
 

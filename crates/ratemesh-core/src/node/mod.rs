@@ -50,6 +50,7 @@ mod ring;
 mod round;
 mod share;
 mod sizing;
+mod timer;
 
 use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
 use alloc::sync::Arc;
@@ -79,6 +80,7 @@ use exact::PendingForward;
 use follower::FollowerStep;
 use keys::{Follower, KeyMeta, Participant};
 use peers::{PeerConfig, Peers};
+use timer::{Timer, TimerTable};
 
 /// Separates the node's random stream from its key table's, which is seeded with the same seed.
 const NODE_RNG_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -196,7 +198,6 @@ pub struct Node {
     /// Per owner: a forward batch sent to it is unanswered; until then (or its answer) new
     /// forwards to it wait in the outbox (`exact::send_forwards`).
     forwards_held_until: BTreeMap<NodeId, Instant>,
-    flush_at: Option<Instant>,
     /// What inputs queued for each peer, sent when the input is done (one frame per peer).
     outgoing: BTreeMap<NodeId, Body>,
     /// Followed keys with something to report or an allowance to keep (bounded by the key table).
@@ -213,7 +214,8 @@ pub struct Node {
     due_epoch: u32,
     /// The sync round in progress, run in slices (`round.rs`).
     round: Option<round::SyncRound>,
-    next_sync_at: Instant,
+    /// Every deadline of the node, by kind (`timer.rs`).
+    timers: TimerTable,
     fallbacks_since_sync: u64,
     settled: bool,
     leave: Option<leave::Leave>,
@@ -268,7 +270,6 @@ impl Node {
             next_forward_id: 1,
             outbox: BTreeMap::new(),
             forwards_held_until: BTreeMap::new(),
-            flush_at: None,
             outgoing: BTreeMap::new(),
             dirty: IndexSet::default(),
             passed_on: IndexSet::default(),
@@ -276,7 +277,11 @@ impl Node {
             own_due: IndexSet::default(),
             due_epoch: 1,
             round: None,
-            next_sync_at: first_sync_at,
+            timers: {
+                let mut timers = TimerTable::default();
+                timers.set(Timer::Sync, first_sync_at);
+                timers
+            },
             fallbacks_since_sync: 0,
             settled: true,
             leave: None,
@@ -352,8 +357,9 @@ impl Node {
 
     /// Decides a client's check now, or forwards it and answers later.
     pub fn handle_check(&mut self, now: Instant, request: CheckRequest) -> CheckOutcome {
+        let frames_sent = self.peers.stats().frames_sent;
         let outcome = self.check(now, request);
-        self.flush_out(now);
+        self.end_check(now, frames_sent);
         outcome
     }
 
@@ -390,8 +396,9 @@ impl Node {
         policy: &Arc<Policy>,
         cost: u64,
     ) -> Option<Decision> {
+        let frames_sent = self.peers.stats().frames_sent;
         let decision = self.check_now(now, key, policy, cost);
-        self.flush_out(now);
+        self.end_check(now, frames_sent);
         decision
     }
 
@@ -421,12 +428,12 @@ impl Node {
             let released = self.release_lease(key, &policy.limit, lease, now);
             if released {
                 self.release_replica(release, now);
-                self.flush_out(now);
+                self.end_input(now);
             }
             return released;
         }
         self.send(owner, Body { release: vec![release], ..Body::default() }, now);
-        self.flush_out(now);
+        self.end_input(now);
         false
     }
 
@@ -445,7 +452,7 @@ impl Node {
         }
         // An acknowledgement may complete a leave's drain.
         self.leave_progress(now);
-        self.flush_out(now);
+        self.end_input(now);
     }
 
     /// Applies a new membership view: the ring is rebuilt from the live members, and state of
@@ -460,7 +467,7 @@ impl Node {
             Some(_) => live.retain(|&m| m != self.id),
         }
         self.apply_view(now, live, view.dead);
-        self.flush_out(now);
+        self.end_input(now);
     }
 
     fn apply_view(&mut self, now: Instant, live: Vec<NodeId>, dead: Vec<NodeId>) {
@@ -493,32 +500,28 @@ impl Node {
         self.config.replicate && self.ring.members().len() > 1
     }
 
-    /// Runs the timers that are due at `now`.
+    /// Runs the timers that are due at `now`: every expired one, in [`Timer::VALUES`] order.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.flush_at.is_some_and(|at| at <= now) {
-            self.flush_forwards(now);
-        }
-        self.expire_forwards(now);
-        let retransmits = self.peers.retransmits(now);
-        self.transmits.extend(retransmits);
-        let sync_due = now >= self.next_sync_at;
-        let synced = sync_due && self.round.is_none();
-        if synced {
-            self.sync(now);
-            let interval = duration_nanos(self.config.sync_interval);
-            self.next_sync_at =
-                self.next_sync_at.add_nanos(interval).max(now.add_nanos((interval / 2).max(1)));
-        } else {
-            if self.round.as_ref().is_some_and(|round| round.next_slice_at <= now) {
-                self.run_slice(now, self.config.sync_slice_len_max);
+        let mut synced = false;
+        for timer in Timer::VALUES {
+            if !self.timers.is_expired(timer, now) {
+                continue;
             }
-            if sync_due {
-                // The round in progress goes on in slices; the next begins once it ended (rounds
-                // stretch under a load the node cannot keep up with, rather than one input
-                // running the rest of a round under the driver's lock).
-                self.next_sync_at = now.add_nanos(1);
+            match timer {
+                Timer::FlushForwards => self.flush_forwards(now),
+                Timer::ForwardExpiry => self.expire_forwards(now),
+                Timer::Peers => {
+                    let retransmits = self.peers.retransmits(now);
+                    self.transmits.extend(retransmits);
+                }
+                Timer::Sync => synced = self.on_sync_timeout(now),
+                Timer::SyncSlice => self.run_slice(now, self.config.sync_slice_len_max),
+                // Below: a leave also moves on without its deadline (its last acknowledgement).
+                Timer::Leave => {}
             }
         }
+        // The records of timed-out forwards expire with any timeout (they arm no timer).
+        self.forget_timed_out(now);
         self.leave_progress(now);
         // Frames first: they carry the acknowledgements due; then what is still due goes alone,
         // and peers that got nothing for an interval get a heartbeat.
@@ -532,14 +535,75 @@ impl Node {
             let probes = self.peers.probes(now);
             self.transmits.extend(probes);
         }
+        self.arm_derived_timers();
         self.assert_timers(now);
+    }
+
+    /// The sync timer expired: a round begins, unless one is still in progress (it goes on in
+    /// slices; the next begins once it ended: rounds stretch under a load the node cannot keep
+    /// up with, rather than one input running the rest of a round under the driver's lock).
+    /// Returns whether a round began.
+    fn on_sync_timeout(&mut self, now: Instant) -> bool {
+        if self.round.is_some() {
+            self.timers.set(Timer::Sync, now.add_nanos(1));
+            return false;
+        }
+        let due_at = self.next_sync_at();
+        self.sync(now);
+        let interval = duration_nanos(self.config.sync_interval);
+        self.timers.set(Timer::Sync, due_at.add_nanos(interval).max(now.add_nanos((interval / 2).max(1))));
+        true
+    }
+
+    /// When the next sync round is due (the sync timer is always armed).
+    fn next_sync_at(&self) -> Instant {
+        let at = self.timers.get(Timer::Sync);
+        debug_assert!(at.is_some(), "the sync timer is always armed");
+        at.unwrap_or(Instant::ZERO)
+    }
+
+    /// Ends an input: sends what it queued (one frame per peer) and re-arms the timers that
+    /// mirror other state.
+    fn end_input(&mut self, now: Instant) {
+        self.flush_out(now);
+        self.arm_derived_timers();
+    }
+
+    /// Ends a client's check: as [`Node::end_input`], without scanning the peers' frames when
+    /// the check sent none (`frames_sent`: the count before it), which is the common case.
+    fn end_check(&mut self, now: Instant, frames_sent: u64) {
+        self.flush_out(now);
+        self.arm_forward_expiry();
+        if self.peers.stats().frames_sent != frames_sent {
+            self.arm_peer_timers();
+        }
+    }
+
+    /// Re-arms the timers that mirror state kept elsewhere (`timer.rs`).
+    fn arm_derived_timers(&mut self) {
+        self.arm_forward_expiry();
+        self.arm_peer_timers();
+    }
+
+    /// Re-arms the forward expiry timer: the earliest pending forward's deadline.
+    fn arm_forward_expiry(&mut self) {
+        let first = self.deadlines.first().map(|&(deadline, _)| deadline);
+        self.timers.set_or_stop(Timer::ForwardExpiry, first);
+    }
+
+    /// Re-arms the timers that the peers' frames move: retransmissions and acknowledgements, and
+    /// a leave's drain (which waits for the acknowledgements).
+    fn arm_peer_timers(&mut self) {
+        self.timers.set_or_stop(Timer::Peers, self.peers.next_timeout());
+        self.timers.set_or_stop(Timer::Leave, self.leave_deadline());
     }
 
     /// The timer invariants a driver relies on: after [`Node::handle_timeout`] at `now` nothing is
     /// due at or before `now` (a driver would call it again at once, forever), and every forwarded
     /// check waiting for an answer has exactly one deadline, so each is decided by it.
     fn assert_timers(&self, now: Instant) {
-        assert!(self.next_sync_at > now, "sync due at {:?}, handled at {now:?}", self.next_sync_at);
+        let sync_at = self.next_sync_at();
+        assert!(sync_at > now, "sync due at {sync_at:?}, handled at {now:?}");
         assert!(
             self.deadlines.first().is_none_or(|&(deadline, _)| deadline > now),
             "a forward's deadline passed at {now:?} without deciding it"
@@ -561,18 +625,36 @@ impl Node {
         self.events.pop_front()
     }
 
-    /// When [`Node::handle_timeout`] should run next.
+    /// When [`Node::handle_timeout`] should run next: the earliest armed timer. A node that left
+    /// is not woken for its sync rounds (its sync timer stays armed: a timeout for another timer
+    /// still runs the round due).
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let deadlines = [
-            (!matches!(self.leave, Some(leave::Leave::Left))).then_some(self.next_sync_at),
-            self.flush_at,
-            self.round.as_ref().map(|round| round.next_slice_at),
+        self.debug_assert_timer_table();
+        let left = matches!(self.leave, Some(leave::Leave::Left));
+        self.timers.next_timeout(left.then_some(Timer::Sync))
+    }
+
+    /// The timer table's sanity: the derived timers equal their sources, the sync timer is always
+    /// armed and a slice's timer exactly while a round is in progress.
+    fn debug_assert_timer_table(&self) {
+        debug_assert_eq!(self.timers.get(Timer::Peers), self.peers.next_timeout(), "the peers' timer");
+        debug_assert_eq!(self.timers.get(Timer::Leave), self.leave_deadline(), "the leave's timer");
+        debug_assert_eq!(
+            self.timers.get(Timer::ForwardExpiry),
             self.deadlines.first().map(|&(deadline, _)| deadline),
-            self.peers.next_timeout(),
-            self.leave_deadline(),
-        ];
-        deadlines.into_iter().flatten().min()
+            "the forward expiry timer"
+        );
+        debug_assert!(self.timers.get(Timer::Sync).is_some(), "the sync timer is always armed");
+        debug_assert_eq!(
+            self.timers.get(Timer::SyncSlice).is_some(),
+            self.round.is_some(),
+            "a slice's timer is armed exactly while a round is in progress"
+        );
+        debug_assert!(
+            self.timers.get(Timer::FlushForwards).is_some() || self.outbox.values().all(Vec::is_empty),
+            "forwards wait in the outbox only while their flush is armed"
+        );
     }
 
     // --- Limits as the reachable part of the cluster enforces them ---------------------------------

@@ -1226,7 +1226,7 @@ fn run_sync_round(slice_len_max: usize) -> RoundSent {
     // its round reports the demand and brings allowances back, the later passes decide from them
     // (the followed keys are dirty when the last pass ends).
     for pass in 0..3 {
-        let round_at = cluster.node(1).next_sync_at;
+        let round_at = cluster.node(1).next_sync_at();
         cluster.run_for(Duration::from_nanos(round_at.nanos_since(cluster.now) + 2_000_000));
         // Demand worth an allowance: several hits per key an interval.
         for (i, &k) in keys.iter().enumerate().cycle().take(keys.len() * 4) {
@@ -1236,7 +1236,7 @@ fn run_sync_round(slice_len_max: usize) -> RoundSent {
     }
     let mut sent = RoundSent::default();
     let node = cluster.node(1);
-    let mut now = node.next_sync_at;
+    let mut now = node.next_sync_at();
     let frame_len_max = node.config.frame_len_max;
     loop {
         let visited_before = node.round.as_ref().map_or(0, |round| round.visited);
@@ -1258,8 +1258,10 @@ fn run_sync_round(slice_len_max: usize) -> RoundSent {
                 sent.keys.entry((transmit.to, section)).or_default().append(&mut carried);
             }
         }
-        let Some(round) = &node.round else { break };
-        now = round.next_slice_at;
+        if node.round.is_none() {
+            break;
+        }
+        now = node.timers.get(Timer::SyncSlice).expect("a slice is due while the round runs");
     }
     sent.slices += 1; // the last, which ended the round
     for carried in sent.keys.values_mut() {
@@ -1301,7 +1303,7 @@ fn a_view_change_finishes_the_round_in_progress() {
         cluster.check(1, request);
     }
     let node = cluster.node(1);
-    let now = node.next_sync_at;
+    let now = node.next_sync_at();
     node.handle_timeout(now);
     assert!(node.round.as_ref().is_some_and(|round| round.visited == 10), "the first slice ran");
     node.handle_membership(now, MemberView { live: vec![NodeId(1), NodeId(2), NodeId(3)], dead: vec![] });
