@@ -40,6 +40,7 @@ mod adjust;
 mod api;
 mod exact;
 mod follower;
+mod forwards;
 mod handoff;
 mod keys;
 mod leave;
@@ -52,7 +53,7 @@ mod share;
 mod sizing;
 mod timer;
 
-use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use alloc::collections::{BTreeMap, VecDeque};
 use alloc::sync::Arc;
 
 use hashbrown::HashMap;
@@ -76,8 +77,8 @@ use crate::limit::{Limit, LimitSpec};
 use crate::store::Store;
 use crate::time::{Instant, duration_nanos};
 use crate::wire::{Body, Decided, ForwardCheck, Grant, KeyState, LimitWire, Release, Report, SnapshotWire};
-use exact::PendingForward;
 use follower::FollowerStep;
+use forwards::{Forwards, PendingForward};
 use keys::{Follower, KeyMeta, Participant};
 use peers::{PeerConfig, Peers};
 use timer::{Timer, TimerTable};
@@ -187,17 +188,8 @@ pub struct Node {
     /// Limits as this node's share enforces them (the fallback), by spec.
     local_limits: HashMap<LimitSpec, Option<Limit>, KeyHasherBuilder>,
     peers: Peers,
-    pending: BTreeMap<u64, PendingForward>,
-    /// `(deadline, id)` of every pending forward.
-    deadlines: BTreeSet<(Instant, u64)>,
-    /// Forwards that timed out and were decided by the fallback, by id, kept for a while: a late
-    /// answer that admitted one is refunded to the owner.
-    timed_out: BTreeMap<u64, exact::TimedOut>,
-    next_forward_id: u64,
-    outbox: BTreeMap<NodeId, Vec<ForwardCheck>>,
-    /// Per owner: a forward batch sent to it is unanswered; until then (or its answer) new
-    /// forwards to it wait in the outbox (`exact::send_forwards`).
-    forwards_held_until: BTreeMap<NodeId, Instant>,
+    /// Checks forwarded to their owners (`forwards.rs`).
+    forwards: Forwards,
     /// What inputs queued for each peer, sent when the input is done (one frame per peer).
     outgoing: BTreeMap<NodeId, Body>,
     /// Followed keys with something to report or an allowance to keep (bounded by the key table).
@@ -264,12 +256,7 @@ impl Node {
             owner_limits: HashMap::default(),
             local_limits: HashMap::default(),
             peers: Peers::new(id, incarnation, peer_config),
-            pending: BTreeMap::new(),
-            deadlines: BTreeSet::new(),
-            timed_out: BTreeMap::new(),
-            next_forward_id: 1,
-            outbox: BTreeMap::new(),
-            forwards_held_until: BTreeMap::new(),
+            forwards: Forwards::new(),
             outgoing: BTreeMap::new(),
             dirty: IndexSet::default(),
             passed_on: IndexSet::default(),
@@ -587,8 +574,7 @@ impl Node {
 
     /// Re-arms the forward expiry timer: the earliest pending forward's deadline.
     fn arm_forward_expiry(&mut self) {
-        let first = self.deadlines.first().map(|&(deadline, _)| deadline);
-        self.timers.set_or_stop(Timer::ForwardExpiry, first);
+        self.timers.set_or_stop(Timer::ForwardExpiry, self.forwards.next_deadline());
     }
 
     /// Re-arms the timers that the peers' frames move: retransmissions and acknowledgements, and
@@ -605,12 +591,11 @@ impl Node {
         let sync_at = self.next_sync_at();
         assert!(sync_at > now, "sync due at {sync_at:?}, handled at {now:?}");
         assert!(
-            self.deadlines.first().is_none_or(|&(deadline, _)| deadline > now),
+            self.forwards.next_deadline().is_none_or(|deadline| deadline > now),
             "a forward's deadline passed at {now:?} without deciding it"
         );
-        assert_eq!(self.pending.len(), self.deadlines.len(), "forwards and their deadlines");
+        self.forwards.debug_assert_deadlines();
         debug_assert!(self.poll_timeout().is_none_or(|at| at > now), "a timer due again at {now:?}");
-        debug_assert!(self.pending.iter().all(|(&id, p)| self.deadlines.contains(&(p.deadline, id))));
     }
 
     /// The next frame to send.
@@ -642,7 +627,7 @@ impl Node {
         debug_assert_eq!(self.timers.get(Timer::Leave), self.leave_deadline(), "the leave's timer");
         debug_assert_eq!(
             self.timers.get(Timer::ForwardExpiry),
-            self.deadlines.first().map(|&(deadline, _)| deadline),
+            self.forwards.next_deadline(),
             "the forward expiry timer"
         );
         debug_assert!(self.timers.get(Timer::Sync).is_some(), "the sync timer is always armed");
@@ -652,7 +637,7 @@ impl Node {
             "a slice's timer is armed exactly while a round is in progress"
         );
         debug_assert!(
-            self.timers.get(Timer::FlushForwards).is_some() || self.outbox.values().all(Vec::is_empty),
+            self.timers.get(Timer::FlushForwards).is_some() || !self.forwards.any_queued(),
             "forwards wait in the outbox only while their flush is armed"
         );
     }

@@ -241,7 +241,7 @@ fn a_forwarded_answer_counts_only_from_the_owner_it_went_to() {
     assert!(matches!(cluster.check(2, first), CheckOutcome::Decided(Decision { allowed: true, .. })));
     let request = CheckRequest { id: RequestId(2), key: k, policy: policy.clone(), cost: 1 };
     assert!(matches!(cluster.check(1, request), CheckOutcome::Pending));
-    let (&forward_id, pending) = cluster.node(1).pending.iter().next().expect("a forwarded check");
+    let (&forward_id, pending) = cluster.node(1).forwards.iter().next().expect("a forwarded check");
     assert_eq!(pending.owner, NodeId(2));
     // Node 3 answers "admitted" to node 1 for that id, before the owner's refusal arrives.
     let forged = Decided { id: forward_id, decision: Decision::admitted_blind(10).into() };
