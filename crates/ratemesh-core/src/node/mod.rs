@@ -3,19 +3,37 @@
 //!
 //! # Contract for drivers
 //!
-//! A driver (the tokio node, the simulator, a test) owns a [`Node`] and its clock, and:
-//! 1. feeds inputs, each with the node's local `now` (monotonic; never compared across nodes):
-//!    [`Node::handle_check`] for a client's check, [`Node::handle_release`] for a concurrency
-//!    lease, [`Node::handle_frame`] for bytes from a peer (the transport must authenticate the
-//!    sender), [`Node::handle_membership`] when the failure detector's view changes, and
-//!    [`Node::handle_timeout`] once `now` reaches [`Node::poll_timeout`];
-//! 2. after every input, drains the outputs: [`Node::poll_transmit`] until `None` (send each
-//!    frame to its peer; loss is tolerated), then [`Node::poll_event`] until `None` (decisions of
-//!    checks that were [`CheckOutcome::Pending`]);
-//! 3. re-reads [`Node::poll_timeout`], which may have moved.
+//! A driver (the tokio node in `crates/ratemesh`, the simulator's `ratemesh` strategy, a test)
+//! owns a [`Node`] and its clock. Every input takes the node's local `now`: monotonic, never
+//! compared across nodes. These are all the inputs, by source:
 //!
-//! The node never blocks and never reads a clock; everything it keeps is bounded by
-//! [`NodeConfig`].
+//! - **Time.** [`Node::handle_timeout`] once `now` reaches [`Node::poll_timeout`] (called at any
+//!   other time it does what is due, usually nothing).
+//! - **Peer messages.** [`Node::handle_frame`] for the bytes of a frame from a peer; the transport
+//!   must authenticate the sender. Malformed frames are counted and dropped, never a panic.
+//! - **Membership.** [`Node::handle_membership`] when the failure detector's view changes; it
+//!   returns a [`ViewChange`] (who joined or left the ring, keys handed over, taken over and
+//!   re-followed) to log. A graceful leave: [`Node::handle_leave`] when the leave is announced,
+//!   [`Node::handle_leave_heard`] once every member knows of it (optional: it only shortens the
+//!   leave); the node then emits [`Event::Left`] (`leave.rs`).
+//! - **Local requests.** [`Node::handle_check`] (decided now or [`CheckOutcome::Pending`]),
+//!   [`Node::handle_check_now`] (decided now or not at all: never waits), [`Node::handle_adjust`]
+//!   (a refund or charge of hits), [`Node::handle_release`] (a concurrency lease).
+//! - **Persistence.** [`Node::restore`] takes back durable state the driver read (at start);
+//!   [`Node::durable_keys`] and [`Node::export_durable`] only read (`persist.rs`).
+//!
+//! After every input the driver drains the outputs, in this order:
+//! 1. [`Node::poll_transmit`] until `None`: send each frame to its peer (loss is tolerated: the
+//!    node retransmits);
+//! 2. [`Node::poll_event`] until `None`: [`Event::Decided`] answers a check that was pending,
+//!    [`Event::Left`] says the leave is done (the driver may stop the node; no input is needed
+//!    any more);
+//! 3. [`Node::poll_timeout`], which may have moved earlier or later: the next `handle_timeout`.
+//!    After a `handle_check_now` that queued no frame it has not moved.
+//!
+//! Everything else is a read (`stats`, `owner_of`, `is_serving`, ...). The node never blocks
+//! and never reads a clock; everything it keeps is bounded by [`NodeConfig`]. Inside, its
+//! deadlines are one table (`timer.rs`) and its forwarded checks one type (`forwards.rs`).
 //!
 //! # Protocol in one paragraph
 //!
@@ -63,7 +81,7 @@ use indexmap::IndexSet;
 pub use api::{
     AdjustRequest, Adjustment, CheckOutcome, CheckRequest, Event, FRAME_ENTRY_BYTES_MAX, FRAME_LEN_MIN,
     Fallback, MemberView, Mode, NodeConfig, NodeConfigError, NodeId, Policy, RING_VNODES_MAX, RequestId,
-    SYNC_INTERVAL_MS_DEFAULT, Transmit,
+    SYNC_INTERVAL_MS_DEFAULT, Transmit, ViewChange,
 };
 pub use leave::LeavePlan;
 pub use peers::DeliveryStats;
@@ -444,8 +462,8 @@ impl Node {
 
     /// Applies a new membership view: the ring is rebuilt from the live members, and state of
     /// keys that moved is handed to their new owners. A leaving node stays in its own ring until
-    /// it hands over, and out of it afterwards, whatever the view says.
-    pub fn handle_membership(&mut self, now: Instant, view: MemberView) {
+    /// it hands over, and out of it afterwards, whatever the view says. Returns what moved.
+    pub fn handle_membership(&mut self, now: Instant, view: MemberView) -> ViewChange {
         self.stats.membership_changes += 1;
         let mut live = view.live;
         match self.leave {
@@ -453,11 +471,12 @@ impl Node {
             Some(leave::Leave::Owning { .. }) if !live.contains(&self.id) => live.push(self.id),
             Some(_) => live.retain(|&m| m != self.id),
         }
-        self.apply_view(now, live, view.dead);
+        let change = self.apply_view(now, live, view.dead);
         self.end_input(now);
+        change
     }
 
-    fn apply_view(&mut self, now: Instant, live: Vec<NodeId>, dead: Vec<NodeId>) {
+    fn apply_view(&mut self, now: Instant, live: Vec<NodeId>, dead: Vec<NodeId>) -> ViewChange {
         // A round's entries were all taken under one ring.
         self.finish_round(now);
         let mut members: Vec<NodeId> = live.iter().chain(&dead).copied().collect();
@@ -470,7 +489,10 @@ impl Node {
         if departed {
             self.departed_at = Some(now);
         }
-        self.ring = Ring::new(&live, self.config.ring_vnodes);
+        let before = core::mem::replace(&mut self.ring, Ring::new(&live, self.config.ring_vnodes));
+        let (old, new) = (before.members(), self.ring.members());
+        let joined: Vec<NodeId> = new.iter().filter(|m| !old.contains(m)).copied().collect();
+        let left_ring: Vec<NodeId> = old.iter().filter(|m| !new.contains(m)).copied().collect();
         self.rank = members.binary_search(&self.id).ok();
         self.members = members;
         self.dead = dead;
@@ -478,7 +500,8 @@ impl Node {
         // Owners mark no key for replication while they are alone on their ring: the first
         // successor gets every key they still own.
         let replicate_owned = !replicated && self.replicates();
-        self.move_keys(now, replicate_owned);
+        let moved = self.move_keys(now, replicate_owned);
+        ViewChange { joined, departed: left_ring, ..moved }
     }
 
     /// Whether owners replicate their changed keys now: configured to, and the ring has a
@@ -487,7 +510,7 @@ impl Node {
         self.config.replicate && self.ring.members().len() > 1
     }
 
-    /// Runs the timers that are due at `now`: every expired one, in [`Timer::VALUES`] order.
+    /// Runs the timers that are due at `now`: every expired one, in a fixed order (`timer.rs`).
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut synced = false;
         for timer in Timer::VALUES {

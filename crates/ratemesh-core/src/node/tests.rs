@@ -590,6 +590,43 @@ fn a_node_cut_off_without_shared_state_admits_nothing_until_the_detector_moves_t
     assert_eq!(cluster.admit(1, k, &policy, 1_000), 750);
 }
 
+/// `handle_membership` says what moved at the node: who joined or left its ring, and the keys
+/// it handed over, took over and re-followed.
+#[test]
+fn a_view_change_says_what_moved() {
+    let mut cluster = Cluster::new(2);
+    let policy = policy(Mode::Exact, 1_000, 1_000);
+    let ring = |members: &[u64]| {
+        Ring::new(&members.iter().copied().map(NodeId).collect::<Vec<_>>(), RING_VNODES_DEFAULT)
+    };
+    let (two, three) = (ring(&[1, 2]), ring(&[1, 2, 3]));
+    let owned: Vec<KeyHash> =
+        (0..300).map(|i| key(&format!("moved{i}"))).filter(|&k| two.owner(k) == Some(NodeId(1))).collect();
+    for (i, &k) in owned.iter().enumerate() {
+        let request = CheckRequest { id: RequestId(i as u64), key: k, policy: policy.clone(), cost: 1 };
+        assert!(matches!(cluster.check(1, request), CheckOutcome::Decided(d) if d.allowed));
+    }
+    let to_three = owned.iter().filter(|&&k| three.owner(k) == Some(NodeId(3))).count() as u64;
+    assert!(to_three > 0, "some of node 1's keys move to node 3");
+    cluster.add_node(3);
+    let now = cluster.now;
+    let live = |ids: &[u64]| ids.iter().copied().map(NodeId).collect::<Vec<_>>();
+    let handoffs_before = cluster.node(1).stats().handoffs_sent;
+    let join = cluster.node(1).handle_membership(now, MemberView { live: live(&[1, 2, 3]), dead: vec![] });
+    let expected = ViewChange { joined: vec![NodeId(3)], handed_over: to_three, ..ViewChange::default() };
+    assert_eq!(join, expected);
+    assert_eq!(cluster.node(1).stats().handoffs_sent - handoffs_before, to_three);
+    // Node 3 fails: the keys node 1 handed it come back to node 1, which follows them meanwhile.
+    let failure =
+        cluster.node(1).handle_membership(now, MemberView { live: live(&[1, 2]), dead: live(&[3]) });
+    let expected = ViewChange { departed: vec![NodeId(3)], taken_over: to_three, ..ViewChange::default() };
+    assert_eq!(failure, expected);
+    // Node 2 fails: node 1 follows none of its keys, and takes over nothing it tracks.
+    let failure =
+        cluster.node(1).handle_membership(now, MemberView { live: live(&[1]), dead: live(&[2, 3]) });
+    assert_eq!(failure, ViewChange { departed: vec![NodeId(2)], ..ViewChange::default() });
+}
+
 #[test]
 fn garbage_from_peers_is_counted_and_dropped() {
     let mut cluster = Cluster::new(2);
