@@ -69,6 +69,10 @@ impl Node {
             owner,
         };
         self.forwards.insert(id, pending);
+        debug_assert!(
+            self.forwards.len() <= self.config.pending_forwards_max,
+            "pending forwards are bounded"
+        );
         self.send(owner, Body { adjust: vec![item], ..Body::default() }, now);
         CheckOutcome::Pending
     }

@@ -44,6 +44,7 @@ impl Node {
             refused_here,
         };
         let deadline = now.add_nanos(self.forward_wait_nanos(owner));
+        debug_assert!(deadline > now, "a forward waits for its answer");
         self.forwards.insert(
             id,
             PendingForward {
@@ -55,6 +56,10 @@ impl Node {
                 deadline,
                 owner,
             },
+        );
+        debug_assert!(
+            self.forwards.len() <= self.config.pending_forwards_max,
+            "pending forwards are bounded"
         );
         self.stats.forwarded += 1;
         if self.forwards.queue(owner, check) >= self.config.forward_batch_len_max {

@@ -173,6 +173,10 @@ impl Node {
                 }
                 None
             });
+            debug_assert!(
+                self.keys.extra(key).is_none_or(|meta| meta.owned == (owner == me)),
+                "after a view change the key table's owners are the ring's"
+            );
             if replicate_owned && owner == me {
                 self.replicas_due.insert(key);
             }

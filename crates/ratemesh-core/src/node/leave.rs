@@ -92,6 +92,7 @@ impl Node {
                 let others_leaving = self.departed_at.is_some_and(|at| at.as_nanos() >= since);
                 let linger_nanos = if others_leaving { linger_nanos } else { 0 };
                 let (linger_until, give_up_at) = (now.add_nanos(linger_nanos), now.add_nanos(drain_nanos));
+                debug_assert!(linger_until <= give_up_at, "a leave lingers within its drain");
                 self.leave = Some(Leave::Draining { linger_until, give_up_at });
                 let live: Vec<NodeId> =
                     self.ring.members().iter().copied().filter(|&m| m != self.id).collect();

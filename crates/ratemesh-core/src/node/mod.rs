@@ -494,6 +494,11 @@ impl Node {
         let joined: Vec<NodeId> = new.iter().filter(|m| !old.contains(m)).copied().collect();
         let left_ring: Vec<NodeId> = old.iter().filter(|m| !new.contains(m)).copied().collect();
         self.rank = members.binary_search(&self.id).ok();
+        debug_assert!(members.windows(2).all(|w| w[0] < w[1]), "members are sorted, each once: ranks");
+        debug_assert!(
+            live.iter().all(|m| members.binary_search(m).is_ok()),
+            "the ring's members are members"
+        );
         self.members = members;
         self.dead = dead;
         self.refresh_reachability(now, true);
@@ -674,14 +679,28 @@ impl Node {
             return Some(policy.limit.clone());
         }
         let (ranks, n) = (&self.reachable_ranks, self.members.len());
-        cached(&mut self.owner_limits, &policy.limit, |limit| share::apportion(limit, ranks, n))
+        let scaled = cached(&mut self.owner_limits, &policy.limit, |limit| share::apportion(limit, ranks, n));
+        debug_assert!(
+            scaled.as_ref().is_none_or(|s| s.spec().limit <= policy.limit.spec().limit),
+            "an owner enforces at most the limit: the reachable members' shares"
+        );
+        scaled
     }
 
     /// The limit this node's fallback enforces: its own rank's share.
     fn local_limit(&mut self, limit: &Limit) -> Option<Limit> {
         let rank = self.rank?;
         let n = self.members.len();
-        cached(&mut self.local_limits, limit, |limit| share::apportion(limit, &[rank], n))
+        debug_assert!(
+            rank < n && self.members[rank] == self.id,
+            "the node's rank is its place among the members"
+        );
+        let scaled = cached(&mut self.local_limits, limit, |limit| share::apportion(limit, &[rank], n));
+        debug_assert!(
+            scaled.as_ref().is_none_or(|s| s.spec().limit <= limit.spec().limit.div_ceil(n.max(1) as u64)),
+            "a fallback enforces its rank's share of the limit"
+        );
+        scaled
     }
 
     /// Recomputes which members are reachable; the scaled limits are recomputed when that (or the
@@ -694,6 +713,7 @@ impl Node {
                     || (self.ring.members().contains(&member) && self.peers.counted_reachable(member, now))
             })
             .collect();
+        debug_assert!(self.rank.is_none_or(|rank| ranks.contains(&rank)), "a member always reaches itself");
         if changed || ranks != self.reachable_ranks {
             self.reachable_ranks = ranks;
             self.owner_limits.clear();
@@ -730,12 +750,17 @@ impl Node {
     /// Queues `body` for `to`: everything for one peer leaves in one frame when the input that
     /// produced it is done ([`Node::flush_out`]), or at once when it reached the batch bound.
     fn send(&mut self, to: NodeId, body: Body, now: Instant) {
+        let batch_len_max = self.config.sync_batch_len_max.max(1);
         let pending = self.outgoing.entry(to).or_default();
         pending.append(body);
-        if pending.items() >= self.config.sync_batch_len_max.max(1) {
+        if pending.items() >= batch_len_max {
             let full = core::mem::take(pending);
             self.transmit_body(to, full, now);
         }
+        debug_assert!(
+            self.outgoing.get(&to).is_none_or(|b| b.items() < batch_len_max),
+            "a frame's items are bounded"
+        );
     }
 
     /// Sends what inputs queued for each peer, one frame per peer.

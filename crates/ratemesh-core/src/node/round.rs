@@ -92,6 +92,7 @@ impl Node {
             }
         }
         round.visited = end;
+        debug_assert!(round.visited <= round.len(), "a round visits each of its keys once");
         if round.visited < round.len() {
             self.timers.set(Timer::SyncSlice, now.add_nanos(1));
             self.round = Some(round);
