@@ -92,7 +92,6 @@ impl Forwards {
         debug_assert!(fresh, "a forward id is used once");
         let before = self.pending.insert(id, pending);
         debug_assert!(before.is_none(), "a forward id is used once");
-        self.debug_assert_deadlines();
     }
 
     /// Forward `id`, if it still waits.
@@ -134,9 +133,10 @@ impl Forwards {
         self.pending.iter()
     }
 
-    /// Every pending forward has exactly one deadline, its own (checked in debug builds).
-    pub(super) fn debug_assert_deadlines(&self) {
-        debug_assert_eq!(self.pending.len(), self.deadlines.len(), "forwards and their deadlines");
+    /// Every pending forward has exactly one deadline: as many deadlines as forwards (always
+    /// checked), each its own (in debug builds).
+    pub(super) fn assert_deadlines(&self) {
+        assert_eq!(self.pending.len(), self.deadlines.len(), "forwards and their deadlines");
         debug_assert!(self.pending.iter().all(|(&id, p)| self.deadlines.contains(&(p.deadline, id))));
     }
 

@@ -622,7 +622,7 @@ impl Node {
             self.forwards.next_deadline().is_none_or(|deadline| deadline > now),
             "a forward's deadline passed at {now:?} without deciding it"
         );
-        self.forwards.debug_assert_deadlines();
+        self.forwards.assert_deadlines();
         debug_assert!(self.poll_timeout().is_none_or(|at| at > now), "a timer due again at {now:?}");
     }
 
