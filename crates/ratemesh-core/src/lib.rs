@@ -55,7 +55,7 @@ pub use node::{
     AdjustRequest, Adjustment, CheckOutcome, CheckRequest, DeliveryStats, DurableCursor, DurableKey, Event,
     FRAME_ENTRY_BYTES_MAX, FRAME_LEN_MIN, Fallback, LeavePlan, MemberView, Mode, Node, NodeConfig,
     NodeConfigError, NodeId, NodeStats, Policy, RING_VNODES_DEFAULT, RING_VNODES_MAX, RequestId,
-    RestoreStats, Ring, SYNC_INTERVAL_MS_DEFAULT, Transmit,
+    RestoreStats, Ring, SYNC_INTERVAL_MS_DEFAULT, Transmit, ViewChange,
 };
 pub use store::{KeyExtra, Store, StoreConfig, StoreStats};
 pub use time::{Instant, duration_nanos};

@@ -19,7 +19,7 @@ impl Node {
     /// ([`Event::Decided`]). The decision says whether a cost-1 check would pass afterwards.
     pub fn handle_adjust(&mut self, now: Instant, request: AdjustRequest) -> CheckOutcome {
         let outcome = self.adjust(now, request);
-        self.flush_out(now);
+        self.end_input(now);
         outcome
     }
 
@@ -32,7 +32,7 @@ impl Node {
         if owner == self.id {
             return CheckOutcome::Decided(self.adjust_as_owner(&policy, key, adjustment, hits, now));
         }
-        if !self.peers.reachable(owner, now) || self.pending.len() >= self.config.pending_forwards_max {
+        if !self.peers.reachable(owner, now) || self.forwards.len() >= self.config.pending_forwards_max {
             return CheckOutcome::Decided(self.adjust_here(owner, &policy, key, adjustment, hits, now));
         }
         if adjustment == Adjustment::Refund {
@@ -43,10 +43,8 @@ impl Node {
                 }
             });
         }
-        let id = self.next_forward_id;
-        self.next_forward_id += 1;
+        let id = self.forwards.next_id();
         let deadline = now.add_nanos(self.forward_wait_nanos(owner));
-        self.deadlines.insert((deadline, id));
         let item = Adjust {
             id,
             key: key.0,
@@ -70,7 +68,11 @@ impl Node {
             deadline,
             owner,
         };
-        self.pending.insert(id, pending);
+        self.forwards.insert(id, pending);
+        debug_assert!(
+            self.forwards.len() <= self.config.pending_forwards_max,
+            "pending forwards are bounded"
+        );
         self.send(owner, Body { adjust: vec![item], ..Body::default() }, now);
         CheckOutcome::Pending
     }

@@ -25,6 +25,25 @@ pub struct MemberView {
     pub dead: Vec<NodeId>,
 }
 
+/// What a membership view moved at one node ([`Node::handle_membership`]): for a driver to log
+/// (or count) instead of diffing the node's counters.
+///
+/// [`Node::handle_membership`]: super::Node::handle_membership
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ViewChange {
+    /// Members that entered this node's ring (live now, not before), sorted.
+    pub joined: Vec<NodeId>,
+    /// Members that left this node's ring (dead or gone from the view, or this node itself when
+    /// it hands over at the end of a leave), sorted.
+    pub departed: Vec<NodeId>,
+    /// Keys this node owned and handed over to their new owners.
+    pub handed_over: u64,
+    /// Keys this node owns now and did not before (it followed them, or held their state).
+    pub taken_over: u64,
+    /// Followed keys whose owner changed: their next report seeds the new owner.
+    pub refollowed: u64,
+}
+
 /// How a limit is enforced across the cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mode {

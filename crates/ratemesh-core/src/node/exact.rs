@@ -3,38 +3,11 @@
 //! answer in time.
 
 use crate::prelude::*;
-use alloc::sync::Arc;
 
+use super::forwards::TimedOut;
 use super::*;
 use crate::limit::Algorithm;
 use crate::wire::WireMode;
-
-/// A check forwarded to an owner, waiting for its decision.
-#[derive(Debug)]
-pub(super) struct PendingForward {
-    pub(super) request: RequestId,
-    pub(super) key: KeyHash,
-    pub(super) policy: Arc<Policy>,
-    pub(super) cost: u64,
-    /// A refund or charge of `cost` hits rather than a check.
-    pub(super) adjustment: Option<Adjustment>,
-    pub(super) deadline: Instant,
-    /// The owner it went to: only its answer counts.
-    pub(super) owner: NodeId,
-}
-
-/// A forwarded check decided by the fallback after its wait, whose late answer may still come.
-#[derive(Debug)]
-pub(super) struct TimedOut {
-    key: KeyHash,
-    policy: Arc<Policy>,
-    cost: u64,
-    owner: NodeId,
-    /// Whether the fallback admitted it (its hits are reported as uncovered).
-    admitted: bool,
-    /// Forgotten after this.
-    until: Instant,
-}
 
 /// The shortest wait for a forwarded check's answer: well above a LAN round trip and a scheduling
 /// hiccup of a loaded host. A fallback decision is the expensive outcome (a share of the limit
@@ -51,13 +24,12 @@ impl Node {
         if let Some(decision) = self.refused_here(&request, now) {
             return CheckOutcome::Decided(decision);
         }
-        if !self.peers.reachable(owner, now) || self.pending.len() >= self.config.pending_forwards_max {
+        if !self.peers.reachable(owner, now) || self.forwards.len() >= self.config.pending_forwards_max {
             let decision =
                 self.decide_by_fallback_now(owner, &request.policy, request.key, request.cost, now);
             return CheckOutcome::Decided(decision);
         }
-        let id = self.next_forward_id;
-        self.next_forward_id += 1;
+        let id = self.forwards.next_id();
         let mode = match effective_mode(&request.policy) {
             api::Mode::Exact => WireMode::Exact,
             api::Mode::Approximate => WireMode::Approximate,
@@ -72,8 +44,8 @@ impl Node {
             refused_here,
         };
         let deadline = now.add_nanos(self.forward_wait_nanos(owner));
-        self.deadlines.insert((deadline, id));
-        self.pending.insert(
+        debug_assert!(deadline > now, "a forward waits for its answer");
+        self.forwards.insert(
             id,
             PendingForward {
                 request: request.id,
@@ -85,15 +57,17 @@ impl Node {
                 owner,
             },
         );
+        debug_assert!(
+            self.forwards.len() <= self.config.pending_forwards_max,
+            "pending forwards are bounded"
+        );
         self.stats.forwarded += 1;
-        let batch = self.outbox.entry(owner).or_default();
-        batch.push(check);
-        if batch.len() >= self.config.forward_batch_len_max {
-            let batch = core::mem::take(batch);
+        if self.forwards.queue(owner, check) >= self.config.forward_batch_len_max {
+            let batch = self.forwards.take_queued(owner);
             self.send_forwards(owner, batch, now);
         } else {
             let at = self.forward_flush_at(owner, now);
-            self.flush_at = Some(self.flush_at.map_or(at, |flush_at| flush_at.min(at)));
+            self.timers.set_earliest(Timer::FlushForwards, at);
         }
         CheckOutcome::Pending
     }
@@ -102,7 +76,7 @@ impl Node {
     /// after `forward_wait`, and not before the hold of the batch in flight to it ends.
     fn forward_flush_at(&self, owner: NodeId, now: Instant) -> Instant {
         let waited = now.add_duration(self.config.forward_wait);
-        self.forwards_held_until.get(&owner).map_or(waited, |&until| until.max(waited))
+        self.forwards.held_until(owner).map_or(waited, |until| until.max(waited))
     }
 
     /// How long forwards to `owner` are held back after a batch went to it: two round trips (its
@@ -131,14 +105,13 @@ impl Node {
     /// Sends the queued forwards of every owner whose hold is over; the others wait for their
     /// owner's answer or the end of their hold.
     pub(super) fn flush_forwards(&mut self, now: Instant) {
-        self.flush_at = None;
-        self.forwards_held_until.retain(|_, &mut until| until > now);
-        let outbox = core::mem::take(&mut self.outbox);
-        for (owner, batch) in outbox.into_iter().filter(|(_, b)| !b.is_empty()) {
-            match self.forwards_held_until.get(&owner) {
-                Some(&until) => {
-                    self.flush_at = Some(self.flush_at.map_or(until, |flush_at| flush_at.min(until)));
-                    self.outbox.insert(owner, batch);
+        self.timers.stop(Timer::FlushForwards);
+        self.forwards.end_holds(now);
+        for (owner, batch) in self.forwards.take_outbox() {
+            match self.forwards.held_until(owner) {
+                Some(until) => {
+                    self.timers.set_earliest(Timer::FlushForwards, until);
+                    self.forwards.requeue(owner, batch);
                 }
                 None => self.send_forwards(owner, batch, now),
             }
@@ -150,16 +123,16 @@ impl Node {
     /// batches grow with the load while a lone check leaves at once.
     pub(super) fn send_forwards(&mut self, owner: NodeId, batch: Vec<ForwardCheck>, now: Instant) {
         self.stats.forward_batches += 1;
-        self.forwards_held_until.insert(owner, now.add_nanos(self.forward_hold_nanos(owner)));
+        self.forwards.hold(owner, now.add_nanos(self.forward_hold_nanos(owner)));
         self.send(owner, Body { forward: batch, ..Body::default() }, now);
     }
 
     /// `owner` answered forwards: the forwards held back for it leave now.
     fn release_forwards(&mut self, owner: NodeId, now: Instant) {
-        if self.forwards_held_until.remove(&owner).is_none() {
+        if !self.forwards.release(owner) {
             return;
         }
-        if let Some(batch) = self.outbox.remove(&owner).filter(|batch| !batch.is_empty()) {
+        if let Some(batch) = self.forwards.remove_queued(owner) {
             self.send_forwards(owner, batch, now);
         }
     }
@@ -171,7 +144,7 @@ impl Node {
         for answer in decided {
             // An answer after the timeout finds nothing: the fallback decided already. An answer
             // from another node than the check went to is not trusted.
-            let Some(pending) = self.pending.get(&answer.id) else {
+            let Some(pending) = self.forwards.get(answer.id) else {
                 self.on_late_answer(from, &answer, now);
                 continue;
             };
@@ -179,8 +152,7 @@ impl Node {
                 self.stats.items_refused += 1;
                 continue;
             }
-            let Some(pending) = self.pending.remove(&answer.id) else { continue };
-            self.deadlines.remove(&(pending.deadline, answer.id));
+            let Some(pending) = self.forwards.remove(answer.id) else { continue };
             let decision: Decision = answer.decision.into();
             if let Some(retry) = decision.retry_after.filter(|_| !decision.allowed) {
                 self.refuse_until(&pending, duration_nanos(retry), now);
@@ -193,7 +165,7 @@ impl Node {
     /// hits whose admission never reached the client (or that the fallback's `uncovered` report
     /// debits again) — not yet reported uncovered hits are taken back, the rest refunded.
     fn on_late_answer(&mut self, from: NodeId, answer: &Decided, now: Instant) {
-        let Some(late) = self.timed_out.remove(&answer.id) else { return };
+        let Some(late) = self.forwards.take_timed_out(answer.id) else { return };
         if late.owner != from || !answer.decision.allowed || late.cost == 0 {
             return;
         }
@@ -213,10 +185,8 @@ impl Node {
     }
 
     /// Drops the records of timed-out forwards whose answers are no longer expected.
-    fn forget_timed_out(&mut self, now: Instant) {
-        while self.timed_out.first_key_value().is_some_and(|(_, late)| late.until <= now) {
-            self.timed_out.pop_first();
-        }
+    pub(super) fn forget_timed_out(&mut self, now: Instant) {
+        self.forwards.forget_timed_out(now);
     }
 
     /// A refusal without asking, while the owner said the key has no room (see `refuse_until`).
@@ -284,12 +254,7 @@ impl Node {
     }
 
     pub(super) fn expire_forwards(&mut self, now: Instant) {
-        while let Some(&(deadline, id)) = self.deadlines.first() {
-            if deadline > now {
-                break;
-            }
-            self.deadlines.pop_first();
-            let Some(pending) = self.pending.remove(&id) else { continue };
+        while let Some((id, pending)) = self.forwards.pop_expired(now) {
             self.stats.forward_timeouts += 1;
             let owner = self.ring.owner(pending.key).unwrap_or(self.id);
             let decision = if let Some(adjustment) = pending.adjustment {
@@ -310,9 +275,6 @@ impl Node {
     /// Keeps a timed-out forward (bounded like the pending ones) for as long as its answer can
     /// still come: a participant's release period.
     fn remember_timed_out(&mut self, id: u64, pending: &PendingForward, admitted: bool, now: Instant) {
-        if self.timed_out.len() >= self.config.pending_forwards_max.max(1) {
-            self.timed_out.pop_first();
-        }
         let late = TimedOut {
             key: pending.key,
             policy: pending.policy.clone(),
@@ -321,6 +283,6 @@ impl Node {
             admitted,
             until: now.add_nanos(self.release_nanos()),
         };
-        self.timed_out.insert(id, late);
+        self.forwards.remember_timed_out(id, late, self.config.pending_forwards_max);
     }
 }

@@ -86,7 +86,7 @@ impl Node {
     /// a round trip.
     fn next_grant_nanos(&self, owner: NodeId, now: Instant) -> u64 {
         let rtt = self.peers.srtt_nanos(owner).unwrap_or(0);
-        self.next_sync_at.nanos_since(now).saturating_add(rtt)
+        self.next_sync_at().nanos_since(now).saturating_add(rtt)
     }
 
     /// Decides by the policy's fallback under this node's share of the limit, following `owner`

@@ -124,8 +124,10 @@ impl Node {
 
     /// After a view change: hands keys this node owned and no longer owns to their new owners,
     /// and marks followed keys whose owner changed so their next report seeds the new owner;
-    /// with `replicate_owned`, every key it still owns is due for replication.
-    pub(super) fn move_keys(&mut self, now: Instant, replicate_owned: bool) {
+    /// with `replicate_owned`, every key it still owns is due for replication. Returns the counts
+    /// of keys moved (members are the caller's).
+    pub(super) fn move_keys(&mut self, now: Instant, replicate_owned: bool) -> ViewChange {
+        let mut change = ViewChange::default();
         let mut handoffs: BTreeMap<NodeId, Vec<KeyState>> = BTreeMap::new();
         let keys: Vec<KeyHash> = self.keys.keys().collect();
         for key in keys {
@@ -161,19 +163,26 @@ impl Node {
                         bucket.force(&meta.policy.limit, follower.uncovered, now);
                         bucket.refund(&meta.policy.limit, follower.allowance.live(now), now);
                     }
+                    change.taken_over += 1;
                     return None;
                 }
                 if let Some(follower) = meta.follower.as_mut().filter(|f| f.owner != Some(owner)) {
                     follower.follow(owner, epoch);
                     follower.seed_pending = true;
+                    change.refollowed += 1;
                 }
                 None
             });
+            debug_assert!(
+                self.keys.extra(key).is_none_or(|meta| meta.owned == (owner == me)),
+                "after a view change the key table's owners are the ring's"
+            );
             if replicate_owned && owner == me {
                 self.replicas_due.insert(key);
             }
             if let Some(state) = moved.flatten() {
                 self.stats.handoffs_sent += 1;
+                change.handed_over += 1;
                 for target in self.handoff_targets(key, owner) {
                     handoffs.entry(target).or_default().push(state.clone());
                 }
@@ -181,6 +190,7 @@ impl Node {
             }
         }
         self.send_handoffs(handoffs, now);
+        change
     }
 }
 

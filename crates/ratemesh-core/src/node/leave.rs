@@ -61,7 +61,7 @@ impl Node {
         self.leave = Some(Leave::Owning { hand_over_at, drain_nanos, linger_nanos, own_nanos });
         self.return_allowances(now);
         self.leave_progress(now);
-        self.flush_out(now);
+        self.end_input(now);
     }
 
     /// Every member has learned of the leave (the driver saw it in their gossip): the node
@@ -71,7 +71,7 @@ impl Node {
         if let Some(Leave::Owning { hand_over_at, .. }) = &mut self.leave {
             *hand_over_at = (*hand_over_at).min(now);
             self.leave_progress(now);
-            self.flush_out(now);
+            self.end_input(now);
         }
     }
 
@@ -92,6 +92,7 @@ impl Node {
                 let others_leaving = self.departed_at.is_some_and(|at| at.as_nanos() >= since);
                 let linger_nanos = if others_leaving { linger_nanos } else { 0 };
                 let (linger_until, give_up_at) = (now.add_nanos(linger_nanos), now.add_nanos(drain_nanos));
+                debug_assert!(linger_until <= give_up_at, "a leave lingers within its drain");
                 self.leave = Some(Leave::Draining { linger_until, give_up_at });
                 let live: Vec<NodeId> =
                     self.ring.members().iter().copied().filter(|&m| m != self.id).collect();

@@ -3,19 +3,37 @@
 //!
 //! # Contract for drivers
 //!
-//! A driver (the tokio node, the simulator, a test) owns a [`Node`] and its clock, and:
-//! 1. feeds inputs, each with the node's local `now` (monotonic; never compared across nodes):
-//!    [`Node::handle_check`] for a client's check, [`Node::handle_release`] for a concurrency
-//!    lease, [`Node::handle_frame`] for bytes from a peer (the transport must authenticate the
-//!    sender), [`Node::handle_membership`] when the failure detector's view changes, and
-//!    [`Node::handle_timeout`] once `now` reaches [`Node::poll_timeout`];
-//! 2. after every input, drains the outputs: [`Node::poll_transmit`] until `None` (send each
-//!    frame to its peer; loss is tolerated), then [`Node::poll_event`] until `None` (decisions of
-//!    checks that were [`CheckOutcome::Pending`]);
-//! 3. re-reads [`Node::poll_timeout`], which may have moved.
+//! A driver (the tokio node in `crates/ratemesh`, the simulator's `ratemesh` strategy, a test)
+//! owns a [`Node`] and its clock. Every input takes the node's local `now`: monotonic, never
+//! compared across nodes. These are all the inputs, by source:
 //!
-//! The node never blocks and never reads a clock; everything it keeps is bounded by
-//! [`NodeConfig`].
+//! - **Time.** [`Node::handle_timeout`] once `now` reaches [`Node::poll_timeout`] (called at any
+//!   other time it does what is due, usually nothing).
+//! - **Peer messages.** [`Node::handle_frame`] for the bytes of a frame from a peer; the transport
+//!   must authenticate the sender. Malformed frames are counted and dropped, never a panic.
+//! - **Membership.** [`Node::handle_membership`] when the failure detector's view changes; it
+//!   returns a [`ViewChange`] (who joined or left the ring, keys handed over, taken over and
+//!   re-followed) to log. A graceful leave: [`Node::handle_leave`] when the leave is announced,
+//!   [`Node::handle_leave_heard`] once every member knows of it (optional: it only shortens the
+//!   leave); the node then emits [`Event::Left`] (`leave.rs`).
+//! - **Local requests.** [`Node::handle_check`] (decided now or [`CheckOutcome::Pending`]),
+//!   [`Node::handle_check_now`] (decided now or not at all: never waits), [`Node::handle_adjust`]
+//!   (a refund or charge of hits), [`Node::handle_release`] (a concurrency lease).
+//! - **Persistence.** [`Node::restore`] takes back durable state the driver read (at start);
+//!   [`Node::durable_keys`] and [`Node::export_durable`] only read (`persist.rs`).
+//!
+//! After every input the driver drains the outputs, in this order:
+//! 1. [`Node::poll_transmit`] until `None`: send each frame to its peer (loss is tolerated: the
+//!    node retransmits);
+//! 2. [`Node::poll_event`] until `None`: [`Event::Decided`] answers a check that was pending,
+//!    [`Event::Left`] says the leave is done (the driver may stop the node; no input is needed
+//!    any more);
+//! 3. [`Node::poll_timeout`], which may have moved earlier or later: the next `handle_timeout`.
+//!    After a `handle_check_now` that queued no frame it has not moved.
+//!
+//! Everything else is a read (`stats`, `owner_of`, `is_serving`, ...). The node never blocks
+//! and never reads a clock; everything it keeps is bounded by [`NodeConfig`]. Inside, its
+//! deadlines are one table (`timer.rs`) and its forwarded checks one type (`forwards.rs`).
 //!
 //! # Protocol in one paragraph
 //!
@@ -40,6 +58,7 @@ mod adjust;
 mod api;
 mod exact;
 mod follower;
+mod forwards;
 mod handoff;
 mod keys;
 mod leave;
@@ -50,8 +69,9 @@ mod ring;
 mod round;
 mod share;
 mod sizing;
+mod timer;
 
-use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use alloc::collections::{BTreeMap, VecDeque};
 use alloc::sync::Arc;
 
 use hashbrown::HashMap;
@@ -61,7 +81,7 @@ use indexmap::IndexSet;
 pub use api::{
     AdjustRequest, Adjustment, CheckOutcome, CheckRequest, Event, FRAME_ENTRY_BYTES_MAX, FRAME_LEN_MIN,
     Fallback, MemberView, Mode, NodeConfig, NodeConfigError, NodeId, Policy, RING_VNODES_MAX, RequestId,
-    SYNC_INTERVAL_MS_DEFAULT, Transmit,
+    SYNC_INTERVAL_MS_DEFAULT, Transmit, ViewChange,
 };
 pub use leave::LeavePlan;
 pub use peers::DeliveryStats;
@@ -75,10 +95,11 @@ use crate::limit::{Limit, LimitSpec};
 use crate::store::Store;
 use crate::time::{Instant, duration_nanos};
 use crate::wire::{Body, Decided, ForwardCheck, Grant, KeyState, LimitWire, Release, Report, SnapshotWire};
-use exact::PendingForward;
 use follower::FollowerStep;
+use forwards::{Forwards, PendingForward};
 use keys::{Follower, KeyMeta, Participant};
 use peers::{PeerConfig, Peers};
+use timer::{Timer, TimerTable};
 
 /// Separates the node's random stream from its key table's, which is seeded with the same seed.
 const NODE_RNG_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -185,18 +206,8 @@ pub struct Node {
     /// Limits as this node's share enforces them (the fallback), by spec.
     local_limits: HashMap<LimitSpec, Option<Limit>, KeyHasherBuilder>,
     peers: Peers,
-    pending: BTreeMap<u64, PendingForward>,
-    /// `(deadline, id)` of every pending forward.
-    deadlines: BTreeSet<(Instant, u64)>,
-    /// Forwards that timed out and were decided by the fallback, by id, kept for a while: a late
-    /// answer that admitted one is refunded to the owner.
-    timed_out: BTreeMap<u64, exact::TimedOut>,
-    next_forward_id: u64,
-    outbox: BTreeMap<NodeId, Vec<ForwardCheck>>,
-    /// Per owner: a forward batch sent to it is unanswered; until then (or its answer) new
-    /// forwards to it wait in the outbox (`exact::send_forwards`).
-    forwards_held_until: BTreeMap<NodeId, Instant>,
-    flush_at: Option<Instant>,
+    /// Checks forwarded to their owners (`forwards.rs`).
+    forwards: Forwards,
     /// What inputs queued for each peer, sent when the input is done (one frame per peer).
     outgoing: BTreeMap<NodeId, Body>,
     /// Followed keys with something to report or an allowance to keep (bounded by the key table).
@@ -213,7 +224,8 @@ pub struct Node {
     due_epoch: u32,
     /// The sync round in progress, run in slices (`round.rs`).
     round: Option<round::SyncRound>,
-    next_sync_at: Instant,
+    /// Every deadline of the node, by kind (`timer.rs`).
+    timers: TimerTable,
     fallbacks_since_sync: u64,
     settled: bool,
     leave: Option<leave::Leave>,
@@ -262,13 +274,7 @@ impl Node {
             owner_limits: HashMap::default(),
             local_limits: HashMap::default(),
             peers: Peers::new(id, incarnation, peer_config),
-            pending: BTreeMap::new(),
-            deadlines: BTreeSet::new(),
-            timed_out: BTreeMap::new(),
-            next_forward_id: 1,
-            outbox: BTreeMap::new(),
-            forwards_held_until: BTreeMap::new(),
-            flush_at: None,
+            forwards: Forwards::new(),
             outgoing: BTreeMap::new(),
             dirty: IndexSet::default(),
             passed_on: IndexSet::default(),
@@ -276,7 +282,11 @@ impl Node {
             own_due: IndexSet::default(),
             due_epoch: 1,
             round: None,
-            next_sync_at: first_sync_at,
+            timers: {
+                let mut timers = TimerTable::default();
+                timers.set(Timer::Sync, first_sync_at);
+                timers
+            },
             fallbacks_since_sync: 0,
             settled: true,
             leave: None,
@@ -352,8 +362,9 @@ impl Node {
 
     /// Decides a client's check now, or forwards it and answers later.
     pub fn handle_check(&mut self, now: Instant, request: CheckRequest) -> CheckOutcome {
+        let frames_sent = self.peers.stats().frames_sent;
         let outcome = self.check(now, request);
-        self.flush_out(now);
+        self.end_check(now, frames_sent);
         outcome
     }
 
@@ -390,8 +401,9 @@ impl Node {
         policy: &Arc<Policy>,
         cost: u64,
     ) -> Option<Decision> {
+        let frames_sent = self.peers.stats().frames_sent;
         let decision = self.check_now(now, key, policy, cost);
-        self.flush_out(now);
+        self.end_check(now, frames_sent);
         decision
     }
 
@@ -421,12 +433,12 @@ impl Node {
             let released = self.release_lease(key, &policy.limit, lease, now);
             if released {
                 self.release_replica(release, now);
-                self.flush_out(now);
+                self.end_input(now);
             }
             return released;
         }
         self.send(owner, Body { release: vec![release], ..Body::default() }, now);
-        self.flush_out(now);
+        self.end_input(now);
         false
     }
 
@@ -445,13 +457,13 @@ impl Node {
         }
         // An acknowledgement may complete a leave's drain.
         self.leave_progress(now);
-        self.flush_out(now);
+        self.end_input(now);
     }
 
     /// Applies a new membership view: the ring is rebuilt from the live members, and state of
     /// keys that moved is handed to their new owners. A leaving node stays in its own ring until
-    /// it hands over, and out of it afterwards, whatever the view says.
-    pub fn handle_membership(&mut self, now: Instant, view: MemberView) {
+    /// it hands over, and out of it afterwards, whatever the view says. Returns what moved.
+    pub fn handle_membership(&mut self, now: Instant, view: MemberView) -> ViewChange {
         self.stats.membership_changes += 1;
         let mut live = view.live;
         match self.leave {
@@ -459,11 +471,12 @@ impl Node {
             Some(leave::Leave::Owning { .. }) if !live.contains(&self.id) => live.push(self.id),
             Some(_) => live.retain(|&m| m != self.id),
         }
-        self.apply_view(now, live, view.dead);
-        self.flush_out(now);
+        let change = self.apply_view(now, live, view.dead);
+        self.end_input(now);
+        change
     }
 
-    fn apply_view(&mut self, now: Instant, live: Vec<NodeId>, dead: Vec<NodeId>) {
+    fn apply_view(&mut self, now: Instant, live: Vec<NodeId>, dead: Vec<NodeId>) -> ViewChange {
         // A round's entries were all taken under one ring.
         self.finish_round(now);
         let mut members: Vec<NodeId> = live.iter().chain(&dead).copied().collect();
@@ -476,15 +489,24 @@ impl Node {
         if departed {
             self.departed_at = Some(now);
         }
-        self.ring = Ring::new(&live, self.config.ring_vnodes);
+        let before = core::mem::replace(&mut self.ring, Ring::new(&live, self.config.ring_vnodes));
+        let (old, new) = (before.members(), self.ring.members());
+        let joined: Vec<NodeId> = new.iter().filter(|m| !old.contains(m)).copied().collect();
+        let left_ring: Vec<NodeId> = old.iter().filter(|m| !new.contains(m)).copied().collect();
         self.rank = members.binary_search(&self.id).ok();
+        debug_assert!(members.windows(2).all(|w| w[0] < w[1]), "members are sorted, each once: ranks");
+        debug_assert!(
+            live.iter().all(|m| members.binary_search(m).is_ok()),
+            "the ring's members are members"
+        );
         self.members = members;
         self.dead = dead;
         self.refresh_reachability(now, true);
         // Owners mark no key for replication while they are alone on their ring: the first
         // successor gets every key they still own.
         let replicate_owned = !replicated && self.replicates();
-        self.move_keys(now, replicate_owned);
+        let moved = self.move_keys(now, replicate_owned);
+        ViewChange { joined, departed: left_ring, ..moved }
     }
 
     /// Whether owners replicate their changed keys now: configured to, and the ring has a
@@ -493,32 +515,28 @@ impl Node {
         self.config.replicate && self.ring.members().len() > 1
     }
 
-    /// Runs the timers that are due at `now`.
+    /// Runs the timers that are due at `now`: every expired one, in a fixed order (`timer.rs`).
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.flush_at.is_some_and(|at| at <= now) {
-            self.flush_forwards(now);
-        }
-        self.expire_forwards(now);
-        let retransmits = self.peers.retransmits(now);
-        self.transmits.extend(retransmits);
-        let sync_due = now >= self.next_sync_at;
-        let synced = sync_due && self.round.is_none();
-        if synced {
-            self.sync(now);
-            let interval = duration_nanos(self.config.sync_interval);
-            self.next_sync_at =
-                self.next_sync_at.add_nanos(interval).max(now.add_nanos((interval / 2).max(1)));
-        } else {
-            if self.round.as_ref().is_some_and(|round| round.next_slice_at <= now) {
-                self.run_slice(now, self.config.sync_slice_len_max);
+        let mut synced = false;
+        for timer in Timer::VALUES {
+            if !self.timers.is_expired(timer, now) {
+                continue;
             }
-            if sync_due {
-                // The round in progress goes on in slices; the next begins once it ended (rounds
-                // stretch under a load the node cannot keep up with, rather than one input
-                // running the rest of a round under the driver's lock).
-                self.next_sync_at = now.add_nanos(1);
+            match timer {
+                Timer::FlushForwards => self.flush_forwards(now),
+                Timer::ForwardExpiry => self.expire_forwards(now),
+                Timer::Peers => {
+                    let retransmits = self.peers.retransmits(now);
+                    self.transmits.extend(retransmits);
+                }
+                Timer::Sync => synced = self.on_sync_timeout(now),
+                Timer::SyncSlice => self.run_slice(now, self.config.sync_slice_len_max),
+                // Below: a leave also moves on without its deadline (its last acknowledgement).
+                Timer::Leave => {}
             }
         }
+        // The records of timed-out forwards expire with any timeout (they arm no timer).
+        self.forget_timed_out(now);
         self.leave_progress(now);
         // Frames first: they carry the acknowledgements due; then what is still due goes alone,
         // and peers that got nothing for an interval get a heartbeat.
@@ -532,21 +550,80 @@ impl Node {
             let probes = self.peers.probes(now);
             self.transmits.extend(probes);
         }
+        self.arm_derived_timers();
         self.assert_timers(now);
+    }
+
+    /// The sync timer expired: a round begins, unless one is still in progress (it goes on in
+    /// slices; the next begins once it ended: rounds stretch under a load the node cannot keep
+    /// up with, rather than one input running the rest of a round under the driver's lock).
+    /// Returns whether a round began.
+    fn on_sync_timeout(&mut self, now: Instant) -> bool {
+        if self.round.is_some() {
+            self.timers.set(Timer::Sync, now.add_nanos(1));
+            return false;
+        }
+        let due_at = self.next_sync_at();
+        self.sync(now);
+        let interval = duration_nanos(self.config.sync_interval);
+        self.timers.set(Timer::Sync, due_at.add_nanos(interval).max(now.add_nanos((interval / 2).max(1))));
+        true
+    }
+
+    /// When the next sync round is due (the sync timer is always armed).
+    fn next_sync_at(&self) -> Instant {
+        let at = self.timers.get(Timer::Sync);
+        debug_assert!(at.is_some(), "the sync timer is always armed");
+        at.unwrap_or(Instant::ZERO)
+    }
+
+    /// Ends an input: sends what it queued (one frame per peer) and re-arms the timers that
+    /// mirror other state.
+    fn end_input(&mut self, now: Instant) {
+        self.flush_out(now);
+        self.arm_derived_timers();
+    }
+
+    /// Ends a client's check: as [`Node::end_input`], without scanning the peers' frames when
+    /// the check sent none (`frames_sent`: the count before it), which is the common case.
+    fn end_check(&mut self, now: Instant, frames_sent: u64) {
+        self.flush_out(now);
+        self.arm_forward_expiry();
+        if self.peers.stats().frames_sent != frames_sent {
+            self.arm_peer_timers();
+        }
+    }
+
+    /// Re-arms the timers that mirror state kept elsewhere (`timer.rs`).
+    fn arm_derived_timers(&mut self) {
+        self.arm_forward_expiry();
+        self.arm_peer_timers();
+    }
+
+    /// Re-arms the forward expiry timer: the earliest pending forward's deadline.
+    fn arm_forward_expiry(&mut self) {
+        self.timers.set_or_stop(Timer::ForwardExpiry, self.forwards.next_deadline());
+    }
+
+    /// Re-arms the timers that the peers' frames move: retransmissions and acknowledgements, and
+    /// a leave's drain (which waits for the acknowledgements).
+    fn arm_peer_timers(&mut self) {
+        self.timers.set_or_stop(Timer::Peers, self.peers.next_timeout());
+        self.timers.set_or_stop(Timer::Leave, self.leave_deadline());
     }
 
     /// The timer invariants a driver relies on: after [`Node::handle_timeout`] at `now` nothing is
     /// due at or before `now` (a driver would call it again at once, forever), and every forwarded
     /// check waiting for an answer has exactly one deadline, so each is decided by it.
     fn assert_timers(&self, now: Instant) {
-        assert!(self.next_sync_at > now, "sync due at {:?}, handled at {now:?}", self.next_sync_at);
+        let sync_at = self.next_sync_at();
+        assert!(sync_at > now, "sync due at {sync_at:?}, handled at {now:?}");
         assert!(
-            self.deadlines.first().is_none_or(|&(deadline, _)| deadline > now),
+            self.forwards.next_deadline().is_none_or(|deadline| deadline > now),
             "a forward's deadline passed at {now:?} without deciding it"
         );
-        assert_eq!(self.pending.len(), self.deadlines.len(), "forwards and their deadlines");
+        self.forwards.assert_deadlines();
         debug_assert!(self.poll_timeout().is_none_or(|at| at > now), "a timer due again at {now:?}");
-        debug_assert!(self.pending.iter().all(|(&id, p)| self.deadlines.contains(&(p.deadline, id))));
     }
 
     /// The next frame to send.
@@ -561,18 +638,36 @@ impl Node {
         self.events.pop_front()
     }
 
-    /// When [`Node::handle_timeout`] should run next.
+    /// When [`Node::handle_timeout`] should run next: the earliest armed timer. A node that left
+    /// is not woken for its sync rounds (its sync timer stays armed: a timeout for another timer
+    /// still runs the round due).
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let deadlines = [
-            (!matches!(self.leave, Some(leave::Leave::Left))).then_some(self.next_sync_at),
-            self.flush_at,
-            self.round.as_ref().map(|round| round.next_slice_at),
-            self.deadlines.first().map(|&(deadline, _)| deadline),
-            self.peers.next_timeout(),
-            self.leave_deadline(),
-        ];
-        deadlines.into_iter().flatten().min()
+        self.debug_assert_timer_table();
+        let left = matches!(self.leave, Some(leave::Leave::Left));
+        self.timers.next_timeout(left.then_some(Timer::Sync))
+    }
+
+    /// The timer table's sanity: the derived timers equal their sources, the sync timer is always
+    /// armed and a slice's timer exactly while a round is in progress.
+    fn debug_assert_timer_table(&self) {
+        debug_assert_eq!(self.timers.get(Timer::Peers), self.peers.next_timeout(), "the peers' timer");
+        debug_assert_eq!(self.timers.get(Timer::Leave), self.leave_deadline(), "the leave's timer");
+        debug_assert_eq!(
+            self.timers.get(Timer::ForwardExpiry),
+            self.forwards.next_deadline(),
+            "the forward expiry timer"
+        );
+        debug_assert!(self.timers.get(Timer::Sync).is_some(), "the sync timer is always armed");
+        debug_assert_eq!(
+            self.timers.get(Timer::SyncSlice).is_some(),
+            self.round.is_some(),
+            "a slice's timer is armed exactly while a round is in progress"
+        );
+        debug_assert!(
+            self.timers.get(Timer::FlushForwards).is_some() || !self.forwards.any_queued(),
+            "forwards wait in the outbox only while their flush is armed"
+        );
     }
 
     // --- Limits as the reachable part of the cluster enforces them ---------------------------------
@@ -584,14 +679,28 @@ impl Node {
             return Some(policy.limit.clone());
         }
         let (ranks, n) = (&self.reachable_ranks, self.members.len());
-        cached(&mut self.owner_limits, &policy.limit, |limit| share::apportion(limit, ranks, n))
+        let scaled = cached(&mut self.owner_limits, &policy.limit, |limit| share::apportion(limit, ranks, n));
+        debug_assert!(
+            scaled.as_ref().is_none_or(|s| s.spec().limit <= policy.limit.spec().limit),
+            "an owner enforces at most the limit: the reachable members' shares"
+        );
+        scaled
     }
 
     /// The limit this node's fallback enforces: its own rank's share.
     fn local_limit(&mut self, limit: &Limit) -> Option<Limit> {
         let rank = self.rank?;
         let n = self.members.len();
-        cached(&mut self.local_limits, limit, |limit| share::apportion(limit, &[rank], n))
+        debug_assert!(
+            rank < n && self.members[rank] == self.id,
+            "the node's rank is its place among the members"
+        );
+        let scaled = cached(&mut self.local_limits, limit, |limit| share::apportion(limit, &[rank], n));
+        debug_assert!(
+            scaled.as_ref().is_none_or(|s| s.spec().limit <= limit.spec().limit.div_ceil(n.max(1) as u64)),
+            "a fallback enforces its rank's share of the limit"
+        );
+        scaled
     }
 
     /// Recomputes which members are reachable; the scaled limits are recomputed when that (or the
@@ -604,6 +713,7 @@ impl Node {
                     || (self.ring.members().contains(&member) && self.peers.counted_reachable(member, now))
             })
             .collect();
+        debug_assert!(self.rank.is_none_or(|rank| ranks.contains(&rank)), "a member always reaches itself");
         if changed || ranks != self.reachable_ranks {
             self.reachable_ranks = ranks;
             self.owner_limits.clear();
@@ -640,12 +750,17 @@ impl Node {
     /// Queues `body` for `to`: everything for one peer leaves in one frame when the input that
     /// produced it is done ([`Node::flush_out`]), or at once when it reached the batch bound.
     fn send(&mut self, to: NodeId, body: Body, now: Instant) {
+        let batch_len_max = self.config.sync_batch_len_max.max(1);
         let pending = self.outgoing.entry(to).or_default();
         pending.append(body);
-        if pending.items() >= self.config.sync_batch_len_max.max(1) {
+        if pending.items() >= batch_len_max {
             let full = core::mem::take(pending);
             self.transmit_body(to, full, now);
         }
+        debug_assert!(
+            self.outgoing.get(&to).is_none_or(|b| b.items() < batch_len_max),
+            "a frame's items are bounded"
+        );
     }
 
     /// Sends what inputs queued for each peer, one frame per peer.

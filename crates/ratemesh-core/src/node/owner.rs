@@ -28,7 +28,7 @@ impl Node {
         let limit = self.owner_limit(policy);
         let half_life = self.half_life_nanos();
         let approximate = effective_mode(policy) == api::Mode::Approximate;
-        let retry_floor = self.next_sync_at.nanos_since(now);
+        let retry_floor = self.next_sync_at().nanos_since(now);
         let sizing = self.sizing_context(self.id, now);
         let (epoch, replicate) = (self.due_epoch, self.replicates());
         let rng = &mut self.rng;

@@ -164,7 +164,7 @@ impl Node {
         stats.handed_over += handed_over;
         self.stats.handoffs_sent += handed_over;
         self.send_handoffs(handoffs, now);
-        self.flush_out(now);
+        self.end_input(now);
         stats
     }
 }

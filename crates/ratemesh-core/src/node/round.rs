@@ -36,8 +36,6 @@ pub(super) struct SyncRound {
     report_batches: BTreeMap<NodeId, Vec<Report>>,
     /// Replicas taken and not sent yet, per successor (each under `sync_batch_len_max`).
     replica_batches: BTreeMap<NodeId, Vec<KeyState>>,
-    /// When the next slice runs.
-    pub(super) next_slice_at: Instant,
 }
 
 impl SyncRound {
@@ -80,6 +78,7 @@ impl Node {
     /// batches when it is done, else asks for the next slice.
     pub(super) fn run_slice(&mut self, now: Instant, len_max: usize) {
         let Some(mut round) = self.round.take() else { return };
+        self.timers.stop(Timer::SyncSlice);
         let end = round.visited.saturating_add(len_max.max(1)).min(round.len());
         let sizing = self.sizing_context(self.id, now);
         let (reports, own) = (round.reports.len(), round.own.len());
@@ -93,8 +92,9 @@ impl Node {
             }
         }
         round.visited = end;
+        debug_assert!(round.visited <= round.len(), "a round visits each of its keys once");
         if round.visited < round.len() {
-            round.next_slice_at = now.add_nanos(1);
+            self.timers.set(Timer::SyncSlice, now.add_nanos(1));
             self.round = Some(round);
             return;
         }

@@ -13,7 +13,11 @@ use crate::limit::{Algorithm, Limit, LimitSpec};
 pub(super) fn share(value: u64, rank: usize, n: usize) -> u64 {
     let n = n.max(1) as u128;
     let at = |r: usize| u128::from(value) * r as u128 / n;
-    u64::try_from(at(rank + 1) - at(rank)).unwrap_or(value)
+    let part = u64::try_from(at(rank + 1) - at(rank)).unwrap_or(value);
+    // The shares of all ranks sum to `value` (telescoping), so no rank holds more than its
+    // rounded-up part of it.
+    debug_assert!(part <= value.div_ceil(n as u64), "rank {rank} of {n} holds {part} of {value}");
+    part
 }
 
 /// The part of `value` that the `ranks` of `n` hold together.
@@ -30,6 +34,7 @@ pub(super) fn apportion(limit: &Limit, ranks: &[usize], n: usize) -> Option<Limi
     }
     let spec = limit.spec();
     let rate = share_of(spec.limit, ranks, n);
+    debug_assert!(rate <= spec.limit, "some of the members enforce at most the limit");
     if rate == 0 {
         return None;
     }

@@ -286,6 +286,9 @@ impl SizingContext {
         if let Some(rate) = self.credit_rate(&pool, p.demand_per_s, true) {
             grant = p.credit.take_up_to(grant, rate, now);
         }
+        // Admissions within allowances never exceed the limit: a grant is debited from what the
+        // bucket holds, which is at most its capacity.
+        debug_assert!(grant <= pool.available && grant <= pool.capacity, "a grant of {grant} from {pool:?}");
         p.sent = p.sent.saturating_add(grant);
         let epoch = p.epoch;
         bucket.force(limit, grant, now);
@@ -323,10 +326,15 @@ impl SizingContext {
             if let Some(rate) = self.credit_rate(&pool, own_demand, true) {
                 grant = meta.own_credit.take_up_to(grant, rate, now);
             }
+            debug_assert!(grant <= pool.available, "the owner's own grant of {grant} from {pool:?}");
             bucket.force(limit, grant, now);
             let expires = pool.expires_in_nanos.map_or(Instant::MAX, |left| now.add_nanos(left));
             meta.own.add(grant, expires, now);
         }
+        debug_assert!(
+            meta.own.live(now) <= target,
+            "the owner holds at most its target of its own allowance"
+        );
         meta.own_contended || meta.own.live(now) > 0
     }
 }

@@ -241,7 +241,7 @@ fn a_forwarded_answer_counts_only_from_the_owner_it_went_to() {
     assert!(matches!(cluster.check(2, first), CheckOutcome::Decided(Decision { allowed: true, .. })));
     let request = CheckRequest { id: RequestId(2), key: k, policy: policy.clone(), cost: 1 };
     assert!(matches!(cluster.check(1, request), CheckOutcome::Pending));
-    let (&forward_id, pending) = cluster.node(1).pending.iter().next().expect("a forwarded check");
+    let (&forward_id, pending) = cluster.node(1).forwards.iter().next().expect("a forwarded check");
     assert_eq!(pending.owner, NodeId(2));
     // Node 3 answers "admitted" to node 1 for that id, before the owner's refusal arrives.
     let forged = Decided { id: forward_id, decision: Decision::admitted_blind(10).into() };
@@ -588,6 +588,43 @@ fn a_node_cut_off_without_shared_state_admits_nothing_until_the_detector_moves_t
     // the members still alive.
     cluster.view(&[1, 2, 3], &[1, 2, 3], &[4]);
     assert_eq!(cluster.admit(1, k, &policy, 1_000), 750);
+}
+
+/// `handle_membership` says what moved at the node: who joined or left its ring, and the keys
+/// it handed over, took over and re-followed.
+#[test]
+fn a_view_change_says_what_moved() {
+    let mut cluster = Cluster::new(2);
+    let policy = policy(Mode::Exact, 1_000, 1_000);
+    let ring = |members: &[u64]| {
+        Ring::new(&members.iter().copied().map(NodeId).collect::<Vec<_>>(), RING_VNODES_DEFAULT)
+    };
+    let (two, three) = (ring(&[1, 2]), ring(&[1, 2, 3]));
+    let owned: Vec<KeyHash> =
+        (0..300).map(|i| key(&format!("moved{i}"))).filter(|&k| two.owner(k) == Some(NodeId(1))).collect();
+    for (i, &k) in owned.iter().enumerate() {
+        let request = CheckRequest { id: RequestId(i as u64), key: k, policy: policy.clone(), cost: 1 };
+        assert!(matches!(cluster.check(1, request), CheckOutcome::Decided(d) if d.allowed));
+    }
+    let to_three = owned.iter().filter(|&&k| three.owner(k) == Some(NodeId(3))).count() as u64;
+    assert!(to_three > 0, "some of node 1's keys move to node 3");
+    cluster.add_node(3);
+    let now = cluster.now;
+    let live = |ids: &[u64]| ids.iter().copied().map(NodeId).collect::<Vec<_>>();
+    let handoffs_before = cluster.node(1).stats().handoffs_sent;
+    let join = cluster.node(1).handle_membership(now, MemberView { live: live(&[1, 2, 3]), dead: vec![] });
+    let expected = ViewChange { joined: vec![NodeId(3)], handed_over: to_three, ..ViewChange::default() };
+    assert_eq!(join, expected);
+    assert_eq!(cluster.node(1).stats().handoffs_sent - handoffs_before, to_three);
+    // Node 3 fails: the keys node 1 handed it come back to node 1, which follows them meanwhile.
+    let failure =
+        cluster.node(1).handle_membership(now, MemberView { live: live(&[1, 2]), dead: live(&[3]) });
+    let expected = ViewChange { departed: vec![NodeId(3)], taken_over: to_three, ..ViewChange::default() };
+    assert_eq!(failure, expected);
+    // Node 2 fails: node 1 follows none of its keys, and takes over nothing it tracks.
+    let failure =
+        cluster.node(1).handle_membership(now, MemberView { live: live(&[1]), dead: live(&[2, 3]) });
+    assert_eq!(failure, ViewChange { departed: vec![NodeId(2)], ..ViewChange::default() });
 }
 
 #[test]
@@ -1226,7 +1263,7 @@ fn run_sync_round(slice_len_max: usize) -> RoundSent {
     // its round reports the demand and brings allowances back, the later passes decide from them
     // (the followed keys are dirty when the last pass ends).
     for pass in 0..3 {
-        let round_at = cluster.node(1).next_sync_at;
+        let round_at = cluster.node(1).next_sync_at();
         cluster.run_for(Duration::from_nanos(round_at.nanos_since(cluster.now) + 2_000_000));
         // Demand worth an allowance: several hits per key an interval.
         for (i, &k) in keys.iter().enumerate().cycle().take(keys.len() * 4) {
@@ -1236,7 +1273,7 @@ fn run_sync_round(slice_len_max: usize) -> RoundSent {
     }
     let mut sent = RoundSent::default();
     let node = cluster.node(1);
-    let mut now = node.next_sync_at;
+    let mut now = node.next_sync_at();
     let frame_len_max = node.config.frame_len_max;
     loop {
         let visited_before = node.round.as_ref().map_or(0, |round| round.visited);
@@ -1258,8 +1295,10 @@ fn run_sync_round(slice_len_max: usize) -> RoundSent {
                 sent.keys.entry((transmit.to, section)).or_default().append(&mut carried);
             }
         }
-        let Some(round) = &node.round else { break };
-        now = round.next_slice_at;
+        if node.round.is_none() {
+            break;
+        }
+        now = node.timers.get(Timer::SyncSlice).expect("a slice is due while the round runs");
     }
     sent.slices += 1; // the last, which ended the round
     for carried in sent.keys.values_mut() {
@@ -1301,7 +1340,7 @@ fn a_view_change_finishes_the_round_in_progress() {
         cluster.check(1, request);
     }
     let node = cluster.node(1);
-    let now = node.next_sync_at;
+    let now = node.next_sync_at();
     node.handle_timeout(now);
     assert!(node.round.as_ref().is_some_and(|round| round.visited == 10), "the first slice ran");
     node.handle_membership(now, MemberView { live: vec![NodeId(1), NodeId(2), NodeId(3)], dead: vec![] });

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chitchat::ChitchatHandle;
 use parking_lot::MutexGuard;
-use ratemesh_core::{DurableCursor, DurableKey, Event, KeyHash, MemberView, NodeId};
+use ratemesh_core::{DurableCursor, DurableKey, Event, KeyHash, MemberView, NodeId, ViewChange};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, trace_span};
 
@@ -433,7 +433,7 @@ impl Drop for TaskGuard {
 
 impl ViewSink for Shared {
     fn apply(&self, view: &MemberView, addrs: &HashMap<NodeId, SocketAddr>) {
-        let mut moved = 0;
+        let mut moved = ViewChange::default();
         self.each_lane(|state| {
             if state.addrs.len() > DEPARTED_ADDRS_MAX {
                 state.addrs.clear();
@@ -441,11 +441,25 @@ impl ViewSink for Shared {
             let live = addrs.iter().filter(|(id, _)| view.live.contains(id));
             state.addrs.extend(live.map(|(&id, &addr)| (id, addr)));
             state.view = view.clone();
-            let before = state.core.stats().handoffs_sent;
-            state.core.handle_membership(self.now(), view.clone());
-            moved += state.core.stats().handoffs_sent - before;
+            let change = state.core.handle_membership(self.now(), view.clone());
+            // Every lane applies the same view: the members moved alike, the keys add up.
+            moved.joined = change.joined;
+            moved.departed = change.departed;
+            moved.handed_over += change.handed_over;
+            moved.taken_over += change.taken_over;
+            moved.refollowed += change.refollowed;
         });
-        info!(node = ?self.id, live = view.live.len(), dead = view.dead.len(), keys_handed_over = moved, "ownership moved");
+        info!(
+            node = ?self.id,
+            live = view.live.len(),
+            dead = view.dead.len(),
+            joined = ?moved.joined,
+            departed = ?moved.departed,
+            keys_handed_over = moved.handed_over,
+            keys_taken_over = moved.taken_over,
+            keys_refollowed = moved.refollowed,
+            "ownership moved"
+        );
     }
 }
 
