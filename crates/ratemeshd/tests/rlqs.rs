@@ -490,6 +490,11 @@ async fn tiers_and_unknown_domains_as_configured_and_counted() {
     assert!(metrics.contains("ratemesh_rlqs_domain_streams{domain=\"tiered\"} 1"), "{metrics}");
     assert!(metrics.contains("ratemesh_rlqs_domain_buckets{domain=\"tiered\"} 4"), "{metrics}");
     assert!(metrics.contains("ratemesh_rlqs_domain_streams{domain=\"unknown\"} 1"), "{metrics}");
+    // Four keys of "plans" (three buckets and the marker): one node holds each whole limit.
+    for series in ["limit_rate", "node_rate", "assigned_rate"] {
+        let line = format!("ratemesh_rlqs_{series}{{policy=\"plans\"}} 5300");
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
     let state = http_get(servers.http_addr(), "/v1/rlqs").await;
     assert!(state.contains("\"streams\":2"), "{state}");
     tokio::time::timeout(TIMEOUT, servers.shutdown()).await.expect("bounded");

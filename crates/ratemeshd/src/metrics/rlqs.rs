@@ -15,8 +15,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use super::node::{counter, gauge, gauge_len};
 use crate::rlqs::State;
 
-/// One policy's groups: (groups, Σ assigned rate, Σ node parts).
-type PolicyRow = (usize, f64, f64);
+/// One policy's groups on this node: (groups, Σ assigned rate, Σ node parts, Σ limits).
+type PolicyRow = (usize, f64, f64, f64);
 
 /// Reads a daemon's RLQS state at scrape time.
 #[derive(Debug)]
@@ -78,6 +78,7 @@ impl prometheus_client::collector::Collector for RlqsCollector {
             row.0 += 1;
             row.1 += totals.assigned_rate;
             row.2 += totals.node_rate.unwrap_or(0.0);
+            row.3 += totals.limit_rate;
         }
         let per =
             |value: fn(&PolicyRow) -> f64| by_policy.iter().map(move |(p, row)| (p.as_str(), value(row)));
@@ -101,6 +102,13 @@ impl prometheus_client::collector::Collector for RlqsCollector {
             "This node's parts of its RLQS groups' limits, tokens per second, by policy",
             "policy",
             per(|r| r.2),
+        )?;
+        by_label_gauge(
+            e,
+            "ratemesh_rlqs_limit_rate",
+            "The limits of this node's RLQS groups, tokens per second, summed by policy (one per key)",
+            "policy",
+            per(|r| r.3),
         )?;
         Ok(())
     }
