@@ -13,9 +13,10 @@
 //! Σ of the parts ≤ the limit and Σ of every Envoy's assignment ≤ its node's part.
 //!
 //! No new coordinator: the owner is the key's, and when it changes (a death, a join) the new
-//! owner starts an empty ledger for the key. For one interval and a half it answers each node the
-//! part that node says it holds (the old owner's last answer), so that the move hands out nothing
-//! new until every node has told it its demand; then it splits as above.
+//! owner starts an empty ledger for the key. When the first node to ask already holds a part
+//! (the old owner's), for one interval and a half it answers each node the part that node says it
+//! holds, so that the move hands out nothing new until every node has told it its demand; then it
+//! splits as above. A key new to the cluster is split from its first question.
 //!
 //! # Transients and failures
 //!
@@ -93,6 +94,9 @@ struct Heard {
 struct LedgerGroup {
     /// When this owner first heard of the group.
     since: Instant,
+    /// Whether the first node to speak of it already held a part (from a previous owner: this
+    /// one took the key over, and answers what the nodes hold for the warm-up).
+    inherited: bool,
     nodes: BTreeMap<NodeId, Heard>,
 }
 
@@ -166,7 +170,12 @@ fn record(
     if !inner.groups.contains_key(&key) && inner.groups.len() >= LEDGER_GROUPS_MAX {
         return None;
     }
-    let group = inner.groups.entry(key).or_insert_with(|| LedgerGroup { since: now, nodes: BTreeMap::new() });
+    let inherited = ask.held.is_some();
+    let group = inner.groups.entry(key).or_insert_with(|| LedgerGroup {
+        since: now,
+        inherited,
+        nodes: BTreeMap::new(),
+    });
     group.nodes.retain(|_, heard| now.saturating_duration_since(heard.at) < stale);
     let demands = capped(ask.demands);
     // A limit that is not a number splits nothing.
@@ -175,7 +184,8 @@ fn record(
         _ => Quota { rate: 0.0, burst: 0 },
     };
     group.nodes.insert(from, Heard { limit, demands, at: now });
-    if now.saturating_duration_since(group.since) < warmup
+    if group.inherited
+        && now.saturating_duration_since(group.since) < warmup
         && let Some(held) = ask.held
     {
         // Just became the owner: what the node holds stands until every node has spoken.
@@ -408,6 +418,21 @@ mod tests {
         ledger.answer(NodeId(2), vec![ask(&[100.0], Some(held))], t0, STALE, WARMUP);
         let part = ledger.answer(NodeId(1), vec![ask(&[900.0], Some(held))], t0 + WARMUP, STALE, WARMUP)[0];
         assert!((part.expect("answered").rate - 900.0).abs() < 1e-6, "{part:?}");
+    }
+
+    #[test]
+    fn a_new_key_is_split_at_once_without_a_warmup() {
+        let ledger = Ledger::default();
+        let t0 = Instant::now();
+        let first = ledger.answer(NodeId(1), vec![ask(&[600.0], None)], t0, STALE, WARMUP)[0];
+        assert!((first.expect("answered").rate - 1000.0).abs() < 1e-6, "alone: the whole limit");
+        let second = ledger.answer(NodeId(2), vec![ask(&[600.0], None)], t0, STALE, WARMUP)[0];
+        assert!((second.expect("answered").rate - 500.0).abs() < 1e-6, "{second:?}");
+        // Node 1 asks again within what would be a warm-up, holding the whole limit: it is not a
+        // previous owner's part, so the split stands (Σ of the parts back at the limit).
+        let again =
+            ledger.answer(NodeId(1), vec![ask(&[600.0], Some(first.expect("part")))], t0, STALE, WARMUP)[0];
+        assert!((again.expect("answered").rate - 500.0).abs() < 1e-6, "{again:?}");
     }
 
     #[test]
