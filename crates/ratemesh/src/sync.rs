@@ -3,16 +3,17 @@
 //!
 //! **The policy: a poisoned lock is recovered** ([`PoisonError::into_inner`]): [`Mutex::lock`],
 //! [`RwLock::read`] and [`RwLock::write`] return the guard whether or not a thread panicked while
-//! holding it. That is sound for every structure behind these locks in `ratemesh` and `ratemeshd`
-//! (each site's comment says which case it is): each is recomputed from what is recorded on every
-//! use (the RLQS ledger and hub), plain counters (rate history, snapshot metrics), replaced whole
-//! in one assignment (the daemon's configuration and source, xDS documents, the overrides index,
-//! a calendar policy's cached window, a gossip handle slot, the saved snapshot generation), changed
-//! one insert, remove or push at a time (transport peers, the memory network, the node's tasks,
-//! the top-keys admitted names, the live overrides table entry by entry), or holds no data (the
-//! overrides' save lock). No panic can leave one torn, so propagating it would only turn one
-//! failed task into a node or daemon that fails every later call. A lock whose data could be left torn must not use these types: use std's
-//! and decide there, explicitly.
+//! holding it. That is sound for every structure behind these locks in `ratemesh` and `ratemeshd`,
+//! as checked at each use when this module replaced the per-call handling. Each is recomputed
+//! from what is recorded on every use (the RLQS ledger and hub), plain counters (rate history,
+//! snapshot metrics), replaced whole in one assignment (the daemon's configuration and source, xDS
+//! documents, the overrides index, a calendar policy's cached window, a gossip handle slot, the
+//! saved snapshot generation), changed one insert, remove or push at a time (transport peers, the
+//! memory network, the node's tasks, the top-keys admitted names, the live overrides table entry
+//! by entry), or holds no data (the overrides' save lock). No panic can leave one torn, so
+//! propagating it would only turn one failed task into a node or daemon that fails every later
+//! call. A lock whose data could be left torn must not use these types: use std's and decide
+//! there, explicitly.
 //!
 //! The guards are std's (no wrapper): code that names a guard type names
 //! `std::sync::MutexGuard` and friends. Asynchronous locks (`tokio::sync`) and the lanes'
