@@ -3,7 +3,7 @@
 //!
 //! Every `[rls] rlqs_sync_interval_ms` (and at once for a group new on a node), each node sends
 //! the owner of each key its Envoys report (the ring's owner of the key's bucket, as for checks)
-//! the demands of its members of that group ([`Hub::demands`]), batched per owner in questions
+//! the demands of its members of that group ([`super::hub::Hub::demands`]), batched per owner in questions
 //! over the peer transport ([`ratemesh::Node::ask`]: mutual TLS, bounded, timed). The owner keeps
 //! what each node last said in its [`Ledger`] and answers each node its part: the split of the
 //! policy's rate over *every* member of the cluster ([`super::alloc::shares`]), summed over that
