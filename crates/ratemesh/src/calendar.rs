@@ -14,12 +14,14 @@
 //! windows are civil: from local midnight to local midnight, so a day is 23 or 25 hours long
 //! across a DST change, and a month 28 to 31 days.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use jiff::ToSpan as _;
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
 use ratemesh_core::{CalendarWindow, Fallback, Instant, Limit, LimitError, LimitSpec, Mode, Policy};
+
+use crate::sync::Mutex;
 
 /// The length of a calendar window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -187,7 +189,7 @@ impl CalendarPolicy {
 
     /// The policy of the window holding `unix_nanos`.
     pub fn policy_at(&self, unix_nanos: u64) -> Arc<Policy> {
-        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut current = self.current.lock();
         let now = Instant::from_nanos(unix_nanos);
         let covered = current.limit.spec().calendar.is_some_and(|w| w.start <= now && now < w.end);
         if !covered {

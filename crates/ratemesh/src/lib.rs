@@ -30,6 +30,8 @@
 //! - [`defaults`]: every default of the builder and the configurations, defined once.
 //! - [`usage`]: refunds ([`Node::refund`]), charges after the fact ([`Node::charge`]) and
 //!   all-or-nothing checks across limits ([`Node::check_all`]).
+//! - [`Mutex`], [`RwLock`]: std's blocking locks with the crate's one poisoning policy (a
+//!   poisoned lock is recovered), used here and by the daemon.
 
 mod backoff;
 pub mod calendar;
@@ -45,6 +47,7 @@ pub mod node;
 pub mod overrides;
 pub mod security;
 pub mod seeds;
+mod sync;
 pub mod top;
 pub mod transport;
 pub mod usage;
@@ -70,6 +73,8 @@ pub use ratemesh_core::{
 };
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};
+// The crate's blocking locks, one poisoning policy (recovered; `sync.rs` says why), for the daemon too.
+pub use sync::{Mutex, RwLock};
 pub use top::{TopAnswer, TopBy, TopConfig, TopEntry};
 pub use transport::{
     MemoryNetwork, MemoryTransport, PeerTransport, QuicTransport, Received, TransportConfig, TransportError,

@@ -5,8 +5,9 @@
 //! `inline`.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use ratemesh::Mutex;
 
 /// The length of one slot.
 pub const SLOT: Duration = Duration::from_secs(5);
@@ -97,7 +98,7 @@ impl RateHistory {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<Slot>>> {
         // Plain counters: a panic elsewhere leaves them usable.
-        self.series.lock().unwrap_or_else(PoisonError::into_inner)
+        self.series.lock()
     }
 }
 

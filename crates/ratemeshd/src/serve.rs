@@ -474,15 +474,14 @@ impl XdsStart {
                 .collect();
             // Checked before it replaces anything: a refused configuration is not even stored.
             crate::envoy_ratelimit::load(&files, merge_domains).map_err(|error| error.to_string())?;
-            let lock = || documents.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let previous = std::mem::replace(&mut *lock(), files);
+            let previous = std::mem::replace(&mut *documents.lock(), files);
             match reloaded.reload() {
                 Ok(_) => {
                     applied.send_replace(true);
                     Ok(())
                 }
                 Err(error) => {
-                    *lock() = previous;
+                    *documents.lock() = previous;
                     Err(error.to_string())
                 }
             }

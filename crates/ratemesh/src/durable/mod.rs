@@ -25,14 +25,15 @@
 //! A file is trusted only whole: wrong magic, version, length, checksum, trailing bytes, an
 //! invalid limit or a state that does not fit its limit refuses all of it.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use ratemesh_core::DurableKey;
 use tracing::{debug, error, info, warn};
 
 use crate::defaults;
+use crate::sync::Mutex;
 
 mod format;
 mod store;
@@ -105,6 +106,8 @@ pub(crate) struct Persistence {
     cluster: ClusterFingerprint,
     node: u64,
     settings: SnapshotSettings,
+    /// Replaced whole or counted only (as is `saved`): a panic elsewhere cannot leave these torn,
+    /// so a poisoned lock is recovered (`crate::sync`).
     metrics: Mutex<SnapshotMetrics>,
     /// Numbers snapshots in the order their keys were taken out of the core.
     next_generation: AtomicU64,
@@ -138,7 +141,7 @@ impl Persistence {
     }
 
     pub(crate) fn metrics(&self) -> SnapshotMetrics {
-        lock(&self.metrics).clone()
+        self.metrics.lock().clone()
     }
 
     /// Reads the stored snapshot: its keys and how long ago they were written, or nothing (none
@@ -174,7 +177,7 @@ impl Persistence {
                     writer = decoded.node,
                     "snapshot loaded"
                 );
-                let mut metrics = lock(&self.metrics);
+                let mut metrics = self.metrics.lock();
                 metrics.load_result = "loaded";
                 metrics.loaded_keys = keys as u64;
                 Some((decoded.keys, Duration::from_nanos(age)))
@@ -186,7 +189,7 @@ impl Persistence {
                     "snapshot REFUSED: starting with no saved state (nothing of it is used; the next \
                      snapshot replaces it)"
                 );
-                lock(&self.metrics).load_result = error.label();
+                self.metrics.lock().load_result = error.label();
                 None
             }
         }
@@ -206,7 +209,7 @@ impl Persistence {
         let saved = tokio::task::spawn_blocking(move || {
             let len = keys.len();
             let bytes = encode(&this.cluster, this.node, written_unix_nanos, keys, this.settings.bytes_max)?;
-            let mut saved = lock(&this.saved);
+            let mut saved = this.saved.lock();
             if *saved > generation {
                 return Ok(None);
             }
@@ -216,7 +219,7 @@ impl Persistence {
         })
         .await
         .unwrap_or_else(|error| Err(SnapshotError::Io(std::io::Error::other(error))));
-        let mut metrics = lock(&self.metrics);
+        let mut metrics = self.metrics.lock();
         match saved {
             Ok(None) => {}
             Ok(Some((keys, bytes))) => {
@@ -235,11 +238,6 @@ impl Persistence {
             }
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Replaced whole or counted only: a panic elsewhere cannot leave these torn.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Nanoseconds since the Unix epoch now (0 for a clock before it).

@@ -24,8 +24,8 @@ pub mod seal;
 mod socket;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use chitchat::{
@@ -42,6 +42,7 @@ pub(crate) use socket::{HeardVersions, SealConfig};
 
 use crate::membership::chitchat_node_id;
 use crate::security::{ClusterSecurity, SecurityError};
+use crate::sync::Mutex;
 use crate::transport::MemoryNetwork;
 
 /// The first pause before restarting a gossip instance that ended; it doubles up to
@@ -216,11 +217,7 @@ pub(crate) async fn supervise(
 ) {
     let lock = |handle: &Mutex<Option<ChitchatHandle>>| {
         // Held only to read or swap the handle: a panic elsewhere cannot leave it half-made.
-        handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(ChitchatHandle::termination_watcher)
+        handle.lock().as_ref().map(ChitchatHandle::termination_watcher)
     };
     let mut backoff = RESTART_BACKOFF_INITIAL;
     loop {
@@ -267,7 +264,7 @@ pub(crate) async fn supervise(
         };
         let state = handle.chitchat();
         {
-            let mut current = slot.handle.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut current = slot.handle.lock();
             if current.is_none() {
                 // The node stopped meanwhile: this instance must not outlive it.
                 handle.abort();
@@ -334,7 +331,7 @@ mod tests {
 
         // The instance ends (aborted, as a panic ends it) and its port is taken meanwhile: the
         // restart fails and is retried, and the health says so all along.
-        slot_handle.lock().expect("lock").as_ref().expect("running").abort();
+        slot_handle.lock().as_ref().expect("running").abort();
         let blocker = tokio::time::timeout(BOUND, async {
             loop {
                 match std::net::UdpSocket::bind(listen) {
@@ -367,7 +364,7 @@ mod tests {
 
         // The node's stop takes the instance: the supervisor ends.
         stop.send_replace(true);
-        let taken = slot_handle.lock().expect("lock").take().expect("running");
+        let taken = slot_handle.lock().take().expect("running");
         taken.shutdown().await.expect("stops");
         tokio::time::timeout(BOUND, supervisor).await.expect("supervisor ends").expect("no panic");
     }

@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use chitchat::ChitchatHandle;
@@ -26,6 +26,7 @@ use crate::gossip::{
 use crate::membership::{KEY_PROTOCOL, KEY_QUIC_ADDR, Member, MemberStatus};
 use crate::security::ClusterSecurity;
 use crate::seeds::{Seed, SeedHost, SeedResolution, SeedSink};
+use crate::sync::Mutex;
 use crate::top::{TopConfig, TopShard, TopTable};
 use crate::transport::{MemoryNetwork, PeerTransport, QuicTransport, Received, TransportConfig};
 
@@ -487,7 +488,7 @@ impl NodeBuilder {
         };
         let sink: Arc<dyn SeedSink> = shared.clone();
         if let Some(task) = crate::seeds::spawn(resolution, sink, shared.stop.subscribe()) {
-            shared.tasks.lock().unwrap_or_else(PoisonError::into_inner).push(task);
+            shared.tasks.lock().push(task);
         }
     }
 

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use chitchat::ChitchatHandle;
@@ -176,13 +176,13 @@ impl Shared {
         let membership = Membership::new(me, Arc::clone(&self.transport), gossip);
         let sink: Arc<dyn ViewSink> = self.clone();
         tasks.push(tokio::spawn(membership.run(sink, members, self.gossip_interval * 5, stop)));
-        self.tasks.lock().unwrap_or_else(PoisonError::into_inner).extend(tasks);
+        self.tasks.lock().extend(tasks);
     }
 
     /// Restarts gossip whenever it ends while the node runs (see [`supervise`]).
     pub(super) fn spawn_gossip_supervisor(&self, starter: GossipStarter, slot: GossipSlot, generation: u64) {
         let task = tokio::spawn(supervise(starter, slot, generation, self.stop.subscribe()));
-        self.tasks.lock().unwrap_or_else(PoisonError::into_inner).push(task);
+        self.tasks.lock().push(task);
     }
 
     /// The timer task of lane `lane`.
@@ -279,7 +279,7 @@ impl Shared {
 
     /// The running chitchat instance, if any.
     pub(super) fn chitchat(&self) -> Option<Arc<tokio::sync::Mutex<chitchat::Chitchat>>> {
-        self.gossip.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(ChitchatHandle::chitchat)
+        self.gossip.lock().as_ref().map(ChitchatHandle::chitchat)
     }
 
     /// Refuses new client checks and announces the leave in gossip. Returns how long to keep
@@ -300,8 +300,7 @@ impl Shared {
             }
         }
         let members = members.unwrap_or(1);
-        let gossip =
-            self.gossip.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(ChitchatHandle::chitchat);
+        let gossip = self.gossip.lock().as_ref().map(ChitchatHandle::chitchat);
         // Without gossip no peer can be heard to know: the leave owns for `own_for`.
         let mut version = u64::MAX;
         if let Some(chitchat) = gossip {
@@ -317,14 +316,14 @@ impl Shared {
     /// Stops the tasks, gossip and the transport.
     pub(super) async fn stop(&self) {
         self.stop.send_replace(true);
-        let gossip = self.gossip.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let gossip = self.gossip.lock().take();
         if let Some(gossip) = gossip
             && let Err(error) = gossip.shutdown().await
         {
             debug!(%error, "gossip stopped with an error");
         }
         self.transport.close().await;
-        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
+        let tasks = std::mem::take(&mut *self.tasks.lock());
         for task in tasks {
             task.abort();
         }
@@ -465,7 +464,7 @@ impl ViewSink for Shared {
 
 impl SeedSink for Shared {
     fn gossip_with(&self, addr: SocketAddr) {
-        let gossip = self.gossip.lock().unwrap_or_else(PoisonError::into_inner);
+        let gossip = self.gossip.lock();
         if let Some(gossip) = gossip.as_ref() {
             // Fails only once chitchat has stopped: nothing to gossip with any more.
             let _ = gossip.gossip(addr);

@@ -34,8 +34,8 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chitchat::ChitchatHandle;
@@ -49,6 +49,7 @@ use crate::durable::{Persistence, SnapshotMetrics};
 use crate::gossip::{GossipCounters, GossipHealth, GossipStats, HeardVersions};
 use crate::membership::Member;
 use crate::security::SecurityError;
+use crate::sync::Mutex;
 use crate::top::{TopAnswer, TopShard, TopTable};
 use crate::transport::{PeerTransport, TransportError, TransportStats};
 

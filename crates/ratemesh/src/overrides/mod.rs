@@ -53,7 +53,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
+use std::sync::{Arc, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
 use ratemesh_core::{Limit, LimitError, LimitSpec, Policy};
@@ -62,6 +62,7 @@ use tokio::sync::{Notify, watch};
 use tracing::warn;
 
 use crate::node::{NamedPolicy, Node, SHARED_VALUE_BYTES_MAX, SHARED_VALUES_MAX};
+use crate::sync::{Mutex, RwLock};
 
 /// The most live overrides (deletions included) of the whole cluster.
 pub const LIVE_OVERRIDES_MAX: usize = 32;
@@ -461,13 +462,13 @@ impl Inner {
     fn lock_table(&self) -> MutexGuard<'_, LiveTable> {
         // The table is replaced entry by entry under the lock; a panic elsewhere cannot leave an
         // entry half-written.
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+        self.table.lock()
     }
 
     /// After `table` changed (its guard is released here): rebuilds the index, counts the change
     /// and writes the file.
     fn changed(&self, table: MutexGuard<'_, LiveTable>) {
-        *self.index.write().unwrap_or_else(PoisonError::into_inner) = table.index();
+        *self.index.write() = table.index();
         drop(table);
         self.changes.send_modify(|count| *count = count.wrapping_add(1));
         self.save();
@@ -477,7 +478,7 @@ impl Inner {
     /// is still gossiped, and written again with the next change).
     fn save(&self) {
         let Some(dir) = &self.data_dir else { return };
-        let _saving = self.saving.lock().unwrap_or_else(PoisonError::into_inner);
+        let _saving = self.saving.lock();
         let table = self.lock_table().clone();
         if let Err(error) = table.save(dir) {
             warn!(%error, dir = %dir.display(), "live overrides not written to the data directory");
@@ -552,7 +553,7 @@ impl LiveOverrides {
     /// `refund`, `charge`, `release` or [`crate::GroupCheck::new`] with the same key.
     pub fn resolve<'a>(&self, policy: &'a NamedPolicy, key: &[u8]) -> Cow<'a, NamedPolicy> {
         let limit = {
-            let index = self.inner.index.read().unwrap_or_else(PoisonError::into_inner);
+            let index = self.inner.index.read();
             index.get(policy.name()).and_then(|keys| keys.get(key)).copied()
         };
         let Some(limit) = limit else { return Cow::Borrowed(policy) };

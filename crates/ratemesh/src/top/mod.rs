@@ -42,8 +42,8 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ratemesh_core::{Instant, KeyHash, Namespace};
@@ -51,6 +51,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::TopLabel;
 use crate::defaults;
+use crate::sync::Mutex;
 
 mod query;
 mod sketch;
@@ -405,7 +406,7 @@ impl TopTable {
         if let Some(admitted) = self.admitted_final.get() {
             return admitted.get(policy).cloned();
         }
-        let mut admitted = self.admitted.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut admitted = self.admitted.lock();
         if let Some(name) = admitted.get(policy) {
             return Some(name.clone());
         }

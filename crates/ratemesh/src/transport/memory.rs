@@ -30,7 +30,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use quinn::ReadToEndError;
@@ -43,6 +43,7 @@ use super::{
     TransportStats, add, bump,
 };
 use crate::security::SecurityError;
+use crate::sync::Mutex;
 
 /// Gossip datagrams queued per memory socket; further ones are dropped (as a full UDP buffer
 /// drops them).
@@ -120,7 +121,7 @@ impl MemoryNetwork {
 
     fn lock(&self) -> MutexGuard<'_, NetworkState> {
         // Every update is a single insert or remove: a poisoned lock is still consistent.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock()
     }
 
     /// Binds a transport for `node` at `addr` (port 0: an unused port) and returns it with the
@@ -314,7 +315,7 @@ impl MemoryTransport {
         if frame.is_empty() || frame.len() > max_bytes {
             return Err(TransportError::FrameLen { len_bytes: frame.len(), max_bytes });
         }
-        let mut peers = self.shared.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut peers = self.shared.peers.lock();
         let max = self.shared.config.peers_max;
         if !peers.contains(&to) && peers.len() >= max {
             return Err(TransportError::PeersFull { max });
@@ -395,7 +396,7 @@ impl PeerTransport for MemoryTransport {
     }
 
     fn forget(&self, peer: NodeId) {
-        self.shared.peers.lock().unwrap_or_else(PoisonError::into_inner).remove(&peer);
+        self.shared.peers.lock().remove(&peer);
     }
 
     async fn close(&self) {

@@ -34,7 +34,7 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
@@ -51,6 +51,7 @@ use super::{
     TransportConfig, TransportError, TransportStats, bump, millis,
 };
 use crate::security::{ClusterSecurity, NodeIdentity, admit};
+use crate::sync::Mutex;
 
 mod inbound;
 mod outbound;
@@ -212,7 +213,7 @@ impl QuicTransport {
     fn lock_peers(&self) -> MutexGuard<'_, HashMap<NodeId, Peer>> {
         // A panic while holding the lock cannot leave the map inconsistent (single inserts and
         // removes), so a poisoned lock is still usable.
-        self.shared.peers.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shared.peers.lock()
     }
 }
 

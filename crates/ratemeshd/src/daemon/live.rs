@@ -72,7 +72,7 @@ impl Daemon {
         let _source = self.lock_source();
         let (config, _) = self.current();
         let policies = Arc::new(PolicyTable::new(&crate::overrides::apply(&self.live, &config.policies)));
-        let mut current = self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut current = self.current.write();
         current.policies = policies;
     }
 

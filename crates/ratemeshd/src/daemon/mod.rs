@@ -30,10 +30,10 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, MutexGuard};
 
 use ratemesh::durable::SnapshotSettings;
-use ratemesh::{GossipHealth, Member, MemberStatus, Node, NodeBuilder, NodeId, StartError};
+use ratemesh::{GossipHealth, Member, MemberStatus, Mutex, Node, NodeBuilder, NodeId, RwLock, StartError};
 use tokio::sync::{Semaphore, watch};
 use tracing::{info, warn};
 
@@ -239,13 +239,13 @@ impl Daemon {
 
     fn lock_source(&self) -> MutexGuard<'_, Option<ConfigSource>> {
         // The source is replaced whole or not at all: a panic elsewhere cannot leave it torn.
-        self.source.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.source.lock()
     }
 
     fn read_current(&self) -> std::sync::RwLockReadGuard<'_, Current> {
         // A panic while holding the lock cannot leave `Current` half-written (it is replaced
         // whole): keep serving.
-        self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.current.read()
     }
 
     /// The metrics.

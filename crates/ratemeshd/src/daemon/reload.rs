@@ -108,7 +108,7 @@ impl Daemon {
             .collect();
         let level = config.log.level;
         {
-            let mut current = self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut current = self.current.write();
             *current = Current { config: Arc::new(config), policies };
         }
         self.metrics.forget_policies(removed);

@@ -79,7 +79,7 @@ struct EnvoySource {
 
 /// The configuration documents an xDS server sent last, shared between the xDS client (which
 /// replaces them, then reloads) and the source (which reads them at each load).
-pub type XdsDocuments = Arc<std::sync::Mutex<Vec<ConfigFile>>>;
+pub type XdsDocuments = Arc<ratemesh::Mutex<Vec<ConfigFile>>>;
 
 impl ConfigSource {
     /// The file at `path`, with the `RATEMESH_` variables among `vars`. Not read yet: load the
@@ -127,7 +127,7 @@ impl ConfigSource {
         };
         let files = match &envoy.xds {
             // A poisoned lock still holds a whole list: the client replaces it in one assignment.
-            Some(documents) => documents.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone(),
+            Some(documents) => documents.lock().clone(),
             None => crate::envoy_ratelimit::read_dir(&self.path, envoy.settings.ignore_dot_files)?,
         };
         let loaded = crate::envoy_ratelimit::load(&files, envoy.settings.merge_domains)?;

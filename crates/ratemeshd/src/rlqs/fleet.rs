@@ -35,10 +35,10 @@
 //!   (the rest are summed into the last).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use ratemesh::{APP_QUESTION_LEN_MAX, MemberStatus, NodeId};
+use ratemesh::{APP_QUESTION_LEN_MAX, MemberStatus, Mutex, NodeId};
 use serde::{Deserialize, Serialize};
 use tracing::debug;
 
@@ -116,7 +116,7 @@ impl Ledger {
     fn lock(&self) -> MutexGuard<'_, LedgerInner> {
         // Every answer recomputes from what is recorded: a panic under the lock leaves nothing
         // half-made that matters.
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.lock()
     }
 
     /// Groups recorded.

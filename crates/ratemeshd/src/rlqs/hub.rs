@@ -3,10 +3,11 @@
 //! operation is bounded by the members of the groups it touches.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaResponse};
+use ratemesh::Mutex;
 use ratemesh_core::KeyHash;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -123,7 +124,7 @@ pub struct GroupDemand {
 impl Hub {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic under the lock leaves consistent-enough data (every operation recomputes).
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.lock()
     }
 
     /// Registers a stream, unless `max` are open: its id.
