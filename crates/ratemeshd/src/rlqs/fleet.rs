@@ -31,8 +31,9 @@
 //!   group new on a node whose owner does not answer starts there.
 //! - Questions are at most [`ratemesh::APP_QUESTION_LEN_MAX`] bytes (a batch is cut in as many
 //!   as it takes); an owner keeps at most [`LEDGER_GROUPS_MAX`] groups (beyond, new groups are
-//!   not answered: their nodes fall back) and [`DEMANDS_PER_NODE_MAX`] demands per node and group
-//!   (the rest are summed into the last).
+//!   not answered: their nodes fall back), [`DEMANDS_PER_NODE_MAX`] demands per node and group
+//!   (the rest are summed into the last) and [`LEDGER_DEMANDS_MAX`] in all (past it, a node's
+//!   demands of a group are kept as their sum).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, MutexGuard, Weak};
@@ -53,6 +54,10 @@ pub const FLEET_VERSION: u8 = 1;
 pub const LEDGER_GROUPS_MAX: usize = 100_000;
 /// Demands one node says per group.
 pub const DEMANDS_PER_NODE_MAX: usize = 1024;
+/// Demands an owner keeps in all (16 MiB of them): past it, what a node says of a group is kept
+/// as one summed demand (its members then split the node's part by the node's rule, not the
+/// owner's: fairness across nodes holds, within the node it is proportional).
+pub const LEDGER_DEMANDS_MAX: usize = 1 << 20;
 /// Intervals after which an owner forgets a silent node, and a node its unrenewed part.
 pub const STALE_INTERVALS: u32 = 3;
 
@@ -100,9 +105,18 @@ struct LedgerGroup {
     nodes: BTreeMap<NodeId, Heard>,
 }
 
+impl LedgerGroup {
+    /// The demands recorded of it.
+    fn demands(&self) -> usize {
+        self.nodes.values().map(|heard| heard.demands.len()).sum()
+    }
+}
+
 #[derive(Debug, Default)]
 struct LedgerInner {
     groups: HashMap<GroupKey, LedgerGroup>,
+    /// Σ of the demands recorded in `groups` (bounded by [`LEDGER_DEMANDS_MAX`]).
+    demands: usize,
     swept_at: Option<Instant>,
 }
 
@@ -153,6 +167,7 @@ impl Ledger {
                 g.nodes.retain(|_, heard| now.saturating_duration_since(heard.at) < stale);
                 !g.nodes.is_empty()
             });
+            inner.demands = inner.groups.values().map(LedgerGroup::demands).sum();
         }
         asks.into_iter().map(|ask| record(&mut inner, from, ask, now, stale, warmup)).collect()
     }
@@ -171,19 +186,30 @@ fn record(
         return None;
     }
     let inherited = ask.held.is_some();
-    let group = inner.groups.entry(key).or_insert_with(|| LedgerGroup {
-        since: now,
-        inherited,
-        nodes: BTreeMap::new(),
-    });
+    let LedgerInner { groups, demands: total, .. } = inner;
+    let group =
+        groups.entry(key).or_insert_with(|| LedgerGroup { since: now, inherited, nodes: BTreeMap::new() });
+    let before = group.demands();
     group.nodes.retain(|_, heard| now.saturating_duration_since(heard.at) < stale);
-    let demands = capped(ask.demands);
+    *total = *total - before + group.demands();
+    // The ledger's demands without what `from` said of this group before.
+    let others = *total - group.nodes.get(&from).map_or(0, |heard| heard.demands.len());
+    let mut demands = capped(ask.demands);
+    if others + demands.len() > LEDGER_DEMANDS_MAX {
+        if others + 1 > LEDGER_DEMANDS_MAX {
+            // Full even for one summed demand: not answered (the node falls back).
+            return None;
+        }
+        demands = vec![Some(demands.iter().map(|d| d.unwrap_or(0.0)).sum())];
+    }
     // A limit that is not a number splits nothing.
     let limit = match ask.limit.rate {
         rate if rate.is_finite() && rate > 0.0 => Quota { rate, burst: ask.limit.burst },
         _ => Quota { rate: 0.0, burst: 0 },
     };
+    *total = others + demands.len();
     group.nodes.insert(from, Heard { limit, demands, at: now });
+    debug_assert!(*total <= LEDGER_DEMANDS_MAX, "the ledger's demands are bounded");
     if group.inherited
         && now.saturating_duration_since(group.since) < warmup
         && let Some(held) = ask.held
@@ -460,6 +486,39 @@ mod tests {
         assert_eq!(capped(vec![Some(1.0); DEMANDS_PER_NODE_MAX + 5]).len(), DEMANDS_PER_NODE_MAX);
         assert!(decode::<Question>(&[FLEET_VERSION, 0xFF, 0xFF]).is_none());
         assert!(decode::<Question>(&[9, 0]).is_none());
+    }
+
+    #[test]
+    fn the_demands_an_owner_keeps_are_bounded_in_all() {
+        let ledger = Ledger::default();
+        let t0 = Instant::now();
+        let groups = LEDGER_DEMANDS_MAX / DEMANDS_PER_NODE_MAX + 3;
+        for i in 0..groups {
+            let mut many = ask(&vec![1.0; DEMANDS_PER_NODE_MAX], None);
+            many.key = format!("k{i}");
+            let part = ledger.answer(NodeId(1), vec![many], t0, STALE, WARMUP)[0];
+            assert!(part.is_none_or(|p| p.rate <= 1000.0), "{part:?}");
+        }
+        let inner = ledger.lock();
+        assert_eq!(inner.demands, LEDGER_DEMANDS_MAX, "full");
+        assert_eq!(inner.demands, inner.groups.values().map(LedgerGroup::demands).sum::<usize>());
+        // Exactly full with whole records: the groups past the bound are not answered.
+        let unrecorded = (0..groups)
+            .filter(|i| inner.groups[&GroupKey { policy: "p".into(), key: format!("k{i}") }].nodes.is_empty())
+            .count();
+        assert_eq!(unrecorded, 3);
+        drop(inner);
+        // A smaller record (one demand) of a known group replaces a larger one: room again.
+        let mut one = ask(&[5.0], None);
+        one.key = "k0".into();
+        assert!(ledger.answer(NodeId(1), vec![one], t0, STALE, WARMUP)[0].is_some());
+        let mut many = ask(&vec![1.0; DEMANDS_PER_NODE_MAX], None);
+        many.key = format!("k{}", groups - 1);
+        assert!(ledger.answer(NodeId(1), vec![many], t0, STALE, WARMUP)[0].is_some());
+        let inner = ledger.lock();
+        let last = &inner.groups[&GroupKey { policy: "p".into(), key: format!("k{}", groups - 1) }];
+        assert_eq!(last.nodes[&NodeId(1)].demands, [Some(DEMANDS_PER_NODE_MAX as f64)], "kept as their sum");
+        assert_eq!(inner.demands, LEDGER_DEMANDS_MAX - DEMANDS_PER_NODE_MAX + 2);
     }
 
     #[test]
