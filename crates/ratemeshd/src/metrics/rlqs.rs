@@ -44,7 +44,7 @@ impl prometheus_client::collector::Collector for RlqsCollector {
         counter(
             e,
             "ratemesh_rlqs_fleet_fallbacks",
-            "RLQS groups whose owner did not answer for 3 intervals, set to the limit over the live members",
+            "RLQS groups set to the fallback part (the limit over the live members): no owner, no answer, or none for 3 intervals",
             state.fallbacks.load(Ordering::Relaxed),
         )?;
         counter(

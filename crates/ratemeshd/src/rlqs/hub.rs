@@ -2,13 +2,13 @@
 //! pushes) and the groups (one per policy and key) with their members. One mutex; every
 //! operation is bounded by the members of the groups it touches.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::MutexGuard;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaResponse};
 use ratemesh::Mutex;
-use ratemesh_core::KeyHash;
+use ratemesh_core::{KeyHash, NodeId};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -47,6 +47,8 @@ struct Group {
     hash: KeyHash,
     /// This node's part of the limit, once the key's owner (or the fallback) said it.
     node: Option<Quota>,
+    /// The owner that said it (`None`: the fallback).
+    node_from: Option<NodeId>,
     /// When `node` was last said.
     node_at: Instant,
     members: BTreeMap<MemberId, (BucketId, Member)>,
@@ -117,8 +119,19 @@ pub struct GroupDemand {
     pub limit: Quota,
     /// Each member's demand used for shares (`None`: unknown yet), in member order.
     pub demands: Vec<Option<f64>>,
-    /// This node's part now, and how long ago it was said.
-    pub held: Option<(Quota, std::time::Duration)>,
+    /// This node's part now, if it has one.
+    pub held: Option<HeldPart>,
+}
+
+/// A node's part of a group as it holds it.
+#[derive(Clone, Copy, Debug)]
+pub struct HeldPart {
+    /// The part.
+    pub quota: Quota,
+    /// How long ago it was said.
+    pub age: std::time::Duration,
+    /// The owner that said it (`None`: the fallback).
+    pub from: Option<NodeId>,
 }
 
 impl Hub {
@@ -192,6 +205,7 @@ impl Hub {
             limit,
             hash,
             node: None,
+            node_from: None,
             node_at: Instant::now(),
             members: BTreeMap::new(),
         });
@@ -219,29 +233,36 @@ impl Hub {
         member.and_then(|(_, m)| m.assigned).unwrap_or(Share::DenyAll)
     }
 
-    /// What this node tells the keys' owners: every group with members.
-    pub fn demands(&self) -> Vec<GroupDemand> {
+    /// What this node tells the keys' owners: every group with members (`only`: of these).
+    pub fn demands(&self, only: Option<&HashSet<GroupKey>>) -> Vec<GroupDemand> {
         let inner = self.lock();
         let now = Instant::now();
-        inner
-            .groups
-            .iter()
+        let groups: Box<dyn Iterator<Item = (&GroupKey, &Group)>> = match only {
+            Some(only) => Box::new(only.iter().filter_map(|k| inner.groups.get_key_value(k))),
+            None => Box::new(inner.groups.iter()),
+        };
+        groups
             .map(|(group, g)| GroupDemand {
                 group: group.clone(),
                 hash: g.hash,
                 limit: g.limit,
                 demands: g.members.values().map(|(_, m)| m.demand).collect(),
-                held: g.node.map(|q| (q, now.saturating_duration_since(g.node_at))),
+                held: g.node.map(|quota| HeldPart {
+                    quota,
+                    age: now.saturating_duration_since(g.node_at),
+                    from: g.node_from,
+                }),
             })
             .collect()
     }
 
-    /// This node's part of `group` is now `quota` (said by the key's owner, or the fallback):
-    /// the members' shares are recomputed and the changed ones pushed.
-    pub fn set_node_quota(&self, group: &GroupKey, quota: Quota, ttl_s: u64) {
+    /// This node's part of `group` is now `quota`, said by the key's owner `from` (`None`: the
+    /// fallback): the members' shares are recomputed and the changed ones pushed.
+    pub fn set_node_quota(&self, group: &GroupKey, quota: Quota, from: Option<NodeId>, ttl_s: u64) {
         let mut inner = self.lock();
         let Some(g) = inner.groups.get_mut(group) else { return };
         g.node_at = Instant::now();
+        g.node_from = from;
         if g.node == Some(quota) {
             return;
         }

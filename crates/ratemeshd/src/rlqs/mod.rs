@@ -370,19 +370,21 @@ enum Target {
 /// The group of `bucket_id` under `table`, with its limit now.
 fn target(table: &RlqsDomain, bucket_id: &BucketId, policies: &crate::PolicyTable) -> Result<Target, Status> {
     let key = key_of(table, bucket_id)?;
-    let Some(entry) = policies.get(&table.policy) else {
+    let Some(base) = policies.get(&table.policy) else {
         return Ok(Target::Blanket(UnknownDomain::AllowAll));
     };
+    // The owner is the key's under the policy's own name, whatever tier or override applies:
+    // one key, one owner, one split (of the smallest limit the nodes report).
+    let hash = base.namespace.key(key.as_bytes());
     // The key's override, else the tier the bucket names (one the policy lacks: its own limit).
     let tier = table.tier_entry.as_ref().and_then(|name| bucket_id.bucket.get(name));
-    let entry = entry.resolve(&key, tier.map(String::as_str)).unwrap_or_else(|_| Arc::clone(entry));
+    let entry = base.resolve(&key, tier.map(String::as_str)).unwrap_or_else(|_| Arc::clone(base));
     let Some(policy) = entry.rule.policy() else {
         return Ok(Target::Blanket(UnknownDomain::AllowAll));
     };
     let limit = &policy.limit;
     let period_s = limit.spec().period.as_secs_f64();
     let rate = if period_s > 0.0 { limit.reported_limit() as f64 / period_s } else { 0.0 };
-    let hash = entry.namespace.key(key.as_bytes());
     let quota = Quota { rate, burst: limit.capacity() };
     Ok(Target::Group(GroupKey { policy: table.policy.clone(), key }, hash, quota))
 }
