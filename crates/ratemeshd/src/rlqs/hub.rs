@@ -46,18 +46,23 @@ struct Group {
     /// The bucket of the key at its owner (`super::fleet`).
     hash: KeyHash,
     /// This node's part of the limit, once the key's owner (or the fallback) said it.
-    node: Option<Quota>,
-    /// The owner that said it (`None`: the fallback).
-    node_from: Option<NodeId>,
-    /// When `node` was last said.
-    node_at: Instant,
+    node: Option<NodePart>,
     members: BTreeMap<MemberId, (BucketId, Member)>,
+}
+
+/// This node's part of a group as the key's owner (or the fallback) last said it.
+#[derive(Clone, Copy, Debug)]
+struct NodePart {
+    quota: Quota,
+    /// The owner that said it (`None`: the fallback).
+    from: Option<NodeId>,
+    at: Instant,
 }
 
 impl Group {
     /// What this node's members split: its part (once known: nothing is assigned before).
     fn quota(&self) -> Quota {
-        self.node.unwrap_or(Quota { rate: 0.0, burst: 0 })
+        self.node.map_or(Quota { rate: 0.0, burst: 0 }, |part| part.quota)
     }
 }
 
@@ -205,8 +210,6 @@ impl Hub {
             limit,
             hash,
             node: None,
-            node_from: None,
-            node_at: Instant::now(),
             members: BTreeMap::new(),
         });
         let mut changed = g.limit != limit;
@@ -247,10 +250,10 @@ impl Hub {
                 hash: g.hash,
                 limit: g.limit,
                 demands: g.members.values().map(|(_, m)| m.demand).collect(),
-                held: g.node.map(|quota| HeldPart {
-                    quota,
-                    age: now.saturating_duration_since(g.node_at),
-                    from: g.node_from,
+                held: g.node.map(|part| HeldPart {
+                    quota: part.quota,
+                    age: now.saturating_duration_since(part.at),
+                    from: part.from,
                 }),
             })
             .collect()
@@ -261,12 +264,11 @@ impl Hub {
     pub fn set_node_quota(&self, group: &GroupKey, quota: Quota, from: Option<NodeId>, ttl_s: u64) {
         let mut inner = self.lock();
         let Some(g) = inner.groups.get_mut(group) else { return };
-        g.node_at = Instant::now();
-        g.node_from = from;
-        if g.node == Some(quota) {
+        let unchanged = g.node.is_some_and(|part| part.quota == quota);
+        g.node = Some(NodePart { quota, from, at: Instant::now() });
+        if unchanged {
             return;
         }
-        g.node = Some(quota);
         let pushes = recompute(g, &(0, String::new()));
         send(&inner, pushes, ttl_s);
     }
@@ -311,7 +313,7 @@ fn totals(g: &Group) -> GroupTotals {
         members: g.members.len(),
         assigned_rate: g.members.values().filter_map(|(_, m)| m.assigned).map(Share::rate).sum(),
         limit_rate: g.limit.rate,
-        node_rate: g.node.map(|q| q.rate),
+        node_rate: g.node.map(|part| part.quota.rate),
     }
 }
 
