@@ -41,11 +41,21 @@
 # ports, and its gRPC RLS paths are measured in the same rounds with the same client, as
 # "ratemeshd gRPC RLS (baseline)": two server stacks side by side in one run.
 #
+# Cluster mode (BENCH_CLUSTER=1): what a cluster costs per decision, tests/bench/cluster.sh (its
+# header says how): one node, three standalone nodes and a three-node cluster side by side, each
+# node under its own `wrk -t1`, over 10, 1 000 and 10 000 keys, approximate and exact mode; table
+# in target/bench/cluster.md. bench.sh execs it first thing; its environment is its own
+# (BENCH_ROUNDS, BENCH_SECONDS, BENCH_CONNECTIONS, BENCH_CLUSTER_KEYS, BENCH_CLUSTER_MODES,
+# RATEMESHD).
+#
 # Environment: BENCH_ROUNDS (3), BENCH_SECONDS (10, at most 10), BENCH_CONNECTIONS (64),
 # BENCH_KEYS (10000), BENCH_REDIS_REQUESTS (200000; at pipeline 16, 5 times as many),
 # BENCH_PEERS (0), BENCH_RLS_BASELINE (unset).
 set -euo pipefail
+# Cluster mode runs its own script, before any of this one's tools and builds.
+[[ ${BENCH_CLUSTER:-0} != 1 ]] || exec bash "$(dirname "$0")/bench/cluster.sh"
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/bench/common.sh"
 cd "$(dirname "$0")/.."
 root=$PWD
 
@@ -189,14 +199,6 @@ fi
 # --- one measurement each -------------------------------------------------------------------------
 # Each prints: requests_per_second<TAB>p50_ms<TAB>p99_ms<TAB>decisions_answered
 
-clock_ticks_per_s=$(getconf CLK_TCK)
-
-# cpu_ticks PID: the process's user and system CPU time so far, in clock ticks, as "USER SYSTEM"
-# (fields 14 and 15 of /proc/PID/stat, counted after the command name, which may hold spaces).
-cpu_ticks() {
-    awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$1/stat" || fail "cannot read /proc/$1/stat"
-}
-
 # measure PID COMMAND...: runs COMMAND (one of run_*) and prints its line with, instead of the
 # decisions, the CPU µs per decision the server PID spent in it, and the part of it spent in the
 # kernel (system time: the socket reads and writes, the wakeups):
@@ -219,14 +221,6 @@ print(f"{rps}\t{p50}\t{p99}\t{cpu_us:.2f}\t{kernel_us:.2f}")
 EOF
 }
 
-# wrk's "1.23ms" / "456.78us" / "1.02s" → milliseconds.
-to_ms() {
-    python3 -c '
-import re, sys
-value, unit = re.fullmatch(r"([0-9.]+)(us|ms|s|m)", sys.argv[1]).groups()
-print(float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit])' "$1"
-}
-
 # run_http [URL BODY]: wrk POSTing BODY (a format string, %d the key number) to URL (default:
 # ratemeshd's POST /v1/check under the "bench" policy).
 run_http() {
@@ -234,14 +228,7 @@ run_http() {
     BENCH_KEYS=$keys BENCH_BODY=$body timeout $((seconds + 20)) "${load_cpu[@]}" wrk -t"$load_threads" -c"$connections" -d"${seconds}s" --latency \
         -s tests/bench/post_json.lua "$url" >"$log" 2>&1 ||
         fail "wrk failed: $(cat "$log")"
-    ! grep -q 'Non-2xx' "$log" || fail "$url answered errors: $(grep -E 'Non-2xx|Socket errors' "$log")"
-    local rps p50 p99 requests
-    rps=$(awk '/^Requests\/sec:/ { print $2 }' "$log")
-    p50=$(awk '$1 == "50%" { print $2 }' "$log")
-    p99=$(awk '$1 == "99%" { print $2 }' "$log")
-    requests=$(awk '/requests in/ { print $1 }' "$log")
-    [[ -n $rps && -n $p50 && -n $p99 && -n $requests ]] || fail "cannot read wrk's output: $(cat "$log")"
-    printf '%s\t%s\t%s\t%s\n' "$rps" "$(to_ms "$p50")" "$(to_ms "$p99")" "$requests"
+    wrk_row "$log" "$url"
 }
 
 # redis_benchmark PORT PIPELINE COMMAND...: redis-benchmark's COMMAND at PIPELINE, keys spread

@@ -1,5 +1,5 @@
 # Helpers shared by the real-client shell suites (tests/envoy_rls.sh, tests/metrics.sh,
-# tests/nginx.sh, tests/bench.sh, tests/compose.sh). Sourced, never run:
+# tests/nginx.sh, tests/bench.sh, tests/bench/cluster.sh, tests/compose.sh). Sourced, never run:
 #
 #   set -euo pipefail
 #   source "$(dirname "$0")/lib.sh"
@@ -144,8 +144,9 @@ start_ratemeshd() {
 # the seed of the others, gossiping every 100 ms. Node ID's configuration is $work/node-ID.toml:
 # its [listen] section, [node] and [cluster], then stdin (the policies, ...); its log is
 # $work/node-ID.log (shown at failure). With cluster_rlqs=1, each node also serves RLQS on
-# rlqs[ID]. Sets http[ID], gossip[ID], node_pids[ID] (stopped at exit) and node_list
-# ("127.0.0.1:HTTP,..."), then waits until every node is ready and sees N live members.
+# rlqs[ID]; with cluster_env=(NAME=VALUE...), each node's environment also holds those pairs.
+# Sets http[ID], gossip[ID], node_pids[ID] (stopped at exit) and node_list ("127.0.0.1:HTTP,..."),
+# then waits until every node is ready and sees N live members.
 start_cluster() {
     local count=$1 name=$2 id seeds config
     config=$(cat)
@@ -172,7 +173,7 @@ gossip_interval_ms = 100
 $config
 TOML
         env -i PATH="$PATH" ${cluster_rlqs:+RATEMESH_LISTEN_RLQS="127.0.0.1:${rlqs[id]}"} \
-            "$binary" serve --config "$work/node-$id.toml" >"$work/node-$id.log" 2>&1 &
+            ${cluster_env[@]+"${cluster_env[@]}"} "$binary" serve --config "$work/node-$id.toml" >"$work/node-$id.log" 2>&1 &
         node_pids[id]=$!
         show_at_failure "node $id log" 30 "$work/node-$id.log"
         node_list+="${node_list:+,}127.0.0.1:${http[id]}"
