@@ -177,8 +177,9 @@ fn body() -> impl Strategy<Value = Body> {
             }
         },
     );
-    let grant = (key(), int(), snapshot_wire(), (int(), int()), any::<bool>(), option::of(int())).prop_map(
-        |(key, epoch, state, (grant, hold_max), contended, expires_in_nanos)| Grant {
+    let flags = (any::<bool>(), any::<bool>());
+    let grant = (key(), int(), snapshot_wire(), (int(), int()), flags, option::of(int())).prop_map(
+        |(key, epoch, state, (grant, hold_max), (contended, lease), expires_in_nanos)| Grant {
             key,
             epoch,
             state,
@@ -186,6 +187,7 @@ fn body() -> impl Strategy<Value = Body> {
             hold_max,
             contended,
             expires_in_nanos,
+            lease,
         },
     );
     let release = (key(), limit_wire(), int()).prop_map(|(key, limit, lease)| Release { key, limit, lease });
@@ -506,7 +508,7 @@ fn encode_refuses_frames_over_the_bound() {
 #[test]
 fn unknown_versions_are_refused() {
     let mut bytes = enc(&golden_frames()[5].0);
-    for version in [0, 1, 2, 4, 0x80, 0xff] {
+    for version in [0, 1, 2, 3, 0x80, 0xff] {
         bytes[0] = version;
         assert_eq!(decode(&bytes, MAX), Err(WireError::Version(version)));
     }
@@ -531,7 +533,7 @@ fn trailing_bytes_are_counted() {
 fn overlong_varints_are_refused() {
     let frame = Frame { from: 1, incarnation: 2, seq: 3, ack: 4, sack: 0, una: 5, body: Body::default() };
     let bytes = enc(&frame);
-    assert_eq!(hex(&bytes), "0301020304000500");
+    assert_eq!(hex(&bytes), "0401020304000500");
     for overlong in [
         vec![WIRE_VERSION, 0x81, 0x00, 2, 3, 4, 0, 5, 0], // from
         vec![WIRE_VERSION, 1, 2, 3, 4, 0, 5, 0x80, 0x00], // section count
@@ -644,7 +646,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     ..Body::default()
                 },
             },
-            "03010203000000020001040a8094ebdc03010500000101070403020100000000000000000000000000010100",
+            "04010203000000020001040a8094ebdc03010500000101070403020100000000000000000000000000010100",
         ),
         (
             Frame {
@@ -684,7 +686,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     ..Body::default()
                 },
             },
-            "03ac02010400000001020207010a0480cab5ee0100000008000a00e80701640501effdb6f50d",
+            "04ac02010400000001020207010a0480cab5ee0100000008000a00e80701640501effdb6f50d",
         ),
         (
             Frame {
@@ -717,7 +719,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     ..Body::default()
                 },
             },
-            "0302ffffffffffffffffff0100000000020001050580b09dc2df0101030101000301ffffffffffffffffffffffffffffffff00cdd702ac028080400200000c010007",
+            "0402ffffffffffffffffff0100000000020001050580b09dc2df0101030101000301ffffffffffffffffffffffffffffffff00cdd702ac028080400200000c010007",
         ),
         (
             Frame {
@@ -737,6 +739,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                             hold_max: 5,
                             contended: false,
                             expires_in_nanos: Some(750),
+                            lease: true,
                         },
                         Grant {
                             key: 43,
@@ -746,12 +749,13 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                             hold_max: 0,
                             contended: true,
                             expires_in_nanos: None,
+                            lease: false,
                         },
                     ],
                     ..Body::default()
                 },
             },
-            "030303090000000104022a0000000000000000000000000000000701fa01060203050001ee052b000000000000000000000000000000ffffffffffffffffff010080808080802000000100",
+            "040303090000000104022a0000000000000000000000000000000701fa01060203050001ee05012b000000000000000000000000000000ffffffffffffffffff01008080808080200000010000",
         ),
         (
             Frame {
@@ -806,7 +810,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     ..Body::default()
                 },
             },
-            "030401010000000200030103e807000000060288270000000064b817000001d836904e0503090000000000000000000000000000000002020102ac02010a000000000000000000000000000000010301effdb6f50d01d00f0d0000000000000000000000000000000204050607",
+            "040401010000000200030103e807000000060288270000000064b817000001d836904e0503090000000000000000000000000000000002020102ac02010a000000000000000000000000000000010301effdb6f50d01d00f0d0000000000000000000000000000000204050607",
         ),
         (
             Frame {
@@ -821,11 +825,11 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     ..Body::default()
                 },
             },
-            "03060205000000020001040a8094ebdc030105000007010b00000000000000000000000000000000effdb6f50d",
+            "04060205000000020001040a8094ebdc030105000007010b00000000000000000000000000000000effdb6f50d",
         ),
         (
             Frame { from: 5, incarnation: 6, seq: 0, ack: 128, sack: 5, una: 7, body: Body::default() },
-            "030506008001050700",
+            "040506008001050700",
         ),
         (
             Frame {
@@ -844,7 +848,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     ..Body::default()
                 },
             },
-            "03070102030002020001040a8094ebdc030105000006010c0000000000000000000000000000000000e807",
+            "04070102030002020001040a8094ebdc030105000006010c0000000000000000000000000000000000e807",
         ),
         (
             Frame {
@@ -876,14 +880,14 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     ..Body::default()
                 },
             },
-            "03080103000003020001040a8094ebdc03010500000802090d000000000000000000000000000000000004000a0d0000000000000000000000000000000001ac0201",
+            "04080103000003020001040a8094ebdc03010500000802090d000000000000000000000000000000000004000a0d0000000000000000000000000000000001ac0201",
         ),
     ]
 }
 
 #[test]
 fn golden_frames_are_pinned() {
-    assert_eq!(WIRE_VERSION, 3, "a new wire version needs golden frames of its own");
+    assert_eq!(WIRE_VERSION, 4, "a new wire version needs golden frames of its own");
     for (i, (frame, expected)) in golden_frames().into_iter().enumerate() {
         let bytes = enc(&frame);
         assert_eq!(hex(&bytes), expected, "golden frame {i}: the wire format changed");
@@ -1098,6 +1102,7 @@ fn bytes_per_item() {
             hold_max: 15,
             contended: false,
             expires_in_nanos: None,
+            lease: false,
         })
         .collect();
     let report_one = one(Body { report: report[..1].to_vec(), ..Body::default() });

@@ -78,4 +78,6 @@ scenarios!(
     one_way,
     on_off,
     loopback_steady,
+    below_many_keys,
+    lease_to_overload,
 );

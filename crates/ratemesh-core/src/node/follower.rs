@@ -150,7 +150,10 @@ impl Node {
                 if grant.epoch == follower.epoch {
                     follower.granted_seen = follower.granted_seen.saturating_add(grant.grant);
                 }
-                follower.allowance.add(grant.grant, expires_at, now);
+                match grant.lease {
+                    true => follower.allowance.renew(grant.grant, expires_at, now),
+                    false => follower.allowance.add(grant.grant, expires_at, now),
+                }
                 follower.local = None;
                 if order <= follower.grant_order {
                     // An earlier grant overtaken by a later one: its hits count, its view does not.
@@ -164,6 +167,7 @@ impl Node {
                     follower.returned = follower.returned.saturating_add(held - grant.hold_max);
                 }
                 follower.contended = grant.contended;
+                follower.lease = grant.lease;
                 follower.over_until = Instant::ZERO;
                 if follower.allowance.live(now) == 0 {
                     let probe = bucket.peek(&limit, 1, now);
@@ -211,6 +215,7 @@ impl Node {
         let half_life = self.half_life_nanos();
         // A holder that used nothing for a few intervals reports anyway: the owner keeps counting
         // what it holds, and may want it back.
+        // (A lease needs no keepalive: it ends by itself, at both ends.)
         let keepalive = 4 * duration_nanos(self.config.sync_interval);
         let horizon = self.report_horizon_nanos(owner);
         let outcome = self.update_key(key, |bucket, meta| {
@@ -218,8 +223,10 @@ impl Node {
             let follower = meta.follower.as_mut()?;
             follower.allowance.expire(now);
             let keepalive_due = follower.allowance.hits > 0
+                && !follower.lease
                 && follower.reported_at.is_none_or(|at| at.add_nanos(keepalive) <= now);
-            let report = (follower.has_news() || keepalive_due)
+            let running_low = lease_running_low(follower, now, half_life, horizon);
+            let report = (follower.report_due(running_low) || keepalive_due)
                 .then(|| take_report(key, bucket, &limit, follower, now, half_life, horizon));
             let active = follower.allowance.hits > 0 || follower.demand.per_second(now, half_life) > 0;
             Some((report, active))
@@ -267,7 +274,16 @@ impl Node {
     }
 }
 
-/// Takes a follower's news for a report, giving back allowance it holds beyond its need.
+/// Whether a follower's lease needs renewing: it would run dry, or end, before the answer to a
+/// report sent at the next round could arrive.
+fn lease_running_low(follower: &mut Follower, now: Instant, half_life: u64, horizon_nanos: u64) -> bool {
+    let renew_nanos = 2 * horizon_nanos;
+    let need = need_for(follower.demand.per_second(now, half_life), renew_nanos).max(1);
+    follower.allowance.live(now) < need || follower.allowance.expires_at <= now.add_nanos(renew_nanos)
+}
+
+/// Takes a follower's news for a report, giving back allowance it holds beyond its need (a lease
+/// is sized for longer: the owner trims it by its grants' `hold_max`).
 pub(super) fn take_report(
     key: KeyHash,
     bucket: &Bucket,
@@ -278,7 +294,7 @@ pub(super) fn take_report(
     horizon_nanos: u64,
 ) -> Report {
     let demand_per_s = follower.demand.per_second(now, half_life);
-    let need = need_for(demand_per_s, horizon_nanos);
+    let need = if follower.lease { u64::MAX } else { need_for(demand_per_s, horizon_nanos) };
     let held = follower.allowance.live(now);
     if held > need {
         follower.returned = follower.returned.saturating_add(held - need);

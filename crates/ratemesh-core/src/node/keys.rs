@@ -152,6 +152,15 @@ impl Allowance {
         true
     }
 
+    /// Adds a lease's `hits` and moves the expiry of everything held to `expires_at` (or keeps a
+    /// later one): the owner counts all of it held until the lease it just granted ends.
+    pub fn renew(&mut self, hits: u64, expires_at: Instant, now: Instant) {
+        self.expire(now);
+        let held_before = self.hits > 0 && self.expires_at != Instant::MAX;
+        self.hits = self.hits.saturating_add(hits);
+        self.expires_at = if held_before { self.expires_at.max(expires_at) } else { expires_at };
+    }
+
     /// Adds `hits` valid until `expires_at`; an expired remainder is dropped first.
     pub fn add(&mut self, hits: u64, expires_at: Instant, now: Instant) {
         self.expire(now);
@@ -296,6 +305,11 @@ pub(crate) struct Follower {
     /// The owner said demand exceeds what the key can supply and this node's share is an
     /// allowance: when it runs dry, refuse locally until the next grant instead of asking.
     pub contended: bool,
+    /// The allowance is a headroom lease ([`Grant::lease`]): reported when it runs low or nears
+    /// its expiry, not whenever it was used.
+    ///
+    /// [`Grant::lease`]: crate::wire::Grant::lease
+    pub lease: bool,
     /// The owner changed: the next report carries the last authoritative state, to seed the new
     /// owner conservatively.
     pub seed_pending: bool,
@@ -318,6 +332,15 @@ impl Follower {
             || self.refused > 0
     }
 
+    /// Whether this round's report is due: the owner must debit or credit something, or learn of
+    /// a seed — or of the hits used or refused, unless the allowance is a lease not `running_low`
+    /// (a lease is renewed by exception, not every round).
+    pub fn report_due(&self, running_low: bool) -> bool {
+        let owed = self.uncovered > 0 || self.returned > 0 || self.refunded > 0 || self.seed_pending;
+        let asked = self.used > 0 || self.refused > 0;
+        owed || (asked && (!self.lease || running_low))
+    }
+
     /// Starts reporting to `owner` under a new `epoch`. The allowance is kept: it was debited by
     /// the owner that granted it, whose state the new owner inherits.
     pub fn follow(&mut self, owner: NodeId, epoch: u64) {
@@ -325,6 +348,7 @@ impl Follower {
         self.epoch = epoch;
         self.granted_seen = 0;
         self.contended = false;
+        self.lease = false;
         self.over_until = Instant::ZERO;
     }
 }
@@ -353,8 +377,12 @@ pub(crate) struct Participant {
     /// Its share of the key's refill while the key is contended, for its forwarded checks.
     pub credit: Credit,
     /// After this, what the participant holds no longer counts: it has been silent too long
-    /// (crashed, or follows another owner), or its allowances are void (the window passed).
+    /// (crashed, or follows another owner), or its allowances are void (the window passed, the
+    /// lease ended).
     pub released_at: Instant,
+    /// Its last grant was a headroom lease: what it holds is void once `released_at` passes,
+    /// and it counts in the key's demand until then even when silent.
+    pub leased: bool,
 }
 
 impl Participant {

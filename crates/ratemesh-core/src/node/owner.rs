@@ -6,7 +6,7 @@
 use crate::prelude::*;
 use alloc::sync::Arc;
 
-use super::sizing::{SizingContext, forwarder, participant};
+use super::sizing::{Offer, SizingContext, forwarder, participant};
 use super::*;
 use crate::wire::WireMode;
 
@@ -132,7 +132,7 @@ impl Node {
                 // A holder's share is renewed by its reports; a forwarder gets one once it is worth it.
                 let has_share = meta.participants.iter().any(|p| p.node == from && p.outstanding(now) > 0);
                 let grant = (approximate && !has_share)
-                    .then(|| sizing.grant(key, bucket, limit, meta, from, true))
+                    .then(|| sizing.grant(key, bucket, limit, meta, from, Offer::AllowanceOrLease))
                     .flatten()
                     .filter(|g| g.grant > 0);
                 (decision, grant)
@@ -268,7 +268,12 @@ impl Node {
                 }
                 sizing.heard(p, bucket, &limit, now);
                 bucket.refund(&limit, returned, now);
-                sizing.grant(key, bucket, &limit, meta, from, share)
+                let offer = match (share, report.demand_per_s > 0) {
+                    (false, _) => Offer::Nothing,
+                    (true, false) => Offer::Allowance,
+                    (true, true) => Offer::AllowanceOrLease,
+                };
+                sizing.grant(key, bucket, &limit, meta, from, offer)
             },
         )
     }

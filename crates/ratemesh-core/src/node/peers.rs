@@ -194,6 +194,12 @@ impl Peers {
         self.stats
     }
 
+    /// The sequence number of the next new frame to `peer` (earlier ones are retransmissions).
+    #[cfg(test)]
+    pub fn next_seq(&self, peer: NodeId) -> u64 {
+        self.peers.get(&peer).map_or(1, |p| p.next_seq)
+    }
+
     /// The smoothed round-trip time to `peer`, once measured.
     pub fn srtt_nanos(&self, peer: NodeId) -> Option<u64> {
         self.peers.get(&peer)?.srtt_nanos

@@ -21,6 +21,16 @@
 //!   speed and reports once per interval. A smaller one is not: a key whose share per node and
 //!   interval is a few hits or less (a low limit, many nodes, many keys, a long period near its
 //!   end) is split no further — its checks are forwarded and the owner decides them, exactly.
+//! - A node whose target is below that still gets an allowance when the key has *headroom*: the
+//!   demand of all its nodes over a lease (half the release period, 800 ms by default) fits
+//!   [`HEADROOM_X`] times in the key's refill over it. Such a *headroom lease* covers the
+//!   node's demand for the whole lease, expires with it at both ends, and is renewed when it runs
+//!   low or nears its end, not at every interval: a key far below its limit is decided locally
+//!   from its first checks on and costs one report per lease or so, not a round trip per check.
+//!   Stranded leases (a node that stops asking) hold at most a [`HEADROOM_X`]th of the refill of
+//!   a lease, for at most a lease, and the refill replaces them meanwhile: nothing adds up (keys
+//!   that do not refill within a lease — windows, daily quotas, low limits — get no lease). The lease regime ends where contention could begin: a key whose demand comes
+//!   within that factor of its supply goes back to per-interval allowances or forwarding.
 //! - The key is *contended* when the demand of one interval exceeds the pool. Then a holder whose
 //!   allowance runs dry refuses locally until its next grant (the owner has nothing more to give
 //!   it); otherwise it forwards the check. The owner's own checks follow the same rule: while the
@@ -39,6 +49,9 @@ const NEED_SLACK: u64 = 2;
 const CREDIT_REFILL_MIN: u64 = 4;
 /// How many sync intervals ahead contention is judged over.
 const CONTENTION_INTERVALS: u64 = 4;
+/// A key has headroom for leases while what it can supply over a lease is at least this many
+/// times the demand of all its nodes over it.
+pub(super) const HEADROOM_X: u64 = 4;
 
 impl Node {
     /// What sizing an allowance for `holder` at `now` needs beyond the key's own state.
@@ -53,6 +66,9 @@ impl Node {
             // The grant reaches a follower one way later: it expires that much earlier there.
             one_way_nanos: rtt_nanos / 2,
             release_nanos: self.release_nanos(),
+            // Half the release period: the owner's hold of a silent holder outlasts a lease it
+            // granted, whatever the order of its last report and the lease's end.
+            lease_nanos: self.release_nanos() / 2,
             active_nanos: 2 * interval_nanos + rtt_nanos.max(duration_nanos(self.config.peer_silence)),
             allowance_min: self.config.allowance_min.max(1),
         }
@@ -83,9 +99,31 @@ pub(super) struct SizingContext {
     horizon_nanos: u64,
     one_way_nanos: u64,
     release_nanos: u64,
+    /// How long a headroom lease lasts.
+    lease_nanos: u64,
     /// A participant heard from within this long counts in the key's demand.
     active_nanos: u64,
     allowance_min: u64,
+}
+
+/// What a grant may give.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Offer {
+    /// Nothing: a partition's side without a share of the limit.
+    Nothing,
+    /// An allowance if the holder's share is worth one, no lease: the holder does not ask for
+    /// hits (an exact-mode key's seed or fallback hits).
+    Allowance,
+    /// An allowance, or a headroom lease: the holder asks for hits (a forwarded check, a report
+    /// of demand).
+    AllowanceOrLease,
+}
+
+/// What a node should hold of a key: its target, and whether that is a headroom lease.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Target {
+    hits: u64,
+    lease: bool,
 }
 
 /// A key's pool and demand at one instant.
@@ -110,6 +148,13 @@ impl SizingContext {
     /// unless it reported a larger one lately (a holder forwards only what its allowance did not
     /// cover). Measured before this check: the estimate just after an arrival is biased up by it.
     pub(super) fn forwarded(&self, p: &mut Participant, cost: u64, refused_here: u64, now: Instant) {
+        // A lease that ended is void at the holder too: what it held and what was in flight is
+        // gone (it forwards because it holds nothing).
+        if p.leased && p.released_at <= now {
+            p.holding = 0;
+            p.seen = p.sent;
+            p.leased = false;
+        }
         p.forwards.add(cost.max(1).saturating_add(refused_here), now, self.half_life_nanos);
         let rate = p.forwards.per_second_without(now, self.half_life_nanos, cost.max(1));
         let reported_lately = p.reported_at.add_nanos(self.active_nanos) > now;
@@ -132,7 +177,9 @@ impl SizingContext {
         let outstanding = meta.outstanding(now);
         let available = bucket.peek(limit, 0, now).remaining;
         let own = meta.demand.per_second(now, self.half_life_nanos);
-        let others = meta.participants.iter().filter(|p| p.heard_at > active).map(|p| p.demand_per_s);
+        // A leaseholder reports rarely: its demand counts for as long as its lease.
+        let counted = |p: &&Participant| p.heard_at > active || (p.leased && p.released_at > now);
+        let others = meta.participants.iter().filter(counted).map(|p| p.demand_per_s);
         Pool {
             available,
             unused: available.saturating_add(outstanding),
@@ -163,30 +210,57 @@ impl SizingContext {
     /// The allowance a holder with `demand_per_s` that holds `held` should hold: its demand's
     /// share of what the key can give it until its next grant can arrive (grants in flight count
     /// as held, so over a long round trip the share must cover it), capped by its need for as
-    /// long; zero when that is below `allowance_min` (its checks are forwarded).
+    /// long; when that is below `allowance_min`, a headroom lease if `lease_ok` and the key has
+    /// headroom ([`Self::lease_nanos_for`]), else zero (its checks are forwarded).
     ///
     /// What the key can give a holder is what the bucket holds, the refill meanwhile and what the
     /// holder itself holds — not what the others hold: a share of their allowances, which they
     /// are about to spend, would be taken again from the bucket, and at overload the holders that
     /// ask while the bucket has hits (the small ones, whose targets are quickly met) would get
     /// more than their demand's share of the refill.
-    fn target(&self, pool: &Pool, demand_per_s: u64, held: u64) -> u64 {
-        if pool.demand_per_s == 0 || demand_per_s == 0 {
-            return 0;
-        }
-        // A node that would not use `allowance_min` hits before its next grant forwards instead;
-        // so do all when the bucket cannot hold one interval's refill (a burst of one at a high
+    fn target(&self, pool: &Pool, demand_per_s: u64, held: u64, lease_ok: bool) -> Target {
+        // All forward when the bucket cannot hold one interval's refill (a burst of one at a high
         // rate): grants, each at most what the bucket holds, could not keep up with the refill.
-        let expected = u128::from(demand_per_s) * u128::from(self.horizon_nanos) / 1_000_000_000;
         let refill = self.interval_nanos.checked_div(pool.refill_nanos_per_hit).unwrap_or(0);
-        if expected < u128::from(self.allowance_min) || pool.capacity < refill {
-            return 0;
+        if pool.capacity < refill {
+            return Target::default();
         }
-        let refill_meanwhile = self.horizon_nanos.checked_div(pool.refill_nanos_per_hit).unwrap_or(0);
+        // A node that would not use `allowance_min` hits before its next grant forwards, unless
+        // it gets a lease.
+        let expected = u128::from(demand_per_s) * u128::from(self.horizon_nanos) / 1_000_000_000;
+        let regular = pool.demand_per_s > 0 && demand_per_s > 0 && expected >= u128::from(self.allowance_min);
+        let (horizon_nanos, demand_per_s, pool_demand_per_s) = match regular {
+            true => (self.horizon_nanos, demand_per_s, pool.demand_per_s),
+            false => match self.lease_nanos_for(pool, demand_per_s).filter(|_| lease_ok) {
+                // A node that asks has some demand, whatever the estimate says yet.
+                Some(lease_nanos) => {
+                    (lease_nanos, demand_per_s.max(1), pool.demand_per_s.max(demand_per_s).max(1))
+                }
+                None => return Target::default(),
+            },
+        };
+        let refill_meanwhile = horizon_nanos.checked_div(pool.refill_nanos_per_hit).unwrap_or(0);
         let supply = pool.available.saturating_add(held).saturating_add(refill_meanwhile);
-        let fair = u128::from(supply) * u128::from(demand_per_s) / u128::from(pool.demand_per_s);
-        let target = u64::try_from(fair).unwrap_or(u64::MAX).min(need_for(demand_per_s, self.horizon_nanos));
-        if target < self.allowance_min { 0 } else { target }
+        let fair = u128::from(supply) * u128::from(demand_per_s) / u128::from(pool_demand_per_s);
+        let hits = u64::try_from(fair).unwrap_or(u64::MAX).min(need_for(demand_per_s, horizon_nanos));
+        match hits < self.allowance_min {
+            true => Target::default(),
+            false => Target { hits, lease: !regular },
+        }
+    }
+
+    /// How long a headroom lease for a node with `demand_per_s` lasts, if the key has headroom:
+    /// the demand of all its nodes over a lease fits [`HEADROOM_X`] times in the key's refill
+    /// over it. The refill, not the stock: a lease nobody uses strands its hits until it ends,
+    /// and only a refill that replaces them meanwhile keeps that from adding up (a daily quota,
+    /// a window algorithm, a low limit: no lease; their slow nodes forward).
+    fn lease_nanos_for(&self, pool: &Pool, demand_per_s: u64) -> Option<u64> {
+        let lease_nanos = self.lease_nanos;
+        let demand_per_s = pool.demand_per_s.max(demand_per_s).max(1);
+        let demand = u128::from(demand_per_s) * u128::from(lease_nanos) / 1_000_000_000;
+        let refill = lease_nanos.checked_div(pool.refill_nanos_per_hit).unwrap_or(0);
+        let headroom = demand.saturating_add(1) * u128::from(HEADROOM_X) <= u128::from(refill);
+        headroom.then_some(lease_nanos)
     }
 
     /// The rate a node with `demand_per_s` gets of the key's refill while the key is contended
@@ -264,8 +338,8 @@ impl SizingContext {
         decision
     }
 
-    /// Sizes and debits `holder`'s next grant (its participant entry is current) and answers it;
-    /// without a `share` of the limit (a partition's side that has none), nothing is granted.
+    /// Sizes and debits `holder`'s next grant (its participant entry is current) and answers it,
+    /// within what `offer` allows.
     pub(super) fn grant(
         &self,
         key: KeyHash,
@@ -273,16 +347,20 @@ impl SizingContext {
         limit: &Limit,
         meta: &mut KeyMeta,
         holder: NodeId,
-        share: bool,
+        offer: Offer,
     ) -> Option<Grant> {
         let now = self.now;
         // An expiring counter's window starts at its first hit: none is granted ahead of it.
-        let share = share && !bucket.opens_window_on_debit(limit, now);
+        let offer = if bucket.opens_window_on_debit(limit, now) { Offer::Nothing } else { offer };
         let pool = self.pool(bucket, limit, meta);
         let contended = self.contended(&pool);
         let p = meta.participants.iter_mut().find(|p| p.node == holder)?;
-        let target = if share { self.target(&pool, p.demand_per_s, p.outstanding(now)) } else { 0 };
-        let mut grant = target.saturating_sub(p.outstanding(now)).min(pool.available);
+        let target = match offer {
+            Offer::Nothing => Target::default(),
+            Offer::Allowance => self.target(&pool, p.demand_per_s, p.outstanding(now), false),
+            Offer::AllowanceOrLease => self.target(&pool, p.demand_per_s, p.outstanding(now), true),
+        };
+        let mut grant = target.hits.saturating_sub(p.outstanding(now)).min(pool.available);
         if let Some(rate) = self.credit_rate(&pool, p.demand_per_s, true) {
             grant = p.credit.take_up_to(grant, rate, now);
         }
@@ -290,17 +368,24 @@ impl SizingContext {
         // bucket holds, which is at most its capacity.
         debug_assert!(grant <= pool.available && grant <= pool.capacity, "a grant of {grant} from {pool:?}");
         p.sent = p.sent.saturating_add(grant);
+        p.leased = target.lease;
+        let mut expires_in_nanos = pool.expires_in_nanos;
+        if target.lease {
+            // Everything it holds is void at the lease's end, here and there.
+            expires_in_nanos = Some(expires_in_nanos.unwrap_or(u64::MAX).min(self.lease_nanos));
+            p.released_at = p.released_at.min(now.add_nanos(self.lease_nanos));
+        }
         let epoch = p.epoch;
         bucket.force(limit, grant, now);
-        let expires_in_nanos = pool.expires_in_nanos.map(|left| left.saturating_sub(self.one_way_nanos));
         Some(Grant {
             key: key.0,
             epoch,
             state: bucket.export(now).into(),
             grant,
-            hold_max: target,
-            contended: contended && target > 0,
-            expires_in_nanos,
+            hold_max: target.hits,
+            contended: contended && target.hits > 0 && !target.lease,
+            expires_in_nanos: expires_in_nanos.map(|left| left.saturating_sub(self.one_way_nanos)),
+            lease: target.lease,
         })
     }
 
@@ -315,8 +400,11 @@ impl SizingContext {
         let own_demand = meta.demand.per_second(now, self.half_life_nanos);
         let held = meta.own.live(now);
         let opens_window = bucket.opens_window_on_debit(limit, now);
-        let target =
-            if self.contended(&pool) && !opens_window { self.target(&pool, own_demand, held) } else { 0 };
+        // The owner decides on the bucket itself: a lease would only take hits out of it.
+        let target = match self.contended(&pool) && !opens_window {
+            true => self.target(&pool, own_demand, held, false).hits,
+            false => 0,
+        };
         meta.own_contended = target > 0;
         if held > target {
             bucket.refund(limit, held - target, now);
@@ -360,6 +448,7 @@ pub(super) fn participant(
         heard_at: now,
         released_at: now,
         credit: keys::Credit::default(),
+        leased: false,
     };
     let index = match participants.iter().position(|p| p.node == node) {
         Some(index) => index,

@@ -86,6 +86,7 @@ struct GrantItem {
     hold_max: u64,
     contended: bool,
     expires_in_nanos: Option<u64>,
+    lease: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -184,6 +185,7 @@ impl FrameWire {
                 hold_max: g.hold_max,
                 contended: g.contended,
                 expires_in_nanos: g.expires_in_nanos,
+                lease: g.lease,
             })
             .collect();
         let mut states = |states: &[KeyState]| -> Vec<StateItem> {
@@ -352,6 +354,7 @@ impl GrantItem {
             hold_max: self.hold_max,
             contended: self.contended,
             expires_in_nanos: self.expires_in_nanos,
+            lease: self.lease,
         }
     }
 }

@@ -29,7 +29,7 @@ use crate::limit::{Algorithm, CalendarWindow, Limit, LimitError, LimitSpec};
 use crate::time::{Instant, duration_nanos};
 
 /// The wire version this build speaks.
-pub const WIRE_VERSION: u8 = 3;
+pub const WIRE_VERSION: u8 = 4;
 /// The default bound on one encoded frame: 1 MiB.
 pub const FRAME_LEN_MAX_DEFAULT: usize = 1 << 20;
 
@@ -444,9 +444,14 @@ pub struct Grant {
     /// allowance: then, when it runs dry, the receiver refuses locally until its next grant
     /// instead of asking the owner for room it does not have.
     pub contended: bool,
-    /// Window algorithms: the allowance is void after this many nanoseconds (the owner's current
-    /// window ends).
+    /// The allowance is void after this many nanoseconds: the owner's current window ends (window
+    /// algorithms), or the lease does.
     pub expires_in_nanos: Option<u64>,
+    /// A headroom lease (added in wire version 4): the key is far below its limit, so the
+    /// allowance covers the receiver's demand for many intervals. It is renewed when it runs low or
+    /// near its expiry, not at every interval, and the whole of what the receiver holds lives
+    /// until this grant's expiry (the owner counts it held until then).
+    pub lease: bool,
 }
 
 /// A concurrency lease to release.
