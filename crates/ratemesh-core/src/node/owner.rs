@@ -16,6 +16,15 @@ impl Node {
         8 * duration_nanos(self.config.peer_silence).max(2 * duration_nanos(self.config.sync_interval))
     }
 
+    /// How long a headroom lease lasts (`sizing.rs`): half the release period. The owner learns
+    /// that a holder cannot hear it (a one-way cut) only from frames of its own the holder does
+    /// not acknowledge, and a leaseholder asks for them (a report, answered by a grant) only once
+    /// a lease: a lease longer than this would let the holder decide by its share of the limit
+    /// while the owner, hearing it, still enforces the whole limit.
+    pub(super) fn lease_nanos(&self) -> u64 {
+        self.release_nanos() / 2
+    }
+
     /// Decides a client's check on a key this node owns.
     pub(super) fn decide_as_owner(
         &mut self,
@@ -75,17 +84,26 @@ impl Node {
     pub(super) fn on_forward(&mut self, from: NodeId, checks: Vec<ForwardCheck>, now: Instant) {
         let mut decided = Vec::with_capacity(checks.len());
         let mut grants = Vec::new();
+        // The checks of a batch mostly share a limit and mode: each policy is built once.
+        let mut last: Option<(LimitWire, WireMode, Arc<Policy>)> = None;
         for check in checks {
-            let Ok(limit) = check.limit.to_limit() else {
-                self.stats.items_refused += 1;
-                continue;
+            let policy = match last.as_ref() {
+                Some((limit, mode, policy)) if *limit == check.limit && *mode == check.mode => policy.clone(),
+                _ => {
+                    let Ok(limit) = check.limit.to_limit() else {
+                        self.stats.items_refused += 1;
+                        continue;
+                    };
+                    let mode = match check.mode {
+                        WireMode::Exact => api::Mode::Exact,
+                        WireMode::Approximate => api::Mode::Approximate,
+                    };
+                    let policy = Arc::new(Policy { limit, mode, fallback: api::Fallback::LocalShare });
+                    last = Some((check.limit.clone(), check.mode, policy.clone()));
+                    policy
+                }
             };
             let key = KeyHash(check.key);
-            let mode = match check.mode {
-                WireMode::Exact => api::Mode::Exact,
-                WireMode::Approximate => api::Mode::Approximate,
-            };
-            let policy = Arc::new(Policy { limit, mode, fallback: api::Fallback::LocalShare });
             let owner = self.ring.owner(key).unwrap_or(self.id);
             let decision = if owner == self.id {
                 let (decision, grant) = self.decide_forwarded(from, &policy, key, &check, now);
@@ -206,7 +224,12 @@ impl Node {
             return;
         }
         self.stats.grants_sent += grants.len() as u64;
-        self.peers.expect(to, now, self.release_nanos());
+        // A leaseholder may be silent for a whole lease while it holds state shared with this
+        // node: expected (heartbeats, reachability counted) until its lease and a release period
+        // passed, longer than it expects this node, so it never decides by its share while this
+        // node counts it reachable and enforces the whole limit.
+        let lease_nanos = if grants.iter().any(|g| g.lease) { self.lease_nanos() } else { 0 };
+        self.peers.expect(to, now, self.release_nanos().saturating_add(lease_nanos));
         for chunk in grants.chunks(self.config.sync_batch_len_max.max(1)) {
             self.send(to, Body { grant: chunk.to_vec(), ..Body::default() }, now);
         }

@@ -27,8 +27,9 @@
 //!   node's demand for the whole lease, expires with it at both ends, and is renewed when it runs
 //!   low or nears its end, not at every interval: a key far below its limit is decided locally
 //!   from its first checks on and costs one report per lease or so, not a round trip per check.
-//!   Stranded leases (a node that stops asking) hold at most a [`HEADROOM_X`]th of the refill of
-//!   a lease, for at most a lease, and the refill replaces them meanwhile: nothing adds up (keys
+//!   Leases share at most a [`HEADROOM_X`]th of the bucket's capacity (the rest stays for a
+//!   burst anywhere); stranded leases (a node that stops asking, or crashes: the owner holds a
+//!   lease until its end) hold at most that, and the refill replaces them: nothing adds up (keys
 //!   that do not refill within a lease — windows, daily quotas, low limits — get no lease). The lease regime ends where contention could begin: a key whose demand comes
 //!   within that factor of its supply goes back to per-interval allowances or forwarding.
 //! - The key is *contended* when the demand of one interval exceeds the pool. Then a holder whose
@@ -66,9 +67,7 @@ impl Node {
             // The grant reaches a follower one way later: it expires that much earlier there.
             one_way_nanos: rtt_nanos / 2,
             release_nanos: self.release_nanos(),
-            // Half the release period: the owner's hold of a silent holder outlasts a lease it
-            // granted, whatever the order of its last report and the lease's end.
-            lease_nanos: self.release_nanos() / 2,
+            lease_nanos: self.lease_nanos(),
             active_nanos: 2 * interval_nanos + rtt_nanos.max(duration_nanos(self.config.peer_silence)),
             allowance_min: self.config.allowance_min.max(1),
         }
@@ -240,7 +239,12 @@ impl SizingContext {
             },
         };
         let refill_meanwhile = horizon_nanos.checked_div(pool.refill_nanos_per_hit).unwrap_or(0);
-        let supply = pool.available.saturating_add(held).saturating_add(refill_meanwhile);
+        let mut supply = pool.available.saturating_add(held).saturating_add(refill_meanwhile);
+        if !regular {
+            // Leases share at most a quarter of the stock: the rest stays in the bucket for a
+            // burst anywhere.
+            supply = supply.min(pool.capacity / HEADROOM_X);
+        }
         let fair = u128::from(supply) * u128::from(demand_per_s) / u128::from(pool_demand_per_s);
         let hits = u64::try_from(fair).unwrap_or(u64::MAX).min(need_for(demand_per_s, horizon_nanos));
         match hits < self.allowance_min {
@@ -372,8 +376,9 @@ impl SizingContext {
         let mut expires_in_nanos = pool.expires_in_nanos;
         if target.lease {
             // Everything it holds is void at the lease's end, here and there.
+            // (Only refilling algorithms get leases: no window ends within one.)
             expires_in_nanos = Some(expires_in_nanos.unwrap_or(u64::MAX).min(self.lease_nanos));
-            p.released_at = p.released_at.min(now.add_nanos(self.lease_nanos));
+            p.released_at = now.add_nanos(self.lease_nanos);
         }
         let epoch = p.epoch;
         bucket.force(limit, grant, now);
