@@ -6,7 +6,7 @@
 use crate::prelude::*;
 use alloc::sync::Arc;
 
-use super::sizing::{Offer, SizingContext, forwarder, participant};
+use super::sizing::{LEASE_INTERVALS_MIN, LEASE_NANOS_MIN, Offer, SizingContext, forwarder, participant};
 use super::*;
 use crate::wire::WireMode;
 
@@ -16,13 +16,9 @@ impl Node {
         8 * duration_nanos(self.config.peer_silence).max(2 * duration_nanos(self.config.sync_interval))
     }
 
-    /// How long a headroom lease lasts (`sizing.rs`): half the release period. The owner learns
-    /// that a holder cannot hear it (a one-way cut) only from frames of its own the holder does
-    /// not acknowledge, and a leaseholder asks for them (a report, answered by a grant) only once
-    /// a lease: a lease longer than this would let the holder decide by its share of the limit
-    /// while the owner, hearing it, still enforces the whole limit.
+    /// How long a headroom lease lasts (`sizing.rs`): 4 s, or 8 sync intervals if longer.
     pub(super) fn lease_nanos(&self) -> u64 {
-        self.release_nanos() / 2
+        LEASE_NANOS_MIN.max(LEASE_INTERVALS_MIN * duration_nanos(self.config.sync_interval))
     }
 
     /// Decides a client's check on a key this node owns.
@@ -224,12 +220,17 @@ impl Node {
             return;
         }
         self.stats.grants_sent += grants.len() as u64;
-        // A leaseholder may be silent for a whole lease while it holds state shared with this
-        // node: expected (heartbeats, reachability counted) until its lease and a release period
-        // passed, longer than it expects this node, so it never decides by its share while this
-        // node counts it reachable and enforces the whole limit.
-        let lease_nanos = if grants.iter().any(|g| g.lease) { self.lease_nanos() } else { 0 };
-        self.peers.expect(to, now, self.release_nanos().saturating_add(lease_nanos));
+        self.peers.expect(to, now, self.release_nanos());
+        if grants.iter().any(|g| g.lease) {
+            // A leaseholder may be silent for a whole lease while it holds state shared with this
+            // node: expected (heartbeats, reachability counted) until its lease and a release
+            // period passed, and sent sequenced heartbeats meanwhile, so that a cut towards it
+            // shows here as frames it does not acknowledge, as soon as it would show to it. (Else
+            // it could decide by its share while this node, hearing it, enforces the whole limit.)
+            let for_nanos = self.release_nanos().saturating_add(self.lease_nanos());
+            self.peers.expect(to, now, for_nanos);
+            self.peers.want_acks(to, now, for_nanos);
+        }
         for chunk in grants.chunks(self.config.sync_batch_len_max.max(1)) {
             self.send(to, Body { grant: chunk.to_vec(), ..Body::default() }, now);
         }

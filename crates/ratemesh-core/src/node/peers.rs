@@ -113,6 +113,10 @@ struct Peer {
     rto_nanos: u64,
     /// Until then this node expects to hear from the peer (they share allowance state).
     expect_until: Instant,
+    /// Until then idle heartbeats to the peer are sequenced, so acknowledged: it holds a lease
+    /// of this node's and may be silent for all of it, and only this node's own frames that it
+    /// does not acknowledge can show a cut towards it.
+    acks_wanted_until: Instant,
     /// Since when the peer owed this node a frame when it left the view (an acknowledgement, or
     /// any frame if this node expected it): the probe sent when it comes back inherits the age,
     /// so a flap of the view does not restart the count.
@@ -217,6 +221,14 @@ impl Peers {
     pub fn expect(&mut self, peer: NodeId, now: Instant, for_nanos: u64) {
         if let Some(peer) = self.peers.get_mut(&peer) {
             peer.expect_until = peer.expect_until.max(now.add_nanos(for_nanos));
+        }
+    }
+
+    /// Makes idle heartbeats to `peer` sequenced for `for_nanos` from `now`
+    /// (`Peer::acks_wanted_until`).
+    pub fn want_acks(&mut self, peer: NodeId, now: Instant, for_nanos: u64) {
+        if let Some(peer) = self.peers.get_mut(&peer) {
+            peer.acks_wanted_until = peer.acks_wanted_until.max(now.add_nanos(for_nanos));
         }
     }
 
@@ -430,9 +442,19 @@ impl Peers {
 
     /// A heartbeat (header only: acknowledgement and liveness) to every peer that is `due`.
     fn heartbeat_where(&mut self, now: Instant, due: impl Fn(&Peer) -> bool) -> Vec<Transmit> {
-        let ids: Vec<NodeId> = self.peers.iter().filter(|(_, p)| due(p)).map(|(&id, _)| id).collect();
-        self.stats.frames_sent += ids.len() as u64;
-        ids.into_iter().filter_map(|id| self.transmit(id, 0, Body::default(), now)).collect()
+        let (mut plain, mut sequenced) = (Vec::new(), Vec::new());
+        for (&id, peer) in self.peers.iter().filter(|(_, p)| due(p)) {
+            // A frame in flight already shows a cut when it goes unacknowledged.
+            match peer.acks_wanted_until > now && peer.unacked.is_empty() {
+                true => sequenced.push(id),
+                false => plain.push(id),
+            }
+        }
+        self.stats.frames_sent += plain.len() as u64;
+        let mut transmits: Vec<Transmit> =
+            plain.into_iter().filter_map(|id| self.transmit(id, 0, Body::default(), now)).collect();
+        transmits.extend(sequenced.into_iter().filter_map(|id| self.send(id, Body::default(), now)));
+        transmits
     }
 
     /// Decodes a frame from `from`; `Ok(None)` for a duplicate or a stranger, `Ok(Some((order,
@@ -557,6 +579,7 @@ impl Peer {
             rttvar_nanos: 0,
             rto_nanos,
             expect_until: Instant::ZERO,
+            acks_wanted_until: Instant::ZERO,
             left_owing_since: None,
             back_at: Instant::ZERO,
             acked_at: now,

@@ -22,7 +22,7 @@
 //!   interval is a few hits or less (a low limit, many nodes, many keys, a long period near its
 //!   end) is split no further — its checks are forwarded and the owner decides them, exactly.
 //! - A node whose target is below that still gets an allowance when the key has *headroom*: the
-//!   demand of all its nodes over a lease (half the release period, 800 ms by default) fits
+//!   demand of all its nodes over a lease (4 s, or 8 sync intervals if longer) fits
 //!   [`HEADROOM_X`] times in the key's refill over it. Such a *headroom lease* covers the
 //!   node's demand for the whole lease, expires with it at both ends, and is renewed when it runs
 //!   low or nears its end, not at every interval: a key far below its limit is decided locally
@@ -50,6 +50,11 @@ const NEED_SLACK: u64 = 2;
 const CREDIT_REFILL_MIN: u64 = 4;
 /// How many sync intervals ahead contention is judged over.
 const CONTENTION_INTERVALS: u64 = 4;
+/// The shortest headroom lease: long enough that a key asked for about once a second per node
+/// keeps its lease between checks (each lapse costs a forward).
+pub(super) const LEASE_NANOS_MIN: u64 = 4_000_000_000;
+/// A lease lasts at least this many sync intervals.
+pub(super) const LEASE_INTERVALS_MIN: u64 = 8;
 /// A key has headroom for leases while what it can supply over a lease is at least this many
 /// times the demand of all its nodes over it.
 pub(super) const HEADROOM_X: u64 = 4;
