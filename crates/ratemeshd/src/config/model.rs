@@ -68,7 +68,8 @@ macro_rules! sections {
 
             /// Appends to `fields` each restart-only field that differs between `self` (the
             /// configuration running) and `new`.
-            #[allow(unused_variables)] // a section whose every field is reloadable compares nothing
+            // A section whose every field is reloadable compares nothing: its arguments go unused.
+            #[allow(unused_variables, clippy::ptr_arg)]
             pub(super) fn restart_only_changes(&self, new: &Self, fields: &mut Vec<&'static str>) {
                 $(sections!(@compare $class $name, self.$field, new.$field, fields);)*
             }
