@@ -4,7 +4,7 @@
 # No base image can be pulled, so nothing is compiled inside Docker: the binary is built on the
 # host and handed in through a small build context. Build with
 #
-#     bash tests/docker/build-image.sh            # tags ratemeshd:test (IMAGE=... to change)
+#     bash deploy/docker/build-image.sh           # tags ratemeshd:test (IMAGE=... to change)
 #
 # which runs
 #

@@ -3,7 +3,7 @@
 # StatefulSet: one service, every replica on the same configuration, seeds = the service's DNS
 # name, node ids from Docker's DNS (replica n is node n). Run by .ci/run:
 #
-#  1. builds the image FROM scratch (tests/docker/build-image.sh) and starts 3 replicas: each
+#  1. builds the image FROM scratch (deploy/docker/build-image.sh) and starts 3 replicas: each
 #     joins by the DNS seed, has the id of its replica number, and every node sees all of them;
 #  2. scales 3 -> 5 -> 2 -> 3 (`up --scale`; a shrink stops the highest-numbered replicas with
 #     SIGTERM), then restarts every replica in turn (`docker restart`: SIGTERM, start again);
@@ -47,7 +47,7 @@ else
     compose_cmd=(docker-compose)
 fi
 compose() { "${compose_cmd[@]}" -p "$project" -f "$root/deploy/compose/scaled.yml" "$@"; }
-client() { python3 "$root/tests/docker/scale_client.py" "$@"; }
+client() { python3 "$root/tests/compose/scale_client.py" "$@"; }
 
 teardown() {
     local status=$?
@@ -81,7 +81,7 @@ ips() { local n; for n in "${numbers[@]}"; do printf '%s ' "${ip[$n]}"; done; }
 joined() { local IFS=,; echo "${numbers[*]}"; }
 
 is_ready() { [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://${ip[$1]}:8080/readyz") == 200 ]]; }
-view_is() { [[ $(curl -sf --max-time 2 "http://${ip[$1]}:8080/v1/cluster" | python3 tests/docker/cluster_view.py) =~ $2 ]]; }
+view_is() { [[ $(curl -sf --max-time 2 "http://${ip[$1]}:8080/v1/cluster" | python3 tests/compose/cluster_view.py) =~ $2 ]]; }
 
 # settle: every running replica is ready, is the node of its replica number, and sees exactly the
 # running replicas live (none dead: a shrink and a restart are leaves, not crashes).
@@ -148,7 +148,7 @@ drive() {
 say "building the image"
 RATEMESHD_IMAGE=ratemeshd:test
 export RATEMESHD_IMAGE
-IMAGE=$RATEMESHD_IMAGE bash tests/docker/build-image.sh >/dev/null
+IMAGE=$RATEMESHD_IMAGE bash deploy/docker/build-image.sh >/dev/null
 compose down -v --remove-orphans --timeout 5 >/dev/null 2>&1 || true # a previous run's leftovers
 scale 3
 drive "3 replicas"

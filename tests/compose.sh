@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The three-node docker compose cluster (docker-compose.yml), end to end, run by .ci/run:
 #
-#  1. builds the image FROM scratch (tests/docker/build-image.sh) and starts the cluster;
+#  1. builds the image FROM scratch (deploy/docker/build-image.sh) and starts the cluster;
 #  2. exact mode: 300 checks of one key spread over the three nodes admit exactly the limit (100);
 #     approximate mode stays within its bound;
 #  3. `docker kill` of node 3: the others see it dead and a fresh key admits at most the reachable
@@ -83,7 +83,7 @@ node_curl() {
 
 # view N: node N's member view, as `live=1,2,3 dead=- unverified=-` (fails if not answered).
 view() {
-    node_curl "$1" /v1/cluster -sf --max-time 2 | python3 tests/docker/cluster_view.py
+    node_curl "$1" /v1/cluster -sf --max-time 2 | python3 tests/compose/cluster_view.py
 }
 
 is_ready() { [[ $(node_curl "$1" /readyz -s -o /dev/null -w '%{http_code}' --max-time 2) == 200 ]]; }
@@ -151,7 +151,7 @@ expect_between() {
 say "building the image"
 RATEMESHD_IMAGE=ratemeshd:test
 export RATEMESHD_IMAGE
-IMAGE=$RATEMESHD_IMAGE bash tests/docker/build-image.sh >/dev/null
+IMAGE=$RATEMESHD_IMAGE bash deploy/docker/build-image.sh >/dev/null
 image_size=$(docker image inspect -f '{{.Size}}' "$RATEMESHD_IMAGE")
 say "image $RATEMESHD_IMAGE: $((image_size / 1024 / 1024)) MiB, $(docker image inspect -f '{{len .RootFS.Layers}}' "$RATEMESHD_IMAGE") layers"
 

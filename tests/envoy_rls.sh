@@ -7,7 +7,7 @@
 #   bash tests/envoy_rls.sh [RATEMESHD_BINARY]
 #
 # Without a binary, it runs the static release build that the other real-client scripts share
-# (tests/docker/static-binary.sh: one release build in CI for all of them). The client's packages
+# (deploy/docker/static-binary.sh: one release build in CI for all of them). The client's packages
 # are pinned (tests/clients/envoy_rls_requirements.txt) and installed into a venv under target/
 # (ENVOY_RLS_VENV to change it). A missing tool is a failure, never a skip. Every wait is bounded.
 set -euo pipefail

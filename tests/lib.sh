@@ -1,8 +1,8 @@
 # Helpers shared by the real-client shell suites (tests/envoy_rls.sh, tests/metrics.sh,
-# tests/nginx.sh, tests/bench.sh, tests/bench/cluster.sh, tests/compose.sh). Sourced, never run:
+# tests/nginx.sh, bench/run.sh, bench/cluster.sh, tests/compose.sh). Sourced, never run:
 #
 #   set -euo pipefail
-#   source "$(dirname "$0")/lib.sh"
+#   source "$(dirname "$0")/lib.sh"        # bench/*.sh: "$(dirname "$0")/../tests/lib.sh"
 #   cd "$(dirname "$0")/.."
 #
 # The scripts run it under `set -euo pipefail`, but no function here relies on `set -e` (which
@@ -12,7 +12,7 @@
 #
 # Settings, as variables of the sourcing script:
 #   script_name      the prefix of every message (default: the script's file name, e.g. nginx.sh)
-#   say_fd           where `say` writes (default 1; bench.sh's stdout is its results: 2)
+#   say_fd           where `say` writes (default 1; bench/run.sh's stdout is its results: 2)
 #   wait_s           the bound, in seconds, of `wait_for` and `wait_until` (no default: required)
 #   poll_s           their poll interval (default 0.1)
 #   pip_timeout_s    the bound of `pip_install` (default 600)
@@ -67,13 +67,13 @@ pip_install() {
 }
 
 # ratemeshd_binary [PATH]: sets `binary` to PATH or, without one, to the static release build
-# that the real-client scripts share (tests/docker/static-binary.sh, at most $build_timeout_s
+# that the real-client scripts share (deploy/docker/static-binary.sh, at most $build_timeout_s
 # seconds; run from the repository root). Fails unless the result is executable.
 ratemeshd_binary() {
     if (($#)); then
         binary=$1
     else
-        binary=$(timeout "$build_timeout_s" bash tests/docker/static-binary.sh | tail -n 1) ||
+        binary=$(timeout "$build_timeout_s" bash deploy/docker/static-binary.sh | tail -n 1) ||
             fail "building ratemeshd failed"
     fi
     [[ -x $binary ]] || fail "no ratemeshd binary at '$binary'"
@@ -245,7 +245,7 @@ lib_exit() {
         for pid in "${lib_pids[@]}"; do
             [[ -n $pid ]] || continue
             kill "$pid" 2>/dev/null || true
-            # A process stopped by SIGSTOP (bench.sh quiets idle servers) acts on it once continued.
+            # A process stopped by SIGSTOP (bench/run.sh quiets idle servers) acts on it once continued.
             kill -CONT "$pid" 2>/dev/null || true
             wait "$pid" 2>/dev/null || true
         done

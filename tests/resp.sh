@@ -7,7 +7,7 @@
 #   bash tests/resp.sh [RATEMESHD_BINARY]
 #
 # Without a binary, it runs the static release build that the other real-client scripts share
-# (tests/docker/static-binary.sh). redis-py is pinned (tests/clients/resp_requirements.txt) and
+# (deploy/docker/static-binary.sh). redis-py is pinned (tests/clients/resp_requirements.txt) and
 # installed into a venv under target/ (RESP_VENV to change it). A missing tool is a failure,
 # never a skip. Every wait is bounded.
 set -euo pipefail

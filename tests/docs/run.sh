@@ -26,7 +26,7 @@ need() {
 need curl
 need python3
 
-files=(README.md ARCHITECTURE.md simulations/README.md)
+files=(README.md ARCHITECTURE.md simulations/README.md bench/README.md)
 while IFS= read -r f; do files+=("$f"); done < <(find docs -name '*.md' | sort)
 
 # Links first: cheap, and they need no node.

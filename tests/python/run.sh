@@ -3,7 +3,7 @@
 #
 # Creates a venv under target/python-venv (pinned PyPI versions: tests/python/requirements.txt),
 # installs `pip install ./clients/python`, runs mypy --strict on the package, starts three
-# ratemeshd nodes (RATEMESHD, or the static release build of tests/docker/static-binary.sh) and
+# ratemeshd nodes (RATEMESHD, or the static release build of deploy/docker/static-binary.sh) and
 # runs pytest (bounded by pytest-timeout and `timeout`) on:
 #   clients/python/tests          the client, the middleware, failover, fail-open/closed, errors;
 #   tests/python/limits_upstream  the `limits` project's own storage and strategy tests, adapted

@@ -11,14 +11,11 @@
 //! (`--tsv`: the line `requests_per_second<TAB>p50_ms<TAB>p99_ms` instead). Exits non-zero if any
 //! call failed (an OVER_LIMIT answer is a success: the service answered).
 //!
-//! ```text
-//! cargo run --release -p ratemeshd --example rls_load -- --addr 127.0.0.1:8081 \
-//!     --requests 200000 --concurrency 64
-//! ```
-//!
-//! The daemon needs a policy for the descriptor, e.g.
-//! `domain = "bench"`, `descriptors = [{ key = "user" }]`. With `--keys K` the values are spread
-//! over `user-0` … `user-{K-1}` (K buckets); by default every call hits one bucket.
+//! With `--keys K` the values are spread over `user-0` … `user-{K-1}` (K buckets); by default
+//! every call hits one bucket. How to run it by hand, and the policy the daemon needs:
+//! `bench/README.md`; `bench/run.sh` builds and runs it. It is an example of this crate, not a
+//! script under `bench/`, because it is built from this crate's dependencies (h2, the Envoy
+//! protobuf types).
 //!
 //! # Why h2 and not tonic
 //!

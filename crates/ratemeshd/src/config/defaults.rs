@@ -1,17 +1,14 @@
-//! Every default of the configuration file, stated once: the constants, the `Default` of each
-//! section (so that an empty file is [`Config::default`]), and the core node's configuration
-//! the daemon starts from. Validation takes a value that is not given from here.
+//! Every default of the configuration file, stated once: the constants, from which each field's
+//! default in the section tables of `model.rs` is taken (so that an empty file is
+//! [`Config::default`]), and the core node's configuration the daemon starts from. Validation
+//! takes a value that is not given from here.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use ratemesh::durable::SnapshotSettings;
-use ratemesh_core::{Fallback, Mode, NodeConfig, NodeId, StoreConfig};
+use ratemesh_core::{Fallback, Mode, NodeConfig, StoreConfig};
 
-use super::model::{
-    AuthSection, Bounds, ClusterAuth, ClusterSection, Config, ListenSection, NodeSection, RlqsSection,
-    SecretString, UnknownDomain,
-};
+use super::model::{Config, RlqsSection, UnknownDomain};
 
 /// The configuration `ratemeshd` runs on without `--config`: every default (a single node on
 /// loopback) and one policy, `api`, with a tier `pro`, so that README.md's quick start and the
@@ -117,63 +114,6 @@ pub(super) fn duration_ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-impl Default for NodeSection {
-    fn default() -> Self {
-        NodeSection {
-            id: NodeId(1),
-            id_from: None,
-            incarnation: None,
-            data_dir: None,
-            snapshot_interval: SnapshotSettings::default().interval,
-            snapshot_period_min: SnapshotSettings::default().period_min,
-        }
-    }
-}
-impl Default for ClusterSection {
-    fn default() -> Self {
-        ClusterSection {
-            cluster_id: CLUSTER_ID_DEFAULT.to_owned(),
-            seeds: Vec::new(),
-            seed_resolve_interval: Duration::from_millis(SEED_RESOLVE_INTERVAL_MS_DEFAULT),
-            leave_linger: Duration::from_millis(LEAVE_LINGER_MS_DEFAULT),
-            auth: ClusterAuth::Secret { secret: SecretString::new(DEV_CLUSTER_SECRET), accepted: None },
-            gossip_interval: Duration::from_millis(GOSSIP_INTERVAL_MS_DEFAULT),
-            sync_interval: Duration::from_millis(SYNC_INTERVAL_MS_DEFAULT),
-            dead_member_forget: Duration::from_millis(DEAD_MEMBER_FORGET_MS_DEFAULT),
-        }
-    }
-}
-impl Default for ListenSection {
-    fn default() -> Self {
-        ListenSection {
-            http: HTTP_LISTEN_DEFAULT,
-            grpc: GRPC_LISTEN_DEFAULT,
-            resp: None,
-            rlqs: None,
-            gossip: GOSSIP_LISTEN_DEFAULT,
-            quic: QUIC_LISTEN_DEFAULT,
-            advertise_gossip: None,
-            advertise_quic: None,
-            advertise_ip_from: None,
-            grpc_tls: None,
-        }
-    }
-}
-impl Default for Bounds {
-    fn default() -> Self {
-        Bounds {
-            keys_max: StoreConfig::default().keys_max,
-            http_body_bytes_max: HTTP_BODY_BYTES_MAX_DEFAULT,
-            http_in_flight_max: HTTP_IN_FLIGHT_MAX_DEFAULT,
-            connections_max: connections_max_default(HTTP_IN_FLIGHT_MAX_DEFAULT),
-            batch_len_max: BATCH_LEN_MAX_DEFAULT,
-            key_bytes_max: KEY_BYTES_MAX_DEFAULT,
-            log_bytes_max: StoreConfig::default().log_bytes_max,
-            rlqs_streams_max: RLQS_STREAMS_MAX_DEFAULT,
-            rlqs_buckets_per_stream_max: RLQS_BUCKETS_PER_STREAM_MAX_DEFAULT,
-        }
-    }
-}
 impl Default for RlqsSection {
     fn default() -> Self {
         RlqsSection {
@@ -182,15 +122,6 @@ impl Default for RlqsSection {
             report_period: Duration::from_millis(RLQS_REPORT_PERIOD_MS_DEFAULT),
             abandon_after_periods: RLQS_ABANDON_AFTER_PERIODS_DEFAULT,
             sync_interval: Duration::from_millis(RLQS_SYNC_INTERVAL_MS_DEFAULT),
-        }
-    }
-}
-impl Default for AuthSection {
-    fn default() -> Self {
-        AuthSection {
-            policy_header: AUTH_POLICY_HEADER_DEFAULT.to_owned(),
-            key_header: AUTH_KEY_HEADER_DEFAULT.to_owned(),
-            admin_token: None,
         }
     }
 }

@@ -12,7 +12,10 @@
 //!
 //! The model is `model.rs`, its defaults `defaults.rs` (stated once), the raw file `raw.rs`,
 //! overrides `env.rs`, validation `validate.rs` and `policies.rs`, errors `error.rs`, and which
-//! fields a reload may change `reload.rs`.
+//! fields a reload may change `reload.rs`. A field of the sections of single values is declared
+//! twice, each time in a table that generates the rest: in `raw.rs` (its name and kind: the raw
+//! struct and its environment override) and in `model.rs` (its type, default and reload class:
+//! the struct, its `Default` and the reload classification); then validated in `validate.rs`.
 //!
 //! ```toml
 //! [node]

@@ -13,7 +13,75 @@ use ratemesh::{CalendarPolicy, ClusterSecret, ClusterSecurity, SecurityError, Se
 use ratemesh_core::{Algorithm, Fallback, Mode, NodeId, Policy};
 use zeroize::Zeroizing;
 
-use super::defaults::DEV_CLUSTER_SECRET;
+use ratemesh::durable::SnapshotSettings;
+use ratemesh_core::StoreConfig;
+
+use super::defaults::{
+    AUTH_KEY_HEADER_DEFAULT, AUTH_POLICY_HEADER_DEFAULT, BATCH_LEN_MAX_DEFAULT, CLUSTER_ID_DEFAULT,
+    DEAD_MEMBER_FORGET_MS_DEFAULT, DEV_CLUSTER_SECRET, GOSSIP_INTERVAL_MS_DEFAULT, GOSSIP_LISTEN_DEFAULT,
+    GRPC_LISTEN_DEFAULT, HTTP_BODY_BYTES_MAX_DEFAULT, HTTP_IN_FLIGHT_MAX_DEFAULT, HTTP_LISTEN_DEFAULT,
+    KEY_BYTES_MAX_DEFAULT, LEAVE_LINGER_MS_DEFAULT, QUIC_LISTEN_DEFAULT, RLQS_BUCKETS_PER_STREAM_MAX_DEFAULT,
+    RLQS_STREAMS_MAX_DEFAULT, SEED_RESOLVE_INTERVAL_MS_DEFAULT, SYNC_INTERVAL_MS_DEFAULT,
+    connections_max_default,
+};
+
+/// Whether a reload applies a field at once, or only a restart (`super::reload`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Class {
+    /// A reload applies it.
+    Reload,
+    /// Only a restart applies it: a reload that changes it is refused.
+    Restart,
+}
+
+/// The sections of single values (`[node]`, `[cluster]`, `[listen]`, `[limits]`, `[log]`,
+/// `[auth]`), each field stated once: its documentation, type, default (what an empty file gives,
+/// from the constants of `super::defaults`), its reload class (`Reload` or `Restart`) and the
+/// name operators know it by. Generates the struct, its `Default`, its `FIELDS` (for
+/// [`super::RELOADABLE`]) and its `restart_only_changes` (for [`super::restart_only_changes`]):
+/// a field is classified where it is declared, so an unclassified field does not compile.
+macro_rules! sections {
+    (
+        $(#[$meta:meta])*
+        pub struct $section:ident {
+            $(
+                $(#[$field_meta:meta])*
+                pub $field:ident: $ty:ty = $default:expr, $class:ident $name:literal;
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub struct $section {
+            $($(#[$field_meta])* pub $field: $ty,)*
+        }
+
+        impl Default for $section {
+            fn default() -> Self {
+                $section { $($field: $default,)* }
+            }
+        }
+
+        impl $section {
+            /// Every field, as operators name it, with its reload class.
+            pub(super) const FIELDS: &[(&str, Class)] = &[$(($name, Class::$class),)*];
+
+            /// Appends to `fields` each restart-only field that differs between `self` (the
+            /// configuration running) and `new`.
+            // A section whose every field is reloadable compares nothing: its arguments go unused.
+            #[allow(unused_variables, clippy::ptr_arg)]
+            pub(super) fn restart_only_changes(&self, new: &Self, fields: &mut Vec<&'static str>) {
+                $(sections!(@compare $class $name, self.$field, new.$field, fields);)*
+            }
+        }
+    };
+    (@compare Restart $name:literal, $running:expr, $new:expr, $fields:ident) => {
+        if $running != $new {
+            $fields.push($name);
+        }
+    };
+    (@compare Reload $name:literal, $running:expr, $new:expr, $fields:ident) => {};
+}
 
 /// A validated configuration: every value typed, in range and consistent.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -85,28 +153,32 @@ pub enum UnknownDomain {
     DenyAll,
 }
 
-/// `[node]`: this member's identity and where it keeps its durable state.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeSection {
-    /// `id`: the member's id, stable across restarts and unique in the cluster (default 1).
-    /// Ignored when `id_from` is set.
-    pub id: NodeId,
-    /// `id_from`: derive the id at start from a name of this host instead of `id` (see
-    /// [`IdFrom`] and `crate::identity`). Conflicts with `id`.
-    pub id_from: Option<IdFrom>,
-    /// `incarnation`: distinguishes restarts of the same id; unset, the daemon picks one at start
-    /// (so that peers can tell a restarted node from a delayed message of its previous life).
-    pub incarnation: Option<u64>,
-    /// `data_dir`: an absolute path, where the node keeps its snapshot of durable quotas (`ratemesh.snapshot`),
-    /// so that long-period limits survive a restart of the whole cluster. Unset (the default):
-    /// nothing is written, and a full restart starts every key fresh.
-    pub data_dir: Option<PathBuf>,
-    /// `snapshot_interval_ms`: time between snapshots (default 5000): a crash of every node at
-    /// once loses at most this much of the hits.
-    pub snapshot_interval: Duration,
-    /// `snapshot_period_min_ms`: limits with a shorter period are not written (default 60000):
-    /// they refill within a restart anyway.
-    pub snapshot_period_min: Duration,
+sections! {
+    /// `[node]`: this member's identity and where it keeps its durable state.
+    pub struct NodeSection {
+        /// `id`: the member's id, stable across restarts and unique in the cluster (default 1).
+        /// Ignored when `id_from` is set.
+        pub id: NodeId = NodeId(1), Restart "node.id";
+        /// `id_from`: derive the id at start from a name of this host instead of `id` (see
+        /// [`IdFrom`] and `crate::identity`). Conflicts with `id`.
+        pub id_from: Option<IdFrom> = None, Restart "node.id_from";
+        /// `incarnation`: distinguishes restarts of the same id; unset, the daemon picks one at start
+        /// (so that peers can tell a restarted node from a delayed message of its previous life).
+        pub incarnation: Option<u64> = None, Restart "node.incarnation";
+        /// `data_dir`: an absolute path, where the node keeps its snapshot of durable quotas
+        /// (`ratemesh.snapshot`), so that long-period limits survive a restart of the whole
+        /// cluster. Unset (the default): nothing is written, and a full restart starts every key
+        /// fresh.
+        pub data_dir: Option<PathBuf> = None, Restart "node.data_dir";
+        /// `snapshot_interval_ms`: time between snapshots (default 5000): a crash of every node at
+        /// once loses at most this much of the hits.
+        pub snapshot_interval: Duration =
+            SnapshotSettings::default().interval, Restart "node.snapshot_interval_ms";
+        /// `snapshot_period_min_ms`: limits with a shorter period are not written (default 60000):
+        /// they refill within a restart anyway.
+        pub snapshot_period_min: Duration =
+            SnapshotSettings::default().period_min, Restart "node.snapshot_period_min_ms";
+    }
 }
 
 /// Where `[node] id_from` takes the node's name from; the id is the name's ordinal or hash
@@ -152,31 +224,40 @@ impl AdvertiseIpFrom {
     }
 }
 
-/// `[cluster]`: membership and peer security.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClusterSection {
-    /// `cluster_id`: nodes only gossip with nodes of the same id.
-    pub cluster_id: String,
-    /// `seeds`: gossip addresses (`ip:port`) or DNS names (`host:port`: every address the name
-    /// resolves to, re-resolved every `seed_resolve_interval_ms`) contacted to join. Empty: a
-    /// cluster of one, until others seed from it. With seeds, the daemon is ready (`GET
-    /// /readyz`) only while another member is live: a seeded node that cannot reach anyone is not
-    /// ready (see `crate::daemon`).
-    pub seeds: Vec<Seed>,
-    /// `seed_resolve_interval_ms`: how often seeds given by name are resolved again.
-    pub seed_resolve_interval: Duration,
-    /// `leave_linger_ms`: the longest a graceful shutdown waits for the handoff of this node's
-    /// keys to be acknowledged.
-    pub leave_linger: Duration,
-    /// `secret` alone, or `ca_cert_path` + `cert_path` + `key_path` and `secret` (which then
-    /// seals gossip only); `secret_accepted` during a rotation.
-    pub auth: ClusterAuth,
-    /// `gossip_interval_ms`.
-    pub gossip_interval: Duration,
-    /// `sync_interval_ms`: how often approximate-mode allowances are renewed.
-    pub sync_interval: Duration,
-    /// `dead_member_forget_ms`: how long a dead member still counts in the cluster size.
-    pub dead_member_forget: Duration,
+sections! {
+    /// `[cluster]`: membership and peer security.
+    pub struct ClusterSection {
+        /// `cluster_id`: nodes only gossip with nodes of the same id.
+        pub cluster_id: String = CLUSTER_ID_DEFAULT.to_owned(), Restart "cluster.cluster_id";
+        /// `seeds`: gossip addresses (`ip:port`) or DNS names (`host:port`: every address the name
+        /// resolves to, re-resolved every `seed_resolve_interval_ms`) contacted to join. Empty: a
+        /// cluster of one, until others seed from it. With seeds, the daemon is ready (`GET
+        /// /readyz`) only while another member is live: a seeded node that cannot reach anyone is not
+        /// ready (see `crate::daemon`).
+        pub seeds: Vec<Seed> = Vec::new(), Restart "cluster.seeds";
+        /// `secret` alone, or `ca_cert_path` + `cert_path` + `key_path` and `secret` (which then
+        /// seals gossip only); `secret_accepted` during a rotation.
+        pub auth: ClusterAuth =
+            ClusterAuth::Secret { secret: SecretString::new(DEV_CLUSTER_SECRET), accepted: None },
+            Restart "cluster.secret/certificates";
+        /// `gossip_interval_ms`.
+        pub gossip_interval: Duration =
+            Duration::from_millis(GOSSIP_INTERVAL_MS_DEFAULT), Restart "cluster.gossip_interval_ms";
+        /// `sync_interval_ms`: how often approximate-mode allowances are renewed.
+        pub sync_interval: Duration =
+            Duration::from_millis(SYNC_INTERVAL_MS_DEFAULT), Restart "cluster.sync_interval_ms";
+        /// `dead_member_forget_ms`: how long a dead member still counts in the cluster size.
+        pub dead_member_forget: Duration =
+            Duration::from_millis(DEAD_MEMBER_FORGET_MS_DEFAULT), Restart "cluster.dead_member_forget_ms";
+        /// `seed_resolve_interval_ms`: how often seeds given by name are resolved again.
+        pub seed_resolve_interval: Duration =
+            Duration::from_millis(SEED_RESOLVE_INTERVAL_MS_DEFAULT),
+            Restart "cluster.seed_resolve_interval_ms";
+        /// `leave_linger_ms`: the longest a graceful shutdown waits for the handoff of this node's
+        /// keys to be acknowledged.
+        pub leave_linger: Duration =
+            Duration::from_millis(LEAVE_LINGER_MS_DEFAULT), Restart "cluster.leave_linger_ms";
+    }
 }
 
 /// How peers authenticate each other and gossip is sealed (see `ratemesh::security` and
@@ -260,33 +341,34 @@ impl fmt::Debug for SecretString {
     }
 }
 
-/// `[listen]`: the node's sockets.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ListenSection {
-    /// `http`: the HTTP API (TCP).
-    pub http: SocketAddr,
-    /// `grpc`: the Envoy Rate Limit Service (TCP).
-    pub grpc: SocketAddr,
-    /// `resp`: the Redis protocol listener (TCP, redis-cell's `CL.THROTTLE`); off unless set.
-    pub resp: Option<SocketAddr>,
-    /// `rlqs`: Envoy's Rate Limit Quota Service (gRPC, plain HTTP/2); off unless set.
-    pub rlqs: Option<SocketAddr>,
-    /// `gossip`: membership gossip (UDP).
-    pub gossip: SocketAddr,
-    /// `quic`: the peer transport (UDP).
-    pub quic: SocketAddr,
-    /// `advertise_gossip`: the gossip address peers use, when it differs from `gossip` (NAT,
-    /// containers, a listener on `0.0.0.0`).
-    pub advertise_gossip: Option<SocketAddr>,
-    /// `advertise_quic`: the QUIC address peers use, when it differs from `quic`.
-    pub advertise_quic: Option<SocketAddr>,
-    /// `advertise_ip_from`: advertise gossip and QUIC on an IP found at start, with the ports of
-    /// `gossip` and `quic` (see `crate::identity`). Conflicts with `advertise_gossip` and
-    /// `advertise_quic`.
-    pub advertise_ip_from: Option<AdvertiseIpFrom>,
-    /// `grpc_tls_cert_path`, `grpc_tls_key_path` and `grpc_tls_client_ca_path`: TLS on the gRPC
-    /// listener (mutual with a client CA); plain HTTP/2 unless set. Read at start.
-    pub grpc_tls: Option<crate::rls::tls::TlsFiles>,
+sections! {
+    /// `[listen]`: the node's sockets.
+    pub struct ListenSection {
+        /// `http`: the HTTP API (TCP).
+        pub http: SocketAddr = HTTP_LISTEN_DEFAULT, Restart "listen.http";
+        /// `grpc`: the Envoy Rate Limit Service (TCP).
+        pub grpc: SocketAddr = GRPC_LISTEN_DEFAULT, Restart "listen.grpc";
+        /// `resp`: the Redis protocol listener (TCP, redis-cell's `CL.THROTTLE`); off unless set.
+        pub resp: Option<SocketAddr> = None, Restart "listen.resp";
+        /// `rlqs`: Envoy's Rate Limit Quota Service (gRPC, plain HTTP/2); off unless set.
+        pub rlqs: Option<SocketAddr> = None, Restart "listen.rlqs";
+        /// `gossip`: membership gossip (UDP).
+        pub gossip: SocketAddr = GOSSIP_LISTEN_DEFAULT, Restart "listen.gossip";
+        /// `quic`: the peer transport (UDP).
+        pub quic: SocketAddr = QUIC_LISTEN_DEFAULT, Restart "listen.quic";
+        /// `advertise_gossip`: the gossip address peers use, when it differs from `gossip` (NAT,
+        /// containers, a listener on `0.0.0.0`).
+        pub advertise_gossip: Option<SocketAddr> = None, Restart "listen.advertise_gossip";
+        /// `advertise_quic`: the QUIC address peers use, when it differs from `quic`.
+        pub advertise_quic: Option<SocketAddr> = None, Restart "listen.advertise_quic";
+        /// `advertise_ip_from`: advertise gossip and QUIC on an IP found at start, with the ports of
+        /// `gossip` and `quic` (see `crate::identity`). Conflicts with `advertise_gossip` and
+        /// `advertise_quic`.
+        pub advertise_ip_from: Option<AdvertiseIpFrom> = None, Restart "listen.advertise_ip_from";
+        /// `grpc_tls_cert_path`, `grpc_tls_key_path` and `grpc_tls_client_ca_path`: TLS on the gRPC
+        /// listener (mutual with a client CA); plain HTTP/2 unless set. Read at start.
+        pub grpc_tls: Option<crate::rls::tls::TlsFiles> = None, Restart "listen.grpc_tls_*";
+    }
 }
 
 impl ListenSection {
@@ -302,43 +384,47 @@ impl ListenSection {
     }
 }
 
-/// `[limits]`: the bounds of the daemon's tables, queues and requests. Every bound has a default;
-/// none is unbounded.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Bounds {
-    /// `keys_max`: keys held by the node's store (oldest-to-fresh evicted beyond it).
-    pub keys_max: usize,
-    /// `http_body_bytes_max`: larger request bodies get 413.
-    pub http_body_bytes_max: usize,
-    /// `http_in_flight_max`: requests served at once; more get 503 at once (load shedding, no
-    /// queue). The Envoy RLS server has a bound of its own of the same size.
-    pub http_in_flight_max: usize,
-    /// `connections_max`: open TCP connections per listener (the HTTP API and the Envoy RLS
-    /// server each have this many); a connection beyond it is closed as soon as it is accepted.
-    /// Default [`super::CONNECTIONS_PER_IN_FLIGHT_DEFAULT`] × `http_in_flight_max`. Restart only.
-    pub connections_max: usize,
-    /// `batch_len_max`: checks in one `POST /v1/check/batch`.
-    pub batch_len_max: usize,
-    /// `key_bytes_max`: the longest client key.
-    pub key_bytes_max: usize,
-    /// `log_bytes_max`: the bytes all sliding window logs of the node may take together;
-    /// beyond it logs are coarsened (conservatively). Restart only.
-    pub log_bytes_max: usize,
-    /// `rlqs_streams_max`: RLQS streams open at once on this node; one more is refused
-    /// `RESOURCE_EXHAUSTED`.
-    pub rlqs_streams_max: usize,
-    /// `rlqs_buckets_per_stream_max`: buckets one RLQS stream may report; a report that would
-    /// exceed it ends the stream `RESOURCE_EXHAUSTED`.
-    pub rlqs_buckets_per_stream_max: usize,
+sections! {
+    /// `[limits]`: the bounds of the daemon's tables, queues and requests. Every bound has a default;
+    /// none is unbounded.
+    pub struct Bounds {
+        /// `keys_max`: keys held by the node's store (oldest-to-fresh evicted beyond it).
+        pub keys_max: usize = StoreConfig::default().keys_max, Restart "limits.keys_max";
+        /// `log_bytes_max`: the bytes all sliding window logs of the node may take together;
+        /// beyond it logs are coarsened (conservatively). Restart only.
+        pub log_bytes_max: usize = StoreConfig::default().log_bytes_max, Restart "limits.log_bytes_max";
+        /// `http_body_bytes_max`: larger request bodies get 413.
+        pub http_body_bytes_max: usize = HTTP_BODY_BYTES_MAX_DEFAULT, Reload "limits.http_body_bytes_max";
+        /// `http_in_flight_max`: requests served at once; more get 503 at once (load shedding, no
+        /// queue). The Envoy RLS server has a bound of its own of the same size.
+        pub http_in_flight_max: usize = HTTP_IN_FLIGHT_MAX_DEFAULT, Restart "limits.http_in_flight_max";
+        /// `connections_max`: open TCP connections per listener (the HTTP API and the Envoy RLS
+        /// server each have this many); a connection beyond it is closed as soon as it is accepted.
+        /// Default [`super::CONNECTIONS_PER_IN_FLIGHT_DEFAULT`] × `http_in_flight_max`. Restart only.
+        pub connections_max: usize =
+            connections_max_default(HTTP_IN_FLIGHT_MAX_DEFAULT), Restart "limits.connections_max";
+        /// `batch_len_max`: checks in one `POST /v1/check/batch`.
+        pub batch_len_max: usize = BATCH_LEN_MAX_DEFAULT, Reload "limits.batch_len_max";
+        /// `key_bytes_max`: the longest client key.
+        pub key_bytes_max: usize = KEY_BYTES_MAX_DEFAULT, Reload "limits.key_bytes_max";
+        /// `rlqs_streams_max`: RLQS streams open at once on this node; one more is refused
+        /// `RESOURCE_EXHAUSTED`.
+        pub rlqs_streams_max: usize = RLQS_STREAMS_MAX_DEFAULT, Reload "limits.rlqs_streams_max";
+        /// `rlqs_buckets_per_stream_max`: buckets one RLQS stream may report; a report that would
+        /// exceed it ends the stream `RESOURCE_EXHAUSTED`.
+        pub rlqs_buckets_per_stream_max: usize =
+            RLQS_BUCKETS_PER_STREAM_MAX_DEFAULT, Reload "limits.rlqs_buckets_per_stream_max";
+    }
 }
 
-/// `[log]`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LogSection {
-    /// `format`: `"text"` (default) or `"json"`.
-    pub format: LogFormat,
-    /// `level`: `"error"`, `"warn"`, `"info"` (default), `"debug"` or `"trace"`.
-    pub level: LogLevel,
+sections! {
+    /// `[log]`.
+    pub struct LogSection {
+        /// `format`: `"text"` (default) or `"json"`.
+        pub format: LogFormat = LogFormat::default(), Restart "log.format";
+        /// `level`: `"error"`, `"warn"`, `"info"` (default), `"debug"` or `"trace"`.
+        pub level: LogLevel = LogLevel::default(), Reload "log.level";
+    }
 }
 
 /// How log lines are written.
@@ -361,28 +447,29 @@ impl LogFormat {
     }
 }
 
-/// `[auth]`: the request headers `GET /v1/auth` (nginx `auth_request`, Traefik forwardAuth)
-/// reads when the query string has no `policy` or `key`. Without the key header, the key is
-/// the client address from `X-Real-IP`, else the **last** entry of `X-Forwarded-For` (the one the
-/// nearest proxy appended; earlier entries are whatever the client sent).
-///
-/// These headers are trusted as they arrive, so the proxy in front must **set** them, replacing
-/// any value the client sent: nginx passes the client's own request headers to the
-/// `auth_request` subrequest, and a client that chose its own `X-RateLimit-Key` (or policy, or
-/// `X-Real-IP`) would pick its own bucket. With nginx: `proxy_set_header X-RateLimit-Key
-/// $remote_addr;` (or `X-Real-IP`), or pass the key in the query string, which the client cannot
-/// reach.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AuthSection {
-    /// `policy_header`: the header naming the policy (default `X-RateLimit-Policy`), stored
-    /// lowercase.
-    pub policy_header: String,
-    /// `key_header`: the header carrying the key (default `X-RateLimit-Key`), stored lowercase.
-    pub key_header: String,
-    /// `admin_token`: the bearer token of the admin API (`PUT`/`DELETE /v1/overrides/...`:
-    /// `Authorization: Bearer <token>`), at least 16 bytes; without one the admin API refuses
-    /// every change (403).
-    pub admin_token: Option<SecretString>,
+sections! {
+    /// `[auth]`: the request headers `GET /v1/auth` (nginx `auth_request`, Traefik forwardAuth)
+    /// reads when the query string has no `policy` or `key`. Without the key header, the key is
+    /// the client address from `X-Real-IP`, else the **last** entry of `X-Forwarded-For` (the one the
+    /// nearest proxy appended; earlier entries are whatever the client sent).
+    ///
+    /// These headers are trusted as they arrive, so the proxy in front must **set** them, replacing
+    /// any value the client sent: nginx passes the client's own request headers to the
+    /// `auth_request` subrequest, and a client that chose its own `X-RateLimit-Key` (or policy, or
+    /// `X-Real-IP`) would pick its own bucket. With nginx: `proxy_set_header X-RateLimit-Key
+    /// $remote_addr;` (or `X-Real-IP`), or pass the key in the query string, which the client cannot
+    /// reach.
+    pub struct AuthSection {
+        /// `policy_header`: the header naming the policy (default `X-RateLimit-Policy`), stored
+        /// lowercase.
+        pub policy_header: String = AUTH_POLICY_HEADER_DEFAULT.to_owned(), Reload "auth.policy_header";
+        /// `key_header`: the header carrying the key (default `X-RateLimit-Key`), stored lowercase.
+        pub key_header: String = AUTH_KEY_HEADER_DEFAULT.to_owned(), Reload "auth.key_header";
+        /// `admin_token`: the bearer token of the admin API (`PUT`/`DELETE /v1/overrides/...`:
+        /// `Authorization: Bearer <token>`), at least 16 bytes; without one the admin API refuses
+        /// every change (403).
+        pub admin_token: Option<SecretString> = None, Reload "auth.admin_token";
+    }
 }
 
 /// `[rls]`: the Envoy Rate Limit Service.

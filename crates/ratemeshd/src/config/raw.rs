@@ -7,6 +7,8 @@ use std::ops::Range;
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
+use super::env::{Locate, Slot};
+
 /// Where a value came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum At {
@@ -56,95 +58,107 @@ pub(super) struct RawRlqs {
     pub(super) tier_entry: Option<Val<String>>,
 }
 
-/// `[rls]`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawRls {
-    pub(super) all_or_nothing_domains: Option<Vec<Val<String>>>,
-    pub(super) rlqs_unknown_domain: Option<Val<String>>,
-    pub(super) rlqs_report_period_ms: Option<Val<u64>>,
-    pub(super) rlqs_abandon_after_periods: Option<Val<u64>>,
-    pub(super) rlqs_sync_interval_ms: Option<Val<u64>>,
+/// The file's sections of single values (`[node]` … `[rls]`), each field once, with how its text is
+/// read: `Number` (`u64`), `Text` or `List` (of strings). Generates each section's struct and
+/// [`OVERRIDES`], the fields an environment variable may replace (`super::env`): a field of
+/// these sections is declared here, in one line, and nowhere else in the raw file or `env.rs`.
+macro_rules! raw_sections {
+    ($($(#[$meta:meta])* $section:ident: $raw:ident { $($field:ident: $kind:ident,)* })*) => {
+        $(
+            $(#[$meta])*
+            #[derive(Debug, Default, Deserialize)]
+            #[serde(deny_unknown_fields, default)]
+            pub(super) struct $raw {
+                $(pub(super) $field: raw_sections!(@type $kind),)*
+            }
+        )*
+
+        /// Every field of those sections, as `section.field`, with where it lives. The variable's
+        /// name is derived from the field's (`super::env::variable_name`), so the two cannot drift
+        /// apart.
+        pub(super) const OVERRIDES: &[(&str, Locate)] = &[$($(
+            (
+                concat!(stringify!($section), ".", stringify!($field)),
+                |raw| Slot::$kind(&mut raw.$section.$field),
+            ),
+        )*)*];
+    };
+    (@type Number) => { Option<Val<u64>> };
+    (@type Text) => { Option<Val<String>> };
+    (@type List) => { Option<Vec<Val<String>>> };
 }
 
-/// `[node]`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawNode {
-    pub(super) id: Option<Val<u64>>,
-    pub(super) id_from: Option<Val<String>>,
-    pub(super) incarnation: Option<Val<u64>>,
-    pub(super) data_dir: Option<Val<String>>,
-    pub(super) snapshot_interval_ms: Option<Val<u64>>,
-    pub(super) snapshot_period_min_ms: Option<Val<u64>>,
-}
-
-/// `[cluster]`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawCluster {
-    pub(super) cluster_id: Option<Val<String>>,
-    pub(super) seeds: Option<Vec<Val<String>>>,
-    pub(super) secret: Option<Val<String>>,
-    pub(super) secret_accepted: Option<Val<String>>,
-    pub(super) ca_cert_path: Option<Val<String>>,
-    pub(super) cert_path: Option<Val<String>>,
-    pub(super) key_path: Option<Val<String>>,
-    pub(super) gossip_interval_ms: Option<Val<u64>>,
-    pub(super) sync_interval_ms: Option<Val<u64>>,
-    pub(super) dead_member_forget_ms: Option<Val<u64>>,
-    pub(super) seed_resolve_interval_ms: Option<Val<u64>>,
-    pub(super) leave_linger_ms: Option<Val<u64>>,
-}
-
-/// `[listen]`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawListen {
-    pub(super) http: Option<Val<String>>,
-    pub(super) grpc: Option<Val<String>>,
-    pub(super) resp: Option<Val<String>>,
-    pub(super) rlqs: Option<Val<String>>,
-    pub(super) gossip: Option<Val<String>>,
-    pub(super) quic: Option<Val<String>>,
-    pub(super) advertise_gossip: Option<Val<String>>,
-    pub(super) advertise_quic: Option<Val<String>>,
-    pub(super) advertise_ip_from: Option<Val<String>>,
-    pub(super) grpc_tls_cert_path: Option<Val<String>>,
-    pub(super) grpc_tls_key_path: Option<Val<String>>,
-    pub(super) grpc_tls_client_ca_path: Option<Val<String>>,
-}
-
-/// `[limits]`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawLimits {
-    pub(super) keys_max: Option<Val<u64>>,
-    pub(super) http_body_bytes_max: Option<Val<u64>>,
-    pub(super) http_in_flight_max: Option<Val<u64>>,
-    pub(super) connections_max: Option<Val<u64>>,
-    pub(super) batch_len_max: Option<Val<u64>>,
-    pub(super) key_bytes_max: Option<Val<u64>>,
-    pub(super) log_bytes_max: Option<Val<u64>>,
-    pub(super) rlqs_streams_max: Option<Val<u64>>,
-    pub(super) rlqs_buckets_per_stream_max: Option<Val<u64>>,
-}
-
-/// `[log]`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawLog {
-    pub(super) format: Option<Val<String>>,
-    pub(super) level: Option<Val<String>>,
-}
-
-/// `[auth]`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawAuth {
-    pub(super) policy_header: Option<Val<String>>,
-    pub(super) key_header: Option<Val<String>>,
-    pub(super) admin_token: Option<Val<String>>,
+raw_sections! {
+    /// `[node]`.
+    node: RawNode {
+        id: Number,
+        id_from: Text,
+        incarnation: Number,
+        data_dir: Text,
+        snapshot_interval_ms: Number,
+        snapshot_period_min_ms: Number,
+    }
+    /// `[cluster]`.
+    cluster: RawCluster {
+        cluster_id: Text,
+        seeds: List,
+        secret: Text,
+        secret_accepted: Text,
+        ca_cert_path: Text,
+        cert_path: Text,
+        key_path: Text,
+        gossip_interval_ms: Number,
+        sync_interval_ms: Number,
+        dead_member_forget_ms: Number,
+        seed_resolve_interval_ms: Number,
+        leave_linger_ms: Number,
+    }
+    /// `[listen]`.
+    listen: RawListen {
+        http: Text,
+        grpc: Text,
+        resp: Text,
+        rlqs: Text,
+        gossip: Text,
+        quic: Text,
+        advertise_gossip: Text,
+        advertise_quic: Text,
+        advertise_ip_from: Text,
+        grpc_tls_cert_path: Text,
+        grpc_tls_key_path: Text,
+        grpc_tls_client_ca_path: Text,
+    }
+    /// `[limits]`.
+    limits: RawLimits {
+        keys_max: Number,
+        http_body_bytes_max: Number,
+        http_in_flight_max: Number,
+        connections_max: Number,
+        batch_len_max: Number,
+        key_bytes_max: Number,
+        log_bytes_max: Number,
+        rlqs_streams_max: Number,
+        rlqs_buckets_per_stream_max: Number,
+    }
+    /// `[log]`.
+    log: RawLog {
+        format: Text,
+        level: Text,
+    }
+    /// `[auth]`.
+    auth: RawAuth {
+        policy_header: Text,
+        key_header: Text,
+        admin_token: Text,
+    }
+    /// `[rls]`.
+    rls: RawRls {
+        all_or_nothing_domains: List,
+        rlqs_unknown_domain: Text,
+        rlqs_report_period_ms: Number,
+        rlqs_abandon_after_periods: Number,
+        rlqs_sync_interval_ms: Number,
+    }
 }
 
 /// One `[[policies]]` entry.

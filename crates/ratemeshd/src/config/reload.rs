@@ -1,111 +1,57 @@
 //! Hot reload: which settings a running daemon can take from a changed file, and which only a
-//! restart applies. The classification is [`restart_only_changes`], which destructures every
-//! section without `..`: a field added to the configuration does not compile there until it is
-//! classified.
+//! restart applies. Each field of a section of single values is classified where it is declared
+//! (the section tables of `model.rs`: `Reload` or `Restart`), so an unclassified field does not
+//! compile; `[[policies]]`, `[[rlqs]]` and `[rls]` are reloadable as a whole.
 //!
 //! - reloadable (applied at once): [`RELOADABLE`];
 //! - restart only: `[node]`, `[cluster]`, `[listen]`, `[log] format`, `[limits] keys_max`,
 //!   `log_bytes_max`, `http_in_flight_max` and `connections_max` (sockets, the node's identity,
 //!   its key table and the servers' bounds are made once).
 
-use super::model::{AuthSection, Bounds, ClusterSection, Config, ListenSection, LogSection, NodeSection};
+use std::sync::LazyLock;
 
-/// What a reload applies without a restart, as the operator names it (for messages).
-pub const RELOADABLE: &str = "policies, rlqs, log.level, auth, rls, limits.http_body_bytes_max, \
-                              limits.batch_len_max, limits.key_bytes_max, limits.rlqs_streams_max, \
-                              limits.rlqs_buckets_per_stream_max";
+use super::model::{
+    AuthSection, Bounds, Class, ClusterSection, Config, ListenSection, LogSection, NodeSection,
+};
 
-/// The fields that differ between `running` and `new` and that only a restart can apply.
-///
-/// Every section is destructured without `..`: a field added to the configuration does not
-/// compile here until it is classified, restart-only (compared) or reloadable (`_`).
+/// What a reload applies without a restart, as the operator names it (for messages): whole
+/// sections, then each reloadable field of the others (a section whose every field is reloadable
+/// by its name), from the classification of `model.rs`.
+pub static RELOADABLE: LazyLock<String> = LazyLock::new(|| {
+    let mut names = vec!["policies", "rlqs"];
+    // In the order the message has always had.
+    let sections = [
+        ("log", LogSection::FIELDS),
+        ("auth", AuthSection::FIELDS),
+        ("rls", &[("rls", Class::Reload)][..]),
+        ("limits", Bounds::FIELDS),
+        ("node", NodeSection::FIELDS),
+        ("cluster", ClusterSection::FIELDS),
+        ("listen", ListenSection::FIELDS),
+    ];
+    for (section, fields) in sections {
+        if fields.iter().all(|(_, class)| *class == Class::Reload) {
+            names.push(section);
+        } else {
+            names.extend(fields.iter().filter(|(_, class)| *class == Class::Reload).map(|(name, _)| *name));
+        }
+    }
+    names.join(", ")
+});
+
+/// The fields that differ between `running` and `new` and that only a restart can apply, in the
+/// order of the sections and of their fields.
 pub fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str> {
     let mut fields = Vec::new();
-    let mut differs = |field, changed: bool| {
-        if changed {
-            fields.push(field);
-        }
-    };
-    // [rls] and [[rlqs]] are reloadable: nothing to compare.
+    // [rls], [[policies]] and [[rlqs]] are reloadable: nothing to compare. No `..`: a section
+    // added to the configuration does not compile here until it is classified.
     let Config { node, cluster, listen, limits, log, auth, rls: _, policies: _, rlqs: _ } = running;
-
-    let NodeSection { id, id_from, incarnation, data_dir, snapshot_interval, snapshot_period_min } = node;
-    let b = &new.node;
-    differs("node.id", *id != b.id);
-    differs("node.id_from", *id_from != b.id_from);
-    differs("node.incarnation", *incarnation != b.incarnation);
-    differs("node.data_dir", *data_dir != b.data_dir);
-    differs("node.snapshot_interval_ms", *snapshot_interval != b.snapshot_interval);
-    differs("node.snapshot_period_min_ms", *snapshot_period_min != b.snapshot_period_min);
-
-    let ClusterSection {
-        cluster_id,
-        seeds,
-        auth: cluster_auth,
-        gossip_interval,
-        sync_interval,
-        dead_member_forget,
-        seed_resolve_interval,
-        leave_linger,
-    } = cluster;
-    let b = &new.cluster;
-    differs("cluster.cluster_id", *cluster_id != b.cluster_id);
-    differs("cluster.seeds", *seeds != b.seeds);
-    differs("cluster.secret/certificates", *cluster_auth != b.auth);
-    differs("cluster.gossip_interval_ms", *gossip_interval != b.gossip_interval);
-    differs("cluster.sync_interval_ms", *sync_interval != b.sync_interval);
-    differs("cluster.dead_member_forget_ms", *dead_member_forget != b.dead_member_forget);
-    differs("cluster.seed_resolve_interval_ms", *seed_resolve_interval != b.seed_resolve_interval);
-    differs("cluster.leave_linger_ms", *leave_linger != b.leave_linger);
-
-    let ListenSection {
-        http,
-        grpc,
-        resp,
-        rlqs,
-        gossip,
-        quic,
-        advertise_gossip,
-        advertise_quic,
-        advertise_ip_from,
-        grpc_tls,
-    } = listen;
-    let b = &new.listen;
-    differs("listen.http", *http != b.http);
-    differs("listen.grpc", *grpc != b.grpc);
-    differs("listen.resp", *resp != b.resp);
-    differs("listen.rlqs", *rlqs != b.rlqs);
-    differs("listen.gossip", *gossip != b.gossip);
-    differs("listen.quic", *quic != b.quic);
-    differs("listen.advertise_gossip", *advertise_gossip != b.advertise_gossip);
-    differs("listen.advertise_quic", *advertise_quic != b.advertise_quic);
-    differs("listen.advertise_ip_from", *advertise_ip_from != b.advertise_ip_from);
-    differs("listen.grpc_tls_*", *grpc_tls != b.grpc_tls);
-
-    // The per-request bounds are read by each request: reloadable.
-    let Bounds {
-        keys_max,
-        http_body_bytes_max: _,
-        http_in_flight_max,
-        connections_max,
-        batch_len_max: _,
-        key_bytes_max: _,
-        log_bytes_max,
-        rlqs_streams_max: _,
-        rlqs_buckets_per_stream_max: _,
-    } = limits;
-    let b = &new.limits;
-    differs("limits.keys_max", *keys_max != b.keys_max);
-    differs("limits.log_bytes_max", *log_bytes_max != b.log_bytes_max);
-    differs("limits.http_in_flight_max", *http_in_flight_max != b.http_in_flight_max);
-    differs("limits.connections_max", *connections_max != b.connections_max);
-
-    // The level is followed by the subscriber; the format is how it was built.
-    let LogSection { format, level: _ } = log;
-    differs("log.format", *format != new.log.format);
-
-    // Read by each auth request: reloadable.
-    let AuthSection { policy_header: _, key_header: _, admin_token: _ } = auth;
+    node.restart_only_changes(&new.node, &mut fields);
+    cluster.restart_only_changes(&new.cluster, &mut fields);
+    listen.restart_only_changes(&new.listen, &mut fields);
+    limits.restart_only_changes(&new.limits, &mut fields);
+    log.restart_only_changes(&new.log, &mut fields);
+    auth.restart_only_changes(&new.auth, &mut fields);
     fields
 }
 
@@ -136,5 +82,14 @@ mod tests {
         reloadable.log.level = LogLevel::Debug;
         reloadable.auth.key_header = "x-user".to_owned();
         assert!(restart_only_changes(&running, &reloadable).is_empty());
+    }
+
+    #[test]
+    fn reloadable_names_every_reloadable_field() {
+        assert_eq!(
+            *RELOADABLE,
+            "policies, rlqs, log.level, auth, rls, limits.http_body_bytes_max, limits.batch_len_max, \
+             limits.key_bytes_max, limits.rlqs_streams_max, limits.rlqs_buckets_per_stream_max"
+        );
     }
 }

@@ -24,7 +24,7 @@ pub enum ReloadError {
     #[error(transparent)]
     EnvoyRatelimit(#[from] EnvoyConfigError),
     /// The file changes settings that only a restart applies.
-    #[error("not applied: {} can only change with a restart (reloadable: {RELOADABLE})", fields.join(", "))]
+    #[error("not applied: {} can only change with a restart (reloadable: {})", fields.join(", "), *RELOADABLE)]
     RestartRequired {
         /// The fields that changed.
         fields: Vec<&'static str>,

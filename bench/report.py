@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turns tests/bench.sh's runs into a markdown table (medians of the runs per path).
+"""Turns bench/run.sh's runs into a markdown table (medians of the runs per path).
 
 Usage: report.py RUNS_TSV MACHINE_NOTE > results.md
 

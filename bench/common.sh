@@ -1,4 +1,4 @@
-# Helpers shared by tests/bench.sh and tests/bench/cluster.sh (sourced after tests/lib.sh, whose
+# Helpers shared by bench/run.sh and bench/cluster.sh (sourced after tests/lib.sh, whose
 # `fail` they use; run from the repository root). Sourced, never run.
 
 # shellcheck shell=bash disable=SC2034 # clock_ticks_per_s is for the sourcing script

@@ -2,12 +2,12 @@
 # Builds the ratemeshd container image FROM scratch (see the Dockerfile at the repository root).
 #
 # No image can be pulled here, so nothing is compiled inside Docker: the static binary is built
-# on the host (tests/docker/static-binary.sh) and copied with the Dockerfile and the default
+# on the host (deploy/docker/static-binary.sh) and copied with the Dockerfile and the default
 # configuration (deploy/docker/ratemesh.toml) into a throwaway build context, with an empty
 # directory that becomes the image's /var/lib/ratemesh (the conventional data directory).
 #
-#   bash tests/docker/build-image.sh                  # -> ratemeshd:test
-#   IMAGE=ratemeshd:dev bash tests/docker/build-image.sh
+#   bash deploy/docker/build-image.sh                 # -> ratemeshd:test
+#   IMAGE=ratemeshd:dev bash deploy/docker/build-image.sh
 #
 # Environment: IMAGE (tag, default ratemeshd:test), STATIC_TARGET_DIR (see static-binary.sh).
 # Prints the image id on its last line.
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/../.."
 image=${IMAGE:-ratemeshd:test}
 command -v docker >/dev/null || { echo "build-image: docker is required and missing" >&2; exit 1; }
 
-binary=$(bash tests/docker/static-binary.sh | tail -n 1)
+binary=$(bash deploy/docker/static-binary.sh | tail -n 1)
 
 context=$(mktemp -d)
 trap 'rm -rf "$context"' EXIT

@@ -1,6 +1,6 @@
-"""The table of tests/bench/cluster.sh, in Markdown, from its measurements.
+"""The table of bench/cluster.sh, in Markdown, from its measurements.
 
-    python3 tests/bench/cluster_report.py RUNS_TSV CLOCK_TICKS_PER_S MACHINE_LINE
+    python3 bench/cluster_report.py RUNS_TSV CLOCK_TICKS_PER_S MACHINE_LINE
 
 RUNS_TSV: a line per node and measurement, tab-separated: config keys mode round node rps p50_ms
 p99_ms requests cpu_ticks owner allowance fallback forwarded limited (the last five: deltas of

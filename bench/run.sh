@@ -2,14 +2,14 @@
 # Benchmark, on this machine and in one run, of three ways to ask "may this request pass?":
 #
 #  - ratemeshd's HTTP API: `wrk -t2 -c64 -d10s --latency` POSTing /v1/check for one policy and
-#    keys spread over BENCH_KEYS (tests/bench/post_json.lua), against a single node;
-#  - the seed article's Redis + Lua token bucket (tests/bench/rate_limit.lua, loaded with SCRIPT
+#    keys spread over BENCH_KEYS (bench/post_json.lua), against a single node;
+#  - the seed article's Redis + Lua token bucket (bench/rate_limit.lua, loaded with SCRIPT
 #    LOAD), against redis-server from Debian:
 #    `redis-benchmark --threads 2 -c 64 EVALSHA <sha> 1 rl:<random key> 100 10 1 <now>`;
 #  - ratemeshd's Envoy RLS gRPC path, with the `rls_load` example of the ratemeshd crate (a lean
-#    one-thread HTTP/2 gRPC client), BENCH_CONNECTIONS calls in flight over 4 connections (as
-#    Envoy multiplexes its calls to an RLS) and over BENCH_CONNECTIONS connections (one each, as
-#    the other clients here);
+#    one-thread HTTP/2 gRPC client; bench/README.md says why it is a cargo example),
+#    BENCH_CONNECTIONS calls in flight over 4 connections (as Envoy multiplexes its calls to an
+#    RLS) and over BENCH_CONNECTIONS connections (one each, as the other clients here);
 #  - ratemeshd's Redis protocol listener with the same client as Redis + Lua: redis-benchmark
 #    sending redis-cell's `CL.THROTTLE key:__rand_int__ 15 30 60` (-r BENCH_KEYS), at pipeline 1
 #    and 16, beside Redis + Lua's EVALSHA at pipeline 1 and 16.
@@ -41,10 +41,10 @@
 # ports, and its gRPC RLS paths are measured in the same rounds with the same client, as
 # "ratemeshd gRPC RLS (baseline)": two server stacks side by side in one run.
 #
-# Cluster mode (BENCH_CLUSTER=1): what a cluster costs per decision, tests/bench/cluster.sh (its
+# Cluster mode (BENCH_CLUSTER=1): what a cluster costs per decision, bench/cluster.sh (its
 # header says how): one node, three standalone nodes and a three-node cluster side by side, each
 # node under its own `wrk -t1`, over 10, 1 000 and 10 000 keys, approximate and exact mode; table
-# in target/bench/cluster.md. bench.sh execs it first thing; its environment is its own
+# in target/bench/cluster.md. run.sh execs it first thing; its environment is its own
 # (BENCH_ROUNDS, BENCH_SECONDS, BENCH_CONNECTIONS, BENCH_CLUSTER_KEYS, BENCH_CLUSTER_MODES,
 # RATEMESHD).
 #
@@ -53,9 +53,10 @@
 # BENCH_PEERS (0), BENCH_RLS_BASELINE (unset).
 set -euo pipefail
 # Cluster mode runs its own script, before any of this one's tools and builds.
-[[ ${BENCH_CLUSTER:-0} != 1 ]] || exec bash "$(dirname "$0")/bench/cluster.sh"
-source "$(dirname "$0")/lib.sh"
-source "$(dirname "$0")/bench/common.sh"
+[[ ${BENCH_CLUSTER:-0} != 1 ]] || exec bash "$(dirname "$0")/cluster.sh"
+source "$(dirname "$0")/../tests/lib.sh"
+source "$(dirname "$0")/common.sh"
+script_name=bench/run.sh
 cd "$(dirname "$0")/.."
 root=$PWD
 
@@ -66,17 +67,17 @@ keys=${BENCH_KEYS:-10000}
 pinned=${BENCH_PINNED:-0}
 peers=${BENCH_PEERS:-0}
 rls_baseline=${BENCH_RLS_BASELINE:-}
-[[ -z $rls_baseline || -x $rls_baseline ]] || { echo "bench.sh: BENCH_RLS_BASELINE is no executable" >&2; exit 1; }
+[[ -z $rls_baseline || -x $rls_baseline ]] || { echo "bench/run.sh: BENCH_RLS_BASELINE is no executable" >&2; exit 1; }
 redis_requests=${BENCH_REDIS_REQUESTS:-200000}
 out_dir=$root/target/bench
-((seconds >= 1 && seconds <= 10)) || { echo "bench.sh: BENCH_SECONDS must be 1..10" >&2; exit 1; }
+((seconds >= 1 && seconds <= 10)) || { echo "bench/run.sh: BENCH_SECONDS must be 1..10" >&2; exit 1; }
 wait_s=30          # the bound of every wait
 # Pinned: servers on core 0, load generators on core 1 (and one load-generator thread).
 server_cpu=()
 load_cpu=()
 load_threads=2
 if [[ $pinned == 1 ]]; then
-    (($(nproc) >= 2)) || { echo "bench.sh: BENCH_PINNED=1 needs 2 cores" >&2; exit 1; }
+    (($(nproc) >= 2)) || { echo "bench/run.sh: BENCH_PINNED=1 needs 2 cores" >&2; exit 1; }
     server_cpu=(taskset -c 0)
     load_cpu=(taskset -c 1)
     load_threads=1
@@ -168,7 +169,7 @@ wait_for "ratemeshd ready" answers "http://127.0.0.1:$p_http/readyz" 200
     --logfile "$work/redis.log" &
 redis_pid=$!
 wait_for "redis-server up" redis-cli -p "$p_redis" ping
-sha=$(redis-cli -p "$p_redis" SCRIPT LOAD "$(cat tests/bench/rate_limit.lua)")
+sha=$(redis-cli -p "$p_redis" SCRIPT LOAD "$(cat bench/rate_limit.lua)")
 [[ $sha =~ ^[0-9a-f]{40}$ ]] || fail "SCRIPT LOAD answered '$sha'"
 # One call by hand: the script runs and allows.
 [[ $(redis-cli -p "$p_redis" EVALSHA "$sha" 1 rl:probe 100 10 1 "$(date +%s)" | head -n 1) == 1 ]] ||
@@ -226,7 +227,7 @@ EOF
 run_http() {
     local log=$work/wrk.log url=${1:-http://127.0.0.1:$p_http/v1/check} body=${2:-'{"key":"user-%d","policy":"bench"}'}
     BENCH_KEYS=$keys BENCH_BODY=$body timeout $((seconds + 20)) "${load_cpu[@]}" wrk -t"$load_threads" -c"$connections" -d"${seconds}s" --latency \
-        -s tests/bench/post_json.lua "$url" >"$log" 2>&1 ||
+        -s bench/post_json.lua "$url" >"$log" 2>&1 ||
         fail "wrk failed: $(cat "$log")"
     wrk_row "$log" "$url"
 }
@@ -335,6 +336,6 @@ kill -0 "$ratemeshd_pid" || fail "ratemeshd died during the benchmark"
 placement="load generators and servers on the same cores"
 [[ $pinned == 1 ]] && placement="pinned: every server on core 0, every load generator on core 1 (one thread)"
 machine="Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $placement, loopback; $(wrk -v 2>&1 | head -n 1 | awk '{ print $1, $2 }'), $(redis-server --version | awk '{ print $1, $3 }'); $connections connections, $keys keys, one token bucket (capacity 100, 10/s) on both sides (CL.THROTTLE: its own, burst 16, 30/min); redis-benchmark -c $connections --threads $load_threads at pipeline 1 (P16: 16); $rounds interleaved rounds, medians."
-python3 tests/bench/report.py "$runs" "$machine" | tee "$out_dir/results.md"
+python3 bench/report.py "$runs" "$machine" | tee "$out_dir/results.md"
 cp "$runs" "$out_dir/runs.tsv"
 say "written to $out_dir/results.md"

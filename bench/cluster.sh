@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # What a cluster costs per decision, on this machine and in one run (issue 42). Run as
-# `BENCH_CLUSTER=1 bash tests/bench.sh` (which execs this script) or `bash tests/bench/cluster.sh`.
+# `BENCH_CLUSTER=1 bash bench/run.sh` (which execs this script) or `bash bench/cluster.sh`.
 #
 # Three configurations side by side, each node under its own `wrk -t1 -cBENCH_CONNECTIONS
-# --latency` POSTing /v1/check (tests/bench/post_json.lua) over the same BENCH_KEYS keys, every
+# --latency` POSTing /v1/check (bench/post_json.lua) over the same BENCH_KEYS keys, every
 # wrk of a configuration started at once:
 #
 #  - one node: a single node and a single wrk;
@@ -14,10 +14,10 @@
 #
 # The policy: a token bucket of 1 000/s, burst 1 000, once in approximate mode
 # ("bench-approximate") and once in exact mode ("bench-exact"), both in every node's one
-# configuration. Every node runs one tokio worker (TOKIO_WORKER_THREADS=1, as tests/bench.sh),
+# configuration. Every node runs one tokio worker (TOKIO_WORKER_THREADS=1, as bench/run.sh),
 # and the nodes and the wrks share the machine's cores. The standalone node 1 is also the "one
 # node". The six nodes run for the whole run; the idle ones are not stopped (SIGSTOP, as
-# tests/bench.sh does: the cluster's members would suspect each other).
+# bench/run.sh does: the cluster's members would suspect each other).
 #
 # Measured per configuration: CPU µs per decision = the nodes' user + system time
 # (/proc/PID/stat) over the load divided by the decisions their wrks were answered; p50 and p99
@@ -32,19 +32,19 @@
 # stdout and written to target/bench/cluster.md, each measurement to target/bench/cluster.tsv.
 #
 # Environment: RATEMESHD (the binary; default: `cargo build --release` of ratemeshd, as
-# tests/bench.sh; either way it is copied into the scratch directory first, so a rebuild during
+# bench/run.sh; either way it is copied into the scratch directory first, so a rebuild during
 # the run changes nothing), BENCH_ROUNDS (2), BENCH_SECONDS (5, 1..60), BENCH_CONNECTIONS per
-# node (16: three nodes make 48 in all, about tests/bench.sh's 64 on one node; enough in flight
+# node (16: three nodes make 48 in all, about bench/run.sh's 64 on one node; enough in flight
 # to keep a one-worker node busy at pipeline 1), BENCH_CLUSTER_KEYS ("10 1000 10000"),
 # BENCH_CLUSTER_MODES ("approximate exact").
 # shellcheck source-path=SCRIPTDIR
 # shellcheck disable=SC2034 # the port and pid arrays are read through measure's namerefs
 set -euo pipefail
-source "$(dirname "$0")/../lib.sh"
+source "$(dirname "$0")/../tests/lib.sh"
 source "$(dirname "$0")/common.sh"
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 root=$PWD
-script_name="bench.sh (cluster)"
+script_name="bench/cluster.sh"
 
 rounds=${BENCH_ROUNDS:-2}
 seconds=${BENCH_SECONDS:-5}
@@ -192,7 +192,7 @@ measure() {
     for i in "${!m_ports[@]}"; do
         BENCH_KEYS=$keys BENCH_BODY="{\"key\":\"user-%d\",\"policy\":\"bench-$mode\"}" \
             timeout $((seconds + 20)) wrk -t1 -c"$connections" -d"${seconds}s" --latency \
-            -s tests/bench/post_json.lua "http://127.0.0.1:${m_ports[i]}/v1/check" >"$work/wrk-$i.log" 2>&1 &
+            -s bench/post_json.lua "http://127.0.0.1:${m_ports[i]}/v1/check" >"$work/wrk-$i.log" 2>&1 &
         wrk_pids[i]=$!
     done
     for i in "${!m_ports[@]}"; do
@@ -238,6 +238,6 @@ done
 commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 wrk_version=$(wrk -v 2>&1 | awk 'NR == 1 { print $1, $2 }' || true) # wrk -v exits 1
 machine="Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), nodes and load generators sharing them, loopback; $wrk_version; $binary_version ($binary_source; this checkout at $commit), one tokio worker per node; wrk -t1 -c$connections per node, ${seconds} s per load; token bucket 1 000/s, burst 1 000; $rounds interleaved rounds, medians."
-python3 tests/bench/cluster_report.py "$runs" "$clock_ticks_per_s" "$machine" | tee "$out_dir/cluster.md"
+python3 bench/cluster_report.py "$runs" "$clock_ticks_per_s" "$machine" | tee "$out_dir/cluster.md"
 cp "$runs" "$out_dir/cluster.tsv"
 say "written to $out_dir/cluster.md"

@@ -1,6 +1,6 @@
 -- rate_limit.lua: the token bucket of the seed article "Rate Limiting and Backpressure: Token
 -- Bucket vs Leaky Bucket, Distributed Rate Limiters with Redis" (shared/seeds), verbatim: the
--- "standard token bucket Lua implementation" that ratemeshd is compared against in tests/bench.sh.
+-- "standard token bucket Lua implementation" that ratemeshd is compared against in bench/run.sh.
 -- KEYS[1] = bucket key, ARGV = capacity, refill_rate, requested_tokens, now_seconds
 local capacity = tonumber(ARGV[1])
 local refill_rate = tonumber(ARGV[2])
