@@ -368,9 +368,21 @@ enum Side {
     Client,
 }
 
+/// Packets a peer may receive before it must acknowledge them at once (QUIC acknowledgement
+/// frequency extension, negotiated: a peer of an older build acknowledges every other packet).
+/// A connection carries frames one way only (each node writes on the connection it dialed), so
+/// every acknowledgement is a packet of its own: one per 16 packets or per [`ACK_DELAY_MAX`]
+/// instead of one per 2. The core's own acknowledgements and retransmissions do not depend on
+/// QUIC's timing; a lost packet is retransmitted by QUIC a little later (its loss detection
+/// allows for the peer's acknowledgement delay).
+const ACK_ELICITING_THRESHOLD: u32 = 16;
+/// The longest a peer delays an acknowledgement (see [`ACK_ELICITING_THRESHOLD`]).
+const ACK_DELAY_MAX: Duration = Duration::from_millis(10);
+
 /// QUIC transport parameters. Inbound connections (server side) accept unidirectional streams
 /// (frames), `streams_per_connection_max` at once, and [`QUERIES_PER_CONNECTION_MAX`]
-/// bidirectional ones (queries); outbound connections accept no streams and send keep-alives.
+/// bidirectional ones (queries); outbound connections accept no streams and send keep-alives. Both ask their peer to
+/// acknowledge less often ([`ACK_ELICITING_THRESHOLD`]).
 fn transport_config(config: &TransportConfig, side: Side) -> Result<quinn::TransportConfig, TransportError> {
     let idle = quinn::IdleTimeout::try_from(millis(config.idle_timeout_ms))
         .map_err(|_| TransportError::Config { reason: "idle_timeout_ms is too large" })?;
@@ -379,10 +391,14 @@ fn transport_config(config: &TransportConfig, side: Side) -> Result<quinn::Trans
         Side::Client => (0, 0),
     };
     let mut transport = quinn::TransportConfig::default();
+    let mut acks = quinn::AckFrequencyConfig::default();
+    acks.ack_eliciting_threshold(VarInt::from_u32(ACK_ELICITING_THRESHOLD))
+        .max_ack_delay(Some(ACK_DELAY_MAX));
     transport
         .max_concurrent_uni_streams(VarInt::from_u32(uni_streams))
         .max_concurrent_bidi_streams(VarInt::from_u32(bidi_streams))
-        .max_idle_timeout(Some(idle));
+        .max_idle_timeout(Some(idle))
+        .ack_frequency_config(Some(acks));
     if side == Side::Client {
         transport.keep_alive_interval(Some(millis(config.keep_alive_interval_ms)));
     }
