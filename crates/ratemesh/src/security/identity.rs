@@ -16,7 +16,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use zeroize::Zeroizing;
 
 use super::{
-    ALPN, ALPN_STREAMED, CID_HKDF_SALT, SecurityError, admit, hkdf_sha256_32, pem_encode, reset_key_material, server_name,
+    ALPN, ALPN_STREAMED, CID_HKDF_SALT, SecurityError, admit, hkdf_sha256_32, pem_encode, reset_key_material,
+    server_name,
 };
 
 /// What one node presents (its certificate chain and key) and trusts (the cluster CA).

@@ -244,7 +244,7 @@ async fn send_batch(
     let written = if known || is_streamed(&conn) {
         buffer.clear();
         for frame in batch {
-            // `enqueue` refuses frames over `frame_len_max`, itself far below 4 GiB.
+            // `enqueue` refuses frames over 4 GiB - 1.
             let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
             buffer.extend_from_slice(&len.to_be_bytes());
             buffer.extend_from_slice(frame);
