@@ -91,7 +91,7 @@ async fn two_hundred_frames_arrive_intact() {
         frame.extend((0..(i * 97) % 5000).map(|j| (i ^ j) as u8));
         frame
     };
-    let mut expected: Vec<Vec<u8>> = (0..200).map(frame).collect();
+    let expected: Vec<Vec<u8>> = (0..200).map(frame).collect();
     for bytes in &expected {
         a.send(NodeId(2), b.local_addr(), bytes.clone()).expect("queued");
     }
@@ -101,15 +101,41 @@ async fn two_hundred_frames_arrive_intact() {
         assert_eq!(from, NodeId(1));
         got.push(bytes);
     }
-    // One stream per frame: streams are independent, so arrival order is not guaranteed.
-    got.sort();
-    expected.sort();
+    // One long-lived stream: the frames arrive in the order they were sent.
     assert_eq!(got, expected);
     eventually(&a, |stats| stats.sent_frames == 200).await;
+    assert_eq!(a.stats().connections_opened, 1);
     assert_eq!(b.stats().received_frames, 200);
     assert_eq!(a.stats().send_dropped_frames, 0);
     a.close().await;
     b.close().await;
+}
+
+/// A node of an older build offers only ALPN `ratemesh/1` and sends every frame on its own
+/// stream: a node of this build still reads them (a rolling upgrade keeps the cluster talking).
+#[tokio::test]
+async fn frames_of_a_peer_of_an_older_build_are_read() {
+    let security = secret(SECRET_A);
+    let (a, mut a_rx) = node(&security, 1);
+    let mut tls = security.identity(NodeId(2)).expect("identity").client_config().expect("client config");
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("QUIC TLS");
+    let mut old = quinn::Endpoint::client(loopback()).expect("client endpoint");
+    old.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
+    let conn = timeout(WAIT, old.connect(a.local_addr(), &node_dns_name(NodeId(1))).expect("connect"))
+        .await
+        .expect("bounded")
+        .expect("handshake");
+    for frame in [&b"first"[..], b"second"] {
+        let mut stream = conn.open_uni().await.expect("stream");
+        stream.write_all(frame).await.expect("written");
+        stream.finish().expect("finished");
+    }
+    let mut got = vec![recv(&mut a_rx).await, recv(&mut a_rx).await];
+    got.sort();
+    assert_eq!(got, vec![(NodeId(2), b"first".to_vec()), (NodeId(2), b"second".to_vec())]);
+    old.close(0_u32.into(), b"done");
+    a.close().await;
 }
 
 #[tokio::test]

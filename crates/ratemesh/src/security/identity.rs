@@ -16,7 +16,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use zeroize::Zeroizing;
 
 use super::{
-    ALPN, CID_HKDF_SALT, SecurityError, admit, hkdf_sha256_32, pem_encode, reset_key_material, server_name,
+    ALPN, ALPN_STREAMED, CID_HKDF_SALT, SecurityError, admit, hkdf_sha256_32, pem_encode, reset_key_material,
+    server_name,
 };
 
 /// What one node presents (its certificate chain and key) and trusts (the cluster CA).
@@ -80,7 +81,7 @@ impl NodeIdentity {
         Zeroizing::new(pem_encode(label, self.key.secret_der()))
     }
 
-    /// The rustls server configuration: TLS 1.3 only, *ring* provider, ALPN [`ALPN`], client
+    /// The rustls server configuration: TLS 1.3 only, *ring* provider, ALPN [`ALPN_STREAMED`] (preferred) or [`ALPN`], client
     /// certificates required and verified against the cluster CA, no session resumption (every
     /// connection is a full mutual authentication).
     pub fn server_config(&self) -> Result<rustls::ServerConfig, SecurityError> {
@@ -91,13 +92,13 @@ impl NodeIdentity {
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.chain.clone(), self.key.clone_key())?;
-        config.alpn_protocols = vec![ALPN.to_vec()];
+        config.alpn_protocols = vec![ALPN_STREAMED.to_vec(), ALPN.to_vec()];
         config.session_storage = Arc::new(NoServerSessionStorage {});
         config.send_tls13_tickets = 0;
         Ok(config)
     }
 
-    /// The rustls client configuration: TLS 1.3 only, *ring* provider, ALPN [`ALPN`], server
+    /// The rustls client configuration: TLS 1.3 only, *ring* provider, ALPN [`ALPN_STREAMED`] or [`ALPN`], server
     /// certificates verified against the cluster CA and the expected node name (the server name
     /// of each connection, see `server_name`), this node's certificate presented, no resumption.
     pub fn client_config(&self) -> Result<rustls::ClientConfig, SecurityError> {
@@ -105,7 +106,7 @@ impl NodeIdentity {
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_root_certificates(self.roots()?)
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())?;
-        config.alpn_protocols = vec![ALPN.to_vec()];
+        config.alpn_protocols = vec![ALPN_STREAMED.to_vec(), ALPN.to_vec()];
         config.resumption = Resumption::disabled();
         Ok(config)
     }

@@ -4,7 +4,7 @@
 //! Every peer connection is mutual TLS 1.3 (rustls, the *ring* provider chosen explicitly, never
 //! the process default): the server requires a client certificate issued by the cluster CA, the
 //! client checks that the server's certificate was issued by the cluster CA for the node it meant
-//! to reach. ALPN is [`ALPN`].
+//! to reach. ALPN is [`ALPN_STREAMED`], or [`ALPN`] with a node of an older build.
 //!
 //! # Node names
 //!
@@ -50,8 +50,15 @@ use ca::pem_encode;
 pub use files::{CertFiles, NodeCertFiles, PemSource, write_cert_files};
 pub use identity::NodeIdentity;
 
-/// The ALPN protocol every ratemesh peer connection negotiates.
+/// The ALPN protocol of a ratemesh peer connection whose frames each go on their own
+/// unidirectional stream. Still accepted and offered, after [`ALPN_STREAMED`], so that nodes of
+/// older builds (which know only this one) and newer ones keep talking during a rolling upgrade.
 pub const ALPN: &[u8] = b"ratemesh/1";
+
+/// The ALPN protocol of a ratemesh peer connection whose frames go length-prefixed (4 bytes, big
+/// endian) on one long-lived unidirectional stream per connection, several per write. Preferred
+/// by both sides; [`ALPN`] is the fallback.
+pub const ALPN_STREAMED: &[u8] = b"ratemesh/2";
 
 /// Suffix of every node's DNS name: `n<id>` followed by this.
 pub const NODE_NAME_SUFFIX: &str = ".ratemesh.invalid";

@@ -68,10 +68,11 @@ pub struct TransportConfig {
     pub streams_per_connection_max: u32,
     /// Limit on a connect and TLS handshake (default [`defaults::HANDSHAKE_TIMEOUT_MS`]).
     pub handshake_timeout_ms: u64,
-    /// Limit on writing one frame, including waiting for stream credit (default
+    /// Limit on writing one batch of frames, including waiting for stream credit (default
     /// [`defaults::WRITE_TIMEOUT_MS`]).
     pub write_timeout_ms: u64,
-    /// Limit on reading one incoming stream to its end (default [`defaults::STREAM_READ_TIMEOUT_MS`]).
+    /// Limit on reading one incoming frame: from its first byte on a long-lived stream, or a
+    /// per-frame stream of an older peer to its end (default [`defaults::STREAM_READ_TIMEOUT_MS`]).
     pub stream_read_timeout_ms: u64,
     /// A connection with no traffic for this long is closed (default [`defaults::IDLE_TIMEOUT_MS`]).
     pub idle_timeout_ms: u64,

@@ -5,18 +5,24 @@
 //!
 //! - **Out.** [`QuicTransport::send`] never waits: it queues one encoded frame for a peer and returns.
 //!   Each peer has one long-lived outbound connection (opened on demand, reused) and a worker that
-//!   writes every frame on its own unidirectional stream (write all, finish). The queue per peer is
+//!   writes the frames on one long-lived unidirectional stream, each prefixed by its length (4
+//!   bytes, big endian); every write takes all the frames queued since the last one (batches grow
+//!   with the load, a lone frame leaves at once). With a peer of an older build (ALPN
+//!   [`crate::security::ALPN`] negotiated instead of [`crate::security::ALPN_STREAMED`]) every
+//!   frame goes on its own stream (write all, finish). The queue per peer is
 //!   bounded (`send_queue_len_max`); a frame over the bound, or one that cannot be written (peer
 //!   unreachable, in reconnect backoff, write timeout), is dropped and counted. Dropping is safe:
 //!   the core retransmits. After a failed connect, the next attempt waits an exponential backoff
 //!   (`backoff_initial_ms` doubling up to `backoff_max_ms`).
 //! - **In.** Every incoming connection must complete mutual TLS with a certificate from the
 //!   cluster CA that names a node; that node is the `from` of every frame read on the
-//!   connection — never anything the frame says. Each stream is read to its end with a size limit
-//!   (`frame_len_max`) and a time limit; oversize, reset or slow streams are dropped and counted,
-//!   the connection stays up. Frames are delivered as `(NodeId, Vec<u8>)` on a bounded channel; a
-//!   full channel drops and counts. A zero-length stream is a probe ([`QuicTransport::verify`]) and is
-//!   never delivered.
+//!   connection — never anything the frame says. Frames are read off the long-lived stream as they
+//!   complete (one task per stream, not per frame); a frame longer than `frame_len_max` is skipped
+//!   unread and counted, one not complete within a time limit stops its stream (the sender opens
+//!   another), the connection stays up. From a peer of an older build each stream is one frame,
+//!   read to its end with the same size and time limits. Frames are delivered as
+//!   `(NodeId, Vec<u8>)` on a bounded channel; a full channel drops and counts. A zero-length
+//!   stream is a probe ([`QuicTransport::verify`]) and is never delivered.
 //! - **Admission.** [`QuicTransport::verify`] is the "gossip proposes, mTLS confirms" check: a
 //!   handshake with the proposed member's address whose certificate must name the proposed node,
 //!   and a probe stream the member must acknowledge (so it accepted our certificate too).
@@ -148,7 +154,8 @@ impl QuicTransport {
     }
 
     fn enqueue(&self, to: NodeId, addr: SocketAddr, frame: Vec<u8>) -> Result<(), TransportError> {
-        let max_bytes = self.shared.dialer.config.frame_len_max;
+        // A frame's length prefix on the stream is 4 bytes.
+        let max_bytes = self.shared.dialer.config.frame_len_max.min(u32::MAX as usize);
         if frame.is_empty() || frame.len() > max_bytes {
             return Err(TransportError::FrameLen { len_bytes: frame.len(), max_bytes });
         }
@@ -368,9 +375,21 @@ enum Side {
     Client,
 }
 
+/// Packets a peer may receive before it must acknowledge them at once (QUIC acknowledgement
+/// frequency extension, negotiated: a peer of an older build acknowledges every other packet).
+/// A connection carries frames one way only (each node writes on the connection it dialed), so
+/// every acknowledgement is a packet of its own: one per 16 packets or per [`ACK_DELAY_MAX`]
+/// instead of one per 2. The core's own acknowledgements and retransmissions do not depend on
+/// QUIC's timing; a lost packet is retransmitted by QUIC a little later (its loss detection
+/// allows for the peer's acknowledgement delay).
+const ACK_ELICITING_THRESHOLD: u32 = 16;
+/// The longest a peer delays an acknowledgement (see [`ACK_ELICITING_THRESHOLD`]).
+const ACK_DELAY_MAX: Duration = Duration::from_millis(10);
+
 /// QUIC transport parameters. Inbound connections (server side) accept unidirectional streams
 /// (frames), `streams_per_connection_max` at once, and [`QUERIES_PER_CONNECTION_MAX`]
-/// bidirectional ones (queries); outbound connections accept no streams and send keep-alives.
+/// bidirectional ones (queries); outbound connections accept no streams and send keep-alives. Both ask their peer to
+/// acknowledge less often ([`ACK_ELICITING_THRESHOLD`]).
 fn transport_config(config: &TransportConfig, side: Side) -> Result<quinn::TransportConfig, TransportError> {
     let idle = quinn::IdleTimeout::try_from(millis(config.idle_timeout_ms))
         .map_err(|_| TransportError::Config { reason: "idle_timeout_ms is too large" })?;
@@ -379,10 +398,14 @@ fn transport_config(config: &TransportConfig, side: Side) -> Result<quinn::Trans
         Side::Client => (0, 0),
     };
     let mut transport = quinn::TransportConfig::default();
+    let mut acks = quinn::AckFrequencyConfig::default();
+    acks.ack_eliciting_threshold(VarInt::from_u32(ACK_ELICITING_THRESHOLD))
+        .max_ack_delay(Some(ACK_DELAY_MAX));
     transport
         .max_concurrent_uni_streams(VarInt::from_u32(uni_streams))
         .max_concurrent_bidi_streams(VarInt::from_u32(bidi_streams))
-        .max_idle_timeout(Some(idle));
+        .max_idle_timeout(Some(idle))
+        .ack_frequency_config(Some(acks));
     if side == Side::Client {
         transport.keep_alive_interval(Some(millis(config.keep_alive_interval_ms)));
     }

@@ -9,7 +9,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::timeout;
 use tracing::{debug, info};
 
-use super::outbound::peer_certificates;
+use super::outbound::{is_streamed, peer_certificates};
 use super::{CLOSE_UNAUTHENTICATED, STOP_NO_HANDLER, STOP_TIMEOUT, STOP_TOO_LONG};
 use crate::security::peer_node_id;
 use crate::transport::{
@@ -54,8 +54,13 @@ async fn serve(acceptor: Acceptor, incoming: Incoming, _slot: OwnedSemaphorePerm
     bump(&acceptor.counters.connections_accepted);
     debug!(%remote, peer = ?from, "peer connected");
     drop(tokio::spawn(serve_queries(acceptor.clone(), conn.clone(), from)));
+    let streamed = is_streamed(&conn);
     while let Ok(stream) = conn.accept_uni().await {
-        drop(tokio::spawn(read_frame(acceptor.clone(), from, stream)));
+        if streamed {
+            drop(tokio::spawn(read_frames(acceptor.clone(), from, stream)));
+        } else {
+            drop(tokio::spawn(read_frame(acceptor.clone(), from, stream)));
+        }
     }
 }
 
@@ -95,6 +100,81 @@ async fn read_frame(acceptor: Acceptor, from: NodeId, mut stream: RecvStream) {
     debug!(peer = ?from, ?stop, "incoming stream dropped");
     if let Some(code) = stop {
         let _ = stream.stop(VarInt::from_u32(code));
+    }
+}
+
+/// Bytes asked of a stream per read.
+const READ_CHUNK_LEN: usize = 64 * 1024;
+
+/// Reads the length-prefixed frames of a streamed connection's stream until it ends, delivering
+/// each as it completes; no task per frame. A frame longer than `frame_len_max` is skipped
+/// (read and discarded, never held) and counted; a frame that does not complete within
+/// `stream_read_timeout_ms` of its first byte stops the stream (the sender opens another). A
+/// stream that ends with no bytes is a probe.
+async fn read_frames(acceptor: Acceptor, from: NodeId, mut stream: RecvStream) {
+    let counters = &acceptor.counters;
+    let frame_len_max = acceptor.config.frame_len_max;
+    let limit = millis(acceptor.config.stream_read_timeout_ms);
+    let mut chunk = vec![0_u8; READ_CHUNK_LEN];
+    // Bytes read and not yet delivered: at most one frame and a chunk.
+    let mut pending: Vec<u8> = Vec::new();
+    // Bytes of an oversize frame still to be discarded.
+    let mut skip: usize = 0;
+    // When the frame being read must be complete.
+    let mut frame_deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let mut start = 0;
+        loop {
+            if skip > 0 {
+                let skipped = skip.min(pending.len() - start);
+                (skip, start) = (skip - skipped, start + skipped);
+                if skip > 0 {
+                    break;
+                }
+            }
+            let Some(header) = pending.get(start..start + 4) else { break };
+            let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
+            if len == 0 || len > frame_len_max {
+                if len > frame_len_max {
+                    bump(&counters.receive_oversize_frames);
+                }
+                bump(&counters.receive_dropped_frames);
+                debug!(peer = ?from, len, "incoming frame dropped");
+                (skip, start) = (len, start + 4);
+                continue;
+            }
+            let Some(frame) = pending.get(start + 4..start + 4 + len) else { break };
+            deliver(&acceptor, from, frame.to_vec());
+            start += 4 + len;
+        }
+        pending.drain(..start);
+        if pending.is_empty() && skip == 0 {
+            frame_deadline = None;
+        } else if start > 0 || frame_deadline.is_none() {
+            frame_deadline = Some(tokio::time::Instant::now() + limit);
+        }
+        let read = match frame_deadline {
+            None => stream.read(&mut chunk).await,
+            Some(deadline) => match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+                Ok(read) => read,
+                Err(_) => {
+                    bump(&counters.receive_dropped_frames);
+                    debug!(peer = ?from, "incoming frame too slow: stream stopped");
+                    let _ = stream.stop(VarInt::from_u32(STOP_TIMEOUT));
+                    return;
+                }
+            },
+        };
+        match read {
+            Ok(Some(read)) => pending.extend_from_slice(&chunk[..read]),
+            Ok(None) | Err(_) => {
+                if !pending.is_empty() || skip > 0 {
+                    bump(&counters.receive_dropped_frames);
+                    debug!(peer = ?from, "incoming stream ended within a frame");
+                }
+                return;
+            }
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quinn::{Connection, Endpoint};
+use quinn::{Connection, Endpoint, SendStream, VarInt};
 use ratemesh_core::NodeId;
 use rustls_pki_types::CertificateDer;
 use tokio::sync::{mpsc, watch};
@@ -13,7 +13,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 use tracing::debug;
 
-use crate::security::{SecurityError, admit, node_dns_name};
+use super::STOP_TIMEOUT;
+use crate::security::{ALPN_STREAMED, SecurityError, admit, node_dns_name};
 use crate::transport::{Counters, TransportConfig, TransportError, add, bump, millis};
 
 /// What outbound work needs: the endpoint, the counters, the bounds.
@@ -163,35 +164,139 @@ impl Drop for Peer {
     }
 }
 
-/// Writes the peer's queued frames, one stream each, until the queue closes; then confirms
-/// (bounded) that the peer acknowledged what was written.
+/// Most frames one write carries (a batch drained from the peer's queue).
+const WRITE_FRAMES_MAX: usize = 256;
+/// Most bytes one write carries, beyond its first frame.
+const WRITE_BYTES_MAX: usize = 256 * 1024;
+
+/// Whether `conn` negotiated [`ALPN_STREAMED`]: its frames go length-prefixed on one long-lived
+/// stream. Otherwise (a peer of an older build) every frame goes on its own stream.
+pub(super) fn is_streamed(conn: &Connection) -> bool {
+    conn.handshake_data()
+        .and_then(|data| data.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .is_some_and(|data| data.protocol.as_deref() == Some(ALPN_STREAMED))
+}
+
+/// The long-lived stream of a streamed connection, and which connection it belongs to.
+struct Outgoing {
+    conn: usize,
+    stream: SendStream,
+}
+
+/// Writes the peer's queued frames until the queue closes; then confirms (bounded) that the peer
+/// read what was written. Every write drains the queue: the frames queued while the previous
+/// write was under way go together in the next one (batches grow with the load, a lone frame
+/// leaves at once), length-prefixed on the connection's one long-lived stream.
 pub(super) async fn run_sender(link: Arc<Link>, dialer: Dialer, mut queue: mpsc::Receiver<Vec<u8>>) {
+    let mut outgoing: Option<Outgoing> = None;
+    let mut batch: Vec<Vec<u8>> = Vec::with_capacity(WRITE_FRAMES_MAX);
+    let mut buffer: Vec<u8> = Vec::new();
     while let Some(frame) = queue.recv().await {
-        match send_frame(&link, &dialer, &frame).await {
+        let mut bytes = frame.len();
+        batch.push(frame);
+        while batch.len() < WRITE_FRAMES_MAX && bytes < WRITE_BYTES_MAX {
+            let Ok(frame) = queue.try_recv() else { break };
+            bytes += frame.len();
+            batch.push(frame);
+        }
+        let frames = batch.len() as u64;
+        match send_batch(&link, &dialer, &mut outgoing, &batch, &mut buffer).await {
             Ok(()) => {
-                bump(&dialer.counters.sent_frames);
-                add(&dialer.counters.sent_bytes, frame.len() as u64);
+                add(&dialer.counters.sent_frames, frames);
+                add(&dialer.counters.sent_bytes, bytes as u64);
             }
             Err(error) => {
-                bump(&dialer.counters.send_dropped_frames);
-                debug!(peer = ?link.peer, %error, "frame dropped");
+                add(&dialer.counters.send_dropped_frames, frames);
+                debug!(peer = ?link.peer, %error, frames, "frames dropped");
+            }
+        }
+        batch.clear();
+        // A burst's buffer is not kept for ever.
+        if buffer.capacity() > 2 * WRITE_BYTES_MAX {
+            buffer = Vec::new();
+        }
+    }
+    let limit = millis(dialer.config.close_timeout_ms);
+    match outgoing {
+        Some(mut outgoing) => {
+            if outgoing.stream.finish().is_ok() {
+                let _ = timeout(limit, outgoing.stream.stopped()).await;
+            }
+        }
+        None => {
+            if let Some(conn) = link.live_connection() {
+                let _ = probe(&conn, limit).await;
             }
         }
     }
-    if let Some(conn) = link.live_connection() {
-        let _ = probe(&conn, millis(dialer.config.close_timeout_ms)).await;
-    }
 }
 
-async fn send_frame(link: &Link, dialer: &Dialer, frame: &[u8]) -> Result<(), TransportError> {
+async fn send_batch(
+    link: &Link,
+    dialer: &Dialer,
+    outgoing: &mut Option<Outgoing>,
+    batch: &[Vec<u8>],
+    buffer: &mut Vec<u8>,
+) -> Result<(), TransportError> {
     let conn = link.connection(dialer, true).await?;
     let limit = millis(dialer.config.write_timeout_ms);
-    let written = timeout(limit, write_frame(&conn, frame)).await.map_err(|_| TransportError::WriteTimeout);
-    let written = written.and_then(|result| result);
-    if written.is_err() && conn.close_reason().is_some() {
-        link.broke(&conn, &dialer.config).await;
+    let known = outgoing.as_ref().is_some_and(|current| current.conn == conn.stable_id());
+    let written = if known || is_streamed(&conn) {
+        buffer.clear();
+        for frame in batch {
+            // `enqueue` refuses frames over 4 GiB - 1.
+            let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+            buffer.extend_from_slice(&len.to_be_bytes());
+            buffer.extend_from_slice(frame);
+        }
+        let written = timeout(limit, write_streamed(&conn, outgoing, buffer)).await;
+        written.map_err(|_| TransportError::WriteTimeout).and_then(|result| result)
+    } else {
+        *outgoing = None;
+        let written = timeout(limit, async {
+            for frame in batch {
+                write_frame(&conn, frame).await?;
+            }
+            Ok(())
+        })
+        .await;
+        written.map_err(|_| TransportError::WriteTimeout).and_then(|result| result)
+    };
+    if written.is_err() {
+        // A stream that failed or timed out mid-write may hold part of a frame: it is given up
+        // (the peer drops the partial frame), the next write opens a new one.
+        if let Some(mut failed) = outgoing.take() {
+            let _ = failed.stream.reset(VarInt::from_u32(STOP_TIMEOUT));
+        }
+        if conn.close_reason().is_some() {
+            link.broke(&conn, &dialer.config).await;
+        }
     }
     written
+}
+
+/// Writes `bytes` on the connection's long-lived stream (opened if there is none yet, or if the
+/// previous one belongs to an older connection). A stream the peer stopped (it refused a frame,
+/// or gave up on a slow one) is replaced by a new one once: what the peer had not read of it is
+/// written again (the core ignores a frame it already has).
+async fn write_streamed(
+    conn: &Connection,
+    outgoing: &mut Option<Outgoing>,
+    bytes: &[u8],
+) -> Result<(), TransportError> {
+    for attempt in 0..2 {
+        if outgoing.as_ref().is_none_or(|current| current.conn != conn.stable_id()) {
+            let stream = conn.open_uni().await?;
+            *outgoing = Some(Outgoing { conn: conn.stable_id(), stream });
+        }
+        let Some(current) = outgoing.as_mut() else { return Err(TransportError::Closed) };
+        match current.stream.write_all(bytes).await {
+            Ok(()) => return Ok(()),
+            Err(quinn::WriteError::Stopped(_)) if attempt == 0 => *outgoing = None,
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(TransportError::Closed)
 }
 
 async fn write_frame(conn: &Connection, frame: &[u8]) -> Result<(), TransportError> {
