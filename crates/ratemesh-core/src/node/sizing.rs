@@ -22,16 +22,17 @@
 //!   interval is a few hits or less (a low limit, many nodes, many keys, a long period near its
 //!   end) is split no further — its checks are forwarded and the owner decides them, exactly.
 //! - A node whose target is below that still gets an allowance when the key has *headroom*: the
-//!   demand of all its nodes over a lease (4 s, or 8 sync intervals if longer) fits
-//!   [`HEADROOM_X`] times in the key's refill over it. Such a *headroom lease* covers the
-//!   node's demand for the whole lease, expires with it at both ends, and is renewed when it runs
-//!   low or nears its end, not at every interval: a key far below its limit is decided locally
-//!   from its first checks on and costs one report per lease or so, not a round trip per check.
-//!   Leases share at most a [`HEADROOM_X`]th of the bucket's capacity (the rest stays for a
-//!   burst anywhere); stranded leases (a node that stops asking, or crashes: the owner holds a
-//!   lease until its end) hold at most that, and the refill replaces them: nothing adds up (keys
-//!   that do not refill within a lease — windows, daily quotas, low limits — get no lease). The lease regime ends where contention could begin: a key whose demand comes
-//!   within that factor of its supply goes back to per-interval allowances or forwarding.
+//!   demand of all its nodes over a lease (4 s, or 8 sync intervals if longer) fits [`HEADROOM_X`]
+//!   times in the key's refill over it. Such a *headroom lease* covers the node's demand for the
+//!   whole lease, expires with it at both ends, and is renewed when it runs low or nears its end, not
+//!   at every interval: a key far below its limit is decided locally from its first checks on and
+//!   costs one report per lease or so, not a round trip per check. Leases share at most a
+//!   [`HEADROOM_X`]th of the bucket's capacity (the rest stays for a burst anywhere); stranded leases
+//!   (a node that stops asking, or crashes: the owner holds a lease until its end) hold at most that,
+//!   and the refill replaces them: nothing adds up (keys refilling fewer than [`HEADROOM_X`] hits a
+//!   sync interval — windows, daily quotas, low limits — get no lease). The lease regime ends where
+//!   contention could begin: a key whose demand comes within that factor of its supply goes back to
+//!   per-interval allowances or forwarding.
 //! - The key is *contended* when the demand of one interval exceeds the pool. Then a holder whose
 //!   allowance runs dry refuses locally until its next grant (the owner has nothing more to give
 //!   it); otherwise it forwards the check. The owner's own checks follow the same rule: while the
@@ -145,6 +146,8 @@ struct Pool {
     demand_per_s: u64,
     /// Window algorithms: allowances die with the owner's current window, this far ahead.
     expires_in_nanos: Option<u64>,
+    /// What the leaseholders hold or will hold.
+    leased: u64,
 }
 
 impl SizingContext {
@@ -184,6 +187,7 @@ impl SizingContext {
         // A leaseholder reports rarely: its demand counts for as long as its lease.
         let counted = |p: &&Participant| p.heard_at > active || (p.leased && p.released_at > now);
         let others = meta.participants.iter().filter(counted).map(|p| p.demand_per_s);
+        let leased = meta.participants.iter().filter(|p| p.leased).map(|p| p.outstanding(now)).sum();
         Pool {
             available,
             unused: available.saturating_add(outstanding),
@@ -191,6 +195,7 @@ impl SizingContext {
             capacity: limit.capacity(),
             demand_per_s: others.fold(own, u64::saturating_add),
             expires_in_nanos: bucket.window_end_nanos(limit, now),
+            leased,
         }
     }
 
@@ -244,14 +249,16 @@ impl SizingContext {
             },
         };
         let refill_meanwhile = horizon_nanos.checked_div(pool.refill_nanos_per_hit).unwrap_or(0);
-        let mut supply = pool.available.saturating_add(held).saturating_add(refill_meanwhile);
-        if !regular {
-            // Leases share at most a quarter of the stock: the rest stays in the bucket for a
-            // burst anywhere.
-            supply = supply.min(pool.capacity / HEADROOM_X);
-        }
+        let supply = pool.available.saturating_add(held).saturating_add(refill_meanwhile);
         let fair = u128::from(supply) * u128::from(demand_per_s) / u128::from(pool_demand_per_s);
-        let hits = u64::try_from(fair).unwrap_or(u64::MAX).min(need_for(demand_per_s, horizon_nanos));
+        let mut hits = u64::try_from(fair).unwrap_or(u64::MAX).min(need_for(demand_per_s, horizon_nanos));
+        if !regular {
+            // All the leases of a key hold at most a quarter of its capacity (the rest stays in
+            // the bucket for a burst anywhere), whatever their holders' demand estimates say
+            // (a cold key's first forwards all look slow).
+            let leased_by_others = pool.leased.saturating_sub(held);
+            hits = hits.min((pool.capacity / HEADROOM_X).saturating_sub(leased_by_others));
+        }
         match hits < self.allowance_min {
             true => Target::default(),
             false => Target { hits, lease: !regular },
@@ -269,7 +276,11 @@ impl SizingContext {
         let demand = u128::from(demand_per_s) * u128::from(lease_nanos) / 1_000_000_000;
         let refill = lease_nanos.checked_div(pool.refill_nanos_per_hit).unwrap_or(0);
         let headroom = demand.saturating_add(1) * u128::from(HEADROOM_X) <= u128::from(refill);
-        headroom.then_some(lease_nanos)
+        // A key refilling only a few hits an interval is decided by its owner: at such a rate a
+        // hit held anywhere else is a share of the limit the others feel (10/s: 0.5 a hit an
+        // interval).
+        let interval_refill = self.interval_nanos.checked_div(pool.refill_nanos_per_hit).unwrap_or(0);
+        (headroom && interval_refill >= HEADROOM_X).then_some(lease_nanos)
     }
 
     /// The rate a node with `demand_per_s` gets of the key's refill while the key is contended
