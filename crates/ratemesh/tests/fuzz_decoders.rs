@@ -384,7 +384,7 @@ fn frame_corpus() -> Vec<(NodeId, Vec<u8>)> {
         })
         .collect();
     for node in &mut nodes {
-        node.handle_membership(now, MemberView { live: ids.to_vec(), dead: Vec::new() });
+        node.handle_membership(now, MemberView { live: ids.to_vec(), dead: Vec::new(), regions: Vec::new() });
     }
     let policies: Vec<Arc<Policy>> = [
         (Algorithm::TokenBucket, Mode::Exact),
@@ -452,7 +452,10 @@ fn the_peer_frame_decoder_survives_mutated_and_random_input() {
         ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 7, ratemesh_core::Instant::ZERO)
             .expect("the default config is valid");
     let ids = vec![NodeId(1), NodeId(2), NodeId(3)];
-    receiver.handle_membership(ratemesh_core::Instant::ZERO, MemberView { live: ids, dead: Vec::new() });
+    receiver.handle_membership(
+        ratemesh_core::Instant::ZERO,
+        MemberView { live: ids, dead: Vec::new(), regions: Vec::new() },
+    );
     let (mut inputs, mut decoded) = (0_u64, 0_u64);
     let deadline = Instant::now() + budget();
     while inputs < INPUTS_MAX && Instant::now() < deadline {

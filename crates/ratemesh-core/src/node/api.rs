@@ -23,6 +23,52 @@ pub struct MemberView {
     /// fraction of each limit, so that the sides of a partition together never admit much more
     /// than the limit.
     pub dead: Vec<NodeId>,
+    /// The region of every member (live or dead) that is not in [`RegionId::NONE`]. Members in
+    /// this node's region form its ring; the others are reached only for cross-region leases.
+    pub regions: Vec<(NodeId, RegionId)>,
+}
+
+/// A region: members close to one another (a data centre, a cloud region). Inside a region,
+/// keys have owners and grants as in a one-region cluster; between regions, each region's owner
+/// of a key holds a lease on a share of the key's global limit from the key's home owner.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RegionId(pub u64);
+
+impl RegionId {
+    /// The region of a member that names none: a cluster whose members name no region is one
+    /// region, today's cluster.
+    pub const NONE: RegionId = RegionId(0);
+
+    /// The region named `name` (XXH3-64 of its bytes, pinned like ring positions; the empty name
+    /// is [`RegionId::NONE`], and no other name is).
+    pub fn from_name(name: &str) -> RegionId {
+        if name.is_empty() {
+            return RegionId::NONE;
+        }
+        match xxhash_rust::xxh3::xxh3_64_with_seed(name.as_bytes(), REGION_NAME_SEED) {
+            0 => RegionId(1),
+            id => RegionId(id),
+        }
+    }
+}
+
+/// The seed of [`RegionId::from_name`]'s hash (fixed: region ids cross nodes).
+const REGION_NAME_SEED: u64 = 0x7265_6769_6f6e_0001;
+
+/// What a region's share of a key falls to when its lease from the key's home owner ends
+/// without a renewal (the region cannot reach the home region): the global limit holds in every
+/// case, because the home owner keeps that much reserved for a silent region.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RegionFallback {
+    /// The region's floor: a small share the home owner always keeps for every region (what a
+    /// region admits before its first lease, too).
+    #[default]
+    Floor,
+    /// The last share leased: the home owner keeps it reserved while the region is silent, so
+    /// the other regions cannot use it meanwhile.
+    Last,
+    /// Nothing: the region refuses the key until a lease arrives.
+    Closed,
 }
 
 /// What a membership view moved at one node ([`Node::handle_membership`]): for a driver to log
@@ -206,10 +252,23 @@ pub struct NodeConfig {
     pub join_grace: Duration,
     /// Bounds of the key table.
     pub store: StoreConfig,
+    /// This node's region ([`RegionId::NONE`]: the cluster is one region, or this node names none).
+    pub region: RegionId,
+    /// How often a region's owner of a key reports its region's demand to the key's home owner,
+    /// which answers with the region's lease (only in a cluster of several regions).
+    pub region_sync_interval: Duration,
+    /// How long a region's lease on a share of a key's limit lasts without a renewal.
+    pub region_lease: Duration,
+    /// What a region's share falls to when its lease ends without a renewal.
+    pub region_fallback: RegionFallback,
 }
 
 /// The default [`NodeConfig::sync_interval`], in milliseconds.
 pub const SYNC_INTERVAL_MS_DEFAULT: u64 = 50;
+/// The default [`NodeConfig::region_sync_interval`], in milliseconds.
+pub const REGION_SYNC_INTERVAL_MS_DEFAULT: u64 = 250;
+/// The default [`NodeConfig::region_lease`], in milliseconds.
+pub const REGION_LEASE_MS_DEFAULT: u64 = 2_000;
 
 impl Default for NodeConfig {
     fn default() -> Self {
@@ -230,6 +289,10 @@ impl Default for NodeConfig {
             allowance_min: 2,
             join_grace: Duration::ZERO,
             store: StoreConfig::default(),
+            region: RegionId::NONE,
+            region_sync_interval: Duration::from_millis(REGION_SYNC_INTERVAL_MS_DEFAULT),
+            region_lease: Duration::from_millis(REGION_LEASE_MS_DEFAULT),
+            region_fallback: RegionFallback::Floor,
         }
     }
 }
@@ -289,6 +352,8 @@ impl NodeConfig {
             ("forward_timeout", self.forward_timeout),
             ("peer_silence", self.peer_silence),
             ("retransmit_initial", self.retransmit_initial),
+            ("region_sync_interval", self.region_sync_interval),
+            ("region_lease", self.region_lease),
         ];
         if let Some(&(field, _)) = durations.iter().find(|(_, duration)| duration.is_zero()) {
             return Err(NodeConfigError::ZeroDuration(field));

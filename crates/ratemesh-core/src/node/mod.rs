@@ -80,7 +80,8 @@ use indexmap::IndexSet;
 
 pub use api::{
     AdjustRequest, Adjustment, CheckOutcome, CheckRequest, Event, FRAME_ENTRY_BYTES_MAX, FRAME_LEN_MIN,
-    Fallback, MemberView, Mode, NodeConfig, NodeConfigError, NodeId, Policy, RING_VNODES_MAX, RequestId,
+    Fallback, MemberView, Mode, NodeConfig, NodeConfigError, NodeId, Policy, REGION_LEASE_MS_DEFAULT,
+    REGION_SYNC_INTERVAL_MS_DEFAULT, RING_VNODES_MAX, RegionFallback, RegionId, RequestId,
     SYNC_INTERVAL_MS_DEFAULT, Transmit, ViewChange,
 };
 pub use leave::LeavePlan;

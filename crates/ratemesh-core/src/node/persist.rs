@@ -263,7 +263,7 @@ mod tests {
     #[test]
     fn a_key_owned_elsewhere_is_handed_to_its_owner() {
         let daily = policy(Algorithm::TokenBucket, DAY);
-        let view = MemberView { live: vec![NodeId(1), NodeId(2)], dead: vec![] };
+        let view = MemberView { live: vec![NodeId(1), NodeId(2)], dead: vec![], regions: Vec::new() };
         let (mut one, mut two) = (node(1), node(2));
         one.handle_membership(T0, view.clone());
         two.handle_membership(T0, view);

@@ -49,7 +49,7 @@ impl Cluster {
         let mut nodes = BTreeMap::new();
         for &id in &ids {
             let mut node = Node::new(id, 1, config.clone(), id.0, now).expect("a valid config");
-            node.handle_membership(now, MemberView { live: ids.clone(), dead: vec![] });
+            node.handle_membership(now, MemberView { live: ids.clone(), dead: vec![], regions: Vec::new() });
             nodes.insert(id, node);
         }
         let mut cluster = Cluster {
@@ -438,6 +438,7 @@ impl Cluster {
         let view = MemberView {
             live: live.iter().copied().map(NodeId).collect(),
             dead: dead.iter().copied().map(NodeId).collect(),
+            regions: Vec::new(),
         };
         let now = self.now;
         for id in to {
@@ -612,18 +613,22 @@ fn a_view_change_says_what_moved() {
     let now = cluster.now;
     let live = |ids: &[u64]| ids.iter().copied().map(NodeId).collect::<Vec<_>>();
     let handoffs_before = cluster.node(1).stats().handoffs_sent;
-    let join = cluster.node(1).handle_membership(now, MemberView { live: live(&[1, 2, 3]), dead: vec![] });
+    let join = cluster
+        .node(1)
+        .handle_membership(now, MemberView { live: live(&[1, 2, 3]), dead: vec![], regions: Vec::new() });
     let expected = ViewChange { joined: vec![NodeId(3)], handed_over: to_three, ..ViewChange::default() };
     assert_eq!(join, expected);
     assert_eq!(cluster.node(1).stats().handoffs_sent - handoffs_before, to_three);
     // Node 3 fails: the keys node 1 handed it come back to node 1, which follows them meanwhile.
-    let failure =
-        cluster.node(1).handle_membership(now, MemberView { live: live(&[1, 2]), dead: live(&[3]) });
+    let failure = cluster
+        .node(1)
+        .handle_membership(now, MemberView { live: live(&[1, 2]), dead: live(&[3]), regions: Vec::new() });
     let expected = ViewChange { departed: vec![NodeId(3)], taken_over: to_three, ..ViewChange::default() };
     assert_eq!(failure, expected);
     // Node 2 fails: node 1 follows none of its keys, and takes over nothing it tracks.
-    let failure =
-        cluster.node(1).handle_membership(now, MemberView { live: live(&[1]), dead: live(&[2, 3]) });
+    let failure = cluster
+        .node(1)
+        .handle_membership(now, MemberView { live: live(&[1]), dead: live(&[2, 3]), regions: Vec::new() });
     assert_eq!(failure, ViewChange { departed: vec![NodeId(2)], ..ViewChange::default() });
 }
 
@@ -638,7 +643,10 @@ fn garbage_from_peers_is_counted_and_dropped() {
     // A valid frame claiming another sender than the transport says.
     let mut other =
         Node::new(NodeId(3), 1, NodeConfig::default(), 3, now).expect("the default config is valid");
-    other.handle_membership(now, MemberView { live: vec![NodeId(1), NodeId(3)], dead: vec![] });
+    other.handle_membership(
+        now,
+        MemberView { live: vec![NodeId(1), NodeId(3)], dead: vec![], regions: Vec::new() },
+    );
     other.handle_timeout(now.add_duration(Duration::from_secs(1)));
     while let Some(transmit) = other.poll_transmit() {
         node.handle_frame(now, NodeId(2), &transmit.bytes);
@@ -1359,7 +1367,10 @@ fn a_view_change_finishes_the_round_in_progress() {
     let now = node.next_sync_at();
     node.handle_timeout(now);
     assert!(node.round.as_ref().is_some_and(|round| round.visited == 10), "the first slice ran");
-    node.handle_membership(now, MemberView { live: vec![NodeId(1), NodeId(2), NodeId(3)], dead: vec![] });
+    node.handle_membership(
+        now,
+        MemberView { live: vec![NodeId(1), NodeId(2), NodeId(3)], dead: vec![], regions: Vec::new() },
+    );
     assert!(node.round.is_none(), "the round ended before the ring changed");
 }
 

@@ -77,7 +77,10 @@ impl SimNode for Ratemesh {
 
     fn handle_membership(&mut self, now: Instant, view: &View) {
         let ids = |nodes: &[u32]| nodes.iter().map(|n| NodeId(u64::from(*n))).collect();
-        self.node.handle_membership(now, MemberView { live: ids(&view.live), dead: ids(&view.dead) });
+        self.node.handle_membership(
+            now,
+            MemberView { live: ids(&view.live), dead: ids(&view.dead), regions: Vec::new() },
+        );
     }
 
     fn handle_timeout(&mut self, now: Instant) {

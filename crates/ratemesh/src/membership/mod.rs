@@ -129,7 +129,7 @@ impl Membership {
             tasks: HashMap::new(),
             checks: JoinSet::new(),
             newest: HashMap::new(),
-            view: MemberView { live: vec![me.id], dead: Vec::new() },
+            view: MemberView { live: vec![me.id], dead: Vec::new(), regions: Vec::new() },
         }
     }
 
@@ -280,7 +280,7 @@ impl Membership {
         live.sort_unstable();
         dead.sort_unstable();
         list.sort_unstable_by_key(|member| member.id);
-        let view = MemberView { live, dead };
+        let view = MemberView { live, dead, regions: Vec::new() };
         if view != self.view {
             let _span = info_span!("membership", node = ?self.me.id).entered();
             info!(live = ?view.live, dead = ?view.dead, "membership changed: ring rebuilt");

@@ -428,7 +428,7 @@ impl NodeBuilder {
             timer_lag: Duration::ZERO,
             leaving: false,
             left: false,
-            view: MemberView { live: vec![self.id], dead: Vec::new() },
+            view: MemberView { live: vec![self.id], dead: Vec::new(), regions: Vec::new() },
             top: TopShard::default(),
         };
         // `validate` bounds the lanes by `LANES_MAX`, which fits a byte.
