@@ -12,8 +12,8 @@ use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use ratemesh_core::wire::{
     Adjust, AdjustKind, Body, CalendarWire, Decided, DecisionWire, FRAME_LEN_MAX_DEFAULT, ForwardCheck,
-    Frame, Grant, KeyState, LimitWire, Release, Report, SnapshotWire, WIRE_VERSION, WireError, WireMode,
-    decode, encode,
+    Frame, Grant, KeyState, LimitWire, RegionGrant, RegionReport, Release, Report, SnapshotWire,
+    WIRE_VERSION, WireError, WireMode, decode, encode,
 };
 use ratemesh_core::{
     Algorithm, CONCURRENCY_LIMIT_MAX, Decision, LeaseId, Limit, LimitError, LimitParameter, LimitSpec,
@@ -198,6 +198,17 @@ fn body() -> impl Strategy<Value = Body> {
     let mode_again = prop_oneof![Just(WireMode::Exact), Just(WireMode::Approximate)];
     let adjust = (int(), key(), limit(), kind, int(), mode_again)
         .prop_map(|(id, key, limit, kind, hits, mode)| Adjust { id, key, limit, kind, hits, mode });
+    let region_report = (key(), limit(), int(), int(), int()).prop_map(
+        |(key, limit, demand_per_s, applied_seq, applied_part)| RegionReport {
+            key,
+            limit,
+            demand_per_s,
+            applied_seq,
+            applied_part,
+        },
+    );
+    let region_grant = (key(), int(), int(), int(), any::<bool>())
+        .prop_map(|(key, seq, part, lease_nanos, first)| RegionGrant { key, seq, part, lease_nanos, first });
     (
         vec(forward, 0..VEC_LEN),
         vec(decided, 0..VEC_LEN),
@@ -207,17 +218,34 @@ fn body() -> impl Strategy<Value = Body> {
         vec(key_state(), 0..VEC_LEN),
         vec(release, 0..VEC_LEN),
         vec(adjust, 0..VEC_LEN),
+        vec(region_report, 0..VEC_LEN),
+        vec(region_grant, 0..VEC_LEN),
     )
-        .prop_map(|(forward, decided, report, grant, handoff, replica, release, adjust)| Body {
-            forward,
-            decided,
-            report,
-            grant,
-            handoff,
-            replica,
-            release,
-            adjust,
-        })
+        .prop_map(
+            |(
+                forward,
+                decided,
+                report,
+                grant,
+                handoff,
+                replica,
+                release,
+                adjust,
+                region_report,
+                region_grant,
+            )| Body {
+                forward,
+                decided,
+                report,
+                grant,
+                handoff,
+                replica,
+                release,
+                adjust,
+                region_report,
+                region_grant,
+            },
+        )
 }
 
 fn frame() -> impl Strategy<Value = Frame> {
@@ -881,6 +909,34 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                 },
             },
             "04080103000003020001040a8094ebdc03010500000802090d000000000000000000000000000000000004000a0d0000000000000000000000000000000001ac0201",
+        ),
+        (
+            Frame {
+                from: 9,
+                incarnation: 1,
+                seq: 4,
+                ack: 0,
+                sack: 0,
+                una: 4,
+                body: Body {
+                    region_report: vec![RegionReport {
+                        key: 14,
+                        limit: gcra_wire(),
+                        demand_per_s: 300,
+                        applied_seq: 2,
+                        applied_part: 97,
+                    }],
+                    region_grant: vec![RegionGrant {
+                        key: 15,
+                        seq: 3,
+                        part: 99,
+                        lease_nanos: 2_000_000_000,
+                        first: true,
+                    }],
+                    ..Body::default()
+                },
+            },
+            "04090104000004030001040a8094ebdc030105000009010e00000000000000000000000000000000ac0202610a010f000000000000000000000000000000036380a8d6b90701",
         ),
     ]
 }

@@ -120,6 +120,15 @@ impl Snapshot {
     }
 }
 
+/// What [`Bucket::rescale`] keeps of a theoretical arrival time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// The hits in use.
+    Used,
+    /// The hits left.
+    Left,
+}
+
 /// A snapshot that does not fit the limit it is applied under. The peer that sent it (or a policy
 /// that differs between nodes) is at fault; the local bucket is unchanged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -286,6 +295,29 @@ impl Bucket {
             _ => now,
         }
         .max(now)
+    }
+
+    /// Re-expresses the state counted under `from` under `to`, a limit of the same algorithm
+    /// with another rate and burst (a region's part of a limit changed). Counters count hits and
+    /// stay as they are. A theoretical arrival time keeps either the *hits in use* (`Keep::Used`:
+    /// its lead over now scales with the time per hit) or the *hits left* (`Keep::Left`: a
+    /// bucket that grows gets the new room empty, one that shrinks loses what is above its new
+    /// size, and a debt stays a debt). Keeping what is left never adds hits: a region whose part
+    /// grows while it is full must not hand out a full bucket of its new size on top of what the
+    /// other regions hold.
+    pub fn rescale(&mut self, from: &Limit, to: &Limit, keep: Keep, now: Instant) {
+        let (State::Tat(at), Kind::Tat(p), Kind::Tat(q)) = (&mut self.state, from.kind(), to.kind()) else {
+            return;
+        };
+        let now = now.max(self.updated_at);
+        let lead = i128::from(at.nanos_since(now));
+        let (t_from, t_to) = (i128::from(p.interval_nanos.max(1)), i128::from(q.interval_nanos));
+        let scaled = lead * t_to / t_from;
+        let lead = match keep {
+            Keep::Used => scaled,
+            Keep::Left => scaled + (i128::from(q.capacity) - i128::from(p.capacity)) * t_to,
+        };
+        *at = now.add_nanos(u64::try_from(lead.max(0)).unwrap_or(u64::MAX));
     }
 
     /// The state at `now`, relative to `now`, for another node.

@@ -104,7 +104,7 @@ impl Node {
         hits: u64,
         now: Instant,
     ) -> Decision {
-        let scaled = self.owner_limit(policy);
+        let scaled = self.owner_limit(policy, key, now);
         let limit = scaled.clone().unwrap_or_else(|| policy.limit.clone());
         let rng = &mut self.rng;
         let decision = self.keys.upsert_with(

@@ -35,6 +35,10 @@ pub(crate) struct KeyMeta {
     pub own_due_epoch: u32,
     /// The same for the replicas due.
     pub replica_due_epoch: u32,
+    /// Regions: this region's lease on a part of the key's limit (as the region's owner).
+    pub region: Option<Box<super::region::RegionLease>>,
+    /// Regions: the ledger of every region's lease (as the key's home owner).
+    pub home: Option<Box<super::region::HomeLedger>>,
 }
 
 /// Marks a key due in sync round `epoch` (`KeyMeta::own_due_epoch` or `replica_due_epoch`):
@@ -62,6 +66,8 @@ impl KeyMeta {
             own_credit: Credit::default(),
             own_due_epoch: 0,
             replica_due_epoch: 0,
+            region: None,
+            home: None,
         }
     }
 
@@ -100,7 +106,11 @@ impl KeyExtra for KeyMeta {
         // What participants hold is kept until it is released (or void).
         let shares = self.participants.iter().map(|p| p.released_at).max().unwrap_or(Instant::ZERO);
         let own = if self.own.hits > 0 { self.own.expires_at } else { Instant::ZERO };
-        let owner_side = shares.max(own);
+        // A region's lease and a home's ledger are kept while they last (a lease's part is what
+        // the home counts the region as using).
+        let lease = self.region.as_ref().map_or(Instant::ZERO, |lease| lease.until);
+        let ledger = self.home.as_ref().map_or(Instant::ZERO, |home| home.until());
+        let owner_side = shares.max(own).max(lease).max(ledger);
         let Some(follower) = self.follower.as_ref() else { return owner_side };
         if follower.has_news() || follower.allowance.hits > 0 {
             return Instant::MAX;

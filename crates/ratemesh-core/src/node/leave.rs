@@ -20,7 +20,6 @@
 //! no other in sight: a rolling restart, a scale-down by one) it ends as soon as its handoff is
 //! acknowledged: SIGTERM to exit is `own_for` plus a round trip.
 
-use crate::prelude::*;
 use core::time::Duration;
 
 use super::*;
@@ -94,10 +93,9 @@ impl Node {
                 let (linger_until, give_up_at) = (now.add_nanos(linger_nanos), now.add_nanos(drain_nanos));
                 debug_assert!(linger_until <= give_up_at, "a leave lingers within its drain");
                 self.leave = Some(Leave::Draining { linger_until, give_up_at });
-                let live: Vec<NodeId> =
-                    self.ring.members().iter().copied().filter(|&m| m != self.id).collect();
-                let dead = self.dead.clone();
-                self.apply_view(now, live, dead);
+                let mut view = self.view.clone();
+                view.live.retain(|&m| m != self.id);
+                self.apply_view(now, view);
                 self.flush_forwards(now);
                 // The handoff goes out (unacknowledged) before the drain can count it done.
                 self.flush_out(now);

@@ -65,6 +65,7 @@ mod leave;
 mod owner;
 mod peers;
 mod persist;
+mod region;
 mod ring;
 mod round;
 mod share;
@@ -194,8 +195,6 @@ pub struct Node {
     keys: Store<KeyMeta>,
     rng: CoreRng,
     ring: Ring,
-    /// The dead members of the last view (they own nothing but hold ranks).
-    dead: Vec<NodeId>,
     /// Every member of the last view, live and dead, sorted: ranks apportion each limit.
     members: Vec<NodeId>,
     /// The ranks of the members this node could reach at the last sync tick (itself included).
@@ -206,6 +205,15 @@ pub struct Node {
     owner_limits: HashMap<LimitSpec, Option<Limit>, KeyHasherBuilder>,
     /// Limits as this node's share enforces them (the fallback), by spec.
     local_limits: HashMap<LimitSpec, Option<Limit>, KeyHasherBuilder>,
+    /// The last view applied (every region's members).
+    view: MemberView,
+    /// The regions of the view (`region.rs`): one, unless the members name several.
+    regions: region::Regions,
+    /// Limits as a region's part of them, by spec and part.
+    region_limits: HashMap<(LimitSpec, u64), Option<Limit>, KeyHasherBuilder>,
+    /// Keys this node decided as its region's owner since the last region sync round (bounded
+    /// by the key table).
+    region_due: IndexSet<KeyHash, KeyHasherBuilder>,
     peers: Peers,
     /// Checks forwarded to their owners (`forwards.rs`).
     forwards: Forwards,
@@ -268,12 +276,15 @@ impl Node {
             keys: Store::new(config.store, seed),
             rng,
             ring: Ring::new(&[id], config.ring_vnodes),
-            dead: Vec::new(),
             members: vec![id],
             reachable_ranks: vec![0],
             rank: Some(0),
             owner_limits: HashMap::default(),
             local_limits: HashMap::default(),
+            view: MemberView { live: vec![id], dead: Vec::new(), regions: Vec::new() },
+            regions: region::Regions::default(),
+            region_limits: HashMap::default(),
+            region_due: IndexSet::default(),
             peers: Peers::new(id, incarnation, peer_config),
             forwards: Forwards::new(),
             outgoing: BTreeMap::new(),
@@ -446,7 +457,18 @@ impl Node {
     /// Takes bytes from peer `from`. Malformed input is counted and dropped, never a panic.
     pub fn handle_frame(&mut self, now: Instant, from: NodeId, bytes: &[u8]) {
         if let Ok(Some((order, body))) = self.peers.receive(from, bytes, now) {
-            let Body { forward, decided, report, grant, handoff, replica, release, adjust } = body;
+            let Body {
+                forward,
+                decided,
+                report,
+                grant,
+                handoff,
+                replica,
+                release,
+                adjust,
+                region_report,
+                region_grant,
+            } = body;
             self.on_forward(from, forward, now);
             self.on_adjust(from, adjust, now);
             self.on_decided(from, decided, now);
@@ -455,6 +477,8 @@ impl Node {
             self.on_states(from, handoff, false, now);
             self.on_states(from, replica, true, now);
             self.on_release(release, now);
+            self.on_region_reports(from, region_report, now);
+            self.on_region_grants(region_grant, now);
         }
         // An acknowledgement may complete a leave's drain.
         self.leave_progress(now);
@@ -472,19 +496,31 @@ impl Node {
             Some(leave::Leave::Owning { .. }) if !live.contains(&self.id) => live.push(self.id),
             Some(_) => live.retain(|&m| m != self.id),
         }
-        let change = self.apply_view(now, live, view.dead);
+        let change = self.apply_view(now, MemberView { live, ..view });
         self.end_input(now);
         change
     }
 
-    fn apply_view(&mut self, now: Instant, live: Vec<NodeId>, dead: Vec<NodeId>) -> ViewChange {
+    fn apply_view(&mut self, now: Instant, view: MemberView) -> ViewChange {
         // A round's entries were all taken under one ring.
         self.finish_round(now);
+        // Frames go to members of every region; ownership, shares and reachability are the own
+        // region's.
+        let probes = self.peers.set_members(&view.live, now);
+        self.transmits.extend(probes);
+        self.regions = region::Regions::new(&view, (self.id, self.config.region), self.config.ring_vnodes);
+        self.view = view.clone();
+        self.region_limits.clear();
+        let region_timer = self.regions.active().then(|| {
+            let interval = duration_nanos(self.config.region_sync_interval).max(1);
+            self.timers.get(Timer::RegionSync).unwrap_or(now.add_nanos(interval))
+        });
+        self.timers.set_or_stop(Timer::RegionSync, region_timer);
+        let live = self.regions.filter(self.config.region, &view.live);
+        let dead = self.regions.filter(self.config.region, &view.dead);
         let mut members: Vec<NodeId> = live.iter().chain(&dead).copied().collect();
         members.sort_unstable();
         members.dedup();
-        let probes = self.peers.set_members(&live, now);
-        self.transmits.extend(probes);
         let replicated = self.replicates();
         let departed = self.ring.members().iter().any(|m| *m != self.id && !members.contains(m));
         if departed {
@@ -501,7 +537,6 @@ impl Node {
             "the ring's members are members"
         );
         self.members = members;
-        self.dead = dead;
         self.refresh_reachability(now, true);
         // Owners mark no key for replication while they are alone on their ring: the first
         // successor gets every key they still own.
@@ -532,6 +567,11 @@ impl Node {
                 }
                 Timer::Sync => synced = self.on_sync_timeout(now),
                 Timer::SyncSlice => self.run_slice(now, self.config.sync_slice_len_max),
+                Timer::RegionSync => {
+                    self.region_round(now);
+                    let interval = duration_nanos(self.config.region_sync_interval);
+                    self.timers.set(Timer::RegionSync, now.add_nanos(interval.max(1)));
+                }
                 // Below: a leave also moves on without its deadline (its last acknowledgement).
                 Timer::Leave => {}
             }
@@ -673,14 +713,23 @@ impl Node {
 
     // --- Limits as the reachable part of the cluster enforces them ---------------------------------
 
-    /// The limit an owner enforces: the share of the members it can reach (`None`: nothing, a
-    /// side of a partition whose share rounds to zero).
-    fn owner_limit(&mut self, policy: &Policy) -> Option<Limit> {
+    /// The limit an owner enforces for `key`: its region's part of it (`region.rs`), of which the
+    /// share of the members it can reach (`None`: nothing, a side of a partition whose share
+    /// rounds to zero, or a region without a part).
+    fn owner_limit(&mut self, policy: &Policy, key: KeyHash, now: Instant) -> Option<Limit> {
+        let regional = match self.region_part(key, policy, now) {
+            None => None,
+            Some(part) => {
+                self.region_rescale(key, policy, part, now);
+                Some(self.region_limit(&policy.limit, part)?)
+            }
+        };
+        let limit = regional.as_ref().unwrap_or(&policy.limit);
         if self.reachable_ranks.len() >= self.members.len() {
-            return Some(policy.limit.clone());
+            return Some(limit.clone());
         }
         let (ranks, n) = (&self.reachable_ranks, self.members.len());
-        let scaled = cached(&mut self.owner_limits, &policy.limit, |limit| share::apportion(limit, ranks, n));
+        let scaled = cached(&mut self.owner_limits, limit, |limit| share::apportion(limit, ranks, n));
         debug_assert!(
             scaled.as_ref().is_none_or(|s| s.spec().limit <= policy.limit.spec().limit),
             "an owner enforces at most the limit: the reachable members' shares"
@@ -688,10 +737,31 @@ impl Node {
         scaled
     }
 
+    /// `limit` as a region enforces `part` of it (cached by spec and part; the cache is bounded).
+    fn region_limit(&mut self, limit: &Limit, part: u64) -> Option<Limit> {
+        let at = (limit.spec().clone(), part);
+        if let Some(scaled) = self.region_limits.get(&at) {
+            return scaled.clone();
+        }
+        let scaled = region::scale(limit, part);
+        if self.region_limits.len() >= SCALED_LIMITS_MAX {
+            self.region_limits.clear();
+        }
+        self.region_limits.insert(at, scaled.clone());
+        scaled
+    }
+
     /// The limit this node's fallback enforces: its own rank's share.
     fn local_limit(&mut self, limit: &Limit) -> Option<Limit> {
         let rank = self.rank?;
         let n = self.members.len();
+        // Across regions, the share is of the region's floor: the part of the limit its home
+        // keeps for the region whatever happens (the follower does not know the region's lease).
+        let regional = match self.regions.active() {
+            true => Some(self.region_limit(limit, self.regions.floor(limit.spec().limit))?),
+            false => None,
+        };
+        let limit = regional.as_ref().unwrap_or(limit);
         debug_assert!(
             rank < n && self.members[rank] == self.id,
             "the node's rank is its place among the members"
@@ -719,6 +789,7 @@ impl Node {
             self.reachable_ranks = ranks;
             self.owner_limits.clear();
             self.local_limits.clear();
+            self.region_limits.clear();
         }
     }
 

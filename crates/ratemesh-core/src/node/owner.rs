@@ -30,7 +30,7 @@ impl Node {
         now: Instant,
     ) -> Decision {
         self.stats.owner_decisions += 1;
-        let limit = self.owner_limit(policy);
+        let limit = self.owner_limit(policy, key, now);
         let half_life = self.half_life_nanos();
         let approximate = effective_mode(policy) == api::Mode::Approximate;
         let retry_floor = self.next_sync_at().nanos_since(now);
@@ -62,6 +62,7 @@ impl Node {
                 (decision, own_due, replica_due)
             },
         );
+        self.region_touched(key, policy, now);
         // Marked in the key's entry, which the check has just touched: a key already due this
         // round costs no probe of the sets (most checks of a busy key).
         if own_due {
@@ -127,7 +128,7 @@ impl Node {
         now: Instant,
     ) -> (Decision, Option<Grant>) {
         self.stats.owner_decisions += 1;
-        let limit = self.owner_limit(policy);
+        let limit = self.owner_limit(policy, key, now);
         let sizing = self.sizing_context(from, now);
         let approximate = check.mode == WireMode::Approximate;
         let rng = &mut self.rng;
@@ -155,6 +156,7 @@ impl Node {
         if decision.allowed && check.cost > 0 && self.replicates() {
             self.replicas_due.insert(key);
         }
+        self.region_touched(key, policy, now);
         (decision, grant)
     }
 
@@ -251,12 +253,12 @@ impl Node {
             Arc::new(Policy { limit, mode: api::Mode::Approximate, fallback: api::Fallback::LocalShare });
         // A side of a partition whose share rounds to nothing still debits and credits what it
         // is told, under the whole limit, and grants nothing.
-        let scaled = self.owner_limit(&policy);
+        let scaled = self.owner_limit(&policy, key, now);
         let share = scaled.is_some();
         let limit = scaled.unwrap_or_else(|| policy.limit.clone());
         let sizing = self.sizing_context(from, now);
         self.peers.expect(from, now, self.release_nanos());
-        self.keys.upsert_with(
+        let grant = self.keys.upsert_with(
             key,
             &limit,
             now,
@@ -299,7 +301,9 @@ impl Node {
                 };
                 sizing.grant(key, bucket, &limit, meta, from, offer)
             },
-        )
+        );
+        self.region_touched(key, &policy, now);
+        grant
     }
 
     /// At a sync round: renews the owner's own allowance of an owned approximate key it used
@@ -308,7 +312,7 @@ impl Node {
     pub(super) fn refresh_own_allowance(&mut self, key: KeyHash, sizing: &SizingContext) {
         let Some(meta) = self.keys.extra(key).filter(|m| m.owned) else { return };
         let policy = meta.policy.clone();
-        let Some(limit) = self.owner_limit(&policy) else { return };
+        let Some(limit) = self.owner_limit(&policy, key, sizing.now) else { return };
         let keep = self.keys.update(key, &limit, |bucket, meta| sizing.refresh_own(bucket, &limit, meta));
         if keep == Some(true) {
             self.own_due.insert(key);

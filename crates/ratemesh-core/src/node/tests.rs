@@ -1932,3 +1932,76 @@ fn an_expiring_counter_counts_from_its_first_hit_across_the_nodes() {
         assert!((1_950..=2_000).contains(&left), "{mode:?}: a new window from its first hit, {left} ms left");
     }
 }
+
+/// Regions: nodes 1 and 2 in one region, 3 and 4 in another, 40 ms apart. Overload moves from
+/// the first region to the second: in each phase the loaded region gets about the whole limit
+/// (all but the idle region's floor) within a second or so, and both together never exceed it.
+#[test]
+fn regions_share_one_limit_and_follow_demand_between_them() {
+    let (east, west) = (RegionId::from_name("east"), RegionId::from_name("west"));
+    let region_of = |id: u64| if id <= 2 { east } else { west };
+    let now = Instant::from_millis(1_000);
+    let ids: Vec<NodeId> = (1..=4).map(NodeId).collect();
+    let view = MemberView {
+        live: ids.clone(),
+        dead: vec![],
+        regions: ids.iter().map(|&id| (id, region_of(id.0))).collect(),
+    };
+    let mut cluster = Cluster::new(1);
+    cluster.nodes.clear();
+    for &id in &ids {
+        let config = NodeConfig { region: region_of(id.0), ..NodeConfig::default() };
+        let mut node = Node::new(id, 1, config, id.0, now).expect("a valid config");
+        node.handle_membership(now, view.clone());
+        cluster.nodes.insert(id, node);
+    }
+    for a in 1..=4u64 {
+        for b in 1..=4u64 {
+            if region_of(a) != region_of(b) {
+                cluster.slow.push((NodeId(a), NodeId(b), 19_000_000));
+            }
+        }
+    }
+    cluster.drain();
+    let policy = policy(Mode::Approximate, 100, 100);
+    let k = key("regional");
+    let mut next_id = 0u64;
+    // 150 checks a second on each node of the loaded region, for `secs`; admitted per second.
+    let mut phase = |cluster: &mut Cluster, nodes: [u64; 2], secs: u64| -> Vec<u64> {
+        let mut per_second = Vec::new();
+        for _ in 0..secs {
+            let mut admitted = 0;
+            for _ in 0..150 {
+                for &node in &nodes {
+                    next_id += 1;
+                    let request =
+                        CheckRequest { id: RequestId(next_id), key: k, policy: policy.clone(), cost: 1 };
+                    if let CheckOutcome::Decided(d) = cluster.check(node, request) {
+                        admitted += u64::from(d.allowed);
+                    }
+                }
+                cluster.run_for(Duration::from_nanos(1_000_000_000 / 150));
+            }
+            admitted += cluster.decided.drain(..).filter(|(_, d)| d.allowed).count() as u64;
+            per_second.push(admitted);
+        }
+        per_second
+    };
+    let east_load = phase(&mut cluster, [1, 2], 4);
+    let west_load = phase(&mut cluster, [3, 4], 4);
+    println!("east loaded: {east_load:?}; west loaded: {west_load:?}");
+    let total: u64 = east_load.iter().chain(&west_load).sum();
+    // The new key's burst once, on top of the rate (spread over the first two seconds).
+    assert!(total <= 8 * 100 + 100 + 8, "at most the limit over the run: {total}");
+    assert!(east_load[0] + east_load[1] <= 300, "{east_load:?}");
+    assert!(west_load[0] <= 100, "no second burst when demand moves: {west_load:?}");
+    for steady in [&east_load[2..], &west_load[1..]] {
+        for &second in steady {
+            assert!(
+                second >= 90,
+                "the loaded region gets about the whole limit: {east_load:?} {west_load:?}"
+            );
+            assert!(second <= 106, "and no more: {east_load:?} {west_load:?}");
+        }
+    }
+}

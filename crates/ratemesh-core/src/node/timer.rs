@@ -28,17 +28,20 @@ pub(super) enum Timer {
     SyncSlice = 4,
     /// A graceful leave moves on by itself (hands over, or gives up draining).
     Leave = 5,
+    /// Regions: the next region sync round (armed exactly while the view spans several regions).
+    RegionSync = 6,
 }
 
 impl Timer {
     /// Every timer, in the order `handle_timeout` runs them.
-    pub(super) const VALUES: [Timer; 6] = [
+    pub(super) const VALUES: [Timer; 7] = [
         Timer::FlushForwards,
         Timer::ForwardExpiry,
         Timer::Peers,
         Timer::Sync,
         Timer::SyncSlice,
         Timer::Leave,
+        Timer::RegionSync,
     ];
 }
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Adjust, AdjustKind, Body, CalendarWire, Decided, ForwardCheck, Frame, Grant, KeyState, LimitWire,
-    Release, Report, SnapshotWire, WireError, WireMode,
+    RegionGrant, RegionReport, Release, Report, SnapshotWire, WireError, WireMode,
 };
 use crate::limit::Algorithm;
 
@@ -41,6 +41,27 @@ enum Section {
     Release(Vec<ReleaseItem>),
     /// Added last: frames without adjustments keep their bytes.
     Adjust(Vec<AdjustItem>),
+    /// Added after it, likewise (only clusters of several regions send them).
+    RegionReport(Vec<RegionReportItem>),
+    RegionGrant(Vec<RegionGrantItem>),
+}
+
+#[derive(Serialize, Deserialize)]
+struct RegionReportItem {
+    key: [u8; 16],
+    limit: u32,
+    demand_per_s: u64,
+    applied_seq: u64,
+    applied_part: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct RegionGrantItem {
+    key: [u8; 16],
+    seq: u64,
+    part: u64,
+    lease_nanos: u64,
+    first: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -211,6 +232,28 @@ impl FrameWire {
                 mode: a.mode,
             })
             .collect();
+        let region_report: Vec<RegionReportItem> = body
+            .region_report
+            .iter()
+            .map(|r| RegionReportItem {
+                key: key_bytes(r.key),
+                limit: table.index(&r.limit),
+                demand_per_s: r.demand_per_s,
+                applied_seq: r.applied_seq,
+                applied_part: r.applied_part,
+            })
+            .collect();
+        let region_grant: Vec<RegionGrantItem> = body
+            .region_grant
+            .iter()
+            .map(|g| RegionGrantItem {
+                key: key_bytes(g.key),
+                seq: g.seq,
+                part: g.part,
+                lease_nanos: g.lease_nanos,
+                first: g.first,
+            })
+            .collect();
         let limits: Vec<LimitCode> = table.0.iter().map(LimitCode::from_limit).collect();
         // Sections in a fixed order, the empty ones left out.
         let candidates = [
@@ -223,6 +266,8 @@ impl FrameWire {
             (replica.is_empty(), Section::Replica(replica)),
             (release.is_empty(), Section::Release(release)),
             (adjust.is_empty(), Section::Adjust(adjust)),
+            (region_report.is_empty(), Section::RegionReport(region_report)),
+            (region_grant.is_empty(), Section::RegionGrant(region_grant)),
         ];
         let sections = candidates.into_iter().filter(|(empty, _)| !empty).map(|(_, s)| s).collect();
         FrameWire {
@@ -270,6 +315,22 @@ impl FrameWire {
                 Section::Adjust(items) => {
                     body.adjust =
                         items.into_iter().map(|i| i.into_adjust(&limits)).collect::<Result<_, _>>()?;
+                }
+                Section::RegionReport(items) => {
+                    body.region_report =
+                        items.into_iter().map(|i| i.into_report(&limits)).collect::<Result<_, _>>()?;
+                }
+                Section::RegionGrant(items) => {
+                    body.region_grant = items
+                        .into_iter()
+                        .map(|g| RegionGrant {
+                            key: u128::from_le_bytes(g.key),
+                            seq: g.seq,
+                            part: g.part,
+                            lease_nanos: g.lease_nanos,
+                            first: g.first,
+                        })
+                        .collect();
                 }
             }
         }
@@ -380,6 +441,18 @@ impl AdjustItem {
             kind: self.kind,
             hits: self.hits,
             mode: self.mode,
+        })
+    }
+}
+
+impl RegionReportItem {
+    fn into_report(self, limits: &Limits) -> Result<RegionReport, WireError> {
+        Ok(RegionReport {
+            key: u128::from_le_bytes(self.key),
+            limit: limits.get(self.limit)?,
+            demand_per_s: self.demand_per_s,
+            applied_seq: self.applied_seq,
+            applied_part: self.applied_part,
         })
     }
 }

@@ -136,6 +136,10 @@ pub struct Body {
     pub release: Vec<Release>,
     /// Refunds and charges for the owner of their keys, answered in `decided` by `id`.
     pub adjust: Vec<Adjust>,
+    /// Regions: a region's owner of a key to the key's home owner.
+    pub region_report: Vec<RegionReport>,
+    /// Regions: a home owner's lease to a region's owner of a key.
+    pub region_grant: Vec<RegionGrant>,
 }
 
 impl Body {
@@ -154,6 +158,8 @@ impl Body {
             + self.replica.len()
             + self.release.len()
             + self.adjust.len()
+            + self.region_report.len()
+            + self.region_grant.len()
     }
 
     /// Appends what `other` says (section by section, in order).
@@ -166,10 +172,13 @@ impl Body {
         self.replica.append(&mut other.replica);
         self.release.append(&mut other.release);
         self.adjust.append(&mut other.adjust);
+        self.region_report.append(&mut other.region_report);
+        self.region_grant.append(&mut other.region_grant);
     }
 
     /// The name of its first non-empty section (`forward`, `decided`, `report`, `grant`,
-    /// `handoff`, `replica`, `release`, `adjust`), or `heartbeat`: for traffic accounting.
+    /// `handoff`, `replica`, `release`, `adjust`, `region_report`, `region_grant`), or `heartbeat`:
+    /// for traffic accounting.
     pub fn kind(&self) -> &'static str {
         let sections = [
             ("forward", self.forward.is_empty()),
@@ -180,6 +189,8 @@ impl Body {
             ("replica", self.replica.is_empty()),
             ("release", self.release.is_empty()),
             ("adjust", self.adjust.is_empty()),
+            ("region_report", self.region_report.is_empty()),
+            ("region_grant", self.region_grant.is_empty()),
         ];
         sections.into_iter().find(|(_, empty)| !empty).map_or("heartbeat", |(name, _)| name)
     }
@@ -423,6 +434,38 @@ pub struct Report {
     pub demand_per_s: u64,
     /// The follower's last authoritative state, sent once to a new owner to seed it.
     pub seed: Option<SnapshotWire>,
+}
+
+/// A region's owner of a key to the key's home owner: its region's demand and the part of the
+/// limit it enforces (`node/region.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionReport {
+    /// The bucket.
+    pub key: u128,
+    /// The limit.
+    pub limit: LimitWire,
+    /// Hits asked for per second in the sender's region, recently.
+    pub demand_per_s: u64,
+    /// The number of the last lease the sender applied (0: none yet).
+    pub applied_seq: u64,
+    /// The part of the limit's rate the sender enforces now.
+    pub applied_part: u64,
+}
+
+/// A home owner's lease to a region's owner of a key: a part of the limit, for a while.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionGrant {
+    /// The bucket.
+    pub key: u128,
+    /// The lease's number (grows with every grant of the key's home owner).
+    pub seq: u64,
+    /// The part of the limit's rate the region may enforce.
+    pub part: u64,
+    /// How long the lease lasts, counted from the region's last report.
+    pub lease_nanos: u64,
+    /// The key's first lease anywhere: the key is new, and the region may have its part of a
+    /// full bucket.
+    pub first: bool,
 }
 
 /// The owner's answer to a report for one key.

@@ -1,0 +1,613 @@
+//! Regions: one global limit per key across regions, every decision taken inside its region.
+//!
+//! A node's view names each member's region ([`MemberView::regions`]). Inside a region nothing
+//! changes: the region's live members form the node's ring, keys have owners there, and the
+//! owner grants allowances and leases to the region's other nodes as in a one-region cluster.
+//! Between regions, each key has a *home region* (rendezvous hashing of the key over the view's
+//! regions) and a *home owner* (the key's owner in the home region). Every region's owner of the
+//! key enforces a *part* of the key's limit (hits of its rate; the burst in proportion) that it
+//! leases from the home owner:
+//!
+//! - **Reports.** Every region sync interval, a region's owner reports each key it decided since
+//!   the last one, when it has news: no live lease, a lease ending within two intervals, its
+//!   region's demand moved by a quarter, or a lease applied that the home has not seen
+//!   acknowledged. A key with no lease yet is reported at once. A steady key costs about one
+//!   report and one grant per region per lease; an idle one nothing.
+//! - **Leases.** The home owner keeps a ledger per key: per region, its demand, the part granted
+//!   and the part before a decrease until the region acknowledges it. On each report it computes
+//!   every region's *desired* part — a floor plus the rest in proportion to demand — and grants
+//!   the reporter `min(desired, limit − what every other region may still be using)`. A region
+//!   above its desired part is sent the decrease at once (a push), and one below it the increase
+//!   once the capacity is free. So the parts that may be in use never sum above the limit.
+//! - **Expiry.** A region's owner counts its lease from the report it last sent (earlier than
+//!   the home's grant), so it ends no later than the home's view of it. When it ends without a
+//!   renewal (the home is unreachable), the part falls to [`RegionFallback`]: the floor (every
+//!   region's floor is always reserved by the home), the last part (the home keeps a silent
+//!   region's last grant reserved), or nothing.
+//!
+//! Exact mode is exact per region within its part: checks never leave their region.
+
+use crate::prelude::*;
+use alloc::sync::Arc;
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::api::{MemberView, NodeId, Policy, RegionFallback, RegionId};
+use super::ring::Ring;
+use super::*;
+use crate::algorithm::Keep;
+use crate::limit::{Algorithm, LimitSpec};
+use crate::wire::{RegionGrant, RegionReport};
+
+/// The floors of all regions together: 3 % of the limit, split evenly. A region admits its floor
+/// before its first lease and (by default) when its lease ended without a renewal.
+const FLOOR_PERMILLE: u64 = 30;
+
+/// A region's reported demand must move by this fraction (1/4) to be reported before its lease
+/// nears its end.
+const DEMAND_CHANGE_DIVISOR: u64 = 4;
+
+/// A decrease smaller than this fraction (1/8) of a region's part is not pushed: it waits for the
+/// region's next report.
+const PUSH_DIVISOR: u64 = 8;
+
+/// The regions of a view and a ring of each one's live members.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Regions {
+    /// Every region of the view (of live and dead members), sorted.
+    ids: Vec<RegionId>,
+    /// The ring of each region's live members, in `ids` order.
+    rings: Vec<Ring>,
+    /// Every member's region, sorted by member.
+    of: Vec<(NodeId, RegionId)>,
+}
+
+impl Regions {
+    /// The regions of `view`, in which node `me` is in region `mine` (a node's own region is its
+    /// configuration's, whatever a view says, and it is in its own view while it leaves).
+    pub fn new(view: &MemberView, me: (NodeId, RegionId), vnodes: u32) -> Regions {
+        let named =
+            |m: NodeId| view.regions.iter().find(|(n, _)| *n == m).map_or(RegionId::NONE, |(_, r)| *r);
+        let mut of: Vec<(NodeId, RegionId)> = core::iter::once(me)
+            .chain(view.live.iter().chain(&view.dead).filter(|&&m| m != me.0).map(|&m| (m, named(m))))
+            .collect();
+        of.sort_unstable();
+        of.dedup_by_key(|(m, _)| *m);
+        let mut ids: Vec<RegionId> = of.iter().map(|(_, r)| *r).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let rings = ids
+            .iter()
+            .map(|&region| {
+                let members: Vec<NodeId> =
+                    view.live.iter().copied().filter(|&m| Self::find(&of, m) == region).collect();
+                Ring::new(&members, vnodes)
+            })
+            .collect();
+        Regions { ids, rings, of }
+    }
+
+    fn find(of: &[(NodeId, RegionId)], member: NodeId) -> RegionId {
+        of.binary_search_by_key(&member, |(m, _)| *m).map_or(RegionId::NONE, |at| of[at].1)
+    }
+
+    /// Whether the view spans several regions (else the protocol is a one-region cluster's).
+    pub fn active(&self) -> bool {
+        self.ids.len() > 1
+    }
+
+    /// How many regions the view names.
+    pub fn count(&self) -> usize {
+        self.ids.len().max(1)
+    }
+
+    /// The region of `member` ([`RegionId::NONE`] when the view does not name one).
+    pub fn region_of(&self, member: NodeId) -> RegionId {
+        Self::find(&self.of, member)
+    }
+
+    /// The members of `region` among `members`.
+    pub fn filter(&self, region: RegionId, members: &[NodeId]) -> Vec<NodeId> {
+        members.iter().copied().filter(|&m| self.region_of(m) == region).collect()
+    }
+
+    /// The key's home region (rendezvous hashing: a region leaving moves only its own keys) and
+    /// its owner there (none while the region has no live member).
+    pub fn home(&self, key: KeyHash) -> (RegionId, Option<NodeId>) {
+        let bytes = key.0.to_le_bytes();
+        let score = |at: usize| xxh3_64_with_seed(&bytes, self.ids[at].0);
+        let Some(at) = (0..self.ids.len()).max_by_key(|&at| (score(at), self.ids[at])) else {
+            return (RegionId::NONE, None);
+        };
+        (self.ids[at], self.rings[at].owner(key))
+    }
+
+    /// A region's floor of a limit of `value` hits.
+    pub fn floor(&self, value: u64) -> u64 {
+        value.saturating_mul(FLOOR_PERMILLE) / 1000 / self.count() as u64
+    }
+}
+
+/// A region owner's lease on a part of one key's limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RegionLease {
+    /// Hits of the limit's rate leased (and the burst in proportion).
+    pub part: u64,
+    /// When the lease ends: the last report's time plus the lease.
+    pub until: Instant,
+    /// The home's number of the last grant applied (0: none yet).
+    pub seq: u64,
+    /// The `seq` the last report carried.
+    pub seq_reported: u64,
+    /// When the last report was sent, and the demand it said.
+    pub reported_at: Instant,
+    pub demand_reported: u64,
+    /// The part the owner's bucket counts in (0: not known yet), and whether that was before
+    /// the first lease; see [`Node::region_rescale`].
+    pub bucket_part: u64,
+    pub bucket_before_lease: bool,
+    /// The lease applied last was the key's first anywhere (`RegionGrant::first`).
+    pub first: bool,
+}
+
+impl RegionLease {
+    /// The part enforced at `now`: the lease's while it lasts, else `fallback`'s (the floor
+    /// before any lease).
+    fn part_at(&self, now: Instant, floor: u64, fallback: RegionFallback) -> u64 {
+        match (self.seq, fallback) {
+            (0, _) => floor,
+            _ if now < self.until => self.part,
+            (_, RegionFallback::Floor) => floor,
+            (_, RegionFallback::Last) => self.part,
+            (_, RegionFallback::Closed) => 0,
+        }
+    }
+
+    /// Whether the home should hear from this region now: see the module documentation.
+    fn news(&self, demand_per_s: u64, now: Instant, renew_nanos: u64) -> bool {
+        let moved =
+            demand_per_s.abs_diff(self.demand_reported) > self.demand_reported / DEMAND_CHANGE_DIVISOR + 1;
+        self.seq == 0 || self.seq != self.seq_reported || self.until <= now.add_nanos(renew_nanos) || moved
+    }
+}
+
+/// The home owner's ledger of one key: every region's lease.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct HomeLedger {
+    regions: Vec<RegionEntry>,
+    /// The number of the last grant.
+    seq: u64,
+}
+
+/// One region in a home owner's ledger.
+#[derive(Clone, Copy, Debug)]
+struct RegionEntry {
+    region: RegionId,
+    /// The member that last reported for the region: where pushes go.
+    reporter: NodeId,
+    demand_per_s: u64,
+    /// The part granted last, its number, and when its lease ends at the latest.
+    granted: u64,
+    seq: u64,
+    until: Instant,
+    /// A decrease not acknowledged yet: the part before it, counted until `until`.
+    prior: u64,
+}
+
+/// What a region may be using of a key's limit, seen from its home.
+#[derive(Clone, Copy, Debug)]
+struct Ledgered {
+    floor: u64,
+    fallback: RegionFallback,
+    now: Instant,
+}
+
+impl Ledgered {
+    fn committed(&self, entry: &RegionEntry) -> u64 {
+        if self.now < entry.until {
+            return entry.granted.max(entry.prior);
+        }
+        match self.fallback {
+            RegionFallback::Floor => self.floor,
+            RegionFallback::Last => entry.granted.max(entry.prior),
+            RegionFallback::Closed => 0,
+        }
+    }
+}
+
+/// A report as the home applies it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HomeReport {
+    pub region: RegionId,
+    pub from: NodeId,
+    pub demand_per_s: u64,
+    pub applied_seq: u64,
+    pub applied_part: u64,
+}
+
+/// How the home sizes leases.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HomeTerms {
+    /// The limit's rate (hits per period).
+    pub value: u64,
+    pub floor: u64,
+    pub fallback: RegionFallback,
+    /// The lease as the home counts it (the lease and a region sync interval of slack).
+    pub lease_nanos: u64,
+    pub now: Instant,
+}
+
+impl HomeLedger {
+    /// Applies a report and returns the grants to send: the reporter's first, then pushes to
+    /// other regions (`(to, grant part, number)`); and whether the reporter's grant is the key's
+    /// first anywhere (no lease was granted or reported before it): the key is new, its bucket
+    /// full, and the reporter may have its part of it (`Keep::Used`).
+    pub(super) fn apply(
+        &mut self,
+        report: HomeReport,
+        regions: &[RegionId],
+        terms: HomeTerms,
+    ) -> (Vec<(NodeId, u64, u64)>, bool) {
+        let first = self.seq == 0 && report.applied_seq == 0;
+        let ledgered = Ledgered { floor: terms.floor, fallback: terms.fallback, now: terms.now };
+        // Regions gone from the view are forgotten (their members left: they admit nothing).
+        self.regions.retain(|e| regions.contains(&e.region));
+        let at = match self.regions.iter().position(|e| e.region == report.region) {
+            Some(at) => at,
+            None => {
+                // A region new to this ledger holds what it says it applied (a lease of an earlier
+                // home owner), at least its floor.
+                self.regions.push(RegionEntry {
+                    region: report.region,
+                    reporter: report.from,
+                    demand_per_s: 0,
+                    granted: report.applied_part,
+                    seq: report.applied_seq,
+                    until: terms.now.add_nanos(terms.lease_nanos),
+                    prior: 0,
+                });
+                self.seq = self.seq.max(report.applied_seq);
+                self.regions.len() - 1
+            }
+        };
+        let entry = &mut self.regions[at];
+        entry.reporter = report.from;
+        entry.demand_per_s = report.demand_per_s;
+        if report.applied_seq >= entry.seq {
+            entry.prior = 0;
+        }
+        let desired = self.desired(regions, terms);
+        let mut grants = Vec::new();
+        // Decreases first (pushed), so that the reporter's grant can use what they free later.
+        for (i, &want) in desired.iter().enumerate() {
+            let e = &self.regions[i];
+            let push = i != at && terms.now < e.until && want < e.granted;
+            if push && e.granted - want > e.granted / PUSH_DIVISOR {
+                grants.push(self.grant(i, want, terms));
+            }
+        }
+        let others: u64 =
+            (0..self.regions.len()).filter(|&i| i != at).map(|i| ledgered.committed(&self.regions[i])).sum();
+        let unknown = regions.iter().filter(|r| !self.regions.iter().any(|e| e.region == **r)).count() as u64;
+        let free = terms.value.saturating_sub(others).saturating_sub(unknown.saturating_mul(terms.floor));
+        let part = desired[at].min(free);
+        grants.insert(0, self.grant(at, part, terms));
+        let reporter_first = first;
+        // Increases to regions below their desired part, from what is free now.
+        let mut used: u64 =
+            self.regions.iter().map(|e| ledgered.committed(e)).sum::<u64>() + unknown * terms.floor;
+        for (i, &want) in desired.iter().enumerate() {
+            let e = self.regions[i];
+            if i == at || terms.now >= e.until || want <= e.granted || used >= terms.value {
+                continue;
+            }
+            let more = (want - e.granted).min(terms.value - used);
+            if more > e.granted / PUSH_DIVISOR {
+                used += more;
+                grants.push(self.grant(i, e.granted + more, terms));
+            }
+        }
+        (grants, reporter_first)
+    }
+
+    /// Records a grant of `part` to region `i`: `(to, part, number)`.
+    fn grant(&mut self, i: usize, part: u64, terms: HomeTerms) -> (NodeId, u64, u64) {
+        self.seq += 1;
+        let e = &mut self.regions[i];
+        if part < e.granted {
+            e.prior = e.prior.max(e.granted);
+        }
+        e.granted = part;
+        e.seq = self.seq;
+        e.until = terms.now.add_nanos(terms.lease_nanos);
+        (e.reporter, part, self.seq)
+    }
+
+    /// Every known region's desired part: its floor, and the rest of the limit in proportion to
+    /// demand (by largest remainders, so the parts sum to the limit). Regions of the view that
+    /// never reported keep their floor.
+    fn desired(&self, regions: &[RegionId], terms: HomeTerms) -> Vec<u64> {
+        let floors = terms.floor.saturating_mul(regions.len() as u64);
+        let rest = terms.value.saturating_sub(floors);
+        let total: u128 = self.regions.iter().map(|e| u128::from(e.demand_per_s)).sum();
+        if total == 0 {
+            return self.regions.iter().map(|_| terms.floor).collect();
+        }
+        let exact: Vec<(u64, u128)> = self
+            .regions
+            .iter()
+            .map(|e| {
+                let scaled = u128::from(rest) * u128::from(e.demand_per_s);
+                (u64::try_from(scaled / total).unwrap_or(rest), scaled % total)
+            })
+            .collect();
+        let mut parts: Vec<u64> = exact.iter().map(|(p, _)| terms.floor + p).collect();
+        let given: u64 = exact.iter().map(|(p, _)| p).sum();
+        let mut order: Vec<usize> = (0..exact.len()).collect();
+        order.sort_by(|&a, &b| exact[b].1.cmp(&exact[a].1).then(a.cmp(&b)));
+        for &i in order.iter().take(usize::try_from(rest.saturating_sub(given)).unwrap_or(0)) {
+            parts[i] += 1;
+        }
+        parts
+    }
+
+    /// When the last lease of the ledger ends.
+    pub(super) fn until(&self) -> Instant {
+        self.regions.iter().map(|e| e.until).max().unwrap_or(Instant::ZERO)
+    }
+}
+
+/// `limit` with `part` hits of its rate (its burst and delay in proportion), or `None` for
+/// nothing.
+pub(super) fn scale(limit: &Limit, part: u64) -> Option<Limit> {
+    let spec = limit.spec();
+    if part >= spec.limit {
+        return Some(limit.clone());
+    }
+    if part == 0 {
+        return None;
+    }
+    let of = |value: u64| {
+        u64::try_from(u128::from(value) * u128::from(part) / u128::from(spec.limit)).unwrap_or(value)
+    };
+    let burst = match spec.algorithm {
+        Algorithm::TokenBucket => Some(of(spec.burst.unwrap_or(spec.limit)).max(1)),
+        Algorithm::Gcra => Some(of(spec.burst.unwrap_or(1)).max(1)),
+        Algorithm::LeakyBucketShaper => Some(of(spec.burst.unwrap_or(0))),
+        _ => spec.burst,
+    };
+    let delay = spec.delay.map(|d| of(d).min(burst.unwrap_or(0)));
+    let scaled = LimitSpec {
+        algorithm: spec.algorithm,
+        limit: part,
+        period: spec.period,
+        burst,
+        delay,
+        calendar: spec.calendar,
+    };
+    Limit::new(scaled).ok()
+}
+
+impl Node {
+    /// The part of `policy`'s limit this region enforces for `key` at `now`, or `None` when the
+    /// cluster is one region (the whole limit).
+    pub(super) fn region_part(&self, key: KeyHash, policy: &Policy, now: Instant) -> Option<u64> {
+        if !self.regions.active() {
+            return None;
+        }
+        let floor = self.regions.floor(policy.limit.spec().limit);
+        let lease = self.keys.extra(key).and_then(|meta| meta.region.as_deref().copied()).unwrap_or_default();
+        Some(lease.part_at(now, floor, self.config.region_fallback))
+    }
+
+    /// Before a decision on `key` under `part` of its limit: the bucket is re-expressed in that
+    /// part if it counted in another (a lease changed it, or ended). It keeps the hits left
+    /// (`Keep::Left`), except at the key's first lease anywhere (the key is new: its burst is
+    /// whole), which keeps the hits used, so that a new key's burst is not lost.
+    pub(super) fn region_rescale(&mut self, key: KeyHash, policy: &Policy, part: u64, now: Instant) {
+        let Some(lease) = self.keys.extra(key).and_then(|meta| meta.region.as_deref().copied()) else {
+            return;
+        };
+        if part == 0 || lease.bucket_part == 0 || lease.bucket_part == part {
+            return;
+        }
+        let keep = if lease.bucket_before_lease && lease.first { Keep::Used } else { Keep::Left };
+        let (Some(from), Some(to)) =
+            (self.region_limit(&policy.limit, lease.bucket_part), self.region_limit(&policy.limit, part))
+        else {
+            return;
+        };
+        self.keys.update(key, &policy.limit, |bucket, meta| {
+            bucket.rescale(&from, &to, keep, now);
+            if let Some(lease) = meta.region.as_deref_mut() {
+                lease.bucket_part = part;
+                lease.bucket_before_lease = lease.seq == 0;
+            }
+        });
+    }
+
+    /// After this node decided a check of `key` as its region's owner: the key is due for a report
+    /// to its home, at once when it holds no lease yet.
+    pub(super) fn region_touched(&mut self, key: KeyHash, policy: &Arc<Policy>, now: Instant) {
+        if !self.regions.active() {
+            return;
+        }
+        let interval = duration_nanos(self.config.region_sync_interval);
+        let lease = self.keys.extra(key).and_then(|meta| meta.region.as_deref().copied());
+        // A key with no live lease is reported at once (once an interval): it decides by its
+        // floor until the lease comes.
+        let asked = lease.is_some_and(|l| l.until > now || l.reported_at.add_nanos(interval) > now);
+        if asked {
+            self.region_due.insert(key);
+        } else {
+            self.report_region(key, policy, now);
+        }
+    }
+
+    /// The region sync round: reports every due key with news to its home.
+    pub(super) fn region_round(&mut self, now: Instant) {
+        let due = core::mem::take(&mut self.region_due);
+        for key in due {
+            let Some(meta) = self.keys.extra(key).filter(|m| m.owned) else { continue };
+            let policy = meta.policy.clone();
+            let lease = meta.region.as_deref().copied().unwrap_or_default();
+            let demand = self.region_demand(key, now);
+            let renew = 2 * duration_nanos(self.config.region_sync_interval);
+            if lease.news(demand, now, renew) {
+                self.report_region(key, &policy, now);
+            }
+        }
+    }
+
+    /// The demand for `key` in this region: this node's and its participants'.
+    fn region_demand(&mut self, key: KeyHash, now: Instant) -> u64 {
+        let half_life = self.half_life_nanos();
+        let active =
+            now.sub_nanos(2 * duration_nanos(self.config.sync_interval).max(self.release_nanos() / 8));
+        let limit = match self.keys.extra(key) {
+            Some(meta) => meta.policy.limit.clone(),
+            None => return 0,
+        };
+        self.keys
+            .update(key, &limit, |_, meta| {
+                let own = meta.demand.per_second(now, half_life);
+                let counted = |p: &&Participant| p.heard_at > active || (p.leased && p.released_at > now);
+                meta.participants
+                    .iter()
+                    .filter(counted)
+                    .map(|p| p.demand_per_s)
+                    .fold(own, u64::saturating_add)
+            })
+            .unwrap_or(0)
+    }
+
+    /// Sends `key`'s report to its home owner (applies it here when this node is the home owner).
+    fn report_region(&mut self, key: KeyHash, policy: &Arc<Policy>, now: Instant) {
+        let (home, owner) = self.regions.home(key);
+        let Some(home_owner) = owner else { return };
+        let demand = self.region_demand(key, now);
+        let floor = self.regions.floor(policy.limit.spec().limit);
+        let fallback = self.config.region_fallback;
+        let lease = self.keys.update(key, &policy.limit, |_, meta| {
+            let lease = meta.region.get_or_insert_with(Box::default);
+            lease.reported_at = now;
+            lease.demand_reported = demand;
+            lease.seq_reported = lease.seq;
+            let part = lease.part_at(now, floor, fallback);
+            if lease.bucket_part == 0 {
+                // The bucket was made under the part it decided its first check by.
+                lease.bucket_part = part;
+                lease.bucket_before_lease = lease.seq == 0;
+            }
+            RegionLease { part, ..**lease }
+        });
+        let Some(lease) = lease else { return };
+        let report = RegionReport {
+            key: key.0,
+            limit: LimitWire::from_limit(&policy.limit),
+            demand_per_s: demand,
+            applied_seq: lease.seq,
+            applied_part: lease.part,
+        };
+        self.stats.reports_sent += 1;
+        if home_owner == self.id && home == self.config.region {
+            self.home_report(self.id, report, now);
+        } else {
+            self.send(home_owner, Body { region_report: vec![report], ..Body::default() }, now);
+        }
+    }
+
+    /// Reports from other regions' owners of keys whose home owner this node is.
+    pub(super) fn on_region_reports(&mut self, from: NodeId, reports: Vec<RegionReport>, now: Instant) {
+        for report in reports {
+            self.home_report(from, report, now);
+        }
+    }
+
+    fn home_report(&mut self, from: NodeId, report: RegionReport, now: Instant) {
+        let key = KeyHash(report.key);
+        let region = self.regions.region_of(from);
+        let (home, owner) = self.regions.home(key);
+        let Ok(limit) = report.limit.to_limit() else {
+            self.stats.items_refused += 1;
+            return;
+        };
+        // Only the home owner grants (views differ for a moment: the region's lease then lapses).
+        if home != self.config.region || owner != Some(self.id) {
+            self.stats.items_refused += 1;
+            return;
+        }
+        let value = limit.spec().limit;
+        let terms = HomeTerms {
+            value,
+            floor: self.regions.floor(value),
+            fallback: self.config.region_fallback,
+            lease_nanos: duration_nanos(self.config.region_lease)
+                + duration_nanos(self.config.region_sync_interval),
+            now,
+        };
+        let home_report = HomeReport {
+            region,
+            from,
+            demand_per_s: report.demand_per_s,
+            applied_seq: report.applied_seq,
+            applied_part: report.applied_part.min(value),
+        };
+        let ids = self.regions.ids.clone();
+        let policy = Arc::new(Policy {
+            limit: limit.clone(),
+            mode: api::Mode::Approximate,
+            fallback: api::Fallback::LocalShare,
+        });
+        let owned = true;
+        let (grants, first) = self.keys.upsert_with(
+            key,
+            &limit,
+            now,
+            || KeyMeta::new(policy, owned),
+            |_, meta| meta.home.get_or_insert_with(Box::default).apply(home_report, &ids, terms),
+        );
+        let lease_nanos = duration_nanos(self.config.region_lease);
+        for (i, (to, part, seq)) in grants.into_iter().enumerate() {
+            let grant = RegionGrant { key: key.0, seq, part, lease_nanos, first: first && i == 0 };
+            if to == self.id {
+                self.apply_region_grant(grant, now);
+            } else {
+                self.stats.grants_sent += 1;
+                self.send(to, Body { region_grant: vec![grant], ..Body::default() }, now);
+            }
+        }
+    }
+
+    /// Leases from home owners.
+    pub(super) fn on_region_grants(&mut self, grants: Vec<RegionGrant>, now: Instant) {
+        for grant in grants {
+            self.apply_region_grant(grant, now);
+        }
+    }
+
+    fn apply_region_grant(&mut self, grant: RegionGrant, now: Instant) {
+        let key = KeyHash(grant.key);
+        let Some(limit) = self.keys.extra(key).filter(|m| m.owned).map(|m| m.policy.limit.clone()) else {
+            self.stats.items_refused += 1;
+            return;
+        };
+        let applied = self.keys.update(key, &limit, |_, meta| {
+            let lease = meta.region.get_or_insert_with(Box::default);
+            // Grants are numbered by the home: an older one arriving late changes nothing.
+            if grant.seq <= lease.seq {
+                return false;
+            }
+            lease.seq = grant.seq;
+            lease.first = grant.first;
+            lease.part = grant.part.min(limit.spec().limit);
+            lease.until =
+                lease.reported_at.add_nanos(grant.lease_nanos).min(now.add_nanos(grant.lease_nanos));
+            true
+        });
+        if applied == Some(true) {
+            // The home learns that a push was applied from the next report.
+            self.region_due.insert(key);
+        }
+    }
+}
