@@ -207,8 +207,16 @@ fn body() -> impl Strategy<Value = Body> {
             applied_part,
         },
     );
-    let region_grant = (key(), int(), int(), int(), any::<bool>())
-        .prop_map(|(key, seq, part, lease_nanos, first)| RegionGrant { key, seq, part, lease_nanos, first });
+    let region_grant = (key(), limit(), int(), int(), int(), any::<bool>()).prop_map(
+        |(key, limit, seq, part, lease_nanos, first)| RegionGrant {
+            key,
+            limit,
+            seq,
+            part,
+            lease_nanos,
+            first,
+        },
+    );
     (
         vec(forward, 0..VEC_LEN),
         vec(decided, 0..VEC_LEN),
@@ -928,6 +936,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     }],
                     region_grant: vec![RegionGrant {
                         key: 15,
+                        limit: gcra_wire(),
                         seq: 3,
                         part: 99,
                         lease_nanos: 2_000_000_000,
@@ -936,7 +945,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                     ..Body::default()
                 },
             },
-            "04090104000004030001040a8094ebdc030105000009010e00000000000000000000000000000000ac0202610a010f000000000000000000000000000000036380a8d6b90701",
+            "04090104000004030001040a8094ebdc030105000009010e00000000000000000000000000000000ac0202610a010f00000000000000000000000000000000036380a8d6b90701",
         ),
     ]
 }

@@ -60,13 +60,14 @@ const REGION_NAME_SEED: u64 = 0x7265_6769_6f6e_0001;
 /// case, because the home owner keeps that much reserved for a silent region.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RegionFallback {
-    /// The region's floor: a small share the home owner always keeps for every region (what a
-    /// region admits before its first lease, too).
+    /// The last share leased (the default): the home owner keeps it reserved while the region
+    /// is silent (until its members leave the view), so both sides of a partition go on
+    /// admitting their shares, and the other regions cannot use the silent one's meanwhile.
     #[default]
-    Floor,
-    /// The last share leased: the home owner keeps it reserved while the region is silent, so
-    /// the other regions cannot use it meanwhile.
     Last,
+    /// The region's floor: a small share the home owner always keeps for every region (what a
+    /// region admits before its first lease, too); the rest goes to the regions that ask.
+    Floor,
     /// Nothing: the region refuses the key until a lease arrives.
     Closed,
 }
@@ -292,7 +293,7 @@ impl Default for NodeConfig {
             region: RegionId::NONE,
             region_sync_interval: Duration::from_millis(REGION_SYNC_INTERVAL_MS_DEFAULT),
             region_lease: Duration::from_millis(REGION_LEASE_MS_DEFAULT),
-            region_fallback: RegionFallback::Floor,
+            region_fallback: RegionFallback::Last,
         }
     }
 }

@@ -478,7 +478,7 @@ impl Node {
             self.on_states(from, replica, true, now);
             self.on_release(release, now);
             self.on_region_reports(from, region_report, now);
-            self.on_region_grants(region_grant, now);
+            self.on_region_grants(from, region_grant, now);
         }
         // An acknowledgement may complete a leave's drain.
         self.leave_progress(now);

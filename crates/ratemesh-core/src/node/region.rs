@@ -209,7 +209,7 @@ impl Ledgered {
         }
         match self.fallback {
             RegionFallback::Floor => self.floor,
-            RegionFallback::Last => entry.granted.max(entry.prior),
+            RegionFallback::Last => entry.granted.max(entry.prior).max(self.floor),
             RegionFallback::Closed => 0,
         }
     }
@@ -274,14 +274,25 @@ impl HomeLedger {
         entry.reporter = report.from;
         entry.demand_per_s = report.demand_per_s;
         if report.applied_seq >= entry.seq {
+            // The region has seen the latest grant: it uses what it says (less than granted when
+            // its lease fell to the floor, or nothing when the key left its owner).
             entry.prior = 0;
+            entry.granted = report.applied_part;
         }
-        let desired = self.desired(regions, terms);
+        // A region that holds nothing and asks for nothing (the key is not decided there any
+        // more) is answered with nothing: it would answer a grant the same way.
+        let asks = report.demand_per_s > 0 || report.applied_part > 0;
+        // The reporter's lease is live from now on: it takes part in the split.
+        self.regions[at].until = self.regions[at].until.max(terms.now.add_nanos(1));
+        let desired = self.desired(regions, terms, ledgered);
         let mut grants = Vec::new();
-        // Decreases first (pushed), so that the reporter's grant can use what they free later.
+        // Decreases first (pushed), so that the reporter's grant can use what they free later;
+        // also to a region whose lease lapsed when it keeps its last part (it is idle, or cut
+        // off: its acknowledgement tells which).
+        let keeps_last = terms.fallback == RegionFallback::Last;
         for (i, &want) in desired.iter().enumerate() {
             let e = &self.regions[i];
-            let push = i != at && terms.now < e.until && want < e.granted;
+            let push = i != at && (terms.now < e.until || keeps_last) && want < e.granted;
             if push && e.granted - want > e.granted / PUSH_DIVISOR {
                 grants.push(self.grant(i, want, terms));
             }
@@ -291,8 +302,10 @@ impl HomeLedger {
         let unknown = regions.iter().filter(|r| !self.regions.iter().any(|e| e.region == **r)).count() as u64;
         let free = terms.value.saturating_sub(others).saturating_sub(unknown.saturating_mul(terms.floor));
         let part = desired[at].min(free);
-        grants.insert(0, self.grant(at, part, terms));
-        let reporter_first = first;
+        if asks {
+            grants.insert(0, self.grant(at, part, terms));
+        }
+        let reporter_first = first && asks;
         // Increases to regions below their desired part, from what is free now.
         let mut used: u64 =
             self.regions.iter().map(|e| ledgered.committed(e)).sum::<u64>() + unknown * terms.floor;
@@ -323,27 +336,40 @@ impl HomeLedger {
         (e.reporter, part, self.seq)
     }
 
-    /// Every known region's desired part: its floor, and the rest of the limit in proportion to
-    /// demand (by largest remainders, so the parts sum to the limit). Regions of the view that
-    /// never reported keep their floor.
-    fn desired(&self, regions: &[RegionId], terms: HomeTerms) -> Vec<u64> {
-        let floors = terms.floor.saturating_mul(regions.len() as u64);
-        let rest = terms.value.saturating_sub(floors);
-        let total: u128 = self.regions.iter().map(|e| u128::from(e.demand_per_s)).sum();
-        if total == 0 {
-            return self.regions.iter().map(|_| terms.floor).collect();
-        }
+    /// Every known region's desired part. A region whose lease lapsed keeps what the home
+    /// counts it as using (its fallback's part); every other region gets its floor and the rest
+    /// of the limit in proportion to its demand (by largest remainders, so that the parts sum
+    /// to the limit). Regions of the view that never reported keep their floor.
+    fn desired(&self, regions: &[RegionId], terms: HomeTerms, ledgered: Ledgered) -> Vec<u64> {
+        let live = |e: &RegionEntry| terms.now < e.until;
+        let lapsed: u64 = self.regions.iter().filter(|e| !live(e)).map(|e| ledgered.committed(e)).sum();
+        let floored = regions.len() - self.regions.iter().filter(|e| !live(e)).count();
+        let rest =
+            terms.value.saturating_sub(lapsed).saturating_sub(terms.floor.saturating_mul(floored as u64));
+        let total: u128 = self.regions.iter().filter(|e| live(e)).map(|e| u128::from(e.demand_per_s)).sum();
         let exact: Vec<(u64, u128)> = self
             .regions
             .iter()
-            .map(|e| {
-                let scaled = u128::from(rest) * u128::from(e.demand_per_s);
-                (u64::try_from(scaled / total).unwrap_or(rest), scaled % total)
+            .map(|e| match (live(e), total) {
+                (false, _) => (0, 0),
+                (true, 0) => (0, 0),
+                (true, _) => {
+                    let scaled = u128::from(rest) * u128::from(e.demand_per_s);
+                    (u64::try_from(scaled / total).unwrap_or(rest), scaled % total)
+                }
             })
             .collect();
-        let mut parts: Vec<u64> = exact.iter().map(|(p, _)| terms.floor + p).collect();
+        let mut parts: Vec<u64> = self
+            .regions
+            .iter()
+            .zip(&exact)
+            .map(|(e, (p, _))| if live(e) { terms.floor + p } else { ledgered.committed(e) })
+            .collect();
+        if total == 0 {
+            return parts;
+        }
         let given: u64 = exact.iter().map(|(p, _)| p).sum();
-        let mut order: Vec<usize> = (0..exact.len()).collect();
+        let mut order: Vec<usize> = (0..exact.len()).filter(|&i| live(&self.regions[i])).collect();
         order.sort_by(|&a, &b| exact[b].1.cmp(&exact[a].1).then(a.cmp(&b)));
         for &i in order.iter().take(usize::try_from(rest.saturating_sub(given)).unwrap_or(0)) {
             parts[i] += 1;
@@ -568,10 +594,20 @@ impl Node {
             |_, meta| meta.home.get_or_insert_with(Box::default).apply(home_report, &ids, terms),
         );
         let lease_nanos = duration_nanos(self.config.region_lease);
+        let limit = report.limit;
         for (i, (to, part, seq)) in grants.into_iter().enumerate() {
-            let grant = RegionGrant { key: key.0, seq, part, lease_nanos, first: first && i == 0 };
+            let grant = RegionGrant {
+                key: key.0,
+                limit: limit.clone(),
+                seq,
+                part,
+                lease_nanos,
+                first: first && i == 0,
+            };
             if to == self.id {
-                self.apply_region_grant(grant, now);
+                if !self.apply_region_grant(&grant, now) {
+                    self.release_region_grant(self.id, grant, now);
+                }
             } else {
                 self.stats.grants_sent += 1;
                 self.send(to, Body { region_grant: vec![grant], ..Body::default() }, now);
@@ -579,18 +615,38 @@ impl Node {
         }
     }
 
-    /// Leases from home owners.
-    pub(super) fn on_region_grants(&mut self, grants: Vec<RegionGrant>, now: Instant) {
+    /// Leases from home owners (`from`).
+    pub(super) fn on_region_grants(&mut self, from: NodeId, grants: Vec<RegionGrant>, now: Instant) {
         for grant in grants {
-            self.apply_region_grant(grant, now);
+            if !self.apply_region_grant(&grant, now) {
+                self.release_region_grant(from, grant, now);
+            }
         }
     }
 
-    fn apply_region_grant(&mut self, grant: RegionGrant, now: Instant) {
+    /// A lease of a key this node does not decide (it moved to another member of the region, or
+    /// was forgotten): the home hears that the region holds nothing of it here, so it neither
+    /// keeps the part reserved nor sends it again.
+    fn release_region_grant(&mut self, home: NodeId, grant: RegionGrant, now: Instant) {
+        let release = RegionReport {
+            key: grant.key,
+            limit: grant.limit,
+            demand_per_s: 0,
+            applied_seq: grant.seq,
+            applied_part: 0,
+        };
+        if home == self.id {
+            self.home_report(self.id, release, now);
+        } else {
+            self.send(home, Body { region_report: vec![release], ..Body::default() }, now);
+        }
+    }
+
+    /// Applies a lease; whether this node decides the key (else the lease is not for it).
+    fn apply_region_grant(&mut self, grant: &RegionGrant, now: Instant) -> bool {
         let key = KeyHash(grant.key);
         let Some(limit) = self.keys.extra(key).filter(|m| m.owned).map(|m| m.policy.limit.clone()) else {
-            self.stats.items_refused += 1;
-            return;
+            return false;
         };
         let applied = self.keys.update(key, &limit, |_, meta| {
             let lease = meta.region.get_or_insert_with(Box::default);
@@ -609,5 +665,6 @@ impl Node {
             // The home learns that a push was applied from the next report.
             self.region_due.insert(key);
         }
+        true
     }
 }

@@ -1933,11 +1933,9 @@ fn an_expiring_counter_counts_from_its_first_hit_across_the_nodes() {
     }
 }
 
-/// Regions: nodes 1 and 2 in one region, 3 and 4 in another, 40 ms apart. Overload moves from
-/// the first region to the second: in each phase the loaded region gets about the whole limit
-/// (all but the idle region's floor) within a second or so, and both together never exceed it.
-#[test]
-fn regions_share_one_limit_and_follow_demand_between_them() {
+/// Regions: nodes 1 and 2 in `east`, 3 and 4 in `west`, with one-way delays of 20 ms between
+/// the regions (1 ms inside).
+fn two_regions(config: &NodeConfig) -> Cluster {
     let (east, west) = (RegionId::from_name("east"), RegionId::from_name("west"));
     let region_of = |id: u64| if id <= 2 { east } else { west };
     let now = Instant::from_millis(1_000);
@@ -1950,7 +1948,7 @@ fn regions_share_one_limit_and_follow_demand_between_them() {
     let mut cluster = Cluster::new(1);
     cluster.nodes.clear();
     for &id in &ids {
-        let config = NodeConfig { region: region_of(id.0), ..NodeConfig::default() };
+        let config = NodeConfig { region: region_of(id.0), ..config.clone() };
         let mut node = Node::new(id, 1, config, id.0, now).expect("a valid config");
         node.handle_membership(now, view.clone());
         cluster.nodes.insert(id, node);
@@ -1963,32 +1961,56 @@ fn regions_share_one_limit_and_follow_demand_between_them() {
         }
     }
     cluster.drain();
+    cluster
+}
+
+/// Checks of `k` under `policy` at 150 a second on each of `nodes` for `secs` seconds: what
+/// each second admitted on each node.
+fn regional_load(
+    cluster: &mut Cluster,
+    policy: &Arc<Policy>,
+    k: KeyHash,
+    nodes: &[u64],
+    secs: u64,
+) -> Vec<Vec<u64>> {
+    let mut per_second = Vec::new();
+    let mut next_id = cluster.sent * 1_000;
+    for _ in 0..secs {
+        let mut admitted = vec![0u64; nodes.len()];
+        let mut pending: Vec<(RequestId, usize)> = Vec::new();
+        for _ in 0..150 {
+            for (i, &node) in nodes.iter().enumerate() {
+                next_id += 1;
+                let request =
+                    CheckRequest { id: RequestId(next_id), key: k, policy: policy.clone(), cost: 1 };
+                match cluster.check(node, request) {
+                    CheckOutcome::Decided(d) => admitted[i] += u64::from(d.allowed),
+                    _ => pending.push((RequestId(next_id), i)),
+                }
+            }
+            cluster.run_for(Duration::from_nanos(1_000_000_000 / 150));
+        }
+        for (id, decision) in cluster.decided.drain(..) {
+            if let Some(&(_, i)) = pending.iter().find(|(p, _)| *p == id) {
+                admitted[i] += u64::from(decision.allowed);
+            }
+        }
+        per_second.push(admitted);
+    }
+    per_second
+}
+
+/// Overload moves from `east` to `west`: in each phase the loaded region gets about the whole
+/// limit (all but the idle region's floor) within a second or so, and both together never exceed
+/// it; the move brings no second burst.
+#[test]
+fn regions_share_one_limit_and_follow_demand_between_them() {
+    let mut cluster = two_regions(&NodeConfig::default());
     let policy = policy(Mode::Approximate, 100, 100);
     let k = key("regional");
-    let mut next_id = 0u64;
-    // 150 checks a second on each node of the loaded region, for `secs`; admitted per second.
-    let mut phase = |cluster: &mut Cluster, nodes: [u64; 2], secs: u64| -> Vec<u64> {
-        let mut per_second = Vec::new();
-        for _ in 0..secs {
-            let mut admitted = 0;
-            for _ in 0..150 {
-                for &node in &nodes {
-                    next_id += 1;
-                    let request =
-                        CheckRequest { id: RequestId(next_id), key: k, policy: policy.clone(), cost: 1 };
-                    if let CheckOutcome::Decided(d) = cluster.check(node, request) {
-                        admitted += u64::from(d.allowed);
-                    }
-                }
-                cluster.run_for(Duration::from_nanos(1_000_000_000 / 150));
-            }
-            admitted += cluster.decided.drain(..).filter(|(_, d)| d.allowed).count() as u64;
-            per_second.push(admitted);
-        }
-        per_second
-    };
-    let east_load = phase(&mut cluster, [1, 2], 4);
-    let west_load = phase(&mut cluster, [3, 4], 4);
+    let sum = |seconds: Vec<Vec<u64>>| -> Vec<u64> { seconds.iter().map(|s| s.iter().sum()).collect() };
+    let east_load = sum(regional_load(&mut cluster, &policy, k, &[1, 2], 4));
+    let west_load = sum(regional_load(&mut cluster, &policy, k, &[3, 4], 4));
     println!("east loaded: {east_load:?}; west loaded: {west_load:?}");
     let total: u64 = east_load.iter().chain(&west_load).sum();
     // The new key's burst once, on top of the rate (spread over the first two seconds).
@@ -2002,6 +2024,47 @@ fn regions_share_one_limit_and_follow_demand_between_them() {
                 "the loaded region gets about the whole limit: {east_load:?} {west_load:?}"
             );
             assert!(second <= 106, "and no more: {east_load:?} {west_load:?}");
+        }
+    }
+}
+
+/// Both regions at overload, then cut from each other for six seconds (three leases), then
+/// healed. Cut off, each keeps the part it held last (the default fallback) and its home keeps
+/// it reserved: the two together stay within the limit. With `Floor`, the side without the home
+/// falls to its floor and the home's side takes the rest; after the heal both are back to even
+/// shares within two leases.
+#[test]
+fn regions_cut_from_each_other_stay_within_the_limit() {
+    for fallback in [RegionFallback::Last, RegionFallback::Floor, RegionFallback::Closed] {
+        let config = NodeConfig { region_fallback: fallback, ..NodeConfig::default() };
+        let mut cluster = two_regions(&config);
+        let policy = policy(Mode::Approximate, 100, 100);
+        let k = key("partitioned");
+        let load = |cluster: &mut Cluster, secs| -> Vec<(u64, u64)> {
+            let seconds = regional_load(cluster, &policy, k, &[1, 2, 3, 4], secs);
+            seconds.iter().map(|s| (s[0] + s[1], s[2] + s[3])).collect()
+        };
+        let before = load(&mut cluster, 3);
+        for a in 1..=2u64 {
+            for b in 3..=4u64 {
+                cluster.cut.push((NodeId(a), NodeId(b)));
+                cluster.cut.push((NodeId(b), NodeId(a)));
+            }
+        }
+        let cut = load(&mut cluster, 6);
+        cluster.cut.clear();
+        let healed = load(&mut cluster, 5);
+        println!("{fallback:?}: before {before:?}; cut {cut:?}; healed {healed:?}");
+        for &(east, west) in before[1..].iter().chain(&cut).chain(&healed) {
+            assert!(east + west <= 106, "{fallback:?}: within the limit every second: {cut:?} {healed:?}");
+        }
+        let (east, west) = cut[5];
+        match fallback {
+            RegionFallback::Last => assert!(east >= 40 && west >= 40, "both sides keep their parts: {cut:?}"),
+            _ => assert!(east.max(west) >= 90, "the home's side takes the rest: {cut:?}"),
+        }
+        for &(east, west) in &healed[4..] {
+            assert!(east >= 40 && west >= 40, "{fallback:?}: even shares again after the heal: {healed:?}");
         }
     }
 }

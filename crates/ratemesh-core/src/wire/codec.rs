@@ -58,6 +58,7 @@ struct RegionReportItem {
 #[derive(Serialize, Deserialize)]
 struct RegionGrantItem {
     key: [u8; 16],
+    limit: u32,
     seq: u64,
     part: u64,
     lease_nanos: u64,
@@ -248,6 +249,7 @@ impl FrameWire {
             .iter()
             .map(|g| RegionGrantItem {
                 key: key_bytes(g.key),
+                limit: table.index(&g.limit),
                 seq: g.seq,
                 part: g.part,
                 lease_nanos: g.lease_nanos,
@@ -321,16 +323,8 @@ impl FrameWire {
                         items.into_iter().map(|i| i.into_report(&limits)).collect::<Result<_, _>>()?;
                 }
                 Section::RegionGrant(items) => {
-                    body.region_grant = items
-                        .into_iter()
-                        .map(|g| RegionGrant {
-                            key: u128::from_le_bytes(g.key),
-                            seq: g.seq,
-                            part: g.part,
-                            lease_nanos: g.lease_nanos,
-                            first: g.first,
-                        })
-                        .collect();
+                    body.region_grant =
+                        items.into_iter().map(|g| g.into_grant(&limits)).collect::<Result<_, _>>()?;
                 }
             }
         }
@@ -441,6 +435,19 @@ impl AdjustItem {
             kind: self.kind,
             hits: self.hits,
             mode: self.mode,
+        })
+    }
+}
+
+impl RegionGrantItem {
+    fn into_grant(self, limits: &Limits) -> Result<RegionGrant, WireError> {
+        Ok(RegionGrant {
+            key: u128::from_le_bytes(self.key),
+            limit: limits.get(self.limit)?,
+            seq: self.seq,
+            part: self.part,
+            lease_nanos: self.lease_nanos,
+            first: self.first,
         })
     }
 }

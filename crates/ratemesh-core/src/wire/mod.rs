@@ -457,6 +457,8 @@ pub struct RegionReport {
 pub struct RegionGrant {
     /// The bucket.
     pub key: u128,
+    /// The limit (a region's owner that no longer decides the key answers with it).
+    pub limit: LimitWire,
     /// The lease's number (grows with every grant of the key's home owner).
     pub seq: u64,
     /// The part of the limit's rate the region may enforce.
