@@ -71,6 +71,9 @@ pub struct NetworkStats {
     pub duplicated: u64,
 }
 
+/// A lossy spell: its id, the directed links it covers, and the loss it adds.
+type Spell = (u64, Vec<(u32, u32)>, f64);
+
 /// The network of `nodes` nodes. See the module documentation.
 #[derive(Clone, Debug)]
 pub struct Network {
@@ -82,7 +85,7 @@ pub struct Network {
     cuts: Vec<(u64, Vec<(u32, u32)>)>,
     /// Loss added by active lossy spells to each directed link (0: none).
     spell_loss: Vec<f64>,
-    spells: Vec<(u64, Vec<(u32, u32)>, f64)>,
+    spells: Vec<Spell>,
     traffic: Vec<NodeTraffic>,
     /// Regions (0 without).
     regions: usize,

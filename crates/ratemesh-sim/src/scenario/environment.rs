@@ -91,7 +91,7 @@ impl RegionsConfig {
     pub fn delay_between(&self, a: u32, b: u32) -> Option<DelayConfig> {
         let rtt_ms = *self.rtt_ms.get(a as usize)?.get(b as usize)?;
         let half_ms = rtt_ms / 2.0;
-        (a != b).then(|| DelayConfig::Uniform {
+        (a != b).then_some(DelayConfig::Uniform {
             min_ms: half_ms * (1.0 - self.jitter),
             max_ms: half_ms * (1.0 + self.jitter),
         })

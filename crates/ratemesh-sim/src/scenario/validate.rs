@@ -201,7 +201,7 @@ impl Scenario {
             )));
         }
         let total: f64 = shares.iter().sum();
-        if shares.iter().any(|s| !s.is_finite() || *s < 0.0) || !(total > 0.0) {
+        if shares.iter().any(|s| !s.is_finite() || *s < 0.0) || total <= 0.0 {
             return Err(self.invalid("workload.demand.shares must be finite, ≥ 0 and not all 0".into()));
         }
         if moves_every_ms == Some(0) {

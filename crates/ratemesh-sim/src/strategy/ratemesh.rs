@@ -30,8 +30,7 @@ impl Ratemesh {
     /// A node of `setup` enforcing the scenario's policies in `mode` (`None`: each policy's own
     /// mode), with the scenario's node settings and fallback.
     pub fn new(setup: NodeSetup, mode: Option<Mode>) -> Ratemesh {
-        let mut config = node_config(&setup.settings, setup.sync_interval_ms, setup.join_grace_ms);
-        config.region = setup.regions.map_or(RegionId::NONE, |count| region_id(setup.id % count.max(1)));
+        let config = setup_config(&setup);
         let node = Node::new(NodeId(u64::from(setup.id)), setup.incarnation, config, setup.seed, setup.now)
             // `Scenario::validate` checked the same settings (the join grace is not validated).
             .expect("node settings validated with the scenario");
@@ -173,6 +172,24 @@ pub(crate) fn node_config(settings: &NodeSettings, sync_interval_ms: u64, join_g
         join_grace: Duration::from_millis(join_grace_ms),
         ..defaults
     }
+}
+
+/// The core node's configuration for `setup`: its `[node]` settings and, with regions, its own
+/// region (node `n` in region `n % count`).
+pub fn setup_config(setup: &NodeSetup) -> NodeConfig {
+    let mut config = node_config(&setup.settings, setup.sync_interval_ms, setup.join_grace_ms);
+    config.region = setup.regions.map_or(RegionId::NONE, |count| region_id(setup.id % count.max(1)));
+    config
+}
+
+/// The core's view of `view`; with `regions` regions, the region of every member, live or dead.
+pub fn member_view(view: &View, regions: Option<u32>) -> MemberView {
+    let ids = |nodes: &[u32]| nodes.iter().map(|n| NodeId(u64::from(*n))).collect();
+    let members = view.live.iter().chain(&view.dead);
+    let regions = regions.map_or(Vec::new(), |count| {
+        members.map(|n| (NodeId(u64::from(*n)), region_id(n % count.max(1)))).collect()
+    });
+    MemberView { live: ids(&view.live), dead: ids(&view.dead), regions }
 }
 
 /// The core's id of simulated region `region`: `RegionId::from_name("region-<region>")`.
