@@ -133,6 +133,9 @@ fn region_move_ms(scenario: &Scenario, r: &Recorder) -> Option<f64> {
     for (i, &at) in moves.iter().enumerate() {
         let from = at.div_ceil(BIN_NANOS) as usize;
         let until = moves.get(i + 1).map_or(r.admitted_bins.len(), |next| (next / BIN_NANOS) as usize);
+        if until < from + BINS_PER_WINDOW {
+            continue; // less than a second before the next move or the end: nothing to measure
+        }
         for region in 0..r.region_bins.len() as u32 {
             let share = |t: u64| demand.region_share(region, t).unwrap_or(0.0);
             if share(at) <= share(at.saturating_sub(1)) {
