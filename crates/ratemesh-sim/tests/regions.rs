@@ -222,6 +222,15 @@ fn region_runs_are_deterministic_and_report_regions() {
     assert!(r.lost > 0 && r.cut > 0, "lost {} cut {}\n{}", r.lost, r.cut, first.text_table());
 }
 
+#[test]
+fn the_regions_example_in_the_readme_is_a_valid_scenario() {
+    let text = std::fs::read_to_string(simulations().join("README.md")).expect("simulations/README.md");
+    let block = text.split("```toml\n").nth(2).and_then(|rest| rest.split("```").next()).expect("a block");
+    let scenario = Scenario::from_toml(block, "readme-regions").unwrap_or_else(|e| panic!("{e}"));
+    assert!(scenario.network.regions.is_some());
+    assert_eq!(scenario.faults.len(), 2);
+}
+
 fn simulations() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../simulations")
 }
