@@ -404,6 +404,12 @@ impl Report {
                 r.cross_bytes_per_key_s
             );
         }
+        out.push_str("\nTraffic between regions, per second:\n\n| strategy | from → to | msgs/s | bytes/s |\n|---|---|---:|---:|\n");
+        for (s, r) in self.strategies.iter().filter_map(|s| Some((s, s.regions.as_ref()?))) {
+            for ((from, to), msgs, bytes) in &r.pairs {
+                let _ = writeln!(out, "| {} | {from} → {to} | {msgs:.1} | {bytes:.0} |", s.strategy);
+            }
+        }
         out
     }
 
