@@ -34,6 +34,12 @@ pub struct Recorder {
     /// `(admitted, ideal)` hits per tracked key per node the request arrived at,
     /// `key * nodes + node`: fairness.
     pub node_hits: Vec<(u64, u64)>,
+    /// The region of each node (empty without regions).
+    pub region_of: Vec<u32>,
+    /// Hits the cluster admitted per bin, for each region the requests arrived in.
+    pub region_bins: Vec<Vec<u64>>,
+    /// Hits the oracle admitted per bin, for each region the requests arrived in.
+    pub region_ideal_bins: Vec<Vec<u64>>,
 }
 
 impl Recorder {
@@ -58,6 +64,16 @@ impl Recorder {
         }
     }
 
+    /// The same recorder, also counting hits per region: node `n` is in region `region_of[n]`, of
+    /// `regions`.
+    pub fn with_regions(mut self, region_of: Vec<u32>, regions: u32) -> Recorder {
+        let bins = self.admitted_bins.len();
+        self.region_bins = vec![vec![0; bins]; regions as usize];
+        self.region_ideal_bins = vec![vec![0; bins]; regions as usize];
+        self.region_of = region_of;
+        self
+    }
+
     /// Records one request for `key` that arrived at `at_nanos` at `node`, with both decisions.
     pub fn record(&mut self, at_nanos: u64, key: u32, node: u32, cost: u64, ideal: bool, admitted: bool) {
         let bin = ((at_nanos / BIN_NANOS) as usize).min(self.admitted_bins.len().saturating_sub(1));
@@ -74,6 +90,10 @@ impl Recorder {
             n.1 += if ideal { cost } else { 0 };
         }
         self.requests += 1;
+        if let Some(&region) = self.region_of.get(node as usize) {
+            self.region_bins[region as usize][bin] += if admitted { cost } else { 0 };
+            self.region_ideal_bins[region as usize][bin] += if ideal { cost } else { 0 };
+        }
         if ideal {
             self.ideal_bins[bin] += cost;
             if let Some(bins) = self.key_ideal_bins.get_mut(key as usize) {
@@ -190,4 +210,26 @@ pub fn peak_rate(
         .filter(|(_, i, _)| selected(*i));
     let rates = admitted.map(|(key, _, (hits, _))| *hits as f64 / limit_per_s(key));
     rates.fold(None, |max: Option<f64>, r| Some(max.map_or(r, |m| m.max(r))))
+}
+
+/// After a change at bin `from`, the bins until the first step `b` (before `until`) at which the
+/// next second's admitted hits, bins `b..b + BINS_PER_WINDOW`, are at least `fraction` of the
+/// ideal's (skipping steps where the ideal admitted nothing); `None` when no step before `until`
+/// reaches it.
+pub fn bins_to_reach(
+    admitted: &[u64],
+    ideal: &[u64],
+    from: usize,
+    until: usize,
+    fraction: f64,
+) -> Option<usize> {
+    let last = until.min(admitted.len()).saturating_sub(BINS_PER_WINDOW);
+    (from..=last)
+        .find(|&b| {
+            let window = b..b + BINS_PER_WINDOW;
+            let got: u64 = admitted[window.clone()].iter().sum();
+            let wanted: u64 = ideal[window].iter().sum();
+            wanted > 0 && got as f64 >= fraction * wanted as f64
+        })
+        .map(|b| b - from)
 }

@@ -4,7 +4,9 @@
 use core::fmt::Write as _;
 
 use crate::engine::RunOutput;
-use crate::metrics::{BIN_NANOS, BINS_PER_WINDOW, over_admission, peak_rate, worst_window};
+use crate::metrics::{
+    BIN_NANOS, BINS_PER_WINDOW, Recorder, bins_to_reach, over_admission, peak_rate, worst_window,
+};
 use crate::scenario::{Expectation, FaultConfig, Metric, Scenario};
 
 /// The metrics of one strategy on one scenario.
@@ -74,6 +76,78 @@ pub struct StrategyReport {
     pub admitted_bins: Vec<u64>,
     /// Ideal admitted hits per 100 ms bin.
     pub ideal_bins: Vec<u64>,
+    /// What only runs with regions measure (`None` without `[network.regions]`).
+    pub regions: Option<RegionReport>,
+}
+
+/// The metrics of a run with regions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegionReport {
+    /// Per region: `(admitted, ideal)` hits of the requests that arrived there (the ideal's is
+    /// the region's ideal share of the one global limiter).
+    pub hits: Vec<(u64, u64)>,
+    /// After each move of the demand between regions, the time until every region whose share
+    /// rose admits 90 % of the ideal's from it over the next second ([`bins_to_reach`]), the
+    /// longest, in ms; infinite when one never did before the next move; `None` without moves.
+    pub move_ms: Option<f64>,
+    /// Messages sent from one region to another, per key per second.
+    pub cross_msgs_per_key_s: f64,
+    /// Bytes sent from one region to another, per key per second.
+    pub cross_bytes_per_key_s: f64,
+    /// Per pair of distinct regions `(from, to)`: messages and bytes per second.
+    pub pairs: Vec<((u32, u32), f64, f64)>,
+}
+
+impl RegionReport {
+    /// The region metrics of `run` (`None` without regions).
+    fn from_run(scenario: &Scenario, run: &RunOutput) -> Option<RegionReport> {
+        scenario.network.regions.as_ref()?;
+        let r = &run.recorder;
+        let sum = |bins: &Vec<u64>| bins.iter().sum::<u64>();
+        let hits = r.region_bins.iter().zip(&r.region_ideal_bins).map(|(a, i)| (sum(a), sum(i))).collect();
+        let duration_s = scenario.duration_s as f64;
+        let pairs: Vec<((u32, u32), f64, f64)> = run
+            .region_traffic
+            .iter()
+            .filter(|((a, b), _)| a != b)
+            .map(|(pair, t)| (*pair, t.sent_msgs as f64 / duration_s, t.sent_bytes as f64 / duration_s))
+            .collect();
+        let keys = f64::from(scenario.workload.keys.max(1));
+        Some(RegionReport {
+            hits,
+            move_ms: region_move_ms(scenario, r),
+            cross_msgs_per_key_s: pairs.iter().map(|p| p.1).sum::<f64>() / keys,
+            cross_bytes_per_key_s: pairs.iter().map(|p| p.2).sum::<f64>() / keys,
+            pairs,
+        })
+    }
+}
+
+/// The longest time (ms) from a demand move until each region whose share rose admits 90 % of its
+/// ideal share over a second; infinite when one never does before the next move.
+fn region_move_ms(scenario: &Scenario, r: &Recorder) -> Option<f64> {
+    let demand = &scenario.workload.demand;
+    let moves = demand.region_moves(scenario.duration_nanos());
+    let bin_ms = BIN_NANOS as f64 / 1e6;
+    let mut longest: Option<f64> = None;
+    for (i, &at) in moves.iter().enumerate() {
+        let from = at.div_ceil(BIN_NANOS) as usize;
+        let until = moves.get(i + 1).map_or(r.admitted_bins.len(), |next| (next / BIN_NANOS) as usize);
+        if until < from + BINS_PER_WINDOW {
+            continue; // less than a second before the next move or the end: nothing to measure
+        }
+        for region in 0..r.region_bins.len() as u32 {
+            let share = |t: u64| demand.region_share(region, t).unwrap_or(0.0);
+            if share(at) <= share(at.saturating_sub(1)) {
+                continue;
+            }
+            let (admitted, ideal) = (&r.region_bins[region as usize], &r.region_ideal_bins[region as usize]);
+            let ms =
+                bins_to_reach(admitted, ideal, from, until, 0.9).map_or(f64::INFINITY, |b| b as f64 * bin_ms);
+            longest = Some(longest.map_or(ms, |l| l.max(ms)));
+        }
+    }
+    longest
 }
 
 impl StrategyReport {
@@ -130,6 +204,7 @@ impl StrategyReport {
             digest: run.digest,
             admitted_bins: r.admitted_bins.clone(),
             ideal_bins: r.ideal_bins.clone(),
+            regions: RegionReport::from_run(scenario, run),
         }
     }
 
@@ -156,6 +231,9 @@ impl StrategyReport {
             Metric::BytesPerNodeS => self.bytes_per_node_s,
             Metric::MsgsPerNodeS => self.msgs_per_node_s,
             Metric::ClusterMsgsS => self.cluster_msgs_s,
+            Metric::RegionMoveMs => self.regions.as_ref().and_then(|r| r.move_ms).unwrap_or(0.0),
+            Metric::CrossRegionMsgsPerKeyS => self.regions.as_ref().map_or(0.0, |r| r.cross_msgs_per_key_s),
+            Metric::CrossRegionBytesPerKeyS => self.regions.as_ref().map_or(0.0, |r| r.cross_bytes_per_key_s),
         }
     }
 }
@@ -279,6 +357,59 @@ impl Report {
                 format!("{:016x}", s.digest),
             );
         }
+        out.push_str(&self.regions_text());
+        out
+    }
+
+    /// One line per strategy with regions: admitted / ideal per region, the demand move's time,
+    /// traffic between regions (empty without regions).
+    pub fn regions_text(&self) -> String {
+        let mut out = String::new();
+        for (s, r) in self.strategies.iter().filter_map(|s| Some((s, s.regions.as_ref()?))) {
+            let hits: Vec<String> = r.hits.iter().map(|(a, i)| format!("{a}/{i}")).collect();
+            let _ = writeln!(
+                out,
+                "{:<16} regions admitted/ideal {} · move-to-90% {} · between regions {:.2} msgs {:.0} B per key per s",
+                s.strategy,
+                hits.join(" "),
+                move_ms(r),
+                r.cross_msgs_per_key_s,
+                r.cross_bytes_per_key_s,
+            );
+        }
+        out
+    }
+
+    /// The regions' table of the markdown file (empty without regions).
+    fn regions_markdown(&self) -> String {
+        if self.strategies.iter().all(|s| s.regions.is_none()) {
+            return String::new();
+        }
+        let mut out = String::from(
+            "\nRegions: admitted / ideal hits of the requests that arrived in each region; the time until a region \
+             whose demand share rose admits 90 % of its ideal share over a second (longest over the moves); \
+             messages and bytes sent between regions per key per second:\n\n\
+             | strategy | admitted / ideal per region | move to 90 % (ms) | msgs/key/s between | bytes/key/s between |\n\
+             |---|---|---:|---:|---:|\n",
+        );
+        for (s, r) in self.strategies.iter().filter_map(|s| Some((s, s.regions.as_ref()?))) {
+            let hits: Vec<String> = r.hits.iter().map(|(a, i)| format!("{a} / {i}")).collect();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.3} | {:.1} |",
+                s.strategy,
+                hits.join(" · "),
+                move_ms(r),
+                r.cross_msgs_per_key_s,
+                r.cross_bytes_per_key_s
+            );
+        }
+        out.push_str("\nTraffic between regions, per second:\n\n| strategy | from → to | msgs/s | bytes/s |\n|---|---|---:|---:|\n");
+        for (s, r) in self.strategies.iter().filter_map(|s| Some((s, s.regions.as_ref()?))) {
+            for ((from, to), msgs, bytes) in &r.pairs {
+                let _ = writeln!(out, "| {} | {from} → {to} | {msgs:.1} | {bytes:.0} |", s.strategy);
+            }
+        }
         out
     }
 
@@ -322,6 +453,7 @@ impl Report {
                 let _ = writeln!(out, "| {} | {kind} | {msgs:.1} | {bytes:.0} |", s.strategy);
             }
         }
+        out.push_str(&self.regions_markdown());
         let _ = write!(
             out,
             "\n![admitted rate per 100 ms]({}.svg)\n\nReproduce: `{}`\n\n<details><summary>Parameters</summary>\n\n```toml\n{}```\n</details>\n",
@@ -382,6 +514,14 @@ fn percent(fraction: f64) -> String {
     format!("{:.3}%", fraction * 100.0)
 }
 
+fn move_ms(r: &RegionReport) -> String {
+    match r.move_ms {
+        None => "–".into(),
+        Some(ms) if ms.is_infinite() => "never".into(),
+        Some(ms) => format!("{ms:.0}"),
+    }
+}
+
 fn convergence(s: &StrategyReport) -> String {
     match s.convergence_max_ms() {
         None => "–".into(),
@@ -408,7 +548,8 @@ fn partition_windows(scenario: &Scenario) -> Vec<usize> {
     let mut windows = Vec::new();
     for fault in &scenario.faults {
         if let FaultConfig::Partition { start_ms, end_ms, .. }
-        | FaultConfig::OneWay { start_ms, end_ms, .. } = fault
+        | FaultConfig::OneWay { start_ms, end_ms, .. }
+        | FaultConfig::RegionPartition { start_ms, end_ms, .. } = fault
         {
             let first = start_ms.div_ceil(window_ms);
             let last = end_ms / window_ms;
@@ -431,6 +572,12 @@ fn fault_intervals(scenario: &Scenario) -> Vec<(String, u64, u64)> {
             }
             FaultConfig::OneWay { start_ms, end_ms, .. } => {
                 intervals.push(("one-way cut".into(), *start_ms, *end_ms))
+            }
+            FaultConfig::RegionPartition { start_ms, end_ms, .. } => {
+                intervals.push(("region partition".into(), *start_ms, *end_ms))
+            }
+            FaultConfig::RegionLoss { start_ms, end_ms, .. } => {
+                intervals.push(("loss between regions".into(), *start_ms, *end_ms))
             }
             FaultConfig::Crash { at_ms, restart_after_ms, .. } => {
                 let until = restart_after_ms.map_or(end, |after| at_ms + after);

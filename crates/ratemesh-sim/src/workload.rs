@@ -7,7 +7,7 @@
 //! arrival times.
 
 use crate::rng::{SimRng, below, exponential, substream, unit};
-use crate::scenario::{DemandConfig, Scenario, WorkloadConfig};
+use crate::scenario::{DemandConfig, RegionsConfig, Scenario, WorkloadConfig};
 
 /// One request arriving at the cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +27,8 @@ pub struct Arrival {
 pub struct Workload {
     config: WorkloadConfig,
     nodes: u32,
+    /// The network's regions (for demand spread by region).
+    regions: Option<RegionsConfig>,
     /// Arrivals per nanosecond at factor 1.
     base_rate: f64,
     duration_nanos: u64,
@@ -59,6 +61,7 @@ impl Workload {
         Workload {
             config,
             nodes: scenario.nodes,
+            regions: scenario.network.regions.clone(),
             base_rate,
             duration_nanos: scenario.duration_nanos(),
             now_nanos: 0,
@@ -156,7 +159,28 @@ impl Workload {
                 let other = below(&mut self.node_rng, u64::from(self.nodes - 1)) as u32;
                 if other >= node { other + 1 } else { other }
             }
+            DemandConfig::Regions { .. } => self.pick_region_node(),
         }
+    }
+
+    /// A region drawn by its weight now, then one of its nodes, evenly.
+    fn pick_region_node(&mut self) -> u32 {
+        // Validation requires regions with a demand spread by region.
+        let Some(count) = self.regions.as_ref().map(|r| r.count.max(1)) else { return 0 };
+        let demand = &self.config.demand;
+        let weights: Vec<f64> =
+            (0..count).map(|r| demand.region_share(r, self.now_nanos).unwrap_or(0.0)).collect();
+        let mut u = unit(&mut self.node_rng) * weights.iter().sum::<f64>();
+        let mut region = weights.iter().rposition(|w| *w > 0.0).unwrap_or(0) as u32;
+        for (r, w) in weights.iter().enumerate() {
+            if u < *w {
+                region = r as u32;
+                break;
+            }
+            u -= w;
+        }
+        let members = (self.nodes - region).div_ceil(count);
+        region + count * below(&mut self.node_rng, u64::from(members)) as u32
     }
 }
 

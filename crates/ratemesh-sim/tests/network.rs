@@ -4,10 +4,14 @@ use ratemesh_core::Instant;
 use ratemesh_sim::clock::{CLOCK_BASE_NANOS, NodeClock};
 use ratemesh_sim::membership::{Membership, Status};
 use ratemesh_sim::network::{Network, one_way_links, partition_links};
-use ratemesh_sim::scenario::{DelayConfig, MembershipConfig, NetworkConfig};
+use ratemesh_sim::scenario::{DelayConfig, MembershipConfig, NetworkConfig, RegionsConfig, region_sides};
 
 fn network(loss: f64, duplicate: f64, delay: DelayConfig, nodes: u32) -> Network {
-    Network::new(&NetworkConfig { delay, loss, duplicate, links: Vec::new(), zones: None }, nodes, 42)
+    Network::new(
+        &NetworkConfig { delay, loss, duplicate, links: Vec::new(), zones: None, regions: None },
+        nodes,
+        42,
+    )
 }
 
 const UNIFORM_1_20: DelayConfig = DelayConfig::Uniform { min_ms: 1.0, max_ms: 20.0 };
@@ -97,6 +101,102 @@ fn overlapping_cuts_heal_independently() {
     assert!(net.is_cut(0, 1) && !net.is_cut(1, 0) && !net.is_cut(0, 2));
     net.remove_cut(1);
     assert!(!net.is_cut(0, 1));
+}
+
+/// Three regions (node n in region n % 3) with round trips of 40 (0–1), 100 (0–2) and 300 ms (1–2),
+/// 1–2 ms inside a region, no jitter.
+fn regions_network(nodes: u32) -> (RegionsConfig, Network) {
+    let regions = RegionsConfig {
+        count: 3,
+        rtt_ms: vec![vec![0.0, 40.0, 100.0], vec![40.0, 0.0, 300.0], vec![100.0, 300.0, 0.0]],
+        jitter: 0.0,
+        loss: None,
+    };
+    let config = NetworkConfig {
+        delay: DelayConfig::Uniform { min_ms: 1.0, max_ms: 2.0 },
+        regions: Some(regions.clone()),
+        ..NetworkConfig::default()
+    };
+    (regions, Network::new(&config, nodes, 42))
+}
+
+#[test]
+fn the_rtt_matrix_gives_half_a_round_trip_between_regions() {
+    let (regions, mut net) = regions_network(6);
+    for from in 0..6u32 {
+        for to in 0..6u32 {
+            let (a, b) = (regions.region_of(from), regions.region_of(to));
+            let delay = net.send(from, to, 1).deliveries().next().expect("no loss");
+            if a == b {
+                assert!((1_000_000..=2_000_000).contains(&delay), "{from}->{to}: {delay}");
+            } else {
+                let half_nanos = (regions.rtt_ms[a as usize][b as usize] / 2.0 * 1e6) as u64;
+                assert_eq!(delay, half_nanos, "{from}->{to}");
+            }
+        }
+    }
+    // Node 4 is in region 1, node 5 in region 2: 300 ms round trips.
+    assert_eq!(net.delay(4, 5), &DelayConfig::Uniform { min_ms: 150.0, max_ms: 150.0 });
+}
+
+#[test]
+fn jitter_spreads_delays_around_half_the_round_trip() {
+    let config = RegionsConfig { jitter: 0.2, ..regions_network(2).0 };
+    let network = NetworkConfig { regions: Some(config), ..NetworkConfig::default() };
+    let mut net = Network::new(&network, 2, 7);
+    let delays: Vec<u64> =
+        (0..2000).flat_map(|_| net.send(0, 1, 1).deliveries().collect::<Vec<_>>()).collect();
+    assert!(delays.iter().all(|d| (16_000_000..=24_000_000).contains(d)));
+    assert!(delays.iter().any(|d| *d < 17_000_000) && delays.iter().any(|d| *d > 23_000_000));
+}
+
+#[test]
+fn a_region_partition_cuts_exactly_the_links_between_the_named_regions() {
+    let (regions, mut net) = regions_network(9);
+    let groups = regions.node_groups(&region_sides(&[2], &[], 3), 9);
+    assert_eq!(groups, vec![vec![2, 5, 8], vec![0, 1, 3, 4, 6, 7]]);
+    net.add_cut(1, partition_links(&groups));
+    for from in 0..9u32 {
+        for to in 0..9u32 {
+            let across = (regions.region_of(from) == 2) != (regions.region_of(to) == 2);
+            assert_eq!(net.is_cut(from, to), across, "{from}->{to}");
+        }
+    }
+    // Groups of regions: 0 | 1, region 2 on no side keeps every link.
+    let sides = region_sides(&[], &[vec![0], vec![1]], 3);
+    net.remove_cut(1);
+    net.add_cut(2, partition_links(&regions.node_groups(&sides, 9)));
+    for from in 0..9u32 {
+        for to in 0..9u32 {
+            let pair = (regions.region_of(from), regions.region_of(to));
+            assert_eq!(net.is_cut(from, to), pair == (0, 1) || pair == (1, 0), "{from}->{to}");
+        }
+    }
+}
+
+#[test]
+fn a_lossy_spell_adds_loss_to_its_links_only_while_it_lasts() {
+    let (regions, mut net) = regions_network(3);
+    let links = partition_links(&regions.node_groups(&region_sides(&[0], &[], 3), 3));
+    net.add_spell(7, links, 0.5);
+    assert_eq!((net.loss(0, 1), net.loss(1, 0), net.loss(1, 2)), (0.5, 0.5, 0.0));
+    let delivered = (0..4000).filter(|_| net.send(0, 1, 1).deliveries().count() == 1).count();
+    assert!((1800..2200).contains(&delivered), "{delivered}");
+    net.remove_spell(7);
+    assert_eq!(net.loss(0, 1), 0.0);
+}
+
+#[test]
+fn traffic_is_counted_per_pair_of_regions() {
+    let (_, mut net) = regions_network(3);
+    net.send(0, 1, 10);
+    net.send(0, 1, 10);
+    net.send(2, 2, 5);
+    let traffic = net.region_traffic();
+    let of = |pair| traffic.iter().find(|(p, _)| *p == pair).map(|(_, t)| (t.sent_msgs, t.sent_bytes));
+    assert_eq!(of((0, 1)), Some((2, 20)));
+    assert_eq!(of((2, 2)), Some((1, 5)));
+    assert_eq!(of((1, 0)), Some((0, 0)));
 }
 
 #[test]

@@ -1,10 +1,11 @@
-//! Scheduled faults: crashes and restarts, graceful leaves and rejoins, partitions.
+//! Scheduled faults: crashes and restarts, graceful leaves and rejoins, partitions, and loss
+//! between regions.
 
 use super::{Event, Phase, World};
 use crate::error::SimError;
 use crate::network::{one_way_links, partition_links};
 use crate::rng::below;
-use crate::scenario::{FaultConfig, NodeTarget, Scenario};
+use crate::scenario::{FaultConfig, NodeTarget, Scenario, region_sides};
 
 /// A fault, or the second half of one (a restart, a heal), due at an instant.
 pub(super) enum FaultEvent {
@@ -22,6 +23,10 @@ pub(super) enum FaultEvent {
     CutStart { id: u64, links: Vec<(u32, u32)> },
     /// The cut `id` heals.
     CutEnd { id: u64 },
+    /// Links get lossier.
+    SpellStart { id: u64, links: Vec<(u32, u32)>, loss: f64 },
+    /// The lossy spell `id` ends.
+    SpellEnd { id: u64 },
 }
 
 /// Every fault of `scenario`, with its virtual time in nanoseconds, in file order.
@@ -46,6 +51,16 @@ pub(super) fn schedule(scenario: &Scenario) -> Vec<(u64, FaultEvent)> {
                 events.push((ms(*start_ms), FaultEvent::CutStart { id, links: one_way_links(from, to) }));
                 events.push((ms(*end_ms), FaultEvent::CutEnd { id }));
             }
+            FaultConfig::RegionPartition { start_ms, end_ms, regions, groups } => {
+                let links = partition_links(&region_node_groups(scenario, regions, groups));
+                events.push((ms(*start_ms), FaultEvent::CutStart { id, links }));
+                events.push((ms(*end_ms), FaultEvent::CutEnd { id }));
+            }
+            FaultConfig::RegionLoss { start_ms, end_ms, regions, groups, loss } => {
+                let links = partition_links(&region_node_groups(scenario, regions, groups));
+                events.push((ms(*start_ms), FaultEvent::SpellStart { id, links, loss: *loss }));
+                events.push((ms(*end_ms), FaultEvent::SpellEnd { id }));
+            }
             FaultConfig::CrashChurn { start_ms, end_ms, every_ms, down_ms, nodes } => {
                 let nodes: Vec<u32> =
                     if nodes.is_empty() { (0..scenario.nodes).rev().collect() } else { nodes.clone() };
@@ -67,6 +82,12 @@ pub(super) fn schedule(scenario: &Scenario) -> Vec<(u64, FaultEvent)> {
         }
     }
     events
+}
+
+/// The nodes on each side of a region fault (validation requires `[network.regions]`).
+fn region_node_groups(scenario: &Scenario, regions: &[u32], groups: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    let Some(config) = &scenario.network.regions else { return Vec::new() };
+    config.node_groups(&region_sides(regions, groups, config.count), scenario.nodes)
 }
 
 /// The virtual time of `at_ms`, in nanoseconds.
@@ -100,6 +121,16 @@ impl World<'_> {
                 self.close_measurement();
                 self.convergence.heal();
                 self.reality_changed()
+            }
+            FaultEvent::SpellStart { id, links, loss } => {
+                self.log.line(format_args!("{} F loss#{id} {} links +{loss}", self.now, links.len()));
+                self.network.add_spell(id, links, loss);
+                Ok(())
+            }
+            FaultEvent::SpellEnd { id } => {
+                self.log.line(format_args!("{} F end loss#{id}", self.now));
+                self.network.remove_spell(id);
+                Ok(())
             }
         }
     }

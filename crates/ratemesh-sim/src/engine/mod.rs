@@ -105,6 +105,8 @@ pub struct RunOutput {
     pub traffic_by_kind: BTreeMap<&'static str, (u64, u64)>,
     /// Network counters.
     pub network: NetworkStats,
+    /// Traffic from region `a` to region `b`, by `(a, b)` (empty without regions).
+    pub region_traffic: Vec<((u32, u32), NodeTraffic)>,
     /// Events processed.
     pub events: u64,
     /// Digest of the event log.
@@ -169,7 +171,8 @@ impl<'a> World<'a> {
                 tracked_keys(scenario),
                 scenario.workload.keys,
                 scenario.nodes,
-            ),
+            )
+            .with_regions(region_of(scenario), scenario.network.regions.as_ref().map_or(0, |r| r.count)),
             convergence: Convergence::default(),
             faults_rng: substream(seed, "faults", 0),
             next_check_id: 0,
@@ -253,6 +256,7 @@ impl<'a> World<'a> {
             traffic: self.network.traffic().to_vec(),
             traffic_by_kind: std::mem::take(&mut self.traffic_by_kind),
             network: self.network.stats(),
+            region_traffic: self.network.region_traffic(),
             events: self.events,
             digest: self.log.digest(),
             recorder: self.recorder,
@@ -506,6 +510,7 @@ impl<'a> World<'a> {
             policies: Rc::clone(&self.policies),
             settings: self.scenario.node.clone(),
             sync_interval_ms: self.scenario.sync_interval_ms,
+            regions: self.scenario.network.regions.as_ref().map(|r| r.count),
             join_grace_ms: if slot.incarnation == 1 {
                 0
             } else {
@@ -546,6 +551,12 @@ impl<'a> World<'a> {
 fn tracked_keys(scenario: &Scenario) -> u32 {
     let w = &scenario.workload;
     if w.per_key { w.keys } else { w.hot_keys }
+}
+
+/// The region of each node (empty without regions).
+fn region_of(scenario: &Scenario) -> Vec<u32> {
+    let regions = scenario.network.regions.as_ref();
+    regions.map_or(Vec::new(), |r| (0..scenario.nodes).map(|n| r.region_of(n)).collect())
 }
 
 fn new_slot(scenario: &Scenario, rng: &mut SimRng) -> Slot {

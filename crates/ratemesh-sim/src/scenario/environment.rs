@@ -1,5 +1,5 @@
 //! Where a scenario's cluster runs: the network model (`[network]`: delays, loss, duplication,
-//! zones, per-link overrides), the node clocks (`[clock]`) and the failure detector
+//! zones, regions, per-link overrides), the node clocks (`[clock]`) and the failure detector
 //! (`[membership]`: how late views follow reality).
 
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,11 @@ pub struct NetworkConfig {
     /// zones `between` (link overrides still win).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zones: Option<ZonesConfig>,
+    /// Protocol regions: node `n` is in region `n % count`; links inside a region have `delay`,
+    /// links between regions half the round trip of `rtt_ms` (link overrides still win). Unlike
+    /// zones, the ratemesh strategies tell the core each member's region. Not with `zones`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions: Option<RegionsConfig>,
 }
 
 impl Default for NetworkConfig {
@@ -34,6 +39,7 @@ impl Default for NetworkConfig {
             duplicate: 0.0,
             links: Vec::new(),
             zones: None,
+            regions: None,
         }
     }
 }
@@ -46,6 +52,55 @@ pub struct ZonesConfig {
     pub count: u32,
     /// One-way delay between nodes of different zones.
     pub between: DelayConfig,
+}
+
+/// Regions of a network (`[network.regions]`): node `n` is in region `n % count`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegionsConfig {
+    /// How many regions.
+    pub count: u32,
+    /// Round trips between regions: `count` rows of `count` values, symmetric, 0 on the diagonal.
+    pub rtt_ms: Vec<Vec<f64>>,
+    /// A link between regions `a` and `b` delays each message uniformly in
+    /// `rtt_ms[a][b] / 2 × (1 ± jitter)`.
+    #[serde(default = "default_region_jitter")]
+    pub jitter: f64,
+    /// Probability that a message between regions is lost (default: the network's `loss`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+}
+
+impl RegionsConfig {
+    /// The region of `node`.
+    pub fn region_of(&self, node: u32) -> u32 {
+        node % self.count.max(1)
+    }
+
+    /// The nodes of `region` among `nodes` nodes, ascending.
+    pub fn nodes_of(&self, region: u32, nodes: u32) -> impl Iterator<Item = u32> + '_ {
+        (0..nodes).filter(move |n| self.region_of(*n) == region)
+    }
+
+    /// The nodes (of `nodes`) of each side, a side being a list of regions.
+    pub fn node_groups(&self, sides: &[Vec<u32>], nodes: u32) -> Vec<Vec<u32>> {
+        sides.iter().map(|side| (0..nodes).filter(|n| side.contains(&self.region_of(*n))).collect()).collect()
+    }
+
+    /// The one-way delay between regions `a` and `b` (`None` inside a region).
+    pub fn delay_between(&self, a: u32, b: u32) -> Option<DelayConfig> {
+        let rtt_ms = *self.rtt_ms.get(a as usize)?.get(b as usize)?;
+        let half_ms = rtt_ms / 2.0;
+        (a != b).then_some(DelayConfig::Uniform {
+            min_ms: half_ms * (1.0 - self.jitter),
+            max_ms: half_ms * (1.0 + self.jitter),
+        })
+    }
+
+    /// The largest round trip between two regions, in ms.
+    pub fn rtt_max_ms(&self) -> f64 {
+        self.rtt_ms.iter().flatten().copied().fold(0.0, f64::max)
+    }
 }
 
 /// A delay distribution. Reordering falls out of random delays.
@@ -143,6 +198,9 @@ impl Default for MembershipConfig {
     }
 }
 
+fn default_region_jitter() -> f64 {
+    0.1
+}
 fn default_detection_delay_ms() -> u64 {
     2000
 }

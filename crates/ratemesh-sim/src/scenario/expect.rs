@@ -49,4 +49,11 @@ pub enum Metric {
     /// (`max(0, admitted − ideal) / (changes × limit per second × sync interval)`): exact mode's
     /// bound is one interval per ownership change.
     ExcessPerChangeSyncIntervals,
+    /// After a move of the demand between regions, the longest time (ms) until a region whose
+    /// share rose admits 90 % of its ideal share over a second (infinite: never; 0 without moves).
+    RegionMoveMs,
+    /// Messages between regions per key per second (0 without regions).
+    CrossRegionMsgsPerKeyS,
+    /// Bytes between regions per key per second (0 without regions).
+    CrossRegionBytesPerKeyS,
 }

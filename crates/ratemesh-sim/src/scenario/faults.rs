@@ -1,12 +1,12 @@
-//! A scenario's scheduled faults (`[[faults]]`: crashes, leaves, partitions, one-way cuts, churn)
-//! and the membership changes they cause.
+//! A scenario's scheduled faults (`[[faults]]`: crashes, leaves, partitions, one-way cuts, churn,
+//! region partitions and loss between regions) and the membership changes they cause.
 
 use serde::{Deserialize, Serialize};
 
 use super::Scenario;
 
 /// A scheduled fault.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum FaultConfig {
     /// A node crashes (its state is lost) and optionally restarts (a new incarnation).
@@ -50,6 +50,37 @@ pub enum FaultConfig {
         from: Vec<u32>,
         /// Receivers that do not get them.
         to: Vec<u32>,
+    },
+    /// Links between regions of different sides are cut both ways from `start_ms` to `end_ms`
+    /// (needs `[network.regions]`). The sides are `groups` of regions, or else `regions` against
+    /// every other region; regions on no side keep their links.
+    RegionPartition {
+        /// Start.
+        start_ms: u64,
+        /// End (the heal).
+        end_ms: u64,
+        /// Regions cut off from all the others (when `groups` is empty).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        regions: Vec<u32>,
+        /// The sides, as lists of regions.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        groups: Vec<Vec<u32>>,
+    },
+    /// Messages between regions of different sides are lost with probability `loss` (on top of
+    /// the links' own loss) from `start_ms` to `end_ms`, both ways; sides as in `region_partition`.
+    RegionLoss {
+        /// Start.
+        start_ms: u64,
+        /// End.
+        end_ms: u64,
+        /// Regions whose links to all the others are lossy (when `groups` is empty).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        regions: Vec<u32>,
+        /// The sides, as lists of regions.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        groups: Vec<Vec<u32>>,
+        /// Probability that a message between the sides is lost.
+        loss: f64,
     },
     /// Crash churn: every `every_ms` from `start_ms` until `end_ms`, the next node of `nodes`
     /// (round robin; default all nodes from the last one down) crashes (its state is lost) and
@@ -106,7 +137,10 @@ impl Scenario {
             .map(|fault| match fault {
                 FaultConfig::Crash { restart_after_ms, .. } => 1 + u64::from(restart_after_ms.is_some()),
                 FaultConfig::Leave { rejoin_after_ms, .. } => 1 + u64::from(rejoin_after_ms.is_some()),
-                FaultConfig::Partition { .. } | FaultConfig::OneWay { .. } => 2,
+                FaultConfig::Partition { .. }
+                | FaultConfig::OneWay { .. }
+                | FaultConfig::RegionPartition { .. } => 2,
+                FaultConfig::RegionLoss { .. } => 0,
                 FaultConfig::Churn { start_ms, end_ms: churn_end_ms, every_ms, .. }
                 | FaultConfig::CrashChurn { start_ms, end_ms: churn_end_ms, every_ms, .. } => {
                     let stop_ms = (*churn_end_ms).min(end_ms);
@@ -115,4 +149,14 @@ impl Scenario {
             })
             .sum()
     }
+}
+
+/// The sides of a region fault, as lists of regions: `groups`, or else `regions` and every other
+/// region of `count`.
+pub fn region_sides(regions: &[u32], groups: &[Vec<u32>], count: u32) -> Vec<Vec<u32>> {
+    if !groups.is_empty() {
+        return groups.to_vec();
+    }
+    let others = (0..count).filter(|r| !regions.contains(r)).collect();
+    vec![regions.to_vec(), others]
 }

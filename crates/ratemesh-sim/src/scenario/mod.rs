@@ -24,10 +24,10 @@ use ratemesh_core::{Algorithm, Limit, LimitSpec};
 use serde::{Deserialize, Serialize};
 
 pub use self::environment::{
-    ClockConfig, DelayConfig, LinkOverride, MembershipConfig, NetworkConfig, ZonesConfig,
+    ClockConfig, DelayConfig, LinkOverride, MembershipConfig, NetworkConfig, RegionsConfig, ZonesConfig,
 };
 pub use self::expect::{Expectation, Metric};
-pub use self::faults::{FaultConfig, NodeTarget};
+pub use self::faults::{FaultConfig, NodeTarget, region_sides};
 pub use self::workload::{DemandConfig, OnOffConfig, StepConfig, WorkloadConfig};
 use crate::error::SimError;
 use crate::strategy::StrategyKind;
@@ -160,6 +160,16 @@ pub struct NodeSettings {
     /// The fallback of every policy: `local_share` (default), `fail_open` or `fail_closed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<String>,
+    /// `NodeConfig::region_sync_interval` (used with `[network.regions]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region_sync_interval_ms: Option<u64>,
+    /// `NodeConfig::region_lease` (used with `[network.regions]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region_lease_ms: Option<u64>,
+    /// `NodeConfig::region_fallback`: `floor` (default), `last` or `closed` (used with
+    /// `[network.regions]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region_fallback: Option<String>,
 }
 
 /// Bounds that stop a runaway run with an error instead of exhausting the machine.

@@ -1,10 +1,11 @@
 //! The checks of a scenario's values ([`Scenario::validate`]): ranges, node numbers, delays,
-//! probabilities, and limits and strategies that fit together.
+//! probabilities, regions, and limits and strategies that fit together.
 
 use ratemesh_core::Algorithm;
 
 use super::{
-    DelayConfig, DemandConfig, FaultConfig, KEY_WINDOWS_MAX, KEYS_MAX, NODES_MAX, NodeTarget, Scenario,
+    DelayConfig, DemandConfig, FaultConfig, KEY_WINDOWS_MAX, KEYS_MAX, NODES_MAX, NodeTarget, RegionsConfig,
+    Scenario,
 };
 use crate::clock::{CLOCK_BASE_NANOS, DRIFT_PPM_MAX};
 use crate::error::SimError;
@@ -50,6 +51,11 @@ impl Scenario {
                 "node.fallback {fallback:?} is not local_share, fail_open or fail_closed"
             )));
         }
+        if let Some(name) = self.node.region_fallback.as_deref()
+            && crate::strategy::region_fallback(name).is_none()
+        {
+            return Err(self.invalid(format!("node.region_fallback {name:?} is not floor, last or closed")));
+        }
         if self.node.ring_vnodes == Some(0) {
             return Err(self.invalid("node.ring_vnodes must be positive".into()));
         }
@@ -79,11 +85,64 @@ impl Scenario {
             }
             self.delay("network.zones.between", &zones.between)?;
         }
+        if let Some(regions) = &n.regions {
+            if n.zones.is_some() {
+                return Err(self.invalid("give either [network.zones] or [network.regions], not both".into()));
+            }
+            self.validate_regions(regions)?;
+        }
         for link in &n.links {
             self.nodes_in_range("network.links", link.from.iter().chain(&link.to))?;
             link.delay.as_ref().map_or(Ok(()), |d| self.delay("network.links.delay", d))?;
             self.probability("network.links.loss", link.loss.unwrap_or(0.0))?;
             self.probability("network.links.duplicate", link.duplicate.unwrap_or(0.0))?;
+        }
+        Ok(())
+    }
+
+    fn validate_regions(&self, regions: &RegionsConfig) -> Result<(), SimError> {
+        let count = regions.count;
+        if count == 0 || count > self.nodes {
+            return Err(self.invalid(format!(
+                "network.regions.count must be in 1..={} (every region needs a node), not {count}",
+                self.nodes
+            )));
+        }
+        let rows = &regions.rtt_ms;
+        let shape =
+            |what: String| self.invalid(format!("network.regions.rtt_ms must be {count} × {count}: {what}"));
+        if rows.len() != count as usize {
+            return Err(shape(format!("it has {} rows", rows.len())));
+        }
+        if let Some(row) = rows.iter().position(|r| r.len() != count as usize) {
+            return Err(shape(format!("row {row} has {} values", rows[row].len())));
+        }
+        for (a, row) in rows.iter().enumerate() {
+            for (b, &rtt) in row.iter().enumerate() {
+                self.region_rtt(a, b, rtt, rows[b][a])?;
+            }
+        }
+        if !(0.0..=1.0).contains(&regions.jitter) {
+            return Err(
+                self.invalid(format!("network.regions.jitter must be in [0, 1], not {}", regions.jitter))
+            );
+        }
+        self.probability("network.regions.loss", regions.loss.unwrap_or(0.0))
+    }
+
+    /// One entry `rtt_ms[a][b]`, with its mirror `rtt_ms[b][a]`.
+    fn region_rtt(&self, a: usize, b: usize, rtt: f64, mirror: f64) -> Result<(), SimError> {
+        let at = format!("network.regions.rtt_ms[{a}][{b}]");
+        if !rtt.is_finite() || !(0.0..1e6).contains(&rtt) {
+            return Err(self.invalid(format!("{at} must be finite, ≥ 0 and below 1 000 000, not {rtt}")));
+        }
+        if a == b && rtt != 0.0 {
+            return Err(self.invalid(format!("{at} must be 0 (the diagonal: inside a region), not {rtt}")));
+        }
+        if rtt != mirror {
+            return Err(self.invalid(format!(
+                "network.regions.rtt_ms must be symmetric: [{a}][{b}] = {rtt} but [{b}][{a}] = {mirror}"
+            )));
         }
         Ok(())
     }
@@ -121,9 +180,60 @@ impl Scenario {
         {
             return Err(self.invalid("workload.rate_per_s must be finite, ≥ 0 and not with per_key".into()));
         }
-        if let DemandConfig::Skewed { node, share } = w.demand {
-            self.nodes_in_range("workload.demand", [node].iter())?;
-            self.probability("workload.demand.share", share)?;
+        match &w.demand {
+            DemandConfig::Uniform => Ok(()),
+            DemandConfig::Skewed { node, share } => {
+                self.nodes_in_range("workload.demand", [*node].iter())?;
+                self.probability("workload.demand.share", *share)
+            }
+            DemandConfig::Regions { shares, moves_every_ms } => {
+                self.validate_region_demand(shares, *moves_every_ms)
+            }
+        }
+    }
+
+    fn validate_region_demand(&self, shares: &[f64], moves_every_ms: Option<u64>) -> Result<(), SimError> {
+        let count = self.region_count("workload.demand (kind = \"regions\")")?;
+        if shares.len() != count as usize {
+            return Err(self.invalid(format!(
+                "workload.demand.shares has {} values: one per region ({count}) is needed",
+                shares.len()
+            )));
+        }
+        let total: f64 = shares.iter().sum();
+        if shares.iter().any(|s| !s.is_finite() || *s < 0.0) || total <= 0.0 {
+            return Err(self.invalid("workload.demand.shares must be finite, ≥ 0 and not all 0".into()));
+        }
+        if moves_every_ms == Some(0) {
+            return Err(self.invalid("workload.demand.moves_every_ms must be positive".into()));
+        }
+        Ok(())
+    }
+
+    /// The number of regions, for `what`, which needs `[network.regions]`.
+    fn region_count(&self, what: &str) -> Result<u32, SimError> {
+        let regions = self.network.regions.as_ref();
+        regions.map(|r| r.count).ok_or_else(|| self.invalid(format!("{what} needs [network.regions]")))
+    }
+
+    /// The sides of a region fault: regions in range, each on one side at most, two sides or more.
+    fn region_sides(&self, what: &str, regions: &[u32], groups: &[Vec<u32>]) -> Result<(), SimError> {
+        let count = self.region_count(what)?;
+        if regions.is_empty() == groups.is_empty() {
+            return Err(self.invalid(format!("{what}: give either regions or groups, not both or neither")));
+        }
+        let all: Vec<u32> = regions.iter().chain(groups.iter().flatten()).copied().collect();
+        if let Some(r) = all.iter().find(|r| **r >= count) {
+            return Err(self.invalid(format!("{what}: region {r} is not in 0..{count}")));
+        }
+        let mut sorted = all.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != all.len() {
+            return Err(self.invalid(format!("{what}: a region is named twice")));
+        }
+        if groups.len() == 1 || regions.len() == count as usize {
+            return Err(self.invalid(format!("{what}: the regions cut off must leave another side")));
         }
         Ok(())
     }
@@ -138,6 +248,15 @@ impl Scenario {
             FaultConfig::OneWay { start_ms, end_ms, from, to } => {
                 self.interval(*start_ms, *end_ms)?;
                 self.nodes_in_range("one_way", from.iter().chain(to))
+            }
+            FaultConfig::RegionPartition { start_ms, end_ms, regions, groups } => {
+                self.interval(*start_ms, *end_ms)?;
+                self.region_sides("region_partition", regions, groups)
+            }
+            FaultConfig::RegionLoss { start_ms, end_ms, regions, groups, loss } => {
+                self.interval(*start_ms, *end_ms)?;
+                self.region_sides("region_loss", regions, groups)?;
+                self.probability("region_loss.loss", *loss)
             }
             FaultConfig::Churn { start_ms, end_ms, every_ms, nodes, .. }
             | FaultConfig::CrashChurn { start_ms, end_ms, every_ms, nodes, .. } => {

@@ -57,6 +57,34 @@ pub enum DemandConfig {
         /// Its share of the arrivals.
         share: f64,
     },
+    /// Arrivals spread over the regions of `[network.regions]` by weight (`shares[r]` for region
+    /// `r`), evenly over each region's nodes. With `moves_every_ms`, the demand moves to the next
+    /// region every so often: after `m` moves region `r` gets `shares[(r − m) mod count]`.
+    Regions {
+        /// One weight per region (they need not sum to 1).
+        shares: Vec<f64>,
+        /// Time between moves (default: the demand never moves).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        moves_every_ms: Option<u64>,
+    },
+}
+
+impl DemandConfig {
+    /// Region `region`'s weight at `t_nanos` (`None`: the demand is not spread by region).
+    pub fn region_share(&self, region: u32, t_nanos: u64) -> Option<f64> {
+        let DemandConfig::Regions { shares, moves_every_ms } = self else { return None };
+        let count = shares.len().max(1) as u64;
+        let moves = moves_every_ms.map_or(0, |every| t_nanos / every.saturating_mul(1_000_000).max(1));
+        let from = (u64::from(region) + count - moves % count) % count;
+        shares.get(from as usize).copied()
+    }
+
+    /// The instants (ns) before `end_nanos` at which the demand moves between regions.
+    pub fn region_moves(&self, end_nanos: u64) -> Vec<u64> {
+        let DemandConfig::Regions { moves_every_ms: Some(every), .. } = self else { return Vec::new() };
+        let every_nanos = every.saturating_mul(1_000_000).max(1);
+        (1..).map(|m| m * every_nanos).take_while(|t| *t < end_nanos).collect()
+    }
 }
 
 /// A demand step.

@@ -2,7 +2,9 @@
 //! `ratemesh_core::Node`'s API (`handle_*` inputs, `poll_*` outputs drained after every input).
 //!
 //! The baselines (`gubernator`, `crdt`, `static`) reimplement the field's known designs on
-//! `ratemesh_core::Bucket`; `ratemesh-exact` and `ratemesh-approx` drive the real core node. Every
+//! `ratemesh_core::Bucket`; `ratemesh-exact` and `ratemesh-approx` drive the real core node. Only
+//! the ratemesh strategies know regions (`[network.regions]`); the baselines ignore them and run
+//! as one cluster over the same network. Every
 //! strategy of a run sees the same scenario, seed, workload and fault schedule.
 
 pub mod codec;
@@ -21,6 +23,7 @@ pub use crdt::Crdt;
 pub use gubernator::Gubernator;
 pub use ratemesh::Ratemesh;
 pub(crate) use ratemesh::node_config;
+pub use ratemesh::{member_view, region_fallback, region_id, setup_config};
 pub use static_split::StaticSplit;
 
 use crate::error::SimError;
@@ -163,6 +166,9 @@ pub struct NodeSetup {
     pub settings: NodeSettings,
     /// The sync period.
     pub sync_interval_ms: u64,
+    /// How many regions (node `n` is in region `n % count`; `None`: one region). The baselines
+    /// ignore it.
+    pub regions: Option<u32>,
     /// How long a (re)started node takes no client checks (0 at the start of a run).
     pub join_grace_ms: u64,
     /// Seeds the node's own randomness.

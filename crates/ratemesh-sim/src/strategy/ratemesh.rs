@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ratemesh_core::{
     CheckOutcome, CheckRequest, Event, Fallback, Instant, KeyHash, LeavePlan, MemberView, Mode, Node,
-    NodeConfig, NodeId, Policy, RequestId,
+    NodeConfig, NodeId, Policy, RegionFallback, RegionId, RequestId,
 };
 
 use super::{Check, NodeSetup, Outgoing, PolicyTable, SimNode, Verdict, View};
@@ -22,13 +22,15 @@ pub struct Ratemesh {
     table: std::rc::Rc<PolicyTable>,
     decided: VecDeque<(u64, bool)>,
     left: bool,
+    /// How many regions (node `n` is in region `n % count`; `None`: one region).
+    regions: Option<u32>,
 }
 
 impl Ratemesh {
     /// A node of `setup` enforcing the scenario's policies in `mode` (`None`: each policy's own
     /// mode), with the scenario's node settings and fallback.
     pub fn new(setup: NodeSetup, mode: Option<Mode>) -> Ratemesh {
-        let config = node_config(&setup.settings, setup.sync_interval_ms, setup.join_grace_ms);
+        let config = setup_config(&setup);
         let node = Node::new(NodeId(u64::from(setup.id)), setup.incarnation, config, setup.seed, setup.now)
             // `Scenario::validate` checked the same settings (the join grace is not validated).
             .expect("node settings validated with the scenario");
@@ -47,7 +49,7 @@ impl Ratemesh {
                 Arc::new(Policy { limit: limit.clone(), mode: mode.unwrap_or(own), fallback })
             })
             .collect();
-        Ratemesh { node, policies, table, decided: VecDeque::new(), left: false }
+        Ratemesh { node, policies, table, decided: VecDeque::new(), left: false, regions: setup.regions }
     }
 
     /// The wrapped core node (for tests that inspect its counters).
@@ -77,10 +79,17 @@ impl SimNode for Ratemesh {
 
     fn handle_membership(&mut self, now: Instant, view: &View) {
         let ids = |nodes: &[u32]| nodes.iter().map(|n| NodeId(u64::from(*n))).collect();
-        self.node.handle_membership(
-            now,
-            MemberView { live: ids(&view.live), dead: ids(&view.dead), regions: Vec::new() },
-        );
+        let regions = match self.regions {
+            Some(count) => view
+                .live
+                .iter()
+                .chain(&view.dead)
+                .map(|n| (NodeId(u64::from(*n)), region_id(n % count.max(1))))
+                .collect(),
+            None => Vec::new(),
+        };
+        self.node
+            .handle_membership(now, MemberView { live: ids(&view.live), dead: ids(&view.dead), regions });
     }
 
     fn handle_timeout(&mut self, now: Instant) {
@@ -151,9 +160,49 @@ pub(crate) fn node_config(settings: &NodeSettings, sync_interval_ms: u64, join_g
         replicate: settings.replicate.unwrap_or(defaults.replicate),
         ring_vnodes: settings.ring_vnodes.unwrap_or(defaults.ring_vnodes),
         allowance_min: settings.allowance_min.unwrap_or(defaults.allowance_min),
+        region_sync_interval: ms(settings.region_sync_interval_ms, defaults.region_sync_interval),
+        region_lease: ms(settings.region_lease_ms, defaults.region_lease),
+        region_fallback: settings
+            .region_fallback
+            .as_deref()
+            .and_then(region_fallback)
+            .unwrap_or(defaults.region_fallback),
         // A restarted node serves once the others' views include it (the membership model's
         // join delay), as the library waits for gossip to spread.
         join_grace: Duration::from_millis(join_grace_ms),
         ..defaults
+    }
+}
+
+/// The core node's configuration for `setup`: its `[node]` settings and, with regions, its own
+/// region (node `n` in region `n % count`).
+pub fn setup_config(setup: &NodeSetup) -> NodeConfig {
+    let mut config = node_config(&setup.settings, setup.sync_interval_ms, setup.join_grace_ms);
+    config.region = setup.regions.map_or(RegionId::NONE, |count| region_id(setup.id % count.max(1)));
+    config
+}
+
+/// The core's view of `view`; with `regions` regions, the region of every member, live or dead.
+pub fn member_view(view: &View, regions: Option<u32>) -> MemberView {
+    let ids = |nodes: &[u32]| nodes.iter().map(|n| NodeId(u64::from(*n))).collect();
+    let members = view.live.iter().chain(&view.dead);
+    let regions = regions.map_or(Vec::new(), |count| {
+        members.map(|n| (NodeId(u64::from(*n)), region_id(n % count.max(1)))).collect()
+    });
+    MemberView { live: ids(&view.live), dead: ids(&view.dead), regions }
+}
+
+/// The core's id of simulated region `region`: `RegionId::from_name("region-<region>")`.
+pub fn region_id(region: u32) -> RegionId {
+    RegionId::from_name(&format!("region-{region}"))
+}
+
+/// The region fallback called `name` in a scenario (`floor`, `last`, `closed`).
+pub fn region_fallback(name: &str) -> Option<RegionFallback> {
+    match name {
+        "floor" => Some(RegionFallback::Floor),
+        "last" => Some(RegionFallback::Last),
+        "closed" => Some(RegionFallback::Closed),
+        _ => None,
     }
 }

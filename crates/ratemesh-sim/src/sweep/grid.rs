@@ -4,7 +4,7 @@
 use super::{GridBlock, LimitsValue, SweepFile};
 use crate::error::SimError;
 use crate::scenario::{
-    DelayConfig, DemandConfig, FaultConfig, LimitConfig, NodeTarget, Scenario, ZonesConfig,
+    DelayConfig, DemandConfig, FaultConfig, LimitConfig, NodeTarget, RegionsConfig, Scenario, ZonesConfig,
 };
 use crate::strategy::StrategyKind;
 
@@ -87,6 +87,9 @@ fn axes(block: &GridBlock) -> Vec<(&'static str, Vec<String>)> {
         ("burst", block.burst.iter().map(u64::to_string).collect()),
         ("keys", block.keys.iter().map(u32::to_string).collect()),
         ("net", block.net.clone()),
+        ("regions", block.regions.clone()),
+        ("nodes_per_region", block.nodes_per_region.iter().map(u32::to_string).collect()),
+        ("region_fallback", block.region_fallback.clone()),
         ("sync_ms", block.sync_ms.iter().map(u64::to_string).collect()),
         ("workload", block.workload.clone()),
         ("rate_x_limit", text(&block.rate_x_limit)),
@@ -161,18 +164,16 @@ fn apply(s: &mut Scenario, axis: &str, value: &str) -> Result<(), String> {
             s.workload.hot_keys = s.workload.hot_keys.min(s.workload.keys);
         }
         "net" => apply_net(s, value)?,
+        "regions" => apply_regions(s, value)?,
+        "nodes_per_region" => {
+            let per_region: u32 = number(axis, value)?;
+            s.nodes = per_region * s.network.regions.as_ref().map_or(1, |r| r.count);
+        }
+        "region_fallback" => s.node.region_fallback = Some(value.to_owned()),
         "sync_ms" => s.sync_interval_ms = number(axis, value)?,
         "rate_x_limit" => s.workload.rate_x_limit = number(axis, value)?,
         "workload" => apply_workload(s, value)?,
-        "demand" => {
-            s.workload.demand = match value.split(':').collect::<Vec<_>>().as_slice() {
-                ["uniform"] => DemandConfig::Uniform,
-                ["skewed", node, share] => {
-                    DemandConfig::Skewed { node: number("demand", node)?, share: number("demand", share)? }
-                }
-                _ => return Err(format!("demand {value:?} is not uniform or skewed:NODE:SHARE")),
-            }
-        }
+        "demand" => s.workload.demand = demand(s, value)?,
         "faults" => {}
         other => return Err(format!("unknown axis {other}")),
     }
@@ -219,6 +220,59 @@ fn apply_net(s: &mut Scenario, value: &str) -> Result<(), String> {
         }
         _ => return Err(format!("net {value:?} is not rtt:MS or zones:COUNT:INSIDE_MS:BETWEEN_MS")),
     }
+    Ok(())
+}
+
+fn demand(s: &Scenario, value: &str) -> Result<DemandConfig, String> {
+    let count = s.network.regions.as_ref().map_or(0, |r| r.count as usize);
+    let shares = |hot: f64| {
+        let rest = (1.0 - hot) / count.saturating_sub(1).max(1) as f64;
+        (0..count).map(|r| if r == 0 { hot } else { rest }).collect::<Vec<f64>>()
+    };
+    let regions = |shares, moves_every_ms| Ok(DemandConfig::Regions { shares, moves_every_ms });
+    match value.split(':').collect::<Vec<_>>().as_slice() {
+        ["uniform"] => Ok(DemandConfig::Uniform),
+        ["skewed", node, share] => {
+            Ok(DemandConfig::Skewed { node: number("demand", node)?, share: number("demand", share)? })
+        }
+        ["regions", "even"] => regions(vec![1.0; count], None),
+        ["regions", "hot", hot] => regions(shares(number("demand", hot)?), None),
+        ["regions", "moving", every_ms] => regions(shares(1.0), Some(number("demand", every_ms)?)),
+        ["regions", list] => {
+            regions(list.split(',').map(|w| number("demand", w)).collect::<Result<_, _>>()?, None)
+        }
+        _ => Err(format!(
+            "demand {value:?} is not uniform, skewed:NODE:SHARE, regions:even, regions:hot:SHARE, \
+             regions:moving:MS or regions:W,W,…"
+        )),
+    }
+}
+
+/// `"regions:COUNT:RTT"` (every pair) or `"regions:COUNT:RTT,RTT,…"` (the upper triangle, row by
+/// row).
+fn apply_regions(s: &mut Scenario, value: &str) -> Result<(), String> {
+    let ["regions", count, rtts] = value.split(':').collect::<Vec<_>>()[..] else {
+        return Err(format!(
+            "regions {value:?} is not regions:COUNT:RTT_MS or regions:COUNT:RTT_MS,RTT_MS,…"
+        ));
+    };
+    let count: usize = number("regions", count)?;
+    let rtts: Vec<f64> = rtts.split(',').map(|r| number("regions", r)).collect::<Result<_, _>>()?;
+    let pairs = count * count.saturating_sub(1) / 2;
+    if rtts.len() != 1 && rtts.len() != pairs {
+        return Err(format!("regions {value:?}: give one round trip or {pairs} (the upper triangle)"));
+    }
+    let mut rtt_ms = vec![vec![0.0; count]; count];
+    let upper = (0..count).flat_map(|a| (a + 1..count).map(move |b| (a, b)));
+    for (i, (a, b)) in upper.enumerate() {
+        let rtt = if rtts.len() == 1 { rtts[0] } else { rtts[i] };
+        rtt_ms[a][b] = rtt;
+        rtt_ms[b][a] = rtt;
+    }
+    let jitter = s.network.regions.as_ref().map_or(0.1, |r| r.jitter);
+    let loss = s.network.regions.as_ref().and_then(|r| r.loss);
+    s.network.zones = None;
+    s.network.regions = Some(RegionsConfig { count: count as u32, rtt_ms, jitter, loss });
     Ok(())
 }
 
@@ -275,6 +329,8 @@ fn apply_faults(s: &mut Scenario, value: &str) -> Result<(), String> {
                 groups: vec![(0..cut).collect(), (cut..s.nodes).collect()],
             });
         }
+        ["region_partition"] => s.faults.push(region_partition(d, 0)),
+        ["region_partition", region] => s.faults.push(region_partition(d, number("faults", region)?)),
         ["owner_crash"] => s.faults.push(FaultConfig::Crash {
             at_ms: d / 3,
             node: NodeTarget::Named("hot_owner".into()),
@@ -282,11 +338,22 @@ fn apply_faults(s: &mut Scenario, value: &str) -> Result<(), String> {
         }),
         _ => {
             return Err(format!(
-                "faults {value:?} is not none, loss:P, crash_churn, churn, partition or owner_crash"
+                "faults {value:?} is not none, loss:P, crash_churn, churn, partition, owner_crash, \
+                 region_partition or region_partition:REGION"
             ));
         }
     }
     Ok(())
+}
+
+/// `region` cut off from the other regions in the middle third of a run of `d` ms.
+fn region_partition(d: u64, region: u32) -> FaultConfig {
+    FaultConfig::RegionPartition {
+        start_ms: d / 3,
+        end_ms: d * 2 / 3,
+        regions: vec![region],
+        groups: Vec::new(),
+    }
 }
 
 /// Baselines that need a token-bucket-family limit are left out of points without one.

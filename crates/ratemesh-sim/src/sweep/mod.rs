@@ -16,11 +16,20 @@
 //! - `algorithm`: algorithm names (baselines that need a token bucket skip the others).
 //! - `net`: `"rtt:2"` (uniform one-way delay, 0.4–0.6 × the round trip in ms), or `"zones:3:1:80"`
 //!   (3 zones, 1 ms round trips inside, 80 ms between).
+//! - `regions`: `"regions:3:80"` (3 protocol regions, 80 ms round trips between every two) or
+//!   `"regions:3:40,80,300"` (the upper triangle of the round-trip matrix, row by row: 0–1, 0–2,
+//!   1–2); inside a region the delay stays `net`'s (or the base's).
+//! - `nodes_per_region`: nodes = regions × this (applied after `regions`).
+//! - `region_fallback`: `floor`, `last`, `closed`.
 //! - `workload`: `"base"`, `"per_key"` (every key at `rate_x_limit` × its own limit), `"hot"` (95 %
 //!   on key 0), `"rate:4000"` (a fixed 4 000 requests/s, uniform over the keys).
-//! - `demand`: `"uniform"`, `"skewed:0:0.75"` (node 0 gets 75 % of the arrivals).
+//! - `demand`: `"uniform"`, `"skewed:0:0.75"` (node 0 gets 75 % of the arrivals); with regions
+//!   `"regions:even"`, `"regions:hot:0.8"` (80 % in region 0, the rest even over the others),
+//!   `"regions:0.8,0.1,0.1"` (one weight per region) or `"regions:moving:5000"` (all of it in one
+//!   region, moving to the next every 5 000 ms).
 //! - `faults`: `"none"`, `"loss:0.05"`, `"crash_churn"`, `"churn"`, `"partition"` (70/30 in the
-//!   middle third), `"owner_crash"`, each timed relative to the run's duration.
+//!   middle third), `"owner_crash"`, `"region_partition"` or `"region_partition:2"` (region 0, or
+//!   2, cut off from the others in the middle third), each timed relative to the run's duration.
 //!
 //! The code is split by concern: this file holds the sweep file's model and its loading;
 //! `grid.rs` expands the grid into points (scenarios); `run.rs` runs the points on their seeds and
@@ -149,6 +158,15 @@ pub struct GridBlock {
     /// Networks.
     #[serde(default)]
     pub net: Vec<String>,
+    /// Protocol regions and their round trips.
+    #[serde(default)]
+    pub regions: Vec<String>,
+    /// Nodes per region (nodes = regions × this).
+    #[serde(default)]
+    pub nodes_per_region: Vec<u32>,
+    /// Region fallbacks of the ratemesh nodes.
+    #[serde(default)]
+    pub region_fallback: Vec<String>,
     /// Sync intervals in ms.
     #[serde(default)]
     pub sync_ms: Vec<u64>,

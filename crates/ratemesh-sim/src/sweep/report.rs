@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Cell, PointResult, SweepFile, comparisons};
+use super::{Cell, PointResult, SweepFile, WorstOfSeeds, comparisons};
 
 /// The sweep's results as markdown: one table per block, then the missed bounds.
 pub fn markdown(sweep: &SweepFile, path: &Path, results: &[PointResult], elapsed_s: f64) -> String {
@@ -42,11 +42,16 @@ pub fn markdown(sweep: &SweepFile, path: &Path, results: &[PointResult], elapsed
                 .collect();
             let _ = writeln!(out, "Bounds: {}.\n", bounds.join("; "));
         }
+        let regions = results
+            .iter()
+            .any(|r| r.point.block == block_index && r.point.scenario.network.regions.is_some());
         out.push_str(
             "| point | parameters | strategy | over-adm (run) | worst 1-s | admitted/ideal | fairness | \
-             false rej @below | partition peak/L | bytes/node/s | msgs/node/s | cluster msgs/s |\n",
+             false rej @below | partition peak/L | bytes/node/s | msgs/node/s | cluster msgs/s |",
         );
-        out.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str(if regions { REGION_HEADER } else { "" });
+        out.push_str("\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        out.push_str(if regions { "---:|---:|---:|\n" } else { "\n" });
         for r in results.iter().filter(|r| r.point.block == block_index) {
             for (i, s) in r.strategies.iter().enumerate() {
                 let missed = r.violations.iter().any(|v| v.contains(&format!(": {} ", s.strategy)));
@@ -55,7 +60,7 @@ pub fn markdown(sweep: &SweepFile, path: &Path, results: &[PointResult], elapsed
                 } else {
                     ("", String::new())
                 };
-                let _ = writeln!(
+                let _ = write!(
                     out,
                     "| {id} | {params} | {}{} | {} | {} | {:.4} | {} | {} | {} | {:.0} | {:.1} | {:.0} |",
                     s.strategy,
@@ -70,6 +75,8 @@ pub fn markdown(sweep: &SweepFile, path: &Path, results: &[PointResult], elapsed
                     s.msgs_per_node_s,
                     s.cluster_msgs_s,
                 );
+                out.push_str(&if regions { region_cells(s) } else { String::new() });
+                out.push('\n');
             }
         }
         out.push('\n');
@@ -122,6 +129,24 @@ pub fn markdown(sweep: &SweepFile, path: &Path, results: &[PointResult], elapsed
         );
     }
     out
+}
+
+/// The columns a block with regions adds.
+const REGION_HEADER: &str = " move to 90 % (ms) | msgs/key/s between regions | bytes/key/s between regions |";
+
+/// The cells of [`REGION_HEADER`] for one strategy.
+fn region_cells(s: &WorstOfSeeds) -> String {
+    let ms = match s.region_move_ms {
+        None => "–".into(),
+        Some(ms) if ms.is_infinite() => "never".into(),
+        Some(ms) => format!("{ms:.0}"),
+    };
+    let cell = |v: Option<f64>, digits: usize| v.map_or("–".into(), |v| format!("{v:.digits$}"));
+    format!(
+        " {ms} | {} | {} |",
+        cell(s.cross_region_msgs_per_key_s, 2),
+        cell(s.cross_region_bytes_per_key_s, 0)
+    )
 }
 
 /// `axis=value, …`.

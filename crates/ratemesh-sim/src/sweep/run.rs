@@ -33,12 +33,19 @@ pub struct WorstOfSeeds {
     pub msgs_per_node_s: f64,
     /// Largest cluster-wide messages per second.
     pub cluster_msgs_s: f64,
+    /// Longest time for a region to reach 90 % of its ideal share after a demand move, ms
+    /// (`None`: no move).
+    pub region_move_ms: Option<f64>,
+    /// Largest bytes between regions per key per second (`None`: no regions).
+    pub cross_region_bytes_per_key_s: Option<f64>,
+    /// Largest messages between regions per key per second (`None`: no regions).
+    pub cross_region_msgs_per_key_s: Option<f64>,
     /// The seed that gave each metric of [`FOLDED`] its worst value, in its order.
     seeds: [u64; FOLDED.len()],
 }
 
 /// The metrics a point's seeds are folded over (each the worst of its seeds).
-const FOLDED: [Metric; 9] = [
+const FOLDED: [Metric; 12] = [
     Metric::OverAdmission,
     Metric::WorstWindowOverAdmission,
     Metric::AdmittedXIdeal,
@@ -48,6 +55,9 @@ const FOLDED: [Metric; 9] = [
     Metric::BytesPerNodeS,
     Metric::MsgsPerNodeS,
     Metric::ClusterMsgsS,
+    Metric::RegionMoveMs,
+    Metric::CrossRegionMsgsPerKeyS,
+    Metric::CrossRegionBytesPerKeyS,
 ];
 
 impl WorstOfSeeds {
@@ -63,6 +73,9 @@ impl WorstOfSeeds {
             Metric::BytesPerNodeS => self.bytes_per_node_s,
             Metric::MsgsPerNodeS => self.msgs_per_node_s,
             Metric::ClusterMsgsS => self.cluster_msgs_s,
+            Metric::RegionMoveMs => self.region_move_ms.unwrap_or(0.0),
+            Metric::CrossRegionMsgsPerKeyS => self.cross_region_msgs_per_key_s.unwrap_or(0.0),
+            Metric::CrossRegionBytesPerKeyS => self.cross_region_bytes_per_key_s.unwrap_or(0.0),
             Metric::PeakRateXLimit | Metric::ConvergenceMaxMs | Metric::ExcessPerChangeSyncIntervals => {
                 f64::NAN
             }
@@ -114,6 +127,16 @@ impl WorstOfSeeds {
         self.bytes_per_node_s = self.bytes_per_node_s.max(over.bytes_per_node_s);
         self.msgs_per_node_s = self.msgs_per_node_s.max(over.msgs_per_node_s);
         self.cluster_msgs_s = self.cluster_msgs_s.max(over.cluster_msgs_s);
+        if let Some(regions) = &over.regions {
+            let max = |old: Option<f64>, new: f64| Some(old.map_or(new, |o| o.max(new)));
+            if let Some(ms) = regions.move_ms {
+                self.region_move_ms = max(self.region_move_ms, ms);
+            }
+            self.cross_region_msgs_per_key_s =
+                max(self.cross_region_msgs_per_key_s, regions.cross_msgs_per_key_s);
+            self.cross_region_bytes_per_key_s =
+                max(self.cross_region_bytes_per_key_s, regions.cross_bytes_per_key_s);
+        }
     }
 }
 
@@ -238,6 +261,7 @@ mod tests {
             digest: 0,
             admitted_bins: Vec::new(),
             ideal_bins: Vec::new(),
+            regions: None,
         }
     }
 
