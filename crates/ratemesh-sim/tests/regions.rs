@@ -259,6 +259,34 @@ fn region_sweep_bounds_hold_on_the_ci_cut() {
     );
 }
 
+#[test]
+fn the_sweep_axes_build_regions_demand_and_faults() {
+    let base =
+        BASE.lines().map(|l| if l.starts_with('[') { l.replacen('[', "[base.", 1) } else { l.to_owned() });
+    let base: Vec<String> = base.collect();
+    let text = format!(
+        "seeds = 5\n[base]\n{}\n[[grid]]\nlabel = \"x\"\nregions = [\"regions:3:40,80,300\"]\n\
+         nodes_per_region = [4]\ndemand = [\"regions:hot:0.8\", \"regions:moving:1000\"]\n\
+         region_fallback = [\"closed\"]\nfaults = [\"region_partition:1\"]\n",
+        base.join("\n")
+    );
+    let path = std::env::temp_dir().join(format!("ratemesh-sim-regions-axes-{}.toml", std::process::id()));
+    std::fs::write(&path, text).expect("writes");
+    let points = SweepFile::load(&path).and_then(|s| s.points()).expect("valid points");
+    let _ = std::fs::remove_file(&path);
+    let s = &points[0].scenario;
+    let regions = s.network.regions.as_ref().expect("regions");
+    assert_eq!(regions.rtt_ms, vec![vec![0.0, 40.0, 80.0], vec![40.0, 0.0, 300.0], vec![80.0, 300.0, 0.0]]);
+    assert_eq!(s.nodes, 12);
+    let shares: Vec<f64> = (0..3).filter_map(|r| s.workload.demand.region_share(r, 0)).collect();
+    assert!(shares.iter().zip([0.8, 0.1, 0.1]).all(|(got, want)| (got - want).abs() < 1e-9), "{shares:?}");
+    assert_eq!(points[1].scenario.workload.demand.region_share(1, 1_500_000_000), Some(1.0));
+    assert_eq!(s.node.region_fallback.as_deref(), Some("closed"));
+    assert!(
+        matches!(&s.faults[..], [ratemesh_sim::scenario::FaultConfig::RegionPartition { regions, .. }] if regions == &[1])
+    );
+}
+
 /// The strategies the bounds are about.
 const RATEMESH: [&str; 2] = ["ratemesh-exact", "ratemesh-approx"];
 
