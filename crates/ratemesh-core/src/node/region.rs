@@ -47,9 +47,15 @@ const FLOOR_PERMILLE: u64 = 30;
 /// nears its end.
 const DEMAND_CHANGE_DIVISOR: u64 = 4;
 
-/// A decrease smaller than this fraction (1/8) of a region's part is not pushed: it waits for the
-/// region's next report.
-const PUSH_DIVISOR: u64 = 8;
+/// A decrease of a region's part by at most this fraction (1/32) of the limit is not made:
+/// demand estimates are noisy, and a part that follows the noise down refuses the next burst.
+const STICKY_DIVISOR: u64 = 32;
+
+/// The half-life at which a region's smoothed demand falls (it rises at once): short enough
+/// that demand leaving a region is followed within a second, long enough that a part does not
+/// follow the noise of a Poisson arrival stream down (the nodes' estimates have a 100 ms
+/// half-life: ±16 % at 300/s).
+const REGION_DEMAND_HALF_LIFE_NANOS: u64 = 200_000_000;
 
 /// The regions of a view and a ring of each one's live members.
 #[derive(Clone, Debug, Default)]
@@ -142,6 +148,9 @@ pub(crate) struct RegionLease {
     /// When the last report was sent, and the demand it said.
     pub reported_at: Instant,
     pub demand_reported: u64,
+    /// The region's demand, smoothed over region rounds (milli-hits per second), and when.
+    pub demand_milli: u64,
+    pub demand_at: Instant,
     /// The part the owner's bucket counts in (0: not known yet), and whether that was before
     /// the first lease; see [`Node::region_rescale`].
     pub bucket_part: u64,
@@ -177,6 +186,8 @@ pub(crate) struct HomeLedger {
     regions: Vec<RegionEntry>,
     /// The number of the last grant.
     seq: u64,
+    /// Until then the key is new (see [`HomeLedger::apply`]).
+    new_until: Instant,
 }
 
 /// One region in a home owner's ledger.
@@ -234,21 +245,34 @@ pub(super) struct HomeTerms {
     pub fallback: RegionFallback,
     /// The lease as the home counts it (the lease and a region sync interval of slack).
     pub lease_nanos: u64,
+    /// How long a key stays new after its first report (four region sync intervals).
+    pub new_nanos: u64,
     pub now: Instant,
 }
 
 impl HomeLedger {
     /// Applies a report and returns the grants to send: the reporter's first, then pushes to
-    /// other regions (`(to, grant part, number)`); and whether the reporter's grant is the key's
-    /// first anywhere (no lease was granted or reported before it): the key is new, its bucket
-    /// full, and the reporter may have its part of it (`Keep::Used`).
+    /// other regions (`(to, grant part, number)`); and whether the reporter's grant is its
+    /// region's first of a new key (`RegionGrant::first`).
+    ///
+    /// A key is new for a lease after its ledger began with a report of no lease applied. Then a
+    /// region's first grant says so, and the region's bucket holds its even share of the new
+    /// key's burst (`Node::region_rescale`): the even shares sum to the burst, so the regions
+    /// share a new key's burst once — not the first region all of it, not all regions nothing.
     pub(super) fn apply(
         &mut self,
         report: HomeReport,
         regions: &[RegionId],
         terms: HomeTerms,
     ) -> (Vec<(NodeId, u64, u64)>, bool) {
-        let first = self.seq == 0 && report.applied_seq == 0;
+        if self.seq == 0 {
+            self.new_until = match report.applied_seq {
+                0 => terms.now.add_nanos(terms.new_nanos),
+                _ => Instant::ZERO,
+            };
+        }
+        let known = self.regions.iter().any(|e| e.region == report.region);
+        let first = terms.now < self.new_until && report.applied_seq == 0 && !known;
         let ledgered = Ledgered { floor: terms.floor, fallback: terms.fallback, now: terms.now };
         // Regions gone from the view are forgotten (their members left: they admit nothing).
         self.regions.retain(|e| regions.contains(&e.region));
@@ -279,9 +303,9 @@ impl HomeLedger {
             entry.prior = 0;
             entry.granted = report.applied_part;
         }
-        // A region that holds nothing and asks for nothing (the key is not decided there any
-        // more) is answered with nothing: it would answer a grant the same way.
-        let asks = report.demand_per_s > 0 || report.applied_part > 0;
+        // A region without demand (idle, or the key is not decided there any more) only
+        // acknowledges: it gets no grant back, which it would acknowledge again.
+        let asks = report.demand_per_s > 0;
         // The reporter's lease is live from now on: it takes part in the split.
         self.regions[at].until = self.regions[at].until.max(terms.now.add_nanos(1));
         let desired = self.desired(regions, terms, ledgered);
@@ -293,7 +317,7 @@ impl HomeLedger {
         for (i, &want) in desired.iter().enumerate() {
             let e = &self.regions[i];
             let push = i != at && (terms.now < e.until || keeps_last) && want < e.granted;
-            if push && e.granted - want > e.granted / PUSH_DIVISOR {
+            if push && e.granted - want > terms.value / STICKY_DIVISOR {
                 grants.push(self.grant(i, want, terms));
             }
         }
@@ -301,7 +325,19 @@ impl HomeLedger {
             (0..self.regions.len()).filter(|&i| i != at).map(|i| ledgered.committed(&self.regions[i])).sum();
         let unknown = regions.iter().filter(|r| !self.regions.iter().any(|e| e.region == **r)).count() as u64;
         let free = terms.value.saturating_sub(others).saturating_sub(unknown.saturating_mul(terms.floor));
-        let part = desired[at].min(free);
+        let granted = self.regions[at].granted;
+        let sticky = terms.value / STICKY_DIVISOR;
+        let want = match desired[at] < granted && granted - desired[at] <= sticky {
+            true => granted,
+            false => desired[at],
+        };
+        // While the key is new, no region takes more than its even share: the demand estimates
+        // of a key's first checks say little, and every other region may be about to ask.
+        let even = terms.value / regions.len().max(1) as u64;
+        let part = match terms.now < self.new_until {
+            true => want.min(free).min(even),
+            false => want.min(free),
+        };
         if asks {
             grants.insert(0, self.grant(at, part, terms));
         }
@@ -315,7 +351,7 @@ impl HomeLedger {
                 continue;
             }
             let more = (want - e.granted).min(terms.value - used);
-            if more > e.granted / PUSH_DIVISOR {
+            if more > terms.value / STICKY_DIVISOR {
                 used += more;
                 grants.push(self.grant(i, e.granted + more, terms));
             }
@@ -336,10 +372,11 @@ impl HomeLedger {
         (e.reporter, part, self.seq)
     }
 
-    /// Every known region's desired part. A region whose lease lapsed keeps what the home
-    /// counts it as using (its fallback's part); every other region gets its floor and the rest
-    /// of the limit in proportion to its demand (by largest remainders, so that the parts sum
-    /// to the limit). Regions of the view that never reported keep their floor.
+    /// Every known region's desired part. A region whose lease lapsed is idle or cut off: it is
+    /// asked down to its floor (nothing with `Closed`), while the home still counts what it may
+    /// be using until it acknowledges; every other region gets its floor and the rest of the
+    /// limit in proportion to its demand (by largest remainders, so that the parts sum to the
+    /// limit). Regions of the view that never reported keep their floor.
     fn desired(&self, regions: &[RegionId], terms: HomeTerms, ledgered: Ledgered) -> Vec<u64> {
         let live = |e: &RegionEntry| terms.now < e.until;
         let lapsed: u64 = self.regions.iter().filter(|e| !live(e)).map(|e| ledgered.committed(e)).sum();
@@ -347,12 +384,15 @@ impl HomeLedger {
         let rest =
             terms.value.saturating_sub(lapsed).saturating_sub(terms.floor.saturating_mul(floored as u64));
         let total: u128 = self.regions.iter().filter(|e| live(e)).map(|e| u128::from(e.demand_per_s)).sum();
+        let idle = match terms.fallback {
+            RegionFallback::Closed => 0,
+            RegionFallback::Floor | RegionFallback::Last => terms.floor,
+        };
         let exact: Vec<(u64, u128)> = self
             .regions
             .iter()
             .map(|e| match (live(e), total) {
-                (false, _) => (0, 0),
-                (true, 0) => (0, 0),
+                (false, _) | (true, 0) => (0, 0),
                 (true, _) => {
                     let scaled = u128::from(rest) * u128::from(e.demand_per_s);
                     (u64::try_from(scaled / total).unwrap_or(rest), scaled % total)
@@ -363,7 +403,7 @@ impl HomeLedger {
             .regions
             .iter()
             .zip(&exact)
-            .map(|(e, (p, _))| if live(e) { terms.floor + p } else { ledgered.committed(e) })
+            .map(|(e, (p, _))| if live(e) { terms.floor + p } else { idle })
             .collect();
         if total == 0 {
             return parts;
@@ -428,8 +468,9 @@ impl Node {
 
     /// Before a decision on `key` under `part` of its limit: the bucket is re-expressed in that
     /// part if it counted in another (a lease changed it, or ended). It keeps the hits left
-    /// (`Keep::Left`), except at the key's first lease anywhere (the key is new: its burst is
-    /// whole), which keeps the hits used, so that a new key's burst is not lost.
+    /// (`Keep::Left`): a part that grows gets its new room empty. At its first lease of a new key
+    /// (`RegionGrant::first`) it first takes its even share of the key's burst, less what it
+    /// admitted by its floor meanwhile (`Keep::Used`).
     pub(super) fn region_rescale(&mut self, key: KeyHash, policy: &Policy, part: u64, now: Instant) {
         let Some(lease) = self.keys.extra(key).and_then(|meta| meta.region.as_deref().copied()) else {
             return;
@@ -437,14 +478,27 @@ impl Node {
         if part == 0 || lease.bucket_part == 0 || lease.bucket_part == part {
             return;
         }
-        let keep = if lease.bucket_before_lease && lease.first { Keep::Used } else { Keep::Left };
+        let first = lease.bucket_before_lease && lease.first;
+        let even = policy.limit.spec().limit / self.regions.count() as u64;
         let (Some(from), Some(to)) =
             (self.region_limit(&policy.limit, lease.bucket_part), self.region_limit(&policy.limit, part))
         else {
             return;
         };
+        // A new key's first lease: the bucket began at the floor; it holds its even share of the
+        // burst, less what it admitted meanwhile, before it takes its part.
+        let via = match first {
+            true => self.region_limit(&policy.limit, even.max(1)),
+            false => None,
+        };
         self.keys.update(key, &policy.limit, |bucket, meta| {
-            bucket.rescale(&from, &to, keep, now);
+            match via.as_ref() {
+                Some(even) => {
+                    bucket.rescale(&from, even, Keep::Used, now);
+                    bucket.rescale(even, &to, Keep::Left, now);
+                }
+                None => bucket.rescale(&from, &to, Keep::Left, now),
+            }
             if let Some(lease) = meta.region.as_deref_mut() {
                 lease.bucket_part = part;
                 lease.bucket_before_lease = lease.seq == 0;
@@ -470,23 +524,55 @@ impl Node {
         }
     }
 
-    /// The region sync round: reports every due key with news to its home.
+    /// The region sync round: reports every due key with news to its home. A key whose lease
+    /// is live and whose last report said it had demand stays due without checks: the home must
+    /// hear when its demand ends (else it would keep the region's part from the others until
+    /// the lease lapsed).
     pub(super) fn region_round(&mut self, now: Instant) {
         let due = core::mem::take(&mut self.region_due);
+        let renew = 2 * duration_nanos(self.config.region_sync_interval);
         for key in due {
             let Some(meta) = self.keys.extra(key).filter(|m| m.owned) else { continue };
             let policy = meta.policy.clone();
             let lease = meta.region.as_deref().copied().unwrap_or_default();
             let demand = self.region_demand(key, now);
-            let renew = 2 * duration_nanos(self.config.region_sync_interval);
             if lease.news(demand, now, renew) {
                 self.report_region(key, &policy, now);
+            }
+            let watched = self.keys.extra(key).and_then(|m| m.region.as_deref().copied());
+            if watched.is_some_and(|l| l.until > now && l.demand_reported > 0) {
+                self.region_due.insert(key);
             }
         }
     }
 
-    /// The demand for `key` in this region: this node's and its participants'.
+    /// The demand for `key` in this region, smoothed over region rounds: this node's and its
+    /// participants'.
     fn region_demand(&mut self, key: KeyHash, now: Instant) -> u64 {
+        let instant = self.region_demand_now(key, now);
+        let limit = match self.keys.extra(key) {
+            Some(meta) => meta.policy.limit.clone(),
+            None => return instant,
+        };
+        let smoothed = self.keys.update(key, &limit, |_, meta| {
+            let lease = meta.region.get_or_insert_with(Box::default);
+            let elapsed = now.nanos_since(lease.demand_at);
+            // No history (or a long gap): the estimate starts from what is seen now.
+            let keep = match lease.demand_at == Instant::ZERO {
+                true => 0.0,
+                false => libm::exp2(-(elapsed as f64) / REGION_DEMAND_HALF_LIFE_NANOS as f64),
+            };
+            let milli = (keep * lease.demand_milli as f64 + (1.0 - keep) * instant as f64 * 1000.0)
+                .max(instant as f64 * 1000.0);
+            lease.demand_milli = milli as u64;
+            lease.demand_at = lease.demand_at.max(now);
+            lease.demand_milli.div_ceil(1000)
+        });
+        smoothed.unwrap_or(instant)
+    }
+
+    /// The demand for `key` in this region now: this node's and its participants' estimates.
+    fn region_demand_now(&mut self, key: KeyHash, now: Instant) -> u64 {
         let half_life = self.half_life_nanos();
         let active =
             now.sub_nanos(2 * duration_nanos(self.config.sync_interval).max(self.release_nanos() / 8));
@@ -570,6 +656,7 @@ impl Node {
             fallback: self.config.region_fallback,
             lease_nanos: duration_nanos(self.config.region_lease)
                 + duration_nanos(self.config.region_sync_interval),
+            new_nanos: 4 * duration_nanos(self.config.region_sync_interval),
             now,
         };
         let home_report = HomeReport {
@@ -652,18 +739,30 @@ impl Node {
             let lease = meta.region.get_or_insert_with(Box::default);
             // Grants are numbered by the home: an older one arriving late changes nothing.
             if grant.seq <= lease.seq {
-                return false;
+                return None;
             }
+            let decrease = grant.part < lease.part;
             lease.seq = grant.seq;
             lease.first = grant.first;
             lease.part = grant.part.min(limit.spec().limit);
             lease.until =
                 lease.reported_at.add_nanos(grant.lease_nanos).min(now.add_nanos(grant.lease_nanos));
-            true
+            Some(decrease)
         });
-        if applied == Some(true) {
-            // The home learns that a push was applied from the next report.
-            self.region_due.insert(key);
+        match applied.flatten() {
+            // A decrease frees part of the limit for another region once the home hears it was
+            // applied: it hears at once.
+            Some(true) => {
+                let policy = self.keys.extra(key).map(|meta| meta.policy.clone());
+                if let Some(policy) = policy {
+                    self.report_region(key, &policy, now);
+                }
+            }
+            // The home learns that an increase was applied from the next report.
+            Some(false) => {
+                self.region_due.insert(key);
+            }
+            None => {}
         }
         true
     }
