@@ -39,8 +39,9 @@ use crate::algorithm::Keep;
 use crate::limit::{Algorithm, LimitSpec};
 use crate::wire::{RegionGrant, RegionReport};
 
-/// The floors of all regions together: 3 % of the limit, split evenly. A region admits its floor
-/// before its first lease and (by default) when its lease ended without a renewal.
+/// The floors of all regions together: 3 % of the limit, split evenly (at least a hit each when
+/// the limit has that many). A region admits its floor before its first lease, and with
+/// `RegionFallback::Floor` when its lease ended without a renewal.
 const FLOOR_PERMILLE: u64 = 30;
 
 /// A region's reported demand must move by this fraction (1/4) to be reported before its lease
@@ -128,9 +129,13 @@ impl Regions {
         (self.ids[at], self.rings[at].owner(key))
     }
 
-    /// A region's floor of a limit of `value` hits.
+    /// A region's floor of a limit of `value` hits: its part of 3 % of the limit, and at least
+    /// one hit where every region can have one (a key a region checks once in a while must not
+    /// be refused for want of a part below one hit).
     pub fn floor(&self, value: u64) -> u64 {
-        value.saturating_mul(FLOOR_PERMILLE) / 1000 / self.count() as u64
+        let regions = self.count() as u64;
+        let floor = value.saturating_mul(FLOOR_PERMILLE) / 1000 / regions;
+        floor.max(u64::from(value >= regions))
     }
 }
 
@@ -245,7 +250,8 @@ pub(super) struct HomeTerms {
     pub fallback: RegionFallback,
     /// The lease as the home counts it (the lease and a region sync interval of slack).
     pub lease_nanos: u64,
-    /// How long a key stays new after its first report (four region sync intervals).
+    /// How long a key stays new after its first report (two region sync intervals: every
+    /// region's second report, with a demand estimate worth the name, arrives by then).
     pub new_nanos: u64,
     pub now: Instant,
 }
@@ -304,8 +310,9 @@ impl HomeLedger {
             entry.granted = report.applied_part;
         }
         // A region without demand (idle, or the key is not decided there any more) only
-        // acknowledges: it gets no grant back, which it would acknowledge again.
-        let asks = report.demand_per_s > 0;
+        // acknowledges: it gets no grant back, which it would acknowledge again. A region's
+        // first report asks, whatever its estimate says: a check made it.
+        let asks = report.demand_per_s > 0 || report.applied_seq == 0;
         // The reporter's lease is live from now on: it takes part in the split.
         self.regions[at].until = self.regions[at].until.max(terms.now.add_nanos(1));
         let desired = self.desired(regions, terms, ledgered);
@@ -316,7 +323,12 @@ impl HomeLedger {
         let keeps_last = terms.fallback == RegionFallback::Last;
         for (i, &want) in desired.iter().enumerate() {
             let e = &self.regions[i];
-            let push = i != at && (terms.now < e.until || keeps_last) && want < e.granted;
+            // Not while the key is new: the others' demand is known only from their first
+            // checks, which says little.
+            let push = i != at
+                && terms.now >= self.new_until
+                && (terms.now < e.until || keeps_last)
+                && want < e.granted;
             if push && e.granted - want > terms.value / STICKY_DIVISOR {
                 grants.push(self.grant(i, want, terms));
             }
@@ -331,12 +343,14 @@ impl HomeLedger {
             true => granted,
             false => desired[at],
         };
-        // While the key is new, no region takes more than its even share: the demand estimates
-        // of a key's first checks say little, and every other region may be about to ask.
+        // While a key is new, a region's first grant is its even share and no region gets more:
+        // the demand estimate of a key's first checks says little, and every other region may
+        // be about to ask.
         let even = terms.value / regions.len().max(1) as u64;
-        let part = match terms.now < self.new_until {
-            true => want.min(free).min(even),
-            false => want.min(free),
+        let part = match (first, terms.now < self.new_until) {
+            (true, _) => even.min(free),
+            (false, true) => want.min(free).min(even),
+            (false, false) => want.min(free),
         };
         if asks {
             grants.insert(0, self.grant(at, part, terms));
@@ -347,7 +361,9 @@ impl HomeLedger {
             self.regions.iter().map(|e| ledgered.committed(e)).sum::<u64>() + unknown * terms.floor;
         for (i, &want) in desired.iter().enumerate() {
             let e = self.regions[i];
-            if i == at || terms.now >= e.until || want <= e.granted || used >= terms.value {
+            // Not while the key is new (see the reporter's grant above).
+            let new = terms.now < self.new_until;
+            if i == at || new || terms.now >= e.until || want <= e.granted || used >= terms.value {
                 continue;
             }
             let more = (want - e.granted).min(terms.value - used);
@@ -656,7 +672,7 @@ impl Node {
             fallback: self.config.region_fallback,
             lease_nanos: duration_nanos(self.config.region_lease)
                 + duration_nanos(self.config.region_sync_interval),
-            new_nanos: 4 * duration_nanos(self.config.region_sync_interval),
+            new_nanos: 2 * duration_nanos(self.config.region_sync_interval),
             now,
         };
         let home_report = HomeReport {
