@@ -3,8 +3,8 @@
 //! region scenarios (`simulations/regions_*.toml`) and sweeps (`sweeps/regions*.toml`).
 //!
 //! The bounds of the region scenarios are the issue's; they are asserted by the ignored tests at
-//! the end, to be enabled when the core's regions land (until then the core ignores the regions
-//! and a region run behaves like one cluster over a slow network).
+//! the end on five seeds each, slow in debug builds: `.ci/run` runs them in release with
+//! `--include-ignored`.
 
 use std::path::PathBuf;
 
@@ -246,7 +246,7 @@ fn the_region_sweeps_expand_into_valid_points() {
 }
 
 #[test]
-#[ignore = "enabled when the core's regions land"]
+#[ignore = "slow in debug builds: .ci/run runs it in release"]
 fn region_sweep_bounds_hold_on_the_ci_cut() {
     let sweep = SweepFile::load(&simulations().join("sweeps/regions_ci.toml")).expect("loads");
     let results = run_sweep(&sweep, None, 1, &|r| println!("{} done", r.point.id)).expect("the sweep runs");
@@ -290,29 +290,34 @@ fn the_sweep_axes_build_regions_demand_and_faults() {
 /// The strategies the bounds are about.
 const RATEMESH: [&str; 2] = ["ratemesh-exact", "ratemesh-approx"];
 
-/// Runs the region scenario `name` for the ratemesh strategies and asserts every bound of its file.
+/// The seeds every region scenario's bounds must hold on.
+const SEEDS: std::ops::RangeInclusive<u64> = 1..=5;
+
+/// Runs the region scenario `name` for the ratemesh strategies on every seed of [`SEEDS`] and
+/// asserts every bound of its file.
 fn check(name: &str) {
     let mut scenario = Scenario::load(&simulations().join(format!("{name}.toml"))).expect("loads");
     assert!(scenario.expect.iter().any(|e| RATEMESH.contains(&e.strategy.as_str())), "{name}: no bounds");
     scenario.strategies = RATEMESH.iter().map(|s| (*s).to_owned()).collect();
-    let report = run_scenario(scenario, None).expect("scenario runs");
-    let violations = report.violations();
-    assert!(
-        violations.is_empty(),
-        "{name}:\n{}\n{}\n{}",
-        violations.join("\n"),
-        report.text_table(),
-        report.reproduce()
-    );
+    for seed in SEEDS {
+        let report = run_scenario(scenario.clone(), Some(seed)).expect("scenario runs");
+        let violations = report.violations();
+        assert!(
+            violations.is_empty(),
+            "{name}, seed {seed}:\n{}\n{}\n{}",
+            violations.join("\n"),
+            report.text_table(),
+            report.reproduce()
+        );
+    }
 }
 
 macro_rules! region_scenarios {
     ($($name:ident),* $(,)?) => {
         $(
             #[test]
-            // Enabled when the core's regions land (and then, like tests/acceptance.rs, run by
-            // .ci/run in release).
-            #[ignore = "enabled when the core's regions land"]
+            // Like tests/acceptance.rs: run by .ci/run in release.
+            #[ignore = "slow in debug builds: .ci/run runs it in release"]
             fn $name() {
                 check(stringify!($name));
             }
