@@ -94,7 +94,7 @@ for p in partitions:
     region, start, end = int(m[1]), float(m[2]), float(m[3])
     if not 1 <= region <= n or not start < end:
         bad(f"--partition-region {p!r}: region 1..{n}, START before END")
-    cuts.append({"region": region - 1, "start_s": start, "end_s": end})
+    cuts.append({"region": region, "start_s": start, "end_s": end})
 params = {
     "regions": n, "nodes_per_region": k, "rtt_ms": matrix,
     "limit": whole("limit", limit, 1, 1_000_000), "period_ms": whole("period-ms", period_ms, 1, 3_600_000),
@@ -140,7 +140,9 @@ gossip, quic, rgossip, rquic = (list(map(int, a.split())) for a in sys.argv[4:8]
 p = json.load(open(f"{work}/params.json"))
 config = {
     "rtt_ms": p["rtt_ms"], "jitter_ms": p["jitter_ms"], "loss": p["loss"], "seed": p["seed"],
-    "partitions": p["partitions"], "sources": {}, "listeners": [],
+    # The relay numbers regions from 0.
+    "partitions": [dict(cut, region=cut["region"] - 1) for cut in p["partitions"]],
+    "sources": {}, "listeners": [],
 }
 for i in range(nodes):
     region = i // per_region
