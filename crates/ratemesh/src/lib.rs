@@ -45,6 +45,7 @@ pub mod layer;
 pub mod membership;
 pub mod node;
 pub mod overrides;
+pub mod region;
 pub mod security;
 pub mod seeds;
 mod sync;
@@ -65,11 +66,12 @@ pub use node::{
     StartError, TopLabel, TopReport,
 };
 pub use overrides::{LiveOverride, LiveOverrides, OverrideError, OverrideLimit};
+pub use region::{Region, RegionError};
 // What an embedder names from the core (policies, limits, decisions, the node's configuration),
 // so that an application imports one crate.
 pub use ratemesh_core::{
-    Adjustment, Algorithm, Decision, Fallback, KeyHash, LeaseId, Limit, LimitError, LimitSpec, Mode,
-    Namespace, NodeConfig, NodeConfigError, NodeId, Policy,
+    Adjustment, Algorithm, Decision, Fallback, KeyHash, LeaseId, Limit, LimitError, LimitSpec, MemberView,
+    Mode, Namespace, NodeConfig, NodeConfigError, NodeId, Policy, RegionFallback, RegionId,
 };
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};

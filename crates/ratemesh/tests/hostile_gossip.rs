@@ -3,7 +3,7 @@
 //! heartbeat overflow, a reset of the receiver's own state, oversize digests, the delta that
 //! panicked chitchat, a compression bomb, a reflection probe), sent in the clear, under another
 //! cluster's key and — for the classes the bounds must stop — sealed with the cluster's own key
-//! (an insider), plus the replay of a captured datagram. After each: the membership, the ring
+//! (an insider), plus the replay of a captured datagram, and an insider's malformed region. After each: the membership, the ring
 //! and exact admission are unchanged, nothing panicked, nothing was answered, and memory stayed
 //! bounded.
 
@@ -17,8 +17,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use ratemesh::gossip::seal::{GossipKeys, Sealer};
-use ratemesh::membership::{KEY_LEAVING, KEY_PROTOCOL, KEY_QUIC_ADDR};
-use ratemesh::{ClusterSecret, GossipHealth, GossipStats, Member, NamedPolicy, Node, NodeId};
+use ratemesh::membership::{KEY_LEAVING, KEY_PROTOCOL, KEY_QUIC_ADDR, KEY_REGION};
+use ratemesh::{ClusterSecret, GossipHealth, GossipStats, Member, NamedPolicy, Node, NodeId, Region};
 use ratemesh_core::Mode;
 use support::*;
 use tokio::net::UdpSocket;
@@ -386,4 +386,41 @@ async fn secrets_rotate_without_splitting_the_cluster() {
     for node in [first, second, third] {
         node.shutdown().await;
     }
+}
+
+/// An insider gossips a malformed region for a member (sealed with the cluster's key, so
+/// chitchat takes it): the member is taken as naming no region and stays in the ring, the value
+/// is counted once however often the membership is read again, and nothing panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_region_is_taken_as_none_and_counted_once() {
+    let eu = Region::new("eu-west").unwrap();
+    let first = TestNode::start(builder(1, SECRET, &[]).incarnation(INCARNATIONS[0]).region(eu)).await;
+    let seed = first.node.gossip_addr();
+    let second = TestNode::start(builder(2, SECRET, &[seed]).incarnation(INCARNATIONS[1])).await;
+    let both = [NodeId(1), NodeId(2)];
+    wait_live(&first.node, &both).await;
+    let member = Id::new("2".to_owned(), INCARNATIONS[1], second.node.gossip_addr());
+    let entry = Op::Node { id: member, last_gc_version: 0, from_version_excluded: 0 };
+    let region = Op::KeyValue {
+        key: KEY_REGION.to_owned(),
+        value: "Not a region!".to_owned(),
+        version: 100,
+        status: 0,
+    };
+    let attacker = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut insider = Insider { keys: keys(SECRET), sealer: Sealer::new().unwrap() };
+    let message = wire::ack(&wire::stored(&wire::ops(&[entry, region])));
+    let datagram = insider.seal(attacker.local_addr().unwrap(), &message);
+    attacker.send_to(&datagram, seed).await.unwrap();
+    eventually("the malformed region is counted", || first.metrics().gossip.malformed_regions == 1).await;
+    // Several membership re-reads later (one every 5 gossip intervals): still once.
+    tokio::time::sleep(GOSSIP_INTERVAL * 20).await;
+    assert_eq!(first.metrics().gossip.malformed_regions, 1);
+    wait_live(&first.node, &both).await;
+    let regions: Vec<(NodeId, Region)> = first.node.members().iter().map(|m| (m.id, m.region)).collect();
+    assert_eq!(regions, vec![(NodeId(1), eu), (NodeId(2), Region::NONE)]);
+    assert_eq!(first.node.member_view().regions, vec![(NodeId(1), eu.id())]);
+    assert_eq!(first.node.gossip_health(), GossipHealth::Running);
+    second.shutdown().await;
+    first.shutdown().await;
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ratemesh::{
     ClusterSecurity, MemberStatus, MemoryNetwork, NamedPolicy, Node, NodeBuilder, NodeId, PeerTransport,
-    TransportConfig,
+    Region, TransportConfig,
 };
 use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, NodeConfig, Policy};
 use tokio::time::{Instant, timeout};
@@ -309,4 +309,28 @@ async fn a_frame_naming_no_lane_is_counted_as_malformed_and_dropped() {
         timeout(WAIT, node.check(&policy(Mode::Exact), b"k", 1)).await.expect("bounded").expect("decided");
     assert!(decision.allowed);
     node.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn members_in_different_regions_see_each_others_regions_in_the_core_view() {
+    let network = MemoryNetwork::new();
+    let (eu, us) = (Region::new("eu-west").expect("valid"), Region::new("us-east").expect("valid"));
+    let first = builder(&network, 1, 1).region(eu).start().await.expect("starts");
+    let second =
+        builder(&network, 2, 1).region(us).seeds([first.gossip_addr()]).start().await.expect("starts");
+    let expected = vec![(NodeId(1), eu.id()), (NodeId(2), us.id())];
+    for node in [&first, &second] {
+        let mut members = node.subscribe_members();
+        let both_live = |members: &Vec<ratemesh::Member>| {
+            members.iter().filter(|m| m.status == MemberStatus::Live).count() == 2
+        };
+        timeout(WAIT, members.wait_for(both_live)).await.expect("cluster forms").expect("open");
+        let regions: Vec<(NodeId, Region)> = node.members().iter().map(|m| (m.id, m.region)).collect();
+        assert_eq!(regions, vec![(NodeId(1), eu), (NodeId(2), us)]);
+        let view = node.member_view();
+        assert_eq!(view.live, vec![NodeId(1), NodeId(2)]);
+        assert_eq!(view.regions, expected, "the view the core decides by names both regions");
+        assert_eq!(node.metrics().gossip.malformed_regions, 0);
+    }
+    shutdown(vec![first, second]).await;
 }

@@ -425,14 +425,21 @@ fn cluster_table(json: &serde_json::Value) -> String {
     let ready = if json["ready"].as_bool() == Some(true) { "ready" } else { "NOT ready" };
     // Writing to a String cannot fail.
     let _ = writeln!(out, "node {} of cluster {}: {ready}", text(&json["node"]), text(&json["cluster_id"]));
-    let _ = writeln!(out, "{:>6}  {:<11} {:<24} {:>10}", "member", "status", "quic address", "ring share");
+    let _ = writeln!(
+        out,
+        "{:>6}  {:<11} {:<16} {:<24} {:>10}",
+        "member", "status", "region", "quic address", "ring share"
+    );
     for member in json["members"].as_array().map(Vec::as_slice).unwrap_or_default() {
         let share = member["ring_share"].as_f64().unwrap_or(0.0) * 100.0;
+        // No region (or a node that does not report one): a dash.
+        let region = member["region"].as_str().filter(|region| !region.is_empty()).unwrap_or("-");
         let _ = writeln!(
             out,
-            "{:>6}  {:<11} {:<24} {:>9.1}%",
+            "{:>6}  {:<11} {:<16} {:<24} {:>9.1}%",
             text(&member["id"]),
             text(&member["status"]),
+            region,
             text(&member["quic_addr"]),
             share
         );
@@ -613,10 +620,18 @@ mod tests {
     fn cluster_table_lists_members_and_balance() {
         let json = serde_json::json!({
             "node": 1, "cluster_id": "c", "ready": true,
-            "members": [{"id": 1, "status": "live", "quic_addr": "127.0.0.1:1", "ring_share": 0.5}],
+            "members": [
+                {"id": 1, "status": "live", "region": "eu-west", "quic_addr": "127.0.0.1:1", "ring_share": 0.5},
+                {"id": 2, "status": "live", "region": "", "quic_addr": "127.0.0.1:2", "ring_share": 0.5},
+            ],
             "ring": {"owners": 2, "this_node_share": 0.5, "balance": 1.0},
         });
         let table = cluster_table(&json);
+        assert!(
+            table.lines().any(|line| line.contains("eu-west") && line.contains("127.0.0.1:1")),
+            "{table}"
+        );
+        assert!(table.lines().any(|line| line.contains(" - ") && line.contains("127.0.0.1:2")), "{table}");
         assert!(table.contains("node 1 of cluster c: ready"), "{table}");
         assert!(table.contains("127.0.0.1:1") && table.contains("50.0%"), "{table}");
         assert!(table.contains("balance 1.00"), "{table}");

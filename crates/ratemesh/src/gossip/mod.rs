@@ -85,6 +85,9 @@ pub struct GossipStats {
     pub send_failures: u64,
     /// Times the gossip instance ended while the node ran and was restarted.
     pub restarts: u64,
+    /// Gossip entries (a member's generation) that advertise a region that is not a valid region
+    /// name (an insider's bug or attack): each counted once, the member taken as naming no region.
+    pub malformed_regions: u64,
 }
 
 /// The shared counters behind [`GossipStats`].
@@ -99,6 +102,7 @@ pub(crate) struct GossipCounters {
     over_bound: AtomicU64,
     send_failures: AtomicU64,
     restarts: AtomicU64,
+    malformed_regions: AtomicU64,
 }
 
 impl GossipCounters {
@@ -114,7 +118,13 @@ impl GossipCounters {
             rejected_over_bound: get(&self.over_bound),
             send_failures: get(&self.send_failures),
             restarts: get(&self.restarts),
+            malformed_regions: get(&self.malformed_regions),
         }
+    }
+
+    /// Counts a gossip entry that advertises a malformed region.
+    pub(crate) fn malformed_region(&self) {
+        bump(&self.malformed_regions);
     }
 }
 

@@ -2,8 +2,8 @@
 //!
 //! Every node runs a chitchat instance (UDP gossip, phi-accrual failure detection) whose node id
 //! is the decimal [`NodeId`] and whose key-values carry the node's QUIC address
-//! ([`KEY_QUIC_ADDR`]), the core's wire version ([`KEY_PROTOCOL`]) and, while it leaves
-//! gracefully, [`KEY_LEAVING`]. Gossip is not authenticated, so a gossip entry is only a
+//! ([`KEY_QUIC_ADDR`]), the core's wire version ([`KEY_PROTOCOL`]), its region if it names one
+//! ([`KEY_REGION`]) and, while it leaves gracefully, [`KEY_LEAVING`]. Gossip is not authenticated, so a gossip entry is only a
 //! *proposal*: a member enters the ring after [`PeerTransport::verify`] completed a mutual-TLS
 //! handshake with the advertised address whose certificate names that member. An entry that
 //! fails is retried with an exponential backoff and never owns keys meanwhile.
@@ -11,7 +11,9 @@
 //! The view handed to the core ([`MemberView`]) is: this node and the verified live members
 //! (`live`), plus verified members the failure detector declared dead and chitchat has not
 //! garbage-collected yet (`dead`; they count in the cluster's size, which keeps the sides of a
-//! partition near one limit). Members that announced a graceful leave are in neither.
+//! partition near one limit). Members that announced a graceful leave are in neither. Its
+//! `regions` are those members' advertised regions (but [`Region::NONE`]); a malformed region
+//! value counts as none and is counted ([`crate::GossipStats::malformed_regions`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -19,12 +21,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chitchat::{Chitchat, ChitchatId, NodeState};
-use ratemesh_core::{MemberView, NodeId};
+use ratemesh_core::{MemberView, NodeId, RegionId};
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{info, info_span, warn};
 
+use crate::gossip::GossipCounters;
+use crate::region::Region;
 use crate::transport::PeerTransport;
 
 mod proposal;
@@ -38,6 +42,8 @@ pub const KEY_QUIC_ADDR: &str = "ratemesh.quic_addr";
 pub const KEY_PROTOCOL: &str = "ratemesh.protocol";
 /// Gossip key: present while the member leaves gracefully (it is then no longer in any view).
 pub const KEY_LEAVING: &str = "ratemesh.leaving";
+/// Gossip key: the member's region name ([`Region`]); absent when it names none.
+pub const KEY_REGION: &str = "ratemesh.region";
 
 /// The first retry of a failed verification; it doubles up to [`VERIFY_RETRY_MAX`].
 const VERIFY_RETRY_INITIAL: Duration = Duration::from_millis(250);
@@ -73,6 +79,8 @@ pub struct Member {
     pub quic_addr: SocketAddr,
     /// Its status.
     pub status: MemberStatus,
+    /// Its region as gossiped ([`Region::NONE`] when it names none; this node's own for itself).
+    pub region: Region,
 }
 
 /// A verification that failed, and when to try again.
@@ -102,6 +110,10 @@ pub(crate) struct Membership {
     /// The newest generation seen of each id that has an entry in gossip: older generations of
     /// an id never count again once a newer one was seen (see [`generations`]).
     newest: HashMap<NodeId, u64>,
+    /// Entries (id, generation) already counted for advertising a malformed region; pruned to
+    /// the ids present in gossip.
+    regions_malformed: HashSet<(NodeId, u64)>,
+    counters: Arc<GossipCounters>,
     view: MemberView,
 }
 
@@ -118,6 +130,7 @@ impl Membership {
         me: Member,
         transport: Arc<dyn PeerTransport>,
         gossip: watch::Receiver<Arc<AsyncMutex<Chitchat>>>,
+        counters: Arc<GossipCounters>,
     ) -> Membership {
         Membership {
             me,
@@ -129,7 +142,9 @@ impl Membership {
             tasks: HashMap::new(),
             checks: JoinSet::new(),
             newest: HashMap::new(),
-            view: MemberView { live: vec![me.id], dead: Vec::new(), regions: Vec::new() },
+            regions_malformed: HashSet::new(),
+            counters,
+            view: MemberView { live: vec![me.id], dead: Vec::new(), regions: regions_of([&me]) },
         }
     }
 
@@ -192,7 +207,21 @@ impl Membership {
     async fn read_proposal(&mut self) -> Proposal {
         let chitchat = self.chitchat.borrow().clone();
         let chitchat = chitchat.lock().await;
-        propose(&chitchat, self.me.id, &self.verified, &mut self.newest)
+        let proposal = propose(&chitchat, self.me.id, &self.verified, &mut self.newest);
+        drop(chitchat);
+        self.count_malformed_regions(&proposal);
+        proposal
+    }
+
+    /// Counts each entry of `proposal` that advertises a malformed region once.
+    fn count_malformed_regions(&mut self, proposal: &Proposal) {
+        self.regions_malformed.retain(|(id, _)| self.newest.contains_key(id));
+        for &entry in &proposal.regions_malformed {
+            if self.regions_malformed.insert(entry) {
+                warn!(peer = ?entry.0, generation = entry.1, "gossip member advertises a malformed region: taken as none");
+                self.counters.malformed_region();
+            }
+        }
     }
 
     /// Starts a verification of the newest generation's address of every proposed member not
@@ -257,13 +286,18 @@ impl Membership {
             if confirmed {
                 live.push(candidate.id);
             }
-            list.push(Member { id: candidate.id, quic_addr: candidate.quic_addr, status });
+            list.push(Member {
+                id: candidate.id,
+                quic_addr: candidate.quic_addr,
+                status,
+                region: candidate.region,
+            });
         }
         let mut dead = Vec::new();
         for (&id, &quic_addr) in &self.verified {
-            if proposal.dead.contains(&id) {
+            if let Some(&region) = proposal.dead.get(&id) {
                 dead.push(id);
-                list.push(Member { id, quic_addr, status: MemberStatus::Dead });
+                list.push(Member { id, quic_addr, status: MemberStatus::Dead, region });
             }
         }
         // Forget failures at addresses no longer proposed (rotating fake entries must not grow
@@ -280,10 +314,11 @@ impl Membership {
         live.sort_unstable();
         dead.sort_unstable();
         list.sort_unstable_by_key(|member| member.id);
-        let view = MemberView { live, dead, regions: Vec::new() };
+        let regions = regions_of(list.iter().filter(|m| m.status != MemberStatus::Unverified));
+        let view = MemberView { live, dead, regions };
         if view != self.view {
             let _span = info_span!("membership", node = ?self.me.id).entered();
-            info!(live = ?view.live, dead = ?view.dead, "membership changed: ring rebuilt");
+            info!(live = ?view.live, dead = ?view.dead, regions = ?view.regions, "membership changed: ring rebuilt");
             for gone in self.view.live.iter().filter(|id| !view.live.contains(id)) {
                 self.transport.forget(*gone);
             }
@@ -298,4 +333,15 @@ impl Membership {
             changed
         });
     }
+}
+
+/// [`MemberView::regions`] of `members`: the region of each that names one, sorted by member.
+fn regions_of<'a>(members: impl IntoIterator<Item = &'a Member>) -> Vec<(NodeId, RegionId)> {
+    let mut regions: Vec<(NodeId, RegionId)> = members
+        .into_iter()
+        .filter(|member| !member.region.is_none())
+        .map(|member| (member.id, member.region.id()))
+        .collect();
+    regions.sort_unstable();
+    regions
 }

@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use chitchat::{Chitchat, ChitchatId, NodeState};
 use ratemesh_core::NodeId;
 
-use super::{ADDRS_PER_ID_MAX, CANDIDATES_MAX, KEY_LEAVING, KEY_PROTOCOL, KEY_QUIC_ADDR};
+use super::{ADDRS_PER_ID_MAX, CANDIDATES_MAX, KEY_LEAVING, KEY_PROTOCOL, KEY_QUIC_ADDR, KEY_REGION};
+use crate::region::Region;
 
 /// One gossip entry (live or dead by the failure detector) with a parsable id and QUIC address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +23,10 @@ pub(super) struct Entry {
     pub(super) leaving: bool,
     /// Live by the failure detector (else dead).
     pub(super) live: bool,
+    /// The region it advertises ([`Region::NONE`] when it advertises none, or a malformed one).
+    pub(super) region: Region,
+    /// It advertises a region that is not a valid name (an insider's bug or attack): taken as none.
+    pub(super) region_malformed: bool,
 }
 
 /// A member proposed by gossip: its newest generation is live, speaks our protocol and is not
@@ -39,6 +44,8 @@ pub(super) struct Candidate {
     /// The distinct addresses its live entries advertise, newest generation first (at most
     /// [`ADDRS_PER_ID_MAX`], plus the verified one).
     pub(super) addrs: Vec<SocketAddr>,
+    /// The region its newest live generation advertises.
+    pub(super) region: Region,
 }
 
 /// A verification target: a member's id at the address of one of its generations.
@@ -54,8 +61,10 @@ pub(super) struct Check {
 pub(super) struct Proposal {
     pub(super) live: Vec<Candidate>,
     /// Verified members whose newest generation the failure detector declared dead (and that
-    /// did not leave).
-    pub(super) dead: HashSet<NodeId>,
+    /// did not leave), with the region that generation advertised.
+    pub(super) dead: HashMap<NodeId, Region>,
+    /// The entries (id and generation) that advertise a malformed region, whatever their state.
+    pub(super) regions_malformed: Vec<(NodeId, u64)>,
 }
 
 /// What chitchat's state proposes: the entries the failure detector declared live or dead,
@@ -84,13 +93,19 @@ fn proposal(
     verified: &HashMap<NodeId, SocketAddr>,
     newest: &mut HashMap<NodeId, u64>,
 ) -> Proposal {
+    let entries: Vec<Entry> = entries.into_iter().collect();
+    let regions_malformed = entries
+        .iter()
+        .filter(|entry| entry.region_malformed)
+        .map(|entry| (entry.id, entry.generation))
+        .collect();
     let entries = generations(entries, present, newest);
     let dead = entries
         .iter()
         .filter(|entry| !entry.live && !entry.leaving && verified.contains_key(&entry.id))
-        .map(|entry| entry.id)
+        .map(|entry| (entry.id, entry.region))
         .collect();
-    Proposal { live: select(entries, me, verified), dead }
+    Proposal { live: select(entries, me, verified), dead, regions_malformed }
 }
 
 /// Per id, a newer generation supersedes the older ones for good: keeps the entries of ids whose
@@ -146,10 +161,10 @@ fn select(
     me: NodeId,
     verified: &HashMap<NodeId, SocketAddr>,
 ) -> Vec<Candidate> {
-    let mut by_id: BTreeMap<NodeId, Vec<(u64, SocketAddr)>> = BTreeMap::new();
+    let mut by_id: BTreeMap<NodeId, Vec<(u64, SocketAddr, Region)>> = BTreeMap::new();
     for entry in entries {
         if entry.live && entry.id != me && entry.speaks_ours && !entry.leaving {
-            by_id.entry(entry.id).or_default().push((entry.generation, entry.quic_addr));
+            by_id.entry(entry.id).or_default().push((entry.generation, entry.quic_addr, entry.region));
         }
     }
     let mut unverified = 0;
@@ -161,12 +176,12 @@ fn select(
             }
             unverified += 1;
         }
-        generations.sort_unstable_by(|a, b| b.cmp(a));
-        let (generation, newest_addr) = generations[0];
+        generations.sort_unstable_by_key(|&(generation, addr, _)| std::cmp::Reverse((generation, addr)));
+        let (generation, newest_addr, region) = generations[0];
         let at_verified =
-            verified.get(&id).copied().filter(|addr| generations.iter().any(|(_, at)| at == addr));
+            verified.get(&id).copied().filter(|addr| generations.iter().any(|(_, at, _)| at == addr));
         let mut addrs: Vec<SocketAddr> = Vec::new();
-        for (_, addr) in generations {
+        for (_, addr, _) in generations {
             if addrs.len() == ADDRS_PER_ID_MAX {
                 break;
             }
@@ -182,12 +197,18 @@ fn select(
             quic_addr: at_verified.unwrap_or(newest_addr),
             newest: Check { id, generation, quic_addr: newest_addr },
             addrs,
+            region,
         });
     }
     candidates
 }
 
 fn entry(chitchat_id: &ChitchatId, state: &NodeState, live: bool, ours: &str) -> Option<Entry> {
+    let (region, region_malformed) = match state.get(KEY_REGION).map(Region::new) {
+        None => (Region::NONE, false),
+        Some(Ok(region)) => (region, false),
+        Some(Err(_)) => (Region::NONE, true),
+    };
     Some(Entry {
         id: parse_node_id(&chitchat_id.node_id)?,
         generation: chitchat_id.generation_id,
@@ -195,6 +216,8 @@ fn entry(chitchat_id: &ChitchatId, state: &NodeState, live: bool, ours: &str) ->
         speaks_ours: state.get(KEY_PROTOCOL)? == ours,
         leaving: state.get(KEY_LEAVING).is_some(),
         live,
+        region,
+        region_malformed,
     })
 }
 
@@ -234,6 +257,8 @@ mod tests {
             speaks_ours: true,
             leaving: false,
             live: true,
+            region: Region::NONE,
+            region_malformed: false,
         }
     }
 
@@ -283,7 +308,7 @@ mod tests {
         let verified = HashMap::from([(NodeId(2), addr(2))]);
         let present = entries.iter().map(|entry| entry.id);
         let proposal = proposal(entries.iter().copied(), present, NodeId(1), &verified, newest);
-        let mut dead: Vec<NodeId> = proposal.dead.into_iter().collect();
+        let mut dead: Vec<NodeId> = proposal.dead.into_keys().collect();
         dead.sort_unstable();
         (proposal.live.iter().map(|candidate| candidate.id).collect(), dead)
     }
@@ -346,6 +371,29 @@ mod tests {
         assert_eq!(candidates.len(), CANDIDATES_MAX + 1);
         let member = candidates.last().expect("verified member proposed");
         assert_eq!((member.id, member.quic_addr), (NodeId(max * 3), addr(9)));
+    }
+
+    #[test]
+    fn regions_come_from_the_newest_generation_and_malformed_ones_are_listed() {
+        let eu = Region::new("eu-west").expect("valid");
+        let us = Region::new("us-east").expect("valid");
+        let mut newest = HashMap::new();
+        let verified = HashMap::from([(NodeId(2), addr(2)), (NodeId(3), addr(3))]);
+        // Member 2 restarted in another region (generation 5 is newest); member 3 is dead in
+        // `us`; member 4 advertises a malformed region and is taken as naming none.
+        let entries = [
+            Entry { region: eu, ..live(2, 1, 2) },
+            Entry { region: us, ..live(2, 5, 2) },
+            Entry { region: us, ..dead(3, 1, 3) },
+            Entry { region_malformed: true, ..live(4, 2, 4) },
+        ];
+        let present = entries.iter().map(|entry| entry.id);
+        let proposal = proposal(entries, present, NodeId(1), &verified, &mut newest);
+        let regions: Vec<(NodeId, Region)> =
+            proposal.live.iter().map(|candidate| (candidate.id, candidate.region)).collect();
+        assert_eq!(regions, vec![(NodeId(2), us), (NodeId(4), Region::NONE)]);
+        assert_eq!(proposal.dead, HashMap::from([(NodeId(3), us)]));
+        assert_eq!(proposal.regions_malformed, vec![(NodeId(4), 2)]);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::{Duration, SystemTime};
 
 use chitchat::ChitchatHandle;
-use ratemesh_core::{MemberView, NodeConfig, NodeId};
+use ratemesh_core::{MemberView, NodeConfig, NodeId, RegionFallback};
 use tokio::sync::{Notify, mpsc, watch};
 use tracing::info;
 
@@ -23,7 +23,8 @@ use crate::durable::{FileStateStore, Persistence, SnapshotSettings, StateStore, 
 use crate::gossip::{
     GossipCounters, GossipHealth, GossipLimits, GossipSlot, GossipStarter, SealConfig, gossip_keys,
 };
-use crate::membership::{KEY_PROTOCOL, KEY_QUIC_ADDR, Member, MemberStatus};
+use crate::membership::{KEY_PROTOCOL, KEY_QUIC_ADDR, KEY_REGION, Member, MemberStatus};
+use crate::region::Region;
 use crate::security::ClusterSecurity;
 use crate::seeds::{Seed, SeedHost, SeedResolution, SeedSink};
 use crate::sync::Mutex;
@@ -57,6 +58,8 @@ pub struct NodeBuilder {
     leave_linger: Duration,
     incarnation: Option<u64>,
     seed: Option<u64>,
+    /// Advertised in gossip; its id is every lane's `NodeConfig::region`.
+    region: Region,
     core: NodeConfig,
     transport: TransportConfig,
     state_store: Option<Arc<dyn StateStore>>,
@@ -89,6 +92,7 @@ impl NodeBuilder {
             leave_linger: millis(defaults::LEAVE_LINGER_MS),
             incarnation: None,
             seed: None,
+            region: Region::NONE,
             core: NodeConfig { forward_wait: millis(defaults::FORWARD_WAIT_MS), ..NodeConfig::default() },
             transport: TransportConfig::default(),
             state_store: None,
@@ -241,9 +245,47 @@ impl NodeBuilder {
         self
     }
 
+    /// The region this node runs in (default [`Region::NONE`]: with no member naming a region,
+    /// the cluster is one region). The node advertises it in gossip
+    /// ([`crate::membership::KEY_REGION`]); each member's region is in [`Node::members`] and in the
+    /// view the core gets. Members of one region share an owner per key; regions share each
+    /// global limit by leases ([`NodeBuilder::region_sync_interval`], [`NodeBuilder::region_lease`],
+    /// [`NodeBuilder::region_fallback`]).
+    #[must_use]
+    pub fn region(mut self, region: Region) -> Self {
+        self.region = region;
+        self
+    }
+
+    /// How often a region's owner of a key reports its region's demand to the key's home owner
+    /// and renews its lease (default [`ratemesh_core::REGION_SYNC_INTERVAL_MS_DEFAULT`]; only in
+    /// a cluster of several regions).
+    #[must_use]
+    pub fn region_sync_interval(mut self, interval: Duration) -> Self {
+        self.core.region_sync_interval = interval;
+        self
+    }
+
+    /// How long a region's lease on a share of a key's limit lasts without a renewal (default
+    /// [`ratemesh_core::REGION_LEASE_MS_DEFAULT`]).
+    #[must_use]
+    pub fn region_lease(mut self, lease: Duration) -> Self {
+        self.core.region_lease = lease;
+        self
+    }
+
+    /// What a region's share of a key falls to when its lease ends without a renewal (default
+    /// [`RegionFallback::Floor`]).
+    #[must_use]
+    pub fn region_fallback(mut self, fallback: RegionFallback) -> Self {
+        self.core.region_fallback = fallback;
+        self
+    }
+
     /// The protocol's timings and bounds (key table size, batch lengths, timeouts). The
     /// library's default differs from the core's in one field: `forward_wait` is zero, because
-    /// the driver batches forwarded checks by scheduling instead of by a timer.
+    /// the driver batches forwarded checks by scheduling instead of by a timer. Its `region` is
+    /// replaced by [`NodeBuilder::region`]'s id (the region the node advertises).
     #[must_use]
     pub fn node_config(mut self, config: NodeConfig) -> Self {
         self.core = config;
@@ -344,7 +386,7 @@ impl NodeBuilder {
         if let Some(durable) = &durable {
             restore(&mut cores, durable, origin.now_instant()).await;
         }
-        let me = Member { id: self.id, quic_addr, status: MemberStatus::Live };
+        let me = Member { id: self.id, quic_addr, status: MemberStatus::Live, region: self.region };
         let (members_tx, members_rx) = watch::channel(vec![me]);
         let (stop_tx, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -404,9 +446,10 @@ impl NodeBuilder {
     /// A lane's core configuration: a node that joins through seeds takes no checks for a few
     /// gossip rounds (unless set), while the members learn of it and stop routing its keys
     /// elsewhere; with several lanes, each holds its part of `keys_max` and its frames leave a
-    /// byte for the lane's index.
+    /// byte for the lane's index. Every lane is in the node's region.
     fn lane_config(&self) -> NodeConfig {
         let mut config = self.core.clone();
+        config.region = self.region.id();
         if config.join_grace.is_zero() && !self.seeds.is_empty() {
             config.join_grace = self.gossip_interval * (defaults::LEAVE_GOSSIP_ROUNDS_MIN + 1);
         }
@@ -428,7 +471,11 @@ impl NodeBuilder {
             timer_lag: Duration::ZERO,
             leaving: false,
             left: false,
-            view: MemberView { live: vec![self.id], dead: Vec::new(), regions: Vec::new() },
+            view: MemberView {
+                live: vec![self.id],
+                dead: Vec::new(),
+                regions: if self.region.is_none() { Vec::new() } else { vec![(self.id, self.region.id())] },
+            },
             top: TopShard::default(),
         };
         // `validate` bounds the lanes by `LANES_MAX`, which fits a byte.
@@ -547,10 +594,13 @@ impl NodeBuilder {
                 seal: Arc::new(seal),
                 network: self.network.clone(),
             };
-            let key_values = vec![
+            let mut key_values = vec![
                 (KEY_QUIC_ADDR.to_owned(), quic_addr.to_string()),
                 (KEY_PROTOCOL.to_owned(), protocol_tag(self.lanes)),
             ];
+            if !self.region.is_none() {
+                key_values.push((KEY_REGION.to_owned(), self.region.name().to_owned()));
+            }
             match starter.spawn(incarnation, key_values).await {
                 Ok(handle) => return Ok((handle, starter)),
                 Err(error) => last_error = format!("{error:#}"),

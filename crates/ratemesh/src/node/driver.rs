@@ -173,7 +173,8 @@ impl Shared {
         if let Some(durable) = self.durable.clone() {
             tasks.push(tokio::spawn(self.clone().run_snapshots(durable, stop.clone())));
         }
-        let membership = Membership::new(me, Arc::clone(&self.transport), gossip);
+        let membership =
+            Membership::new(me, Arc::clone(&self.transport), gossip, Arc::clone(&self.gossip_counters));
         let sink: Arc<dyn ViewSink> = self.clone();
         tasks.push(tokio::spawn(membership.run(sink, members, self.gossip_interval * 5, stop)));
         self.tasks.lock().extend(tasks);

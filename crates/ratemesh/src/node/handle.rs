@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ratemesh_core::{
-    CheckOutcome, CheckRequest, Decision, KeyHash, LeaseId, LeavePlan, NodeStats, Policy, RequestId,
-    StoreStats,
+    CheckOutcome, CheckRequest, Decision, KeyHash, LeaseId, LeavePlan, MemberView, NodeStats, Policy,
+    RequestId, StoreStats,
 };
 use tokio::sync::{oneshot, watch};
 use tracing::{Instrument, debug, info, info_span};
@@ -296,6 +296,13 @@ impl Node {
     /// The members this node knows, itself included, sorted by id.
     pub fn members(&self) -> Vec<Member> {
         self.shared.members.borrow().clone()
+    }
+
+    /// The membership view the core decides by (every lane holds the same one): the members in
+    /// the ring, those counted as dead, and the region of each that names one. It changes with
+    /// [`Node::members`], but holds only members confirmed by mutual TLS.
+    pub fn member_view(&self) -> MemberView {
+        self.shared.first_lane().view.clone()
     }
 
     /// The members, as a watch channel that changes with them: wait on it (with a timeout) for

@@ -134,6 +134,10 @@ impl Config {
         NodeConfig {
             forward_wait: FORWARD_WAIT,
             sync_interval: self.cluster.sync_interval,
+            region: self.node.region.id(),
+            region_sync_interval: self.node.region_sync_interval,
+            region_lease: self.node.region_lease,
+            region_fallback: self.node.region_fallback,
             store: StoreConfig {
                 keys_max: self.limits.keys_max,
                 log_bytes_max: self.limits.log_bytes_max,

@@ -9,8 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratemesh::security::{PemSource, ProvidedCerts};
-use ratemesh::{CalendarPolicy, ClusterSecret, ClusterSecurity, SecurityError, Seed};
-use ratemesh_core::{Algorithm, Fallback, Mode, NodeId, Policy};
+use ratemesh::{CalendarPolicy, ClusterSecret, ClusterSecurity, Region, SecurityError, Seed};
+use ratemesh_core::{
+    Algorithm, Fallback, Mode, NodeId, Policy, REGION_LEASE_MS_DEFAULT, REGION_SYNC_INTERVAL_MS_DEFAULT,
+    RegionFallback,
+};
 use zeroize::Zeroizing;
 
 use ratemesh::durable::SnapshotSettings;
@@ -178,8 +181,28 @@ sections! {
         /// they refill within a restart anyway.
         pub snapshot_period_min: Duration =
             SnapshotSettings::default().period_min, Restart "node.snapshot_period_min_ms";
+        /// `region`: the region this node runs in (`eu-west`: at most 64 characters of `a`-`z`,
+        /// `0`-`9`, `.`, `_`, `-`). Unset or empty (the default): no region; a cluster whose
+        /// members name none is one region. Members of a region share an owner per key; regions
+        /// share each global limit by leases (`region_*`).
+        pub region: Region = Region::NONE, Restart "node.region";
+        /// `region_sync_interval_ms`: how often a region's owner of a key reports its region's
+        /// demand to the key's home owner and renews its lease (default 250).
+        pub region_sync_interval: Duration =
+            Duration::from_millis(REGION_SYNC_INTERVAL_MS_DEFAULT), Restart "node.region_sync_interval_ms";
+        /// `region_lease_ms`: how long a region's lease on a share of a key's limit lasts without
+        /// a renewal (default 2000; longer than `region_sync_interval_ms`).
+        pub region_lease: Duration =
+            Duration::from_millis(REGION_LEASE_MS_DEFAULT), Restart "node.region_lease_ms";
+        /// `region_fallback`: what a region's share falls to when its lease ends without a
+        /// renewal (it cannot reach the key's home region): `floor` (default), `last`, `closed`.
+        pub region_fallback: RegionFallback = RegionFallback::Floor, Restart "node.region_fallback";
     }
 }
+
+/// The configuration names of [`RegionFallback`], in the order the error message lists them.
+pub(super) const REGION_FALLBACKS: [(&str, RegionFallback); 3] =
+    [("floor", RegionFallback::Floor), ("last", RegionFallback::Last), ("closed", RegionFallback::Closed)];
 
 /// Where `[node] id_from` takes the node's name from; the id is the name's ordinal or hash
 /// (`crate::identity::id_from_name`).

@@ -97,6 +97,10 @@ raw_sections! {
         data_dir: Text,
         snapshot_interval_ms: Number,
         snapshot_period_min_ms: Number,
+        region: Text,
+        region_sync_interval_ms: Number,
+        region_lease_ms: Number,
+        region_fallback: Text,
     }
     /// `[cluster]`.
     cluster: RawCluster {

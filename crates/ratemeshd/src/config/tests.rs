@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use ratemesh::security::CLUSTER_SECRET_LEN_MIN;
-use ratemesh::{ClusterSecurity, Seed};
-use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, NodeId};
+use ratemesh::{ClusterSecurity, Region, Seed};
+use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, NodeId, RegionFallback, RegionId};
 
 use super::*;
 
@@ -84,6 +84,10 @@ incarnation = 3
 data_dir = "/var/lib/ratemesh"
 snapshot_interval_ms = 2000
 snapshot_period_min_ms = 3600000
+region = "eu-west"
+region_sync_interval_ms = 100
+region_lease_ms = 1000
+region_fallback = "last"
 
 [cluster]
 cluster_id = "prod-eu"
@@ -139,8 +143,19 @@ unlimited = true
         data_dir: Some("/var/lib/ratemesh".into()),
         snapshot_interval: Duration::from_secs(2),
         snapshot_period_min: Duration::from_secs(3600),
+        region: Region::new("eu-west").expect("valid"),
+        region_sync_interval: Duration::from_millis(100),
+        region_lease: Duration::from_secs(1),
+        region_fallback: RegionFallback::Last,
     };
     assert_eq!(config.node, node);
+    let core = config.node_config();
+    assert_eq!(core.region, RegionId::from_name("eu-west"));
+    assert_eq!(
+        (core.region_sync_interval, core.region_lease),
+        (node.region_sync_interval, node.region_lease)
+    );
+    assert_eq!(core.region_fallback, RegionFallback::Last);
     assert_eq!(config.cluster.cluster_id, "prod-eu");
     assert_eq!(config.cluster.seeds.len(), 2);
     assert_eq!(
@@ -541,7 +556,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 49);
+    assert_eq!(names.len(), 53);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.
@@ -580,6 +595,38 @@ fn size_bound_and_files() {
     assert!(matches!(Config::load(&path), Err(ConfigError::Read { .. })));
     assert!(matches!(Config::load(&dir.join("missing.toml")), Err(ConfigError::Read { .. })));
     std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn regions_are_checked() {
+    let config = parse("").expect("valid");
+    assert_eq!(config.node.region, Region::NONE, "no region by default: one region");
+    assert_eq!(config.node_config().region, RegionId::NONE);
+    assert_eq!(config.node.region_fallback, RegionFallback::Floor);
+    assert_eq!(parse("[node]\nregion = \"\"\n").expect("valid").node.region, Region::NONE);
+    let long = "x".repeat(ratemesh::region::REGION_NAME_BYTES_MAX);
+    let config = parse(&format!("[node]\nregion = \"{long}\"\n")).expect("valid");
+    assert_eq!(config.node.region.name(), long);
+    for bad in ["EU-West", "eu west", "eu/west", "région"] {
+        let message = refused(&format!("[node]\nid = 2\nregion = \"{bad}\"\n"), "node.region", 3);
+        assert!(message.contains("a-z, 0-9"), "{message}");
+    }
+    let message = refused(&format!("[node]\nregion = \"{long}x\"\n"), "node.region", 2);
+    assert!(message.contains("at most 64 bytes"), "{message}");
+    let message = refused("[node]\nregion_fallback = \"open\"\n", "node.region_fallback", 2);
+    assert!(message.contains("floor, last or closed"), "{message}");
+    refused("[node]\nregion_sync_interval_ms = 0\n", "node.region_sync_interval_ms", 2);
+    refused("[node]\nregion_lease_ms = 0\n", "node.region_lease_ms", 2);
+    let message =
+        refused("[node]\nregion_sync_interval_ms = 500\nregion_lease_ms = 500\n", "node.region_lease_ms", 3);
+    assert!(message.contains("longer than node.region_sync_interval_ms"), "{message}");
+    let config =
+        parse_env("", &[("RATEMESH_NODE_REGION", "us-east-1"), ("RATEMESH_NODE_REGION_FALLBACK", "closed")])
+            .expect("valid");
+    assert_eq!(config.node.region.name(), "us-east-1");
+    assert_eq!(config.node.region_fallback, RegionFallback::Closed);
+    let error = parse_env("", &[("RATEMESH_NODE_REGION", "US")]).expect_err("refused");
+    assert_eq!(error.location(), Some(&Location::Env { variable: "RATEMESH_NODE_REGION".to_owned() }));
 }
 
 #[test]

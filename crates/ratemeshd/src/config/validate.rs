@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ratemesh::security::CLUSTER_SECRET_LEN_MIN;
-use ratemesh::{ClusterSecret, Seed};
+use ratemesh::{ClusterSecret, Region, Seed};
 use ratemesh_core::{NodeId, PERIOD_NANOS_MAX};
 
 use super::defaults::*;
@@ -35,6 +35,8 @@ const SNAPSHOT_INTERVAL_MS_MAX: u64 = 3_600_000;
 
 /// Longest gossip or sync interval: beyond a minute the cluster no longer reacts in useful time.
 const INTERVAL_MS_MAX: u64 = 60_000;
+/// Longest region lease: beyond ten minutes a region cut off keeps its share for too long.
+const REGION_LEASE_MS_MAX: u64 = 600_000;
 /// Shortest seed resolve interval: more often would only load the name server.
 const SEED_RESOLVE_INTERVAL_MS_MIN: u64 = 100;
 /// Longest leave linger: a shutdown must fit a pod's termination grace period.
@@ -372,6 +374,49 @@ impl Ctx<'_> {
             0,
             PERIOD_NANOS_MAX / 1_000_000,
         )?;
+        let region = match &n.region {
+            None => Region::NONE,
+            Some(v) => Region::new(&v.value)
+                .map_err(|error| self.invalid("node.region", &v.at, format!("{:?}: {error}", v.value)))?,
+        };
+        let region_sync_interval_ms = self.number(
+            "node.region_sync_interval_ms",
+            &n.region_sync_interval_ms,
+            duration_ms(defaults.region_sync_interval),
+            1,
+            INTERVAL_MS_MAX,
+        )?;
+        let region_lease_ms = self.number(
+            "node.region_lease_ms",
+            &n.region_lease_ms,
+            duration_ms(defaults.region_lease),
+            1,
+            REGION_LEASE_MS_MAX,
+        )?;
+        if region_lease_ms <= region_sync_interval_ms {
+            let message = format!(
+                "{region_lease_ms} must be longer than node.region_sync_interval_ms ({region_sync_interval_ms}): \
+                 a lease would end before its renewal"
+            );
+            return Err(match &n.region_lease_ms {
+                Some(v) => self.invalid("node.region_lease_ms", &v.at, message),
+                None => self.invalid_whole("node.region_lease_ms", message),
+            });
+        }
+        let region_fallback = match &n.region_fallback {
+            None => defaults.region_fallback,
+            Some(v) => {
+                REGION_FALLBACKS.iter().find(|(name, _)| *name == v.value).map(|&(_, f)| f).ok_or_else(
+                    || {
+                        self.invalid(
+                            "node.region_fallback",
+                            &v.at,
+                            format!("unknown {:?}: use floor, last or closed", v.value),
+                        )
+                    },
+                )?
+            }
+        };
         Ok(NodeSection {
             id: n.id.as_ref().map_or(defaults.id, |v| NodeId(v.value)),
             id_from,
@@ -379,6 +424,10 @@ impl Ctx<'_> {
             data_dir,
             snapshot_interval: Duration::from_millis(snapshot_interval_ms),
             snapshot_period_min: Duration::from_millis(snapshot_period_min_ms),
+            region,
+            region_sync_interval: Duration::from_millis(region_sync_interval_ms),
+            region_lease: Duration::from_millis(region_lease_ms),
+            region_fallback,
         })
     }
 

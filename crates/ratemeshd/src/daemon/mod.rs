@@ -136,7 +136,8 @@ impl Daemon {
             .gossip_interval(config.cluster.gossip_interval)
             .dead_member_forget(config.cluster.dead_member_forget)
             .leave_linger(config.cluster.leave_linger)
-            .node_config(config.node_config());
+            .node_config(config.node_config())
+            .region(config.node.region);
         if let Some(addr) = identity.advertise_gossip {
             builder = builder.gossip_advertise_addr(addr);
         }

@@ -97,6 +97,7 @@ pub(super) async fn cluster(State(api): ApiState) -> Response {
                 "id": m.id.0,
                 "quic_addr": m.quic_addr.to_string(),
                 "status": status_name(m.status),
+                "region": m.region.name(),
                 "ring_share": share_of(m.id),
             })
         })

@@ -212,7 +212,7 @@ fn store_counters(stats: StoreStats) -> ([CounterRow; 4], u64) {
 }
 
 /// Gossip: datagrams, sends, restarts, and the refusals by reason (a labelled counter).
-fn gossip_counters(stats: GossipStats) -> ([CounterRow; 4], [(&'static str, u64); 5]) {
+fn gossip_counters(stats: GossipStats) -> ([CounterRow; 5], [(&'static str, u64); 5]) {
     let GossipStats {
         datagrams_received,
         datagrams_sent,
@@ -223,6 +223,7 @@ fn gossip_counters(stats: GossipStats) -> ([CounterRow; 4], [(&'static str, u64)
         rejected_over_bound,
         send_failures,
         restarts,
+        malformed_regions,
     } = stats;
     let rows = [
         ("ratemesh_gossip_datagrams_received", "Datagrams received on the gossip port", datagrams_received),
@@ -232,6 +233,11 @@ fn gossip_counters(stats: GossipStats) -> ([CounterRow; 4], [(&'static str, u64)
             "ratemesh_gossip_restarts",
             "Times gossip ended while the node ran and was restarted (see the log for why)",
             restarts,
+        ),
+        (
+            "ratemesh_gossip_malformed_regions",
+            "Gossip entries (a member's generation) advertising a malformed region, taken as none",
+            malformed_regions,
         ),
     ];
     let rejected = [
