@@ -19,6 +19,7 @@ Usage: load.py PARAMS.json, PARAMS: {"regions": [{"name", "demand_per_s", "nodes
 
 import asyncio
 import json
+import math
 import os
 import random
 import signal
@@ -194,6 +195,15 @@ def worst_window(records, limit, period_ms):
     return most / (limit * 1000 / period_ms)
 
 
+def per_second(records, secs):
+    """Admissions in each whole second of the run (by due time)."""
+    counts = [0] * max(1, math.ceil(secs))
+    for record in records:
+        if record.get("allowed") is True:
+            counts[min(len(counts) - 1, int(record["t_s"]))] += 1
+    return counts
+
+
 def report(params, records):
     limit, period_ms, secs, keys = params["limit"], params["period_ms"], params["secs"], params["keys"]
     rate_per_s = limit * 1000 / period_ms
@@ -213,6 +223,7 @@ def report(params, records):
                 "failed": sum(1 for r in mine if r.get("allowed") is None),
                 "p50_ms": ms(percentile(latencies, 0.5)),
                 "p99_ms": ms(percentile(latencies, 0.99)),
+                "admitted_per_s": per_second(mine, secs),
             }
         )
     sent = len(records)

@@ -350,4 +350,5 @@ region_scenarios!(
     regions_partition_last,
     regions_partition_closed,
     regions_five,
+    regions_wan,
 );

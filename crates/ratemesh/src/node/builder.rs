@@ -275,7 +275,7 @@ impl NodeBuilder {
     }
 
     /// What a region's share of a key falls to when its lease ends without a renewal (default
-    /// [`RegionFallback::Floor`]).
+    /// [`RegionFallback::Last`]).
     #[must_use]
     pub fn region_fallback(mut self, fallback: RegionFallback) -> Self {
         self.core.region_fallback = fallback;

@@ -195,8 +195,8 @@ sections! {
         pub region_lease: Duration =
             Duration::from_millis(REGION_LEASE_MS_DEFAULT), Restart "node.region_lease_ms";
         /// `region_fallback`: what a region's share falls to when its lease ends without a
-        /// renewal (it cannot reach the key's home region): `floor` (default), `last`, `closed`.
-        pub region_fallback: RegionFallback = RegionFallback::Floor, Restart "node.region_fallback";
+        /// renewal (it cannot reach the key's home region): `last` (default), `floor`, `closed`.
+        pub region_fallback: RegionFallback = RegionFallback::Last, Restart "node.region_fallback";
     }
 }
 

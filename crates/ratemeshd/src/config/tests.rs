@@ -602,7 +602,7 @@ fn regions_are_checked() {
     let config = parse("").expect("valid");
     assert_eq!(config.node.region, Region::NONE, "no region by default: one region");
     assert_eq!(config.node_config().region, RegionId::NONE);
-    assert_eq!(config.node.region_fallback, RegionFallback::Floor);
+    assert_eq!(config.node.region_fallback, RegionFallback::Last);
     assert_eq!(parse("[node]\nregion = \"\"\n").expect("valid").node.region, Region::NONE);
     let long = "x".repeat(ratemesh::region::REGION_NAME_BYTES_MAX);
     let config = parse(&format!("[node]\nregion = \"{long}\"\n")).expect("valid");
