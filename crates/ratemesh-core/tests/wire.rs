@@ -198,22 +198,24 @@ fn body() -> impl Strategy<Value = Body> {
     let mode_again = prop_oneof![Just(WireMode::Exact), Just(WireMode::Approximate)];
     let adjust = (int(), key(), limit(), kind, int(), mode_again)
         .prop_map(|(id, key, limit, kind, hits, mode)| Adjust { id, key, limit, kind, hits, mode });
-    let region_report = (key(), limit(), int(), int(), int()).prop_map(
-        |(key, limit, demand_per_s, applied_seq, applied_part)| RegionReport {
+    let region_report = (key(), limit(), int(), int(), int(), int()).prop_map(
+        |(key, limit, demand_per_s, report_count, applied_seq, applied_part)| RegionReport {
             key,
             limit,
             demand_per_s,
+            report_count,
             applied_seq,
             applied_part,
         },
     );
-    let region_grant = (key(), limit(), int(), int(), int(), any::<bool>()).prop_map(
-        |(key, limit, seq, part, lease_nanos, first)| RegionGrant {
+    let region_grant = (key(), limit(), int(), int(), int(), int(), any::<bool>()).prop_map(
+        |(key, limit, seq, part, lease_nanos, report_count, first)| RegionGrant {
             key,
             limit,
             seq,
             part,
             lease_nanos,
+            report_count,
             first,
         },
     );
@@ -931,6 +933,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         key: 14,
                         limit: gcra_wire(),
                         demand_per_s: 300,
+                        report_count: 5,
                         applied_seq: 2,
                         applied_part: 97,
                     }],
@@ -940,12 +943,13 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         seq: 3,
                         part: 99,
                         lease_nanos: 2_000_000_000,
+                        report_count: 5,
                         first: true,
                     }],
                     ..Body::default()
                 },
             },
-            "04090104000004030001040a8094ebdc030105000009010e00000000000000000000000000000000ac0202610a010f00000000000000000000000000000000036380a8d6b90701",
+            "04090104000004030001040a8094ebdc030105000009010e00000000000000000000000000000000ac020502610a010f00000000000000000000000000000000036380a8d6b9070501",
         ),
     ]
 }

@@ -145,6 +145,10 @@ impl Node {
                     let own = core::mem::take(&mut meta.own).live(now);
                     bucket.refund(&meta.policy.limit, own, now);
                     meta.own_contended = false;
+                    // A region's lease and a home's ledger are the owner's: the new owner reports
+                    // afresh (and a new home owner rebuilds its ledger from the reports).
+                    meta.region = None;
+                    meta.home = None;
                     meta.follower().follow(owner, epoch);
                     return Some(KeyState {
                         key: key.0,

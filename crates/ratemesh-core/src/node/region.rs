@@ -52,6 +52,11 @@ const DEMAND_CHANGE_DIVISOR: u64 = 4;
 /// demand estimates are noisy, and a part that follows the noise down refuses the next burst.
 const STICKY_DIVISOR: u64 = 32;
 
+/// How long a home owner keeps a silent region's last part reserved beyond its lease
+/// (`RegionFallback::Last`): the failure detector's default time to forget a dead member
+/// (`dead_member_forget`, 60 s), after which the region has left the view anyway.
+const RESERVATION_KEEP_NANOS: u64 = 60_000_000_000;
+
 /// The half-life at which a region's smoothed demand falls (it rises at once): short enough
 /// that demand leaving a region is followed within a second, long enough that a part does not
 /// follow the noise of a Poisson arrival stream down (the nodes' estimates have a 100 ms
@@ -94,6 +99,7 @@ impl Regions {
         Regions { ids, rings, of }
     }
 
+    /// The region of `member` in `of` (sorted by member).
     fn find(of: &[(NodeId, RegionId)], member: NodeId) -> RegionId {
         of.binary_search_by_key(&member, |(m, _)| *m).map_or(RegionId::NONE, |at| of[at].1)
     }
@@ -129,6 +135,13 @@ impl Regions {
         (self.ids[at], self.rings[at].owner(key))
     }
 
+    /// The owner of `key` in `region` (none while the region has no live member, or is not in
+    /// the view).
+    pub fn owner_in(&self, region: RegionId, key: KeyHash) -> Option<NodeId> {
+        let at = self.ids.binary_search(&region).ok()?;
+        self.rings[at].owner(key)
+    }
+
     /// A region's floor of a limit of `value` hits: its part of 3 % of the limit, and at least
     /// one hit where every region can have one (a key a region checks once in a while must not
     /// be refused for want of a part below one hit).
@@ -148,17 +161,23 @@ pub(crate) struct RegionLease {
     pub until: Instant,
     /// The home's number of the last grant applied (0: none yet).
     pub seq: u64,
-    /// The `seq` the last report carried.
+    /// The home owner that granted it (numbers are that home's: a new home starts its own).
+    pub home: Option<NodeId>,
+    /// The number of the grant the last report acknowledged (a grant applied since is news).
     pub seq_reported: u64,
-    /// When the last report was sent, and the demand it said.
+    /// When the last report was sent.
     pub reported_at: Instant,
+    /// The number of the last report sent (grants echo it: a lease counts from that report).
+    pub report_count: u64,
+    /// The demand the last report said.
     pub demand_reported: u64,
-    /// The region's demand, smoothed over region rounds (milli-hits per second), and when.
+    /// The region's demand, smoothed over region rounds (milli-hits per second).
     pub demand_milli: u64,
+    /// When `demand_milli` was last updated.
     pub demand_at: Instant,
-    /// The part the owner's bucket counts in (0: not known yet), and whether that was before
-    /// the first lease; see [`Node::region_rescale`].
+    /// The part the owner's bucket counts in (0: not known yet); see [`Node::region_rescale`].
     pub bucket_part: u64,
+    /// Whether `bucket_part` was the floor before the first lease.
     pub bucket_before_lease: bool,
     /// The lease applied last was the key's first anywhere (`RegionGrant::first`).
     pub first: bool,
@@ -177,11 +196,16 @@ impl RegionLease {
         }
     }
 
-    /// Whether the home should hear from this region now: see the module documentation.
-    fn news(&self, demand_per_s: u64, now: Instant, renew_nanos: u64) -> bool {
+    /// Whether the home should hear from this region now: no lease yet, a lease near its end,
+    /// demand moved by a quarter, a grant applied since the last report (the home frees a
+    /// decrease on hearing it, and answers only when the part changes or the lease nears its
+    /// end: no ping-pong), or a new home owner (which rebuilds its ledger from the reports).
+    fn news(&self, demand_per_s: u64, home: Option<NodeId>, now: Instant, renew_nanos: u64) -> bool {
         let moved =
             demand_per_s.abs_diff(self.demand_reported) > self.demand_reported / DEMAND_CHANGE_DIVISOR + 1;
-        self.seq == 0 || self.seq != self.seq_reported || self.until <= now.add_nanos(renew_nanos) || moved
+        let applied = self.seq != self.seq_reported;
+        let rehomed = self.seq > 0 && self.home != home;
+        self.seq == 0 || applied || rehomed || self.until <= now.add_nanos(renew_nanos) || moved
     }
 }
 
@@ -193,20 +217,46 @@ pub(crate) struct HomeLedger {
     seq: u64,
     /// Until then the key is new (see [`HomeLedger::apply`]).
     new_until: Instant,
+    /// Until then (or until every region reported) the ledger is being rebuilt by a new home
+    /// owner (see [`HomeLedger::apply`]).
+    rebuilt_until: Instant,
+    /// The terms of the last report applied: what [`HomeLedger::until`] keeps reserved.
+    fallback: RegionFallback,
+    floor: u64,
+    /// The limit's rate the ledger splits (a report of another is of a changed policy).
+    pub value: u64,
+}
+
+/// A grant the home owner sends (or applies itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct HomeGrant {
+    /// The region's owner of the key that reported last.
+    pub to: NodeId,
+    /// The part of the limit's rate.
+    pub part: u64,
+    /// The grant's number.
+    pub seq: u64,
+    /// The number of the report it answers (a push: the last one heard).
+    pub report_count: u64,
 }
 
 /// One region in a home owner's ledger.
 #[derive(Clone, Copy, Debug)]
 struct RegionEntry {
     region: RegionId,
-    /// The member that last reported for the region: where pushes go.
+    /// The member that last reported for the region (its owner of the key): where pushes go.
     reporter: NodeId,
+    /// The number of the reporter's last report (grants echo it).
+    report_count: u64,
+    /// The region's demand, as last reported.
     demand_per_s: u64,
-    /// The part granted last, its number, and when its lease ends at the latest.
+    /// The part granted last.
     granted: u64,
+    /// The number of the last grant.
     seq: u64,
+    /// When the lease of the last grant ends at the latest.
     until: Instant,
-    /// A decrease not acknowledged yet: the part before it, counted until `until`.
+    /// A decrease not acknowledged yet: the part before it.
     prior: u64,
 }
 
@@ -219,25 +269,34 @@ struct Ledgered {
 }
 
 impl Ledgered {
+    /// What the region may be using: its larger of the granted and unacknowledged parts while
+    /// its lease lasts, then what its fallback leaves it.
     fn committed(&self, entry: &RegionEntry) -> u64 {
         if self.now < entry.until {
             return entry.granted.max(entry.prior);
         }
         match self.fallback {
-            RegionFallback::Floor => self.floor,
+            // A region that forgot the key (or whose owner changed) starts again at its floor.
+            RegionFallback::Floor | RegionFallback::Closed => self.floor,
             RegionFallback::Last => entry.granted.max(entry.prior).max(self.floor),
-            RegionFallback::Closed => 0,
         }
     }
 }
 
-/// A report as the home applies it.
+/// A report as the home applies it (`RegionReport`'s fields, with the sender and its region).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct HomeReport {
+    /// The sender's region.
     pub region: RegionId,
+    /// The sender: the region's owner of the key.
     pub from: NodeId,
+    /// The region's demand.
     pub demand_per_s: u64,
+    /// The number of the report.
+    pub report_count: u64,
+    /// The number of the last grant the region applied.
     pub applied_seq: u64,
+    /// The part it enforces.
     pub applied_part: u64,
 }
 
@@ -246,138 +305,210 @@ pub(super) struct HomeReport {
 pub(super) struct HomeTerms {
     /// The limit's rate (hits per period).
     pub value: u64,
+    /// Every region's floor.
     pub floor: u64,
+    /// What a lapsed lease falls to.
     pub fallback: RegionFallback,
     /// The lease as the home counts it (the lease and a region sync interval of slack).
     pub lease_nanos: u64,
     /// How long a key stays new after its first report (two region sync intervals: every
     /// region's second report, with a demand estimate worth the name, arrives by then).
     pub new_nanos: u64,
+    /// The home owner's time.
     pub now: Instant,
 }
 
 impl HomeLedger {
     /// Applies a report and returns the grants to send: the reporter's first, then pushes to
-    /// other regions (`(to, grant part, number)`); and whether the reporter's grant is its
-    /// region's first of a new key (`RegionGrant::first`).
+    /// other regions (`(to, grant part, number, echoed report)`); and whether the reporter's
+    /// grant is its region's first of a new key (`RegionGrant::first`).
     ///
-    /// A key is new for a lease after its ledger began with a report of no lease applied. Then a
-    /// region's first grant says so, and the region's bucket holds its even share of the new
-    /// key's burst (`Node::region_rescale`): the even shares sum to the burst, so the regions
-    /// share a new key's burst once — not the first region all of it, not all regions nothing.
+    /// A key is new for two region intervals after its ledger began with a report of no lease
+    /// applied. Then a region's first grant says so and is its even share, and the region's
+    /// bucket holds its even share of the new key's burst (`Node::region_rescale`): the even
+    /// shares sum to the burst, so the regions share a new key's burst once. A ledger that began
+    /// with a report of a lease applied was another home owner's: until every region of the
+    /// view has reported (or a lease has passed), no region's part grows, since a region not
+    /// heard from yet may hold anything up to what the others do not.
     pub(super) fn apply(
         &mut self,
         report: HomeReport,
         regions: &[RegionId],
         terms: HomeTerms,
-    ) -> (Vec<(NodeId, u64, u64)>, bool) {
-        if self.seq == 0 {
-            self.new_until = match report.applied_seq {
-                0 => terms.now.add_nanos(terms.new_nanos),
-                _ => Instant::ZERO,
-            };
+    ) -> (Vec<HomeGrant>, bool) {
+        if self.seq == 0 && self.regions.is_empty() {
+            let rebuilt = report.applied_seq > 0;
+            self.new_until = if rebuilt { Instant::ZERO } else { terms.now.add_nanos(terms.new_nanos) };
+            self.rebuilt_until = if rebuilt { terms.now.add_nanos(terms.lease_nanos) } else { Instant::ZERO };
         }
-        let known = self.regions.iter().any(|e| e.region == report.region);
-        let first = terms.now < self.new_until && report.applied_seq == 0 && !known;
-        let ledgered = Ledgered { floor: terms.floor, fallback: terms.fallback, now: terms.now };
+        (self.fallback, self.floor) = (terms.fallback, terms.floor);
         // Regions gone from the view are forgotten (their members left: they admit nothing).
         self.regions.retain(|e| regions.contains(&e.region));
+        let known = self.regions.iter().any(|e| e.region == report.region);
+        let first = terms.now < self.new_until && report.applied_seq == 0 && !known;
+        let lease_left = match self.regions.iter().find(|e| e.region == report.region) {
+            Some(e) => e.until.nanos_since(terms.now),
+            None => 0,
+        };
+        let at = self.entry(report, terms);
+        // A region without demand (idle, or the key is not decided there any more) only
+        // acknowledges: it gets no grant back, which it would acknowledge again. A region's
+        // first report asks, whatever its estimate says: a check made it.
+        let asks = report.demand_per_s > 0 || report.applied_seq == 0;
+        let ledgered = Ledgered { floor: terms.floor, fallback: terms.fallback, now: terms.now };
+        let desired = self.desired(regions, terms, ledgered);
+        let mut grants = self.push_decreases(at, &desired, terms);
+        let silent = regions.iter().any(|r| !self.regions.iter().any(|e| e.region == *r));
+        let frozen = silent && terms.now < self.rebuilt_until;
+        if asks {
+            let part = self.reporter_part(at, desired[at], first, frozen, regions, terms, ledgered);
+            // Nothing to say (after the key's first moments): the same part, and half a lease
+            // or more left. Else the region would acknowledge it, and so on every round.
+            let same = part == self.regions[at].granted && report.applied_seq == self.regions[at].seq;
+            let quiet = same && terms.now >= self.new_until && lease_left > terms.lease_nanos / 2;
+            if !quiet {
+                grants.insert(0, self.grant(at, part, terms));
+            }
+        }
+        if !frozen {
+            self.push_increases(at, &desired, regions, terms, ledgered, &mut grants);
+        }
+        (grants, first && asks)
+    }
+
+    /// The reporter's entry (made for a region new to the ledger, which holds what it says it
+    /// applied — another home owner's lease — at least its floor), updated by the report.
+    fn entry(&mut self, report: HomeReport, terms: HomeTerms) -> usize {
         let at = match self.regions.iter().position(|e| e.region == report.region) {
             Some(at) => at,
             None => {
-                // A region new to this ledger holds what it says it applied (a lease of an earlier
-                // home owner), at least its floor.
                 self.regions.push(RegionEntry {
                     region: report.region,
                     reporter: report.from,
+                    report_count: 0,
                     demand_per_s: 0,
                     granted: report.applied_part,
-                    seq: report.applied_seq,
+                    seq: 0,
                     until: terms.now.add_nanos(terms.lease_nanos),
                     prior: 0,
                 });
-                self.seq = self.seq.max(report.applied_seq);
                 self.regions.len() - 1
             }
         };
         let entry = &mut self.regions[at];
         entry.reporter = report.from;
+        entry.report_count = report.report_count;
         entry.demand_per_s = report.demand_per_s;
-        if report.applied_seq >= entry.seq {
-            // The region has seen the latest grant: it uses what it says (less than granted when
-            // its lease fell to the floor, or nothing when the key left its owner).
+        // The region has seen the latest grant (numbers above this ledger's are another home
+        // owner's): it uses what it says — less than granted when its lease fell to the floor,
+        // or nothing when the key left its owner.
+        if report.applied_seq >= entry.seq && report.applied_seq <= self.seq {
             entry.prior = 0;
             entry.granted = report.applied_part;
         }
-        // A region without demand (idle, or the key is not decided there any more) only
-        // acknowledges: it gets no grant back, which it would acknowledge again. A region's
-        // first report asks, whatever its estimate says: a check made it.
-        let asks = report.demand_per_s > 0 || report.applied_seq == 0;
         // The reporter's lease is live from now on: it takes part in the split.
-        self.regions[at].until = self.regions[at].until.max(terms.now.add_nanos(1));
-        let desired = self.desired(regions, terms, ledgered);
-        let mut grants = Vec::new();
-        // Decreases first (pushed), so that the reporter's grant can use what they free later;
-        // also to a region whose lease lapsed when it keeps its last part (it is idle, or cut
-        // off: its acknowledgement tells which).
+        entry.until = entry.until.max(terms.now.add_nanos(1));
+        at
+    }
+
+    /// Pushes decreases to the regions above their desired part (not the reporter), so that the
+    /// reporter's grant can use what they free once they acknowledge; also to a region whose
+    /// lease lapsed when it keeps its last part (it is idle, or cut off: its acknowledgement
+    /// tells which). Not while the key is new: the others' demand is known only from their first
+    /// checks, which says little.
+    fn push_decreases(&mut self, at: usize, desired: &[u64], terms: HomeTerms) -> Vec<HomeGrant> {
         let keeps_last = terms.fallback == RegionFallback::Last;
+        let sticky = terms.value / STICKY_DIVISOR;
+        let mut grants = Vec::new();
         for (i, &want) in desired.iter().enumerate() {
             let e = &self.regions[i];
-            // Not while the key is new: the others' demand is known only from their first
-            // checks, which says little.
             let push = i != at
                 && terms.now >= self.new_until
                 && (terms.now < e.until || keeps_last)
-                && want < e.granted;
-            if push && e.granted - want > terms.value / STICKY_DIVISOR {
+                && want < e.granted
+                && e.granted - want > sticky;
+            if push {
                 grants.push(self.grant(i, want, terms));
             }
         }
-        let others: u64 =
-            (0..self.regions.len()).filter(|&i| i != at).map(|i| ledgered.committed(&self.regions[i])).sum();
-        let unknown = regions.iter().filter(|r| !self.regions.iter().any(|e| e.region == **r)).count() as u64;
-        let free = terms.value.saturating_sub(others).saturating_sub(unknown.saturating_mul(terms.floor));
+        grants
+    }
+
+    /// The reporter's new part: its desired part (kept when it would fall by no more than the
+    /// sticky fraction), within what the others may be using. A region's first grant of a new
+    /// key is its even share, and no region gets more while the key is new: the demand
+    /// estimate of a key's first checks says little, and every other region may be about to ask.
+    /// While the ledger is rebuilt, the reporter keeps at most what it has.
+    #[allow(clippy::too_many_arguments)]
+    fn reporter_part(
+        &self,
+        at: usize,
+        desired: u64,
+        first: bool,
+        frozen: bool,
+        regions: &[RegionId],
+        terms: HomeTerms,
+        ledgered: Ledgered,
+    ) -> u64 {
         let granted = self.regions[at].granted;
-        let sticky = terms.value / STICKY_DIVISOR;
-        let want = match desired[at] < granted && granted - desired[at] <= sticky {
+        let want = match desired < granted && granted - desired <= terms.value / STICKY_DIVISOR {
             true => granted,
-            false => desired[at],
+            false => desired,
         };
-        // While a key is new, a region's first grant is its even share and no region gets more:
-        // the demand estimate of a key's first checks says little, and every other region may
-        // be about to ask.
+        let free = terms.value.saturating_sub(self.committed_except(Some(at), regions, terms, ledgered));
         let even = terms.value / regions.len().max(1) as u64;
-        let part = match (first, terms.now < self.new_until) {
+        match (first, terms.now < self.new_until) {
+            _ if frozen => want.min(free).min(granted),
             (true, _) => even.min(free),
             (false, true) => want.min(free).min(even),
             (false, false) => want.min(free),
-        };
-        if asks {
-            grants.insert(0, self.grant(at, part, terms));
         }
-        let reporter_first = first && asks;
-        // Increases to regions below their desired part, from what is free now.
-        let mut used: u64 =
-            self.regions.iter().map(|e| ledgered.committed(e)).sum::<u64>() + unknown * terms.floor;
+    }
+
+    /// What every region but `except` may be using, with the floor of every region of the view
+    /// not in the ledger.
+    fn committed_except(
+        &self,
+        except: Option<usize>,
+        regions: &[RegionId],
+        terms: HomeTerms,
+        ledgered: Ledgered,
+    ) -> u64 {
+        let known = (0..self.regions.len()).filter(|&i| Some(i) != except);
+        let known = known.fold(0u64, |sum, i| sum.saturating_add(ledgered.committed(&self.regions[i])));
+        let unknown = regions.iter().filter(|r| !self.regions.iter().any(|e| e.region == **r)).count() as u64;
+        known.saturating_add(unknown.saturating_mul(terms.floor))
+    }
+
+    /// Pushes increases to the regions below their desired part, from what is free now (not
+    /// while the key is new).
+    fn push_increases(
+        &mut self,
+        at: usize,
+        desired: &[u64],
+        regions: &[RegionId],
+        terms: HomeTerms,
+        ledgered: Ledgered,
+        grants: &mut Vec<HomeGrant>,
+    ) {
+        let mut used = self.committed_except(None, regions, terms, ledgered);
         for (i, &want) in desired.iter().enumerate() {
             let e = self.regions[i];
-            // Not while the key is new (see the reporter's grant above).
             let new = terms.now < self.new_until;
             if i == at || new || terms.now >= e.until || want <= e.granted || used >= terms.value {
                 continue;
             }
             let more = (want - e.granted).min(terms.value - used);
             if more > terms.value / STICKY_DIVISOR {
-                used += more;
+                used = used.saturating_add(more);
                 grants.push(self.grant(i, e.granted + more, terms));
             }
         }
-        (grants, reporter_first)
     }
 
-    /// Records a grant of `part` to region `i`: `(to, part, number)`.
-    fn grant(&mut self, i: usize, part: u64, terms: HomeTerms) -> (NodeId, u64, u64) {
-        self.seq += 1;
+    /// Records a grant of `part` to region `i`.
+    fn grant(&mut self, i: usize, part: u64, terms: HomeTerms) -> HomeGrant {
+        self.seq = self.seq.saturating_add(1);
         let e = &mut self.regions[i];
         if part < e.granted {
             e.prior = e.prior.max(e.granted);
@@ -385,7 +516,7 @@ impl HomeLedger {
         e.granted = part;
         e.seq = self.seq;
         e.until = terms.now.add_nanos(terms.lease_nanos);
-        (e.reporter, part, self.seq)
+        HomeGrant { to: e.reporter, part, seq: self.seq, report_count: e.report_count }
     }
 
     /// Every known region's desired part. A region whose lease lapsed is idle or cut off: it is
@@ -395,8 +526,9 @@ impl HomeLedger {
     /// limit). Regions of the view that never reported keep their floor.
     fn desired(&self, regions: &[RegionId], terms: HomeTerms, ledgered: Ledgered) -> Vec<u64> {
         let live = |e: &RegionEntry| terms.now < e.until;
-        let lapsed: u64 = self.regions.iter().filter(|e| !live(e)).map(|e| ledgered.committed(e)).sum();
-        let floored = regions.len() - self.regions.iter().filter(|e| !live(e)).count();
+        let lapsed = self.regions.iter().filter(|e| !live(e)).map(|e| ledgered.committed(e));
+        let lapsed = lapsed.fold(0u64, u64::saturating_add);
+        let floored = regions.len().saturating_sub(self.regions.iter().filter(|e| !live(e)).count());
         let rest =
             terms.value.saturating_sub(lapsed).saturating_sub(terms.floor.saturating_mul(floored as u64));
         let total: u128 = self.regions.iter().filter(|e| live(e)).map(|e| u128::from(e.demand_per_s)).sum();
@@ -419,12 +551,12 @@ impl HomeLedger {
             .regions
             .iter()
             .zip(&exact)
-            .map(|(e, (p, _))| if live(e) { terms.floor + p } else { idle })
+            .map(|(e, (p, _))| if live(e) { terms.floor.saturating_add(*p) } else { idle })
             .collect();
         if total == 0 {
             return parts;
         }
-        let given: u64 = exact.iter().map(|(p, _)| p).sum();
+        let given = exact.iter().fold(0u64, |sum, (p, _)| sum.saturating_add(*p));
         let mut order: Vec<usize> = (0..exact.len()).filter(|&i| live(&self.regions[i])).collect();
         order.sort_by(|&a, &b| exact[b].1.cmp(&exact[a].1).then(a.cmp(&b)));
         for &i in order.iter().take(usize::try_from(rest.saturating_sub(given)).unwrap_or(0)) {
@@ -433,9 +565,15 @@ impl HomeLedger {
         parts
     }
 
-    /// When the last lease of the ledger ends.
+    /// Until when the ledger must be kept: the end of its last lease, or, while it keeps a
+    /// silent region's last part reserved (`RegionFallback::Last`), [`RESERVATION_KEEP_NANOS`]
+    /// after that: a ledger forgotten and made again would count that region at its floor.
     pub(super) fn until(&self) -> Instant {
-        self.regions.iter().map(|e| e.until).max().unwrap_or(Instant::ZERO)
+        let last = self.regions.iter().map(|e| e.until).max().unwrap_or(Instant::ZERO);
+        let floor = self.floor;
+        let reserves = self.fallback == RegionFallback::Last
+            && self.regions.iter().any(|e| e.granted.max(e.prior) > floor);
+        if reserves { last.add_nanos(RESERVATION_KEEP_NANOS) } else { last }
     }
 }
 
@@ -536,7 +674,8 @@ impl Node {
         if asked {
             self.region_due.insert(key);
         } else {
-            self.report_region(key, policy, now);
+            let demand = self.region_demand(key, now);
+            self.report_region(key, policy, demand, now);
         }
     }
 
@@ -546,14 +685,14 @@ impl Node {
     /// the lease lapsed).
     pub(super) fn region_round(&mut self, now: Instant) {
         let due = core::mem::take(&mut self.region_due);
-        let renew = 2 * duration_nanos(self.config.region_sync_interval);
+        let renew = duration_nanos(self.config.region_sync_interval).saturating_mul(2);
         for key in due {
             let Some(meta) = self.keys.extra(key).filter(|m| m.owned) else { continue };
             let policy = meta.policy.clone();
             let lease = meta.region.as_deref().copied().unwrap_or_default();
             let demand = self.region_demand(key, now);
-            if lease.news(demand, now, renew) {
-                self.report_region(key, &policy, now);
+            if lease.news(demand, self.regions.home(key).1, now, renew) {
+                self.report_region(key, &policy, demand, now);
             }
             let watched = self.keys.extra(key).and_then(|m| m.region.as_deref().copied());
             if watched.is_some_and(|l| l.until > now && l.demand_reported > 0) {
@@ -590,8 +729,8 @@ impl Node {
     /// The demand for `key` in this region now: this node's and its participants' estimates.
     fn region_demand_now(&mut self, key: KeyHash, now: Instant) -> u64 {
         let half_life = self.half_life_nanos();
-        let active =
-            now.sub_nanos(2 * duration_nanos(self.config.sync_interval).max(self.release_nanos() / 8));
+        let sync = duration_nanos(self.config.sync_interval);
+        let active = now.sub_nanos(sync.saturating_mul(2).max(self.release_nanos() / 8));
         let limit = match self.keys.extra(key) {
             Some(meta) => meta.policy.limit.clone(),
             None => return 0,
@@ -609,19 +748,20 @@ impl Node {
             .unwrap_or(0)
     }
 
-    /// Sends `key`'s report to its home owner (applies it here when this node is the home owner).
-    fn report_region(&mut self, key: KeyHash, policy: &Arc<Policy>, now: Instant) {
+    /// Sends `key`'s report (its region's `demand`) to its home owner (applies it here when
+    /// this node is the home owner).
+    fn report_region(&mut self, key: KeyHash, policy: &Arc<Policy>, demand: u64, now: Instant) {
         let (home, owner) = self.regions.home(key);
         let Some(home_owner) = owner else { return };
-        let demand = self.region_demand(key, now);
         let floor = self.regions.floor(policy.limit.spec().limit);
         let fallback = self.config.region_fallback;
         let lease = self.keys.update(key, &policy.limit, |_, meta| {
             let lease = meta.region.get_or_insert_with(Box::default);
             lease.reported_at = now;
+            lease.report_count = lease.report_count.saturating_add(1);
             lease.demand_reported = demand;
-            lease.seq_reported = lease.seq;
             let part = lease.part_at(now, floor, fallback);
+            lease.seq_reported = lease.seq;
             if lease.bucket_part == 0 {
                 // The bucket was made under the part it decided its first check by.
                 lease.bucket_part = part;
@@ -634,6 +774,9 @@ impl Node {
             key: key.0,
             limit: LimitWire::from_limit(&policy.limit),
             demand_per_s: demand,
+            report_count: lease.report_count,
+            // A number of another home owner's is above a new home's own: the new home takes
+            // the part as what the region uses, and knows the key is not new.
             applied_seq: lease.seq,
             applied_part: lease.part,
         };
@@ -645,13 +788,22 @@ impl Node {
         }
     }
 
-    /// Reports from other regions' owners of keys whose home owner this node is.
+    /// Reports from other regions' owners of keys whose home owner this node is (refused in a
+    /// view of one region: nothing is leased there).
     pub(super) fn on_region_reports(&mut self, from: NodeId, reports: Vec<RegionReport>, now: Instant) {
         for report in reports {
+            if !self.regions.active() || from == self.id {
+                self.stats.items_refused += 1;
+                continue;
+            }
             self.home_report(from, report, now);
         }
     }
 
+    /// Applies a report of `from`'s region to the key's ledger, as its home owner, and sends
+    /// the grants it makes. Refused unless this node is the key's home owner and `from` is the
+    /// key's owner in its own region, in this node's view (views differ for a moment: the
+    /// region's lease then lapses, or it reports again).
     fn home_report(&mut self, from: NodeId, report: RegionReport, now: Instant) {
         let key = KeyHash(report.key);
         let region = self.regions.region_of(from);
@@ -660,8 +812,8 @@ impl Node {
             self.stats.items_refused += 1;
             return;
         };
-        // Only the home owner grants (views differ for a moment: the region's lease then lapses).
-        if home != self.config.region || owner != Some(self.id) {
+        let reporter_owns = from == self.id || self.regions.owner_in(region, key) == Some(from);
+        if home != self.config.region || owner != Some(self.id) || !reporter_owns {
             self.stats.items_refused += 1;
             return;
         }
@@ -671,14 +823,15 @@ impl Node {
             floor: self.regions.floor(value),
             fallback: self.config.region_fallback,
             lease_nanos: duration_nanos(self.config.region_lease)
-                + duration_nanos(self.config.region_sync_interval),
-            new_nanos: 2 * duration_nanos(self.config.region_sync_interval),
+                .saturating_add(duration_nanos(self.config.region_sync_interval)),
+            new_nanos: duration_nanos(self.config.region_sync_interval).saturating_mul(2),
             now,
         };
         let home_report = HomeReport {
             region,
             from,
             demand_per_s: report.demand_per_s,
+            report_count: report.report_count,
             applied_seq: report.applied_seq,
             applied_part: report.applied_part.min(value),
         };
@@ -688,27 +841,35 @@ impl Node {
             mode: api::Mode::Approximate,
             fallback: api::Fallback::LocalShare,
         });
-        let owned = true;
         let (grants, first) = self.keys.upsert_with(
             key,
             &limit,
             now,
-            || KeyMeta::new(policy, owned),
-            |_, meta| meta.home.get_or_insert_with(Box::default).apply(home_report, &ids, terms),
+            || KeyMeta::new(policy, true),
+            |_, meta| {
+                let ledger = meta.home.get_or_insert_with(Box::default);
+                // A ledger of another limit (the policy changed) is rebuilt.
+                if ledger.value != value {
+                    **ledger = HomeLedger { value, ..HomeLedger::default() };
+                }
+                ledger.apply(home_report, &ids, terms)
+            },
         );
         let lease_nanos = duration_nanos(self.config.region_lease);
         let limit = report.limit;
-        for (i, (to, part, seq)) in grants.into_iter().enumerate() {
+        for (i, g) in grants.into_iter().enumerate() {
             let grant = RegionGrant {
                 key: key.0,
                 limit: limit.clone(),
-                seq,
-                part,
+                seq: g.seq,
+                part: g.part,
                 lease_nanos,
+                report_count: g.report_count,
                 first: first && i == 0,
             };
+            let to = g.to;
             if to == self.id {
-                if !self.apply_region_grant(&grant, now) {
+                if !self.apply_region_grant(&grant, self.id, now) {
                     self.release_region_grant(self.id, grant, now);
                 }
             } else {
@@ -718,10 +879,16 @@ impl Node {
         }
     }
 
-    /// Leases from home owners (`from`).
+    /// Leases from home owners (`from`): only the key's home owner in this node's view grants
+    /// (another member's grant is refused and changes nothing).
     pub(super) fn on_region_grants(&mut self, from: NodeId, grants: Vec<RegionGrant>, now: Instant) {
         for grant in grants {
-            if !self.apply_region_grant(&grant, now) {
+            let home = self.regions.home(KeyHash(grant.key)).1;
+            if !self.regions.active() || home != Some(from) || from == self.id {
+                self.stats.items_refused += 1;
+                continue;
+            }
+            if !self.apply_region_grant(&grant, from, now) {
                 self.release_region_grant(from, grant, now);
             }
         }
@@ -735,6 +902,7 @@ impl Node {
             key: grant.key,
             limit: grant.limit,
             demand_per_s: 0,
+            report_count: grant.report_count,
             applied_seq: grant.seq,
             applied_part: 0,
         };
@@ -745,24 +913,32 @@ impl Node {
         }
     }
 
-    /// Applies a lease; whether this node decides the key (else the lease is not for it).
-    fn apply_region_grant(&mut self, grant: &RegionGrant, now: Instant) -> bool {
+    /// Applies a lease of `home`; whether this node decides the key (else the lease is not for
+    /// it). The lease counts from the report it answers, if that is the last one sent (else it
+    /// is not extended: the report it answers was sent earlier, at a time not kept), and lasts
+    /// at most this node's own `region_lease`.
+    fn apply_region_grant(&mut self, grant: &RegionGrant, home: NodeId, now: Instant) -> bool {
         let key = KeyHash(grant.key);
         let Some(limit) = self.keys.extra(key).filter(|m| m.owned).map(|m| m.policy.limit.clone()) else {
             return false;
         };
+        let lease_nanos = grant.lease_nanos.min(duration_nanos(self.config.region_lease));
         let applied = self.keys.update(key, &limit, |_, meta| {
             let lease = meta.region.get_or_insert_with(Box::default);
-            // Grants are numbered by the home: an older one arriving late changes nothing.
-            if grant.seq <= lease.seq {
+            // Grants are numbered by their home: an older one arriving late changes nothing. A
+            // new home owner numbers its own.
+            if lease.home == Some(home) && grant.seq <= lease.seq {
                 return None;
             }
-            let decrease = grant.part < lease.part;
+            let part = grant.part.min(limit.spec().limit);
+            let decrease = part < lease.part;
+            lease.home = Some(home);
             lease.seq = grant.seq;
             lease.first = grant.first;
-            lease.part = grant.part.min(limit.spec().limit);
-            lease.until =
-                lease.reported_at.add_nanos(grant.lease_nanos).min(now.add_nanos(grant.lease_nanos));
+            lease.part = part;
+            if grant.report_count == lease.report_count {
+                lease.until = lease.reported_at.add_nanos(lease_nanos).min(now.add_nanos(lease_nanos));
+            }
             Some(decrease)
         });
         match applied.flatten() {
@@ -771,7 +947,8 @@ impl Node {
             Some(true) => {
                 let policy = self.keys.extra(key).map(|meta| meta.policy.clone());
                 if let Some(policy) = policy {
-                    self.report_region(key, &policy, now);
+                    let demand = self.region_demand(key, now);
+                    self.report_region(key, &policy, demand, now);
                 }
             }
             // The home learns that an increase was applied from the next report.

@@ -2068,3 +2068,38 @@ fn regions_cut_from_each_other_stay_within_the_limit() {
         }
     }
 }
+
+/// Only a key's home owner grants its regions' leases: a grant from another member (an insider
+/// sending the largest part, number and lease there are) is refused and changes nothing, and
+/// the key's region keeps within its part.
+#[test]
+fn a_region_lease_from_a_member_other_than_the_home_owner_is_refused() {
+    let mut cluster = two_regions(&NodeConfig::default());
+    let policy = policy(Mode::Approximate, 100, 100);
+    let k = key("forged");
+    let before = regional_load(&mut cluster, &policy, k, &[1, 2], 2);
+    let home = cluster.node(1).regions.home(k).1.expect("a home owner");
+    let owner = cluster.node(1).owner_of(k).expect("an owner in the region");
+    let forger = (1..=4u64).map(NodeId).find(|&n| n != home && n != owner).expect("another member");
+    let forged = crate::wire::RegionGrant {
+        key: k.0,
+        limit: LimitWire::from_limit(&policy.limit),
+        seq: u64::MAX,
+        part: u64::MAX,
+        lease_nanos: u64::MAX,
+        report_count: u64::MAX,
+        first: true,
+    };
+    let refused_before = cluster.node(owner.0).stats.items_refused;
+    let now = cluster.now;
+    cluster.node(forger.0).send(owner, Body { region_grant: vec![forged], ..Body::default() }, now);
+    cluster.drain();
+    cluster.run_for(Duration::from_millis(5));
+    assert_eq!(cluster.node(owner.0).stats.items_refused, refused_before + 1, "the forged grant is refused");
+    let lease =
+        cluster.node(owner.0).keys.extra(k).and_then(|m| m.region.as_deref().copied()).expect("a lease");
+    assert!(lease.seq < u64::MAX && lease.part <= 100, "the lease is the home's: {lease:?}");
+    let after = regional_load(&mut cluster, &policy, k, &[1, 2], 2);
+    println!("before {before:?}, after {after:?}");
+    assert!(after.iter().all(|s| s.iter().sum::<u64>() <= 106), "within the limit: {after:?}");
+}

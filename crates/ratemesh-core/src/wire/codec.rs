@@ -51,6 +51,7 @@ struct RegionReportItem {
     key: [u8; 16],
     limit: u32,
     demand_per_s: u64,
+    report_count: u64,
     applied_seq: u64,
     applied_part: u64,
 }
@@ -62,6 +63,7 @@ struct RegionGrantItem {
     seq: u64,
     part: u64,
     lease_nanos: u64,
+    report_count: u64,
     first: bool,
 }
 
@@ -240,6 +242,7 @@ impl FrameWire {
                 key: key_bytes(r.key),
                 limit: table.index(&r.limit),
                 demand_per_s: r.demand_per_s,
+                report_count: r.report_count,
                 applied_seq: r.applied_seq,
                 applied_part: r.applied_part,
             })
@@ -253,6 +256,7 @@ impl FrameWire {
                 seq: g.seq,
                 part: g.part,
                 lease_nanos: g.lease_nanos,
+                report_count: g.report_count,
                 first: g.first,
             })
             .collect();
@@ -447,6 +451,7 @@ impl RegionGrantItem {
             seq: self.seq,
             part: self.part,
             lease_nanos: self.lease_nanos,
+            report_count: self.report_count,
             first: self.first,
         })
     }
@@ -458,6 +463,7 @@ impl RegionReportItem {
             key: u128::from_le_bytes(self.key),
             limit: limits.get(self.limit)?,
             demand_per_s: self.demand_per_s,
+            report_count: self.report_count,
             applied_seq: self.applied_seq,
             applied_part: self.applied_part,
         })

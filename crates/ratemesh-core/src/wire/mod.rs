@@ -446,6 +446,8 @@ pub struct RegionReport {
     pub limit: LimitWire,
     /// Hits asked for per second in the sender's region, recently.
     pub demand_per_s: u64,
+    /// The number of this report (grants echo it).
+    pub report_count: u64,
     /// The number of the last lease the sender applied (0: none yet).
     pub applied_seq: u64,
     /// The part of the limit's rate the sender enforces now.
@@ -463,8 +465,10 @@ pub struct RegionGrant {
     pub seq: u64,
     /// The part of the limit's rate the region may enforce.
     pub part: u64,
-    /// How long the lease lasts, counted from the region's last report.
+    /// How long the lease lasts, counted from the report it answers.
     pub lease_nanos: u64,
+    /// The number of the report it answers (a push: the last one the home heard).
+    pub report_count: u64,
     /// The key's first lease anywhere: the key is new, and the region may have its part of a
     /// full bucket.
     pub first: bool,

@@ -393,10 +393,11 @@ impl Ctx<'_> {
             1,
             REGION_LEASE_MS_MAX,
         )?;
-        if region_lease_ms <= region_sync_interval_ms {
+        // A lease is renewed when two region rounds or less are left of it.
+        if region_lease_ms <= region_sync_interval_ms.saturating_mul(2) {
             let message = format!(
-                "{region_lease_ms} must be longer than node.region_sync_interval_ms ({region_sync_interval_ms}): \
-                 a lease would end before its renewal"
+                "{region_lease_ms} must be longer than twice node.region_sync_interval_ms \
+                 ({region_sync_interval_ms}): a lease is renewed two rounds before its end"
             );
             return Err(match &n.region_lease_ms {
                 Some(v) => self.invalid("node.region_lease_ms", &v.at, message),
