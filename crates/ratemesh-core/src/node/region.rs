@@ -683,8 +683,12 @@ impl Node {
     /// is live and whose last report said it had demand stays due without checks: the home must
     /// hear when its demand ends (else it would keep the region's part from the others until
     /// the lease lapsed).
+    ///
+    /// A round visits at most `sync_batch_len_max` keys (one input holds the driver's lock that
+    /// long at most); the rest stay due for the next round.
     pub(super) fn region_round(&mut self, now: Instant) {
-        let due = core::mem::take(&mut self.region_due);
+        let visit = self.region_due.len().min(self.config.sync_batch_len_max.max(1));
+        let due: Vec<KeyHash> = self.region_due.drain(..visit).collect();
         let renew = duration_nanos(self.config.region_sync_interval).saturating_mul(2);
         for key in due {
             let Some(meta) = self.keys.extra(key).filter(|m| m.owned) else { continue };
