@@ -48,6 +48,9 @@ const FLOOR_PERMILLE: u64 = 30;
 /// nears its end.
 const DEMAND_CHANGE_DIVISOR: u64 = 4;
 
+/// How many reports' send times a region's owner keeps (`RegionLease::sent_at`).
+pub(crate) const REPORTS_KEPT: usize = 4;
+
 /// A decrease of a region's part by at most this fraction (1/32) of the limit is not made:
 /// demand estimates are noisy, and a part that follows the noise down refuses the next burst.
 const STICKY_DIVISOR: u64 = 32;
@@ -167,6 +170,10 @@ pub(crate) struct RegionLease {
     pub seq_reported: u64,
     /// When the last report was sent.
     pub reported_at: Instant,
+    /// When each of the last [`REPORTS_KEPT`] reports was sent, by number modulo that: a grant
+    /// answering any of them counts its lease from it (round trips longer than a round leave
+    /// a report or two in flight).
+    pub sent_at: [Instant; REPORTS_KEPT],
     /// The number of the last report sent (grants echo it: a lease counts from that report).
     pub report_count: u64,
     /// The demand the last report said.
@@ -763,6 +770,7 @@ impl Node {
             let lease = meta.region.get_or_insert_with(Box::default);
             lease.reported_at = now;
             lease.report_count = lease.report_count.saturating_add(1);
+            lease.sent_at[(lease.report_count % REPORTS_KEPT as u64) as usize] = now;
             lease.demand_reported = demand;
             let part = lease.part_at(now, floor, fallback);
             lease.seq_reported = lease.seq;
@@ -918,9 +926,9 @@ impl Node {
     }
 
     /// Applies a lease of `home`; whether this node decides the key (else the lease is not for
-    /// it). The lease counts from the report it answers, if that is the last one sent (else it
-    /// is not extended: the report it answers was sent earlier, at a time not kept), and lasts
-    /// at most this node's own `region_lease`.
+    /// it). The lease counts from the report it answers, if that is one of the last
+    /// [`REPORTS_KEPT`] sent (else it is not extended: its time is not kept), and lasts at most
+    /// this node's own `region_lease`.
     fn apply_region_grant(&mut self, grant: &RegionGrant, home: NodeId, now: Instant) -> bool {
         let key = KeyHash(grant.key);
         let Some(limit) = self.keys.extra(key).filter(|m| m.owned).map(|m| m.policy.limit.clone()) else {
@@ -940,8 +948,11 @@ impl Node {
             lease.seq = grant.seq;
             lease.first = grant.first;
             lease.part = part;
-            if grant.report_count == lease.report_count {
-                lease.until = lease.reported_at.add_nanos(lease_nanos).min(now.add_nanos(lease_nanos));
+            let behind = lease.report_count.checked_sub(grant.report_count);
+            if behind.is_some_and(|behind| behind < REPORTS_KEPT as u64) {
+                let sent_at = lease.sent_at[(grant.report_count % REPORTS_KEPT as u64) as usize];
+                let until = sent_at.add_nanos(lease_nanos).min(now.add_nanos(lease_nanos));
+                lease.until = lease.until.max(until);
             }
             Some(decrease)
         });
