@@ -729,7 +729,7 @@ impl Node {
             return Some(limit.clone());
         }
         let (ranks, n) = (&self.reachable_ranks, self.members.len());
-        let scaled = cached(&mut self.owner_limits, limit, |limit| share::apportion(limit, ranks, n));
+        let scaled = cached(&mut self.owner_limits, limit.spec(), || share::apportion(limit, ranks, n));
         debug_assert!(
             scaled.as_ref().is_none_or(|s| s.spec().limit <= policy.limit.spec().limit),
             "an owner enforces at most the limit: the reachable members' shares"
@@ -739,16 +739,7 @@ impl Node {
 
     /// `limit` as a region enforces `part` of it (cached by spec and part; the cache is bounded).
     fn region_limit(&mut self, limit: &Limit, part: u64) -> Option<Limit> {
-        let at = (limit.spec().clone(), part);
-        if let Some(scaled) = self.region_limits.get(&at) {
-            return scaled.clone();
-        }
-        let scaled = region::scale(limit, part);
-        if self.region_limits.len() >= SCALED_LIMITS_MAX {
-            self.region_limits.clear();
-        }
-        self.region_limits.insert(at, scaled.clone());
-        scaled
+        cached(&mut self.region_limits, &(limit.spec().clone(), part), || region::scale(limit, part))
     }
 
     /// The limit this node's fallback enforces: its own rank's share.
@@ -766,7 +757,7 @@ impl Node {
             rank < n && self.members[rank] == self.id,
             "the node's rank is its place among the members"
         );
-        let scaled = cached(&mut self.local_limits, limit, |limit| share::apportion(limit, &[rank], n));
+        let scaled = cached(&mut self.local_limits, limit.spec(), || share::apportion(limit, &[rank], n));
         debug_assert!(
             scaled.as_ref().is_none_or(|s| s.spec().limit <= limit.spec().limit.div_ceil(n.max(1) as u64)),
             "a fallback enforces its rank's share of the limit"
@@ -852,20 +843,21 @@ impl Node {
     }
 }
 
-/// `limit` as `scale` makes it, cached by spec (the cache is bounded and cleared when full).
-fn cached(
-    cache: &mut HashMap<LimitSpec, Option<Limit>, KeyHasherBuilder>,
-    limit: &Limit,
-    scale: impl FnOnce(&Limit) -> Option<Limit>,
+/// What `scale` makes of a limit, cached by `key` (its spec, or its spec and a part); the cache is
+/// bounded and cleared when full.
+fn cached<K: core::hash::Hash + Eq + Clone>(
+    cache: &mut HashMap<K, Option<Limit>, KeyHasherBuilder>,
+    key: &K,
+    scale: impl FnOnce() -> Option<Limit>,
 ) -> Option<Limit> {
-    if let Some(scaled) = cache.get(limit.spec()) {
+    if let Some(scaled) = cache.get(key) {
         return scaled.clone();
     }
-    let scaled = scale(limit);
+    let scaled = scale();
     if cache.len() >= SCALED_LIMITS_MAX {
         cache.clear();
     }
-    cache.insert(limit.spec().clone(), scaled.clone());
+    cache.insert(key.clone(), scaled.clone());
     scaled
 }
 

@@ -314,6 +314,8 @@ pub(super) struct HomeTerms {
     pub value: u64,
     /// Every region's floor.
     pub floor: u64,
+    /// Every region's even share of the limit (the limit over the view's regions).
+    pub even: u64,
     /// What a lapsed lease falls to.
     pub fallback: RegionFallback,
     /// The lease as the home counts it (the lease and a region sync interval of slack).
@@ -368,7 +370,8 @@ impl HomeLedger {
         let silent = regions.iter().any(|r| !self.regions.iter().any(|e| e.region == *r));
         let frozen = silent && terms.now < self.rebuilt_until;
         if asks {
-            let part = self.reporter_part(at, desired[at], first, frozen, regions, terms, ledgered);
+            let free = terms.value.saturating_sub(self.committed_except(Some(at), regions, terms, ledgered));
+            let part = self.reporter_part(at, desired[at], first, frozen, free, terms);
             // Nothing to say (after the key's first moments): the same part, and half a lease
             // or more left. Else the region would acknowledge it, and so on every round.
             let same = part == self.regions[at].granted && report.applied_seq == self.regions[at].seq;
@@ -446,24 +449,21 @@ impl HomeLedger {
     /// key is its even share, and no region gets more while the key is new: the demand
     /// estimate of a key's first checks says little, and every other region may be about to ask.
     /// While the ledger is rebuilt, the reporter keeps at most what it has.
-    #[allow(clippy::too_many_arguments)]
     fn reporter_part(
         &self,
         at: usize,
         desired: u64,
         first: bool,
         frozen: bool,
-        regions: &[RegionId],
+        free: u64,
         terms: HomeTerms,
-        ledgered: Ledgered,
     ) -> u64 {
         let granted = self.regions[at].granted;
         let want = match desired < granted && granted - desired <= terms.value / STICKY_DIVISOR {
             true => granted,
             false => desired,
         };
-        let free = terms.value.saturating_sub(self.committed_except(Some(at), regions, terms, ledgered));
-        let even = terms.value / regions.len().max(1) as u64;
+        let even = terms.even;
         match (first, terms.now < self.new_until) {
             _ if frozen => want.min(free).min(granted),
             (true, _) => even.min(free),
@@ -715,18 +715,24 @@ impl Node {
     /// The demand for `key` in this region, smoothed over region rounds: this node's and its
     /// participants'.
     fn region_demand(&mut self, key: KeyHash, now: Instant) -> u64 {
-        let instant = self.region_demand_now(key, now);
-        let limit = match self.keys.extra(key) {
-            Some(meta) => meta.policy.limit.clone(),
-            None => return instant,
-        };
-        let smoothed = self.keys.update(key, &limit, |_, meta| {
+        let half_life = self.half_life_nanos();
+        let sync = duration_nanos(self.config.sync_interval);
+        let active = now.sub_nanos(sync.saturating_mul(2).max(self.release_nanos() / 8));
+        let Some(limit) = self.keys.extra(key).map(|meta| meta.policy.limit.clone()) else { return 0 };
+        let demand = self.keys.update(key, &limit, |_, meta| {
+            // Now: this node's and its participants' estimates.
+            let own = meta.demand.per_second(now, half_life);
+            let counted = |p: &&Participant| p.heard_at > active || (p.leased && p.released_at > now);
+            let participants = meta.participants.iter().filter(counted).map(|p| p.demand_per_s);
+            let instant = participants.fold(own, u64::saturating_add);
             let lease = meta.region.get_or_insert_with(Box::default);
-            let elapsed = now.nanos_since(lease.demand_at);
-            // No history (or a long gap): the estimate starts from what is seen now.
+            // No history: the estimate starts from what is seen now.
             let keep = match lease.demand_at == Instant::ZERO {
                 true => 0.0,
-                false => libm::exp2(-(elapsed as f64) / REGION_DEMAND_HALF_LIFE_NANOS as f64),
+                false => {
+                    let elapsed = now.nanos_since(lease.demand_at);
+                    libm::exp2(-(elapsed as f64) / REGION_DEMAND_HALF_LIFE_NANOS as f64)
+                }
             };
             let milli = (keep * lease.demand_milli as f64 + (1.0 - keep) * instant as f64 * 1000.0)
                 .max(instant as f64 * 1000.0);
@@ -734,29 +740,7 @@ impl Node {
             lease.demand_at = lease.demand_at.max(now);
             lease.demand_milli.div_ceil(1000)
         });
-        smoothed.unwrap_or(instant)
-    }
-
-    /// The demand for `key` in this region now: this node's and its participants' estimates.
-    fn region_demand_now(&mut self, key: KeyHash, now: Instant) -> u64 {
-        let half_life = self.half_life_nanos();
-        let sync = duration_nanos(self.config.sync_interval);
-        let active = now.sub_nanos(sync.saturating_mul(2).max(self.release_nanos() / 8));
-        let limit = match self.keys.extra(key) {
-            Some(meta) => meta.policy.limit.clone(),
-            None => return 0,
-        };
-        self.keys
-            .update(key, &limit, |_, meta| {
-                let own = meta.demand.per_second(now, half_life);
-                let counted = |p: &&Participant| p.heard_at > active || (p.leased && p.released_at > now);
-                meta.participants
-                    .iter()
-                    .filter(counted)
-                    .map(|p| p.demand_per_s)
-                    .fold(own, u64::saturating_add)
-            })
-            .unwrap_or(0)
+        demand.unwrap_or(0)
     }
 
     /// Sends `key`'s report (its region's `demand`) to its home owner (applies it here when
@@ -833,6 +817,7 @@ impl Node {
         let terms = HomeTerms {
             value,
             floor: self.regions.floor(value),
+            even: value / self.regions.count() as u64,
             fallback: self.config.region_fallback,
             lease_nanos: duration_nanos(self.config.region_lease)
                 .saturating_add(duration_nanos(self.config.region_sync_interval)),
