@@ -11,9 +11,9 @@ use proptest::option;
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use ratemesh_core::wire::{
-    Adjust, AdjustKind, Body, CalendarWire, Decided, DecisionWire, FRAME_LEN_MAX_DEFAULT, ForwardCheck,
-    Frame, Grant, KeyState, LimitWire, RegionGrant, RegionReport, Release, Report, SnapshotWire,
-    WIRE_VERSION, WireError, WireMode, decode, encode,
+    Adjust, AdjustKind, AuditPiece, Body, CalendarWire, Decided, DecisionWire, FRAME_LEN_MAX_DEFAULT,
+    ForwardCheck, Frame, Grant, KeyState, LimitWire, RegionGrant, RegionReport, Release, Report,
+    SnapshotWire, WIRE_VERSION, WireError, WireMode, decode, encode,
 };
 use ratemesh_core::{
     Algorithm, CONCURRENCY_LIMIT_MAX, Decision, LeaseId, Limit, LimitError, LimitParameter, LimitSpec,
@@ -219,6 +219,17 @@ fn body() -> impl Strategy<Value = Body> {
             first,
         },
     );
+    let audit = (key(), int(), int(), int(), int(), int(), int()).prop_map(
+        |(key, group, window_nanos, first_age_nanos, last_age_nanos, admitted, refused)| AuditPiece {
+            key,
+            group,
+            window_nanos,
+            first_age_nanos,
+            last_age_nanos,
+            admitted,
+            refused,
+        },
+    );
     (
         vec(forward, 0..VEC_LEN),
         vec(decided, 0..VEC_LEN),
@@ -230,6 +241,7 @@ fn body() -> impl Strategy<Value = Body> {
         vec(adjust, 0..VEC_LEN),
         vec(region_report, 0..VEC_LEN),
         vec(region_grant, 0..VEC_LEN),
+        vec(audit, 0..VEC_LEN),
     )
         .prop_map(
             |(
@@ -243,6 +255,7 @@ fn body() -> impl Strategy<Value = Body> {
                 adjust,
                 region_report,
                 region_grant,
+                audit,
             )| Body {
                 forward,
                 decided,
@@ -254,6 +267,7 @@ fn body() -> impl Strategy<Value = Body> {
                 adjust,
                 region_report,
                 region_grant,
+                audit,
             },
         )
 }

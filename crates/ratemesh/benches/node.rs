@@ -55,7 +55,7 @@ use std::time::Duration;
 use criterion::Criterion;
 use ratemesh::{ClusterSecurity, MemberStatus, NamedPolicy, NodeBuilder, NodeId, TopConfig};
 use ratemesh_core::{
-    Algorithm, CheckRequest, Fallback, Instant, KeyHash, Limit, LimitSpec, Mode, NodeConfig, Policy,
+    Algorithm, Audit, CheckRequest, Fallback, Instant, KeyHash, Limit, LimitSpec, Mode, NodeConfig, Policy,
     RequestId,
 };
 use tokio::runtime::Runtime;
@@ -76,7 +76,12 @@ fn policy(mode: Mode) -> NamedPolicy {
     let spec = LimitSpec::new(Algorithm::TokenBucket, 1, Duration::from_secs(1)).with_burst(1_000_000_000);
     NamedPolicy::new(
         "bench",
-        Policy { limit: Limit::new(spec).unwrap(), mode, fallback: Fallback::LocalShare },
+        Policy {
+            limit: Limit::new(spec).unwrap(),
+            mode,
+            fallback: Fallback::LocalShare,
+            audit: Audit::default(),
+        },
     )
 }
 

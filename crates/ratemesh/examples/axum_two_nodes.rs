@@ -18,8 +18,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use ratemesh::{
-    Algorithm, ClusterSecurity, Fallback, HeaderKey, Limit, LimitSpec, MemberStatus, Mode, NamedPolicy, Node,
-    NodeBuilder, NodeConfig, NodeId, Policy, RateLimitLayer,
+    Algorithm, Audit, ClusterSecurity, Fallback, HeaderKey, Limit, LimitSpec, MemberStatus, Mode,
+    NamedPolicy, Node, NodeBuilder, NodeConfig, NodeId, Policy, RateLimitLayer,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -74,7 +74,10 @@ async fn main() -> Result<(), Error> {
     println!("cluster formed: nodes 1 and 2 are live on both");
 
     let limit = Limit::new(LimitSpec::new(Algorithm::TokenBucket, LIMIT, Duration::from_secs(60)))?;
-    let policy = NamedPolicy::new("api", Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare });
+    let policy = NamedPolicy::new(
+        "api",
+        Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare, audit: Audit::default() },
+    );
     println!("key \"client-42\" is owned by {:?}", first.owner_of(&policy, b"client-42"));
 
     let mut apps = Vec::new();

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use jiff::ToSpan as _;
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
-use ratemesh_core::{CalendarWindow, Fallback, Instant, Limit, LimitError, LimitSpec, Mode, Policy};
+use ratemesh_core::{Audit, CalendarWindow, Fallback, Instant, Limit, LimitError, LimitSpec, Mode, Policy};
 
 use crate::sync::Mutex;
 
@@ -152,19 +152,20 @@ pub struct CalendarPolicy {
     limit: u64,
     mode: Mode,
     fallback: Fallback,
+    audit: Audit,
     current: Mutex<Arc<Policy>>,
 }
 
 impl CalendarPolicy {
-    /// `limit` hits per window of `calendar`, in `mode`, with `fallback`.
+    /// `limit` hits per window of `calendar`, in `mode`, with `fallback`, audited as `audit`.
     pub fn new(
         calendar: Calendar,
         limit: u64,
-        mode: Mode,
-        fallback: Fallback,
+        (mode, fallback, audit): (Mode, Fallback, Audit),
     ) -> Result<Self, CalendarError> {
-        let first = resolve(&calendar, limit, mode, fallback, crate::durable::unix_nanos_now())?;
-        Ok(CalendarPolicy { calendar, limit, mode, fallback, current: Mutex::new(Arc::new(first)) })
+        let rule = (limit, mode, fallback, audit);
+        let first = resolve(&calendar, rule, crate::durable::unix_nanos_now())?;
+        Ok(CalendarPolicy { calendar, limit, mode, fallback, audit, current: Mutex::new(Arc::new(first)) })
     }
 
     /// The calendar.
@@ -196,7 +197,8 @@ impl CalendarPolicy {
             // The limit was valid for one window, so it is for every other; a window that cannot
             // be computed (beyond the year 2554) keeps the last one, which the core treats as
             // stale: counted in the bucket's own window.
-            if let Ok(policy) = resolve(&self.calendar, self.limit, self.mode, self.fallback, unix_nanos) {
+            let rule = (self.limit, self.mode, self.fallback, self.audit);
+            if let Ok(policy) = resolve(&self.calendar, rule, unix_nanos) {
                 *current = Arc::new(policy);
             }
         }
@@ -212,8 +214,8 @@ impl CalendarPolicy {
 impl PartialEq for CalendarPolicy {
     /// The same rule (the cached window aside).
     fn eq(&self, other: &Self) -> bool {
-        (&self.calendar, self.limit, self.mode, self.fallback)
-            == (&other.calendar, other.limit, other.mode, other.fallback)
+        (&self.calendar, self.limit, self.mode, self.fallback, self.audit)
+            == (&other.calendar, other.limit, other.mode, other.fallback, other.audit)
     }
 }
 
@@ -221,11 +223,9 @@ impl Eq for CalendarPolicy {}
 
 fn resolve(
     calendar: &Calendar,
-    limit: u64,
-    mode: Mode,
-    fallback: Fallback,
+    (limit, mode, fallback, audit): (u64, Mode, Fallback, Audit),
     unix_nanos: u64,
 ) -> Result<Policy, LimitError> {
     let limit = Limit::new(LimitSpec::calendar(limit, calendar.window_at(unix_nanos)))?;
-    Ok(Policy { limit, mode, fallback })
+    Ok(Policy { limit, mode, fallback, audit })
 }

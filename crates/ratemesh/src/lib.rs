@@ -70,8 +70,9 @@ pub use region::{Region, RegionError};
 // What an embedder names from the core (policies, limits, decisions, the node's configuration),
 // so that an application imports one crate.
 pub use ratemesh_core::{
-    Adjustment, Algorithm, Decision, Fallback, KeyHash, LeaseId, Limit, LimitError, LimitSpec, MemberView,
-    Mode, Namespace, NodeConfig, NodeConfigError, NodeId, Policy, RegionFallback, RegionId,
+    Adjustment, Algorithm, Audit, AuditFigures, AuditKeyFigures, AuditStats, AuditSums, Decision, Fallback,
+    KeyHash, LeaseId, Limit, LimitError, LimitSpec, MemberView, Mode, Namespace, NodeConfig, NodeConfigError,
+    NodeId, Policy, RegionFallback, RegionId,
 };
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};

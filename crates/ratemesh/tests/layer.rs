@@ -20,7 +20,7 @@ use ratemesh::{
     ClusterSecurity, HeaderKey, MemoryNetwork, NamedPolicy, Node, NodeBuilder, NodeId, RateLimitBody,
     RateLimitLayer,
 };
-use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, Policy};
+use ratemesh_core::{Algorithm, Audit, Fallback, Limit, LimitSpec, Mode, Policy};
 use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceExt, service_fn};
 
@@ -46,7 +46,10 @@ async fn start_node() -> Node {
 
 fn policy(name: &str, spec: LimitSpec) -> NamedPolicy {
     let limit = Limit::new(spec).unwrap();
-    NamedPolicy::new(name, Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare })
+    NamedPolicy::new(
+        name,
+        Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare, audit: Audit::default() },
+    )
 }
 
 fn per_minute(limit: u64) -> NamedPolicy {

@@ -185,12 +185,18 @@ mod tests {
 
     use super::*;
     use crate::policy::tests::table;
+    use ratemesh_core::Audit;
 
     fn answer(policy_name: &str, allowed: bool) -> Answer {
         let target = Target::Named(Arc::clone(table().get(policy_name).expect("configured")));
         let limit =
             Limit::new(LimitSpec::new(Algorithm::FixedWindow, 1, Duration::from_secs(1))).expect("valid");
-        let policy = Arc::new(Policy { limit, mode: Mode::Approximate, fallback: Fallback::LocalShare });
+        let policy = Arc::new(Policy {
+            limit,
+            mode: Mode::Approximate,
+            fallback: Fallback::LocalShare,
+            audit: Audit::default(),
+        });
         let decision = Decision {
             allowed,
             limit: 1,

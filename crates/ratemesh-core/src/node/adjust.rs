@@ -173,7 +173,9 @@ impl Node {
                 WireMode::Exact => api::Mode::Exact,
                 WireMode::Approximate => api::Mode::Approximate,
             };
-            let policy = Arc::new(Policy { limit, mode, fallback: api::Fallback::LocalShare });
+            // Adjustments are not admissions: not audited.
+            let (fallback, audit) = (api::Fallback::LocalShare, api::Audit::Off);
+            let policy = Arc::new(Policy { limit, mode, fallback, audit });
             let adjustment = match item.kind {
                 AdjustKind::Refund => Adjustment::Refund,
                 AdjustKind::Charge => Adjustment::Charge,

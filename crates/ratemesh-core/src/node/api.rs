@@ -122,6 +122,32 @@ pub struct Policy {
     pub mode: Mode,
     /// Behaviour when the owner is unreachable.
     pub fallback: Fallback,
+    /// Whether the key's owner audits what the cluster admitted (`node/audit.rs`).
+    pub audit: Audit,
+}
+
+/// Whether the owner of a key audits what the whole cluster admitted of it, window by window,
+/// against an ideal single limiter ([`crate::Node::audit_figures`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Audit {
+    /// Not audited.
+    Off,
+    /// Audited: the owner sums its figures per `group` (a driver's name for the policy), over
+    /// windows of `window` (`None`: the limit's period for the window algorithms, between 1 s and
+    /// 1 h; 1 s for the token bucket, GCRA and the shaper). Concurrency limits are not audited.
+    On {
+        /// The group.
+        group: u64,
+        /// The window.
+        window: Option<Duration>,
+    },
+}
+
+impl Default for Audit {
+    /// Audited in group 0, over the limit's default window.
+    fn default() -> Audit {
+        Audit::On { group: 0, window: None }
+    }
 }
 
 /// Names one pending check, so that its decision can be matched when it arrives later.
@@ -262,12 +288,17 @@ pub struct NodeConfig {
     pub region_lease: Duration,
     /// What a region's share falls to when its lease ends without a renewal.
     pub region_fallback: RegionFallback,
+    /// The most keys this node audits as their owner (`node/audit.rs`); past it, keys are sampled
+    /// by hash. 0: the node audits nothing.
+    pub audit_keys_max: usize,
 }
 
 /// The default [`NodeConfig::sync_interval`], in milliseconds.
 pub const SYNC_INTERVAL_MS_DEFAULT: u64 = 50;
 /// The default [`NodeConfig::region_sync_interval`], in milliseconds.
 pub const REGION_SYNC_INTERVAL_MS_DEFAULT: u64 = 250;
+/// The default [`NodeConfig::audit_keys_max`].
+pub const AUDIT_KEYS_MAX_DEFAULT: usize = 4096;
 /// The default [`NodeConfig::region_lease`], in milliseconds.
 pub const REGION_LEASE_MS_DEFAULT: u64 = 2_000;
 
@@ -294,6 +325,7 @@ impl Default for NodeConfig {
             region_sync_interval: Duration::from_millis(REGION_SYNC_INTERVAL_MS_DEFAULT),
             region_lease: Duration::from_millis(REGION_LEASE_MS_DEFAULT),
             region_fallback: RegionFallback::Last,
+            audit_keys_max: AUDIT_KEYS_MAX_DEFAULT,
         }
     }
 }

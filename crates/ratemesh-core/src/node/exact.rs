@@ -157,6 +157,9 @@ impl Node {
             if let Some(retry) = decision.retry_after.filter(|_| !decision.allowed) {
                 self.refuse_until(&pending, duration_nanos(retry), now);
             }
+            if pending.adjustment.is_none() {
+                self.audit_answered(pending.key, &pending.policy, now, pending.cost, decision.allowed);
+            }
             self.events.push_back(Event::Decided { id: pending.request, decision });
         }
     }
@@ -201,6 +204,7 @@ impl Node {
                 follower.refused_unasked = follower.refused_unasked.saturating_add(request.cost);
             }
         });
+        self.audit_answered(request.key, &request.policy, now, request.cost, false);
         let decision = Decision::admitted_blind(request.policy.limit.reported_limit());
         Some(Decision { remaining: 0, ..decision }.refused_for(Some(retry)))
     }

@@ -199,12 +199,13 @@ impl Node {
 }
 
 /// The policy a key's state is kept under when it arrives without one (a handoff, a replica, a
-/// snapshot read back): its limit, approximate, local share. A client's next check brings the
-/// key's own policy.
+/// snapshot read back): its limit, approximate, local share, not audited (the audit goes by the
+/// checks' policies). A client's next check brings the key's own policy.
 pub(super) fn state_policy(limit: &Limit) -> Arc<Policy> {
     Arc::new(Policy {
         limit: limit.clone(),
         mode: api::Mode::Approximate,
         fallback: api::Fallback::LocalShare,
+        audit: api::Audit::Off,
     })
 }

@@ -56,6 +56,7 @@
 use crate::prelude::*;
 mod adjust;
 mod api;
+mod audit;
 mod exact;
 mod follower;
 mod forwards;
@@ -80,11 +81,12 @@ use hashbrown::HashMap;
 use indexmap::IndexSet;
 
 pub use api::{
-    AdjustRequest, Adjustment, CheckOutcome, CheckRequest, Event, FRAME_ENTRY_BYTES_MAX, FRAME_LEN_MIN,
-    Fallback, MemberView, Mode, NodeConfig, NodeConfigError, NodeId, Policy, REGION_LEASE_MS_DEFAULT,
-    REGION_SYNC_INTERVAL_MS_DEFAULT, RING_VNODES_MAX, RegionFallback, RegionId, RequestId,
-    SYNC_INTERVAL_MS_DEFAULT, Transmit, ViewChange,
+    AUDIT_KEYS_MAX_DEFAULT, AdjustRequest, Adjustment, Audit, CheckOutcome, CheckRequest, Event,
+    FRAME_ENTRY_BYTES_MAX, FRAME_LEN_MIN, Fallback, MemberView, Mode, NodeConfig, NodeConfigError, NodeId,
+    Policy, REGION_LEASE_MS_DEFAULT, REGION_SYNC_INTERVAL_MS_DEFAULT, RING_VNODES_MAX, RegionFallback,
+    RegionId, RequestId, SYNC_INTERVAL_MS_DEFAULT, Transmit, ViewChange,
 };
+pub use audit::{AUDIT_SPAN_NANOS, AuditFigures, AuditKeyFigures, AuditStats, AuditSums, AuditWindow};
 pub use leave::LeavePlan;
 pub use peers::DeliveryStats;
 pub use persist::{DurableCursor, DurableKey, RestoreStats};
@@ -246,6 +248,8 @@ pub struct Node {
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     stats: NodeStats,
+    /// The audit of the keys this node owns (`audit.rs`).
+    audit: audit::AuditBook,
 }
 
 impl Node {
@@ -311,6 +315,7 @@ impl Node {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             stats: NodeStats::default(),
+            audit: audit::AuditBook::new(seed),
             config,
         })
     }
@@ -468,6 +473,7 @@ impl Node {
                 adjust,
                 region_report,
                 region_grant,
+                audit,
             } = body;
             self.on_forward(from, forward, now);
             self.on_adjust(from, adjust, now);
@@ -479,6 +485,8 @@ impl Node {
             self.on_release(release, now);
             self.on_region_reports(from, region_report, now);
             self.on_region_grants(from, region_grant, now);
+            // After the reports and forwards that created the keys' entries.
+            self.on_audit(from, audit, now);
         }
         // An acknowledgement may complete a leave's drain.
         self.leave_progress(now);
@@ -536,6 +544,8 @@ impl Node {
             live.iter().all(|m| members.binary_search(m).is_ok()),
             "the ring's members are members"
         );
+        let forgotten = self.members.iter().any(|m| members.binary_search(m).is_err());
+        self.audit_view_changed(now, forgotten);
         self.members = members;
         self.refresh_reachability(now, true);
         // Owners mark no key for replication while they are alone on their ring: the first

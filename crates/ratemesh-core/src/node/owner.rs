@@ -37,7 +37,7 @@ impl Node {
         let sizing = self.sizing_context(self.id, now);
         let (epoch, replicate) = (self.due_epoch, self.replicates());
         let rng = &mut self.rng;
-        let (decision, own_due, replica_due) = self.keys.upsert_with(
+        let (decision, due, audit) = self.keys.upsert_with(
             key,
             limit.as_ref().unwrap_or(&policy.limit),
             now,
@@ -59,9 +59,12 @@ impl Node {
                 let shared = !meta.participants.is_empty();
                 let own_due = approximate && shared && keys::mark_due(&mut meta.own_due_epoch, epoch);
                 let replica_due = tracked && replicate && keys::mark_due(&mut meta.replica_due_epoch, epoch);
-                (decision, own_due, replica_due)
+                let audit = Node::audit_in_entry(&mut meta.audit, now, cost, decision.allowed);
+                (decision, (own_due, replica_due), audit)
             },
         );
+        let (own_due, replica_due) = due;
+        self.audit_finish(key, policy.audit, audit);
         self.region_touched(key, policy, now);
         // Marked in the key's entry, which the check has just touched: a key already due this
         // round costs no probe of the sets (most checks of a busy key).
@@ -95,7 +98,9 @@ impl Node {
                         WireMode::Exact => api::Mode::Exact,
                         WireMode::Approximate => api::Mode::Approximate,
                     };
-                    let policy = Arc::new(Policy { limit, mode, fallback: api::Fallback::LocalShare });
+                    let fallback = api::Fallback::LocalShare;
+                    // The forwarder counts the answer for the audit (`audit.rs`): not this node.
+                    let policy = Arc::new(Policy { limit, mode, fallback, audit: api::Audit::Off });
                     last = Some((check.limit.clone(), check.mode, policy.clone()));
                     policy
                 }
@@ -249,8 +254,8 @@ impl Node {
     ) -> Option<Grant> {
         let limit = report.limit.to_limit().ok()?;
         let key = KeyHash(report.key);
-        let policy =
-            Arc::new(Policy { limit, mode: api::Mode::Approximate, fallback: api::Fallback::LocalShare });
+        let (mode, fallback, audit) = (api::Mode::Approximate, api::Fallback::LocalShare, api::Audit::Off);
+        let policy = Arc::new(Policy { limit, mode, fallback, audit });
         // A side of a partition whose share rounds to nothing still debits and credits what it
         // is told, under the whole limit, and grants nothing.
         let scaled = self.owner_limit(&policy, key, now);

@@ -636,6 +636,14 @@ impl Node {
         let Some(lease) = self.keys.extra(key).and_then(|meta| meta.region.as_deref().copied()) else {
             return;
         };
+        if part == 0 && lease.bucket_part != 0 {
+            // Closed (`RegionFallback::Closed`, the lease ended): the region accrues no credit while
+            // the other regions use the limit, or it would reopen with a full bucket on top of
+            // theirs. Its bucket is kept empty, in the part it counted in.
+            let Some(from) = self.region_limit(&policy.limit, lease.bucket_part) else { return };
+            self.keys.update(key, &policy.limit, |bucket, _| bucket.hold(&from, from.capacity(), now));
+            return;
+        }
         if part == 0 || lease.bucket_part == 0 || lease.bucket_part == part {
             return;
         }
@@ -833,11 +841,7 @@ impl Node {
             applied_part: report.applied_part.min(value),
         };
         let ids = self.regions.ids.clone();
-        let policy = Arc::new(Policy {
-            limit: limit.clone(),
-            mode: api::Mode::Approximate,
-            fallback: api::Fallback::LocalShare,
-        });
+        let policy = handoff::state_policy(&limit);
         let (grants, first) = self.keys.upsert_with(
             key,
             &limit,

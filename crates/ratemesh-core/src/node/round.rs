@@ -19,6 +19,8 @@
 use crate::prelude::*;
 use alloc::collections::BTreeMap;
 
+use crate::wire::AuditPiece;
+
 use super::*;
 
 /// A sync round in progress: the keys it has still to visit and the entries taken so far.
@@ -36,6 +38,8 @@ pub(super) struct SyncRound {
     report_batches: BTreeMap<NodeId, Vec<Report>>,
     /// Replicas taken and not sent yet, per successor (each under `sync_batch_len_max`).
     replica_batches: BTreeMap<NodeId, Vec<KeyState>>,
+    /// Audit pieces taken and not sent yet, per owner (sent with the reports).
+    audit_batches: BTreeMap<NodeId, Vec<AuditPiece>>,
 }
 
 impl SyncRound {
@@ -49,6 +53,7 @@ impl Node {
     /// Begins a sync round at `now` (finishing one still running) and runs its first slice.
     pub(super) fn begin_round(&mut self, now: Instant) {
         self.finish_round(now);
+        self.audit_round(now);
         // The sets are taken here: keys marked for the past epoch are due again (0 is no epoch).
         self.due_epoch = self.due_epoch.wrapping_add(1).max(1);
         let round = SyncRound {
@@ -84,7 +89,8 @@ impl Node {
         let (reports, own) = (round.reports.len(), round.own.len());
         for index in round.visited..end {
             if index < reports {
-                self.take_key_report(round.reports[index], now, &mut round.report_batches);
+                let key = round.reports[index];
+                self.take_key_report(key, now, &mut round);
             } else if index < reports + own {
                 self.refresh_own_allowance(round.own[index - reports], &sizing);
             } else {
@@ -98,8 +104,13 @@ impl Node {
             self.round = Some(round);
             return;
         }
+        let mut audit = round.audit_batches;
         for (owner, reports) in round.report_batches {
-            self.send_reports_to(owner, reports, now);
+            let pieces = audit.remove(&owner).unwrap_or_default();
+            self.send_reports_to(owner, reports, pieces, now);
+        }
+        for (owner, pieces) in audit {
+            self.send_reports_to(owner, Vec::new(), pieces, now);
         }
         for (successor, states) in round.replica_batches {
             self.send_replicas_to(successor, states, now);
@@ -110,10 +121,16 @@ impl Node {
     }
 
     /// Takes `key`'s report, if it has news for its owner, into `batches`; a full batch is sent.
-    fn take_key_report(&mut self, key: KeyHash, now: Instant, batches: &mut BTreeMap<NodeId, Vec<Report>>) {
-        let Some((owner, report)) = self.key_report(key, now) else { return };
-        if let Some(full) = push_batched(batches, owner, report, self.config.sync_batch_len_max) {
-            self.send_reports_to(owner, full, now);
+    fn take_key_report(&mut self, key: KeyHash, now: Instant, round: &mut SyncRound) {
+        let Some((owner, report, pieces)) = self.key_report(key, now) else { return };
+        let len_max = self.config.sync_batch_len_max.max(1);
+        let audit = round.audit_batches.entry(owner).or_default();
+        audit.extend(pieces);
+        let audit_full = audit.len() >= len_max;
+        let full = report.and_then(|r| push_batched(&mut round.report_batches, owner, r, len_max));
+        if full.is_some() || audit_full {
+            let pieces = round.audit_batches.remove(&owner).unwrap_or_default();
+            self.send_reports_to(owner, full.unwrap_or_default(), pieces, now);
         }
     }
 

@@ -158,7 +158,12 @@ impl Cluster {
 
 fn policy(mode: Mode, limit: u64, burst: u64) -> Arc<Policy> {
     let spec = LimitSpec::new(Algorithm::TokenBucket, limit, Duration::from_secs(1)).with_burst(burst);
-    Arc::new(Policy { limit: Limit::new(spec).expect("valid"), mode, fallback: Fallback::LocalShare })
+    Arc::new(Policy {
+        limit: Limit::new(spec).expect("valid"),
+        mode,
+        fallback: Fallback::LocalShare,
+        audit: api::Audit::default(),
+    })
 }
 
 fn key(name: &str) -> KeyHash {
@@ -206,6 +211,7 @@ fn a_refused_costly_check_does_not_refuse_cheaper_ones_at_a_follower() {
         limit: Limit::new(spec).expect("valid"),
         mode: Mode::Exact,
         fallback: Fallback::LocalShare,
+        audit: api::Audit::default(),
     });
     let k = key_owned_by(1, &[1, 2, 3]);
     let decide = |cluster: &mut Cluster, id: u64, cost: u64| -> Decision {
@@ -791,7 +797,8 @@ fn a_daily_key_spread_over_the_nodes_admits_its_whole_limit_despite_timeouts() {
         cluster.duplicate = true;
         let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(86_400));
         let limit = Limit::new(spec).expect("valid");
-        let policy = Arc::new(Policy { limit, mode, fallback: Fallback::LocalShare });
+        let policy =
+            Arc::new(Policy { limit, mode, fallback: Fallback::LocalShare, audit: api::Audit::default() });
         let k = key(name);
         let mut allowed = 0u64;
         let before = cluster.decided.len();
@@ -882,6 +889,7 @@ fn a_refund_through_a_follower_returns_exactly_its_hits_and_never_more_than_the_
             limit: Limit::new(spec).expect("valid"),
             mode,
             fallback: Fallback::LocalShare,
+            audit: api::Audit::default(),
         });
         let k = key_owned_by(1, &[1, 2, 3]);
         assert_eq!(cluster.exhaust(2, k, &policy), 10, "{mode:?}: the burst passes");
@@ -954,7 +962,12 @@ fn concurrent_checks_under_random_cuts_admit_the_whole_limit_in_the_end() {
             cluster.duplicate = seed % 2 == 0;
             let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(86_400));
             let limit = Limit::new(spec).expect("valid");
-            let policy = Arc::new(Policy { limit, mode, fallback: Fallback::LocalShare });
+            let policy = Arc::new(Policy {
+                limit,
+                mode,
+                fallback: Fallback::LocalShare,
+                audit: api::Audit::default(),
+            });
             let k = key(&format!("stranded-{seed}"));
             let mut allowed = 0u64;
             let before = cluster.decided.len();
@@ -1048,6 +1061,7 @@ fn hits_at_the_owner_after_two_leave_at_once(four_learns_of_five: bool) -> u64 {
         limit: Limit::new(spec).expect("valid"),
         mode: Mode::Exact,
         fallback: Fallback::LocalShare,
+        audit: api::Audit::default(),
     });
     let ring = |members: &[u64]| {
         Ring::new(&members.iter().copied().map(NodeId).collect::<Vec<_>>(), RING_VNODES_DEFAULT)
@@ -1095,7 +1109,12 @@ fn an_owner_alone_on_a_key_admits_its_whole_stock() {
         let mut cluster = Cluster::new(1);
         let spec = LimitSpec::new(Algorithm::TokenBucket, 20, Duration::from_secs(86_400));
         let limit = Limit::new(spec).expect("valid");
-        let policy = Arc::new(Policy { limit, mode: Mode::Approximate, fallback: Fallback::LocalShare });
+        let policy = Arc::new(Policy {
+            limit,
+            mode: Mode::Approximate,
+            fallback: Fallback::LocalShare,
+            audit: api::Audit::default(),
+        });
         let k = key("alone");
         let mut admitted = 0;
         for i in 0..29 {
@@ -1122,6 +1141,7 @@ fn three_of_five_leaving_at_once_lose_no_hit_whatever_the_order_views_arrive_in(
         limit: Limit::new(spec).expect("valid"),
         mode: Mode::Exact,
         fallback: Fallback::LocalShare,
+        audit: api::Audit::default(),
     });
     let keys: Vec<KeyHash> = (0..40).map(|i| key(&format!("spread-{i}"))).collect();
     let plan = LeavePlan { own_for: Duration::from_millis(100), drain_for: Duration::from_secs(2) };
@@ -1225,6 +1245,7 @@ fn a_cycle_of_handoffs_between_disagreeing_views_turns_at_most_once_a_sync_inter
         limit: Limit::new(spec).expect("valid"),
         mode: Mode::Exact,
         fallback: Fallback::LocalShare,
+        audit: api::Audit::default(),
     });
     for i in 0..10 {
         let request = CheckRequest { id: RequestId(i), key: k, policy: policy.clone(), cost: 1 };
@@ -1432,7 +1453,12 @@ fn restarted_cluster(kept: &[DurableKey]) -> Cluster {
 fn spent_daily_key(k: KeyHash) -> (Arc<Policy>, Vec<DurableKey>) {
     let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(86_400));
     let limit = Limit::new(spec).expect("valid");
-    let daily = Arc::new(Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare });
+    let daily = Arc::new(Policy {
+        limit,
+        mode: Mode::Exact,
+        fallback: Fallback::LocalShare,
+        audit: api::Audit::default(),
+    });
     let t0 = Instant::from_millis(1_000);
     let mut writer = Node::new(NodeId(9), 1, NodeConfig::default(), 9, t0).expect("valid");
     let spend = CheckRequest { id: RequestId(0), key: k, policy: daily.clone(), cost: 60 };
@@ -1708,7 +1734,12 @@ impl Cluster {
 /// A concurrency limit of 6 leases, each held for at most a minute, in `mode`.
 fn six_leases(mode: Mode) -> Arc<Policy> {
     let spec = LimitSpec::new(Algorithm::Concurrency, 6, Duration::from_secs(60));
-    Arc::new(Policy { limit: Limit::new(spec).expect("valid"), mode, fallback: Fallback::LocalShare })
+    Arc::new(Policy {
+        limit: Limit::new(spec).expect("valid"),
+        mode,
+        fallback: Fallback::LocalShare,
+        audit: api::Audit::default(),
+    })
 }
 
 /// A concurrency limit of 6, 12 acquisitions spread over three nodes, each lease released
@@ -1795,7 +1826,12 @@ fn a_lone_leave_ends_once_its_handoff_is_acknowledged_and_one_beside_another_lin
         // 100 an hour: the keys stay spent, so there is state to hand over.
         let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(3600));
         let limit = Limit::new(spec).expect("valid");
-        let policy = Arc::new(Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare });
+        let policy = Arc::new(Policy {
+            limit,
+            mode: Mode::Exact,
+            fallback: Fallback::LocalShare,
+            audit: api::Audit::default(),
+        });
         for i in 0..30 {
             let k = key(&format!("lone-{i}"));
             let _ =
@@ -1834,7 +1870,12 @@ fn a_leave_heard_by_every_member_hands_over_without_waiting_for_own_for() {
     let mut cluster = Cluster::new(3);
     let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(3600));
     let limit = Limit::new(spec).expect("valid");
-    let policy = Arc::new(Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare });
+    let policy = Arc::new(Policy {
+        limit,
+        mode: Mode::Exact,
+        fallback: Fallback::LocalShare,
+        audit: api::Audit::default(),
+    });
     let k = key_owned_by(3, &[1, 2, 3]);
     assert_eq!(cluster.admit(3, k, &policy, 10), 10);
     let now = cluster.now;
@@ -1870,6 +1911,7 @@ fn an_expiring_counter_counts_from_its_first_hit_across_the_nodes() {
             limit: Limit::new(spec).expect("valid"),
             mode,
             fallback: Fallback::LocalShare,
+            audit: api::Audit::default(),
         });
         let k = key_owned_by(1, &[1, 2, 3]);
         let mut id = 0;
@@ -2102,4 +2144,114 @@ fn a_region_lease_from_a_member_other_than_the_home_owner_is_refused() {
     let after = regional_load(&mut cluster, &policy, k, &[1, 2], 2);
     println!("before {before:?}, after {after:?}");
     assert!(after.iter().all(|s| s.iter().sum::<u64>() <= 106), "within the limit: {after:?}");
+}
+
+/// Loads `k` at `per_node` checks a second on each of `nodes` for `secs` whole seconds of the
+/// nodes' clock (aligned first): what each second admitted, counted as clients see it.
+fn load_aligned(
+    cluster: &mut Cluster,
+    policy: &Arc<Policy>,
+    k: KeyHash,
+    nodes: &[u64],
+    per_node: u64,
+    secs: u64,
+) -> Vec<(u64, u64)> {
+    let to_second = 1_000_000_000 - cluster.now.as_nanos() % 1_000_000_000;
+    cluster.run_for(Duration::from_nanos(to_second));
+    let mut seconds = Vec::new();
+    let mut next_id = cluster.sent * 1_000;
+    let first = cluster.now.as_nanos() / 1_000_000_000;
+    for index in first..first + secs {
+        let mut admitted = 0;
+        let mut pending = Vec::new();
+        for _ in 0..per_node {
+            for &node in nodes {
+                next_id += 1;
+                let request =
+                    CheckRequest { id: RequestId(next_id), key: k, policy: policy.clone(), cost: 1 };
+                match cluster.check(node, request) {
+                    CheckOutcome::Decided(d) => admitted += u64::from(d.allowed),
+                    _ => pending.push(RequestId(next_id)),
+                }
+            }
+            cluster.run_for(Duration::from_nanos(1_000_000_000 / per_node));
+        }
+        // Answers come within a round trip: those of the second's last checks count in it too
+        // (the nodes count them when they arrive, a millisecond or two into the next).
+        admitted += cluster.decided.iter().filter(|(id, d)| pending.contains(id) && d.allowed).count() as u64;
+        cluster.decided.clear();
+        seconds.push((index, admitted));
+    }
+    seconds
+}
+
+/// The owner's audit agrees with what the clients of every node were told, window by window,
+/// in both modes: the hits admitted at the other nodes (from allowances, or forwarded and
+/// answered) reach the owner's windows with their own times, and the ideal is the limit.
+#[test]
+fn the_owner_audits_what_the_whole_cluster_admitted() {
+    for mode in [Mode::Approximate, Mode::Exact] {
+        let mut cluster = Cluster::new(3);
+        let policy = policy(mode, 100, 100);
+        let k = key_owned_by(1, &[1, 2, 3]);
+        let seconds = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 6);
+        cluster.run_for(Duration::from_secs(2));
+        let windows = cluster.node(1).audit_windows(k);
+        println!("{mode:?}: seen {seconds:?}\naudit {windows:?}");
+        for &(index, admitted) in &seconds {
+            let w = windows.iter().find(|w| w.index == index).expect("every second audited");
+            assert!(w.complete, "{mode:?}: {w:?}");
+            // Every check arrives once; a hit or two near a window's edge may be placed across it.
+            assert!(w.arrivals.abs_diff(210) <= 3, "{mode:?}: {w:?}");
+            assert!(w.admitted.abs_diff(admitted) <= 3, "{mode:?}: {w:?} against {admitted}");
+            assert!(w.window_limit == 100, "{w:?}");
+        }
+        // The first second holds the burst; after it the ideal admits the rate.
+        for w in windows.iter().filter(|w| w.index > seconds[0].0) {
+            assert!(w.ideal.abs_diff(100) <= 2, "{mode:?}: the ideal admits the rate: {w:?}");
+        }
+        let now = cluster.now;
+        let figures = cluster.node(1).audit_figures(now);
+        let sums = figures.iter().find(|f| f.group == 0).expect("the group's figures").sums;
+        assert_eq!(sums.key_windows, 6, "{figures:?}");
+        assert!(sums.admitted.abs_diff(seconds.iter().map(|s| s.1).sum()) <= 3, "{figures:?}");
+        assert!(sums.over_admitted <= 12, "within the limit: {figures:?}");
+    }
+}
+
+/// A node cut off from the owner admits everything (fail-open): the cluster over-admits, and
+/// the owner's audit shows it once the node is heard again, in the windows the hits were
+/// admitted in (kept open meanwhile).
+#[test]
+fn the_audit_reports_an_over_admission_in_a_cut_after_the_heal() {
+    let mut cluster = Cluster::new(3);
+    let base = policy(Mode::Approximate, 100, 100);
+    let policy = Arc::new(Policy { fallback: Fallback::FailOpen, ..Policy::clone(&base) });
+    let k = key_owned_by(1, &[1, 2, 3]);
+    load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 2);
+    for other in [1, 2] {
+        cluster.cut.push((NodeId(3), NodeId(other)));
+        cluster.cut.push((NodeId(other), NodeId(3)));
+    }
+    let cut = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 4);
+    let before_heal = cluster.node(1).audit_windows(k);
+    cluster.cut.clear();
+    cluster.run_for(Duration::from_secs(2));
+    let windows = cluster.node(1).audit_windows(k);
+    println!("cut {cut:?}\nbefore the heal {before_heal:?}\nafter {windows:?}");
+    assert!(
+        before_heal.iter().all(|w| w.index < cut[1].0),
+        "windows stay open while a member is unreachable: {before_heal:?}"
+    );
+    for &(index, admitted) in &cut[1..] {
+        let w = windows.iter().find(|w| w.index == index).expect("audited");
+        // Node 3 admits all it gets (70), the other two their two thirds of the limit.
+        assert!(admitted >= 130, "{cut:?}");
+        assert!(w.complete, "{w:?}");
+        assert!(w.admitted.abs_diff(admitted) <= 3, "{w:?} against {admitted}");
+        assert!(w.admitted >= w.ideal + 30, "reported above the ideal: {w:?}");
+    }
+    let now = cluster.now;
+    let figures = cluster.node(1).audit_figures(now);
+    assert!(figures[0].sums.over_admitted >= 90, "{figures:?}");
 }

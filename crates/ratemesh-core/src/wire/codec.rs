@@ -11,8 +11,8 @@ use crate::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Adjust, AdjustKind, Body, CalendarWire, Decided, ForwardCheck, Frame, Grant, KeyState, LimitWire,
-    RegionGrant, RegionReport, Release, Report, SnapshotWire, WireError, WireMode,
+    Adjust, AdjustKind, AuditPiece, Body, CalendarWire, Decided, ForwardCheck, Frame, Grant, KeyState,
+    LimitWire, RegionGrant, RegionReport, Release, Report, SnapshotWire, WireError, WireMode,
 };
 use crate::limit::Algorithm;
 
@@ -44,6 +44,19 @@ enum Section {
     /// Added after it, likewise (only clusters of several regions send them).
     RegionReport(Vec<RegionReportItem>),
     RegionGrant(Vec<RegionGrantItem>),
+    /// Added after them, likewise.
+    Audit(Vec<AuditItem>),
+}
+
+#[derive(Serialize, Deserialize)]
+struct AuditItem {
+    key: [u8; 16],
+    group: u64,
+    window_nanos: u64,
+    first_age_nanos: u64,
+    last_age_nanos: u64,
+    admitted: u64,
+    refused: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -260,6 +273,19 @@ impl FrameWire {
                 first: g.first,
             })
             .collect();
+        let audit: Vec<AuditItem> = body
+            .audit
+            .iter()
+            .map(|a| AuditItem {
+                key: key_bytes(a.key),
+                group: a.group,
+                window_nanos: a.window_nanos,
+                first_age_nanos: a.first_age_nanos,
+                last_age_nanos: a.last_age_nanos,
+                admitted: a.admitted,
+                refused: a.refused,
+            })
+            .collect();
         let limits: Vec<LimitCode> = table.0.iter().map(LimitCode::from_limit).collect();
         // Sections in a fixed order, the empty ones left out.
         let candidates = [
@@ -274,6 +300,7 @@ impl FrameWire {
             (adjust.is_empty(), Section::Adjust(adjust)),
             (region_report.is_empty(), Section::RegionReport(region_report)),
             (region_grant.is_empty(), Section::RegionGrant(region_grant)),
+            (audit.is_empty(), Section::Audit(audit)),
         ];
         let sections = candidates.into_iter().filter(|(empty, _)| !empty).map(|(_, s)| s).collect();
         FrameWire {
@@ -329,6 +356,20 @@ impl FrameWire {
                 Section::RegionGrant(items) => {
                     body.region_grant =
                         items.into_iter().map(|g| g.into_grant(&limits)).collect::<Result<_, _>>()?;
+                }
+                Section::Audit(items) => {
+                    body.audit = items
+                        .into_iter()
+                        .map(|a| AuditPiece {
+                            key: u128::from_le_bytes(a.key),
+                            group: a.group,
+                            window_nanos: a.window_nanos,
+                            first_age_nanos: a.first_age_nanos,
+                            last_age_nanos: a.last_age_nanos,
+                            admitted: a.admitted,
+                            refused: a.refused,
+                        })
+                        .collect();
                 }
             }
         }

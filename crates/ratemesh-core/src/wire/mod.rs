@@ -140,6 +140,8 @@ pub struct Body {
     pub region_report: Vec<RegionReport>,
     /// Regions: a home owner's lease to a region's owner of a key.
     pub region_grant: Vec<RegionGrant>,
+    /// The audit: hits a node decided of keys the receiver owns (`node/audit.rs`).
+    pub audit: Vec<AuditPiece>,
 }
 
 impl Body {
@@ -160,6 +162,7 @@ impl Body {
             + self.adjust.len()
             + self.region_report.len()
             + self.region_grant.len()
+            + self.audit.len()
     }
 
     /// Appends what `other` says (section by section, in order).
@@ -174,10 +177,12 @@ impl Body {
         self.adjust.append(&mut other.adjust);
         self.region_report.append(&mut other.region_report);
         self.region_grant.append(&mut other.region_grant);
+        self.audit.append(&mut other.audit);
     }
 
     /// The name of its first non-empty section (`forward`, `decided`, `report`, `grant`,
-    /// `handoff`, `replica`, `release`, `adjust`, `region_report`, `region_grant`), or `heartbeat`:
+    /// `handoff`, `replica`, `release`, `adjust`, `region_report`, `region_grant`, `audit`), or
+    /// `heartbeat`:
     /// for traffic accounting.
     pub fn kind(&self) -> &'static str {
         let sections = [
@@ -191,6 +196,7 @@ impl Body {
             ("adjust", self.adjust.is_empty()),
             ("region_report", self.region_report.is_empty()),
             ("region_grant", self.region_grant.is_empty()),
+            ("audit", self.audit.is_empty()),
         ];
         sections.into_iter().find(|(_, empty)| !empty).map_or("heartbeat", |(name, _)| name)
     }
@@ -472,6 +478,27 @@ pub struct RegionGrant {
     /// The key's first lease anywhere: the key is new, and the region may have its part of a
     /// full bucket.
     pub first: bool,
+}
+
+/// Hits a node decided itself of a key another node owns, for the owner's audit: a piece of at
+/// most a tenth of the key's audit window (`node/audit.rs`). Ages count back from the frame's
+/// send, so no clocks are compared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditPiece {
+    /// The bucket.
+    pub key: u128,
+    /// The audit group (the sender's policy).
+    pub group: u64,
+    /// The audit window's length.
+    pub window_nanos: u64,
+    /// How long before the send the piece's first hit was decided.
+    pub first_age_nanos: u64,
+    /// How long before the send its last hit was decided.
+    pub last_age_nanos: u64,
+    /// Hits admitted.
+    pub admitted: u64,
+    /// Hits refused.
+    pub refused: u64,
 }
 
 /// The owner's answer to a report for one key.

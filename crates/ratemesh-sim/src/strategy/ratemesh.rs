@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratemesh_core::{
-    CheckOutcome, CheckRequest, Event, Fallback, Instant, KeyHash, LeavePlan, MemberView, Mode, Node,
+    Audit, CheckOutcome, CheckRequest, Event, Fallback, Instant, KeyHash, LeavePlan, MemberView, Mode, Node,
     NodeConfig, NodeId, Policy, RegionFallback, RegionId, RequestId,
 };
 
@@ -44,9 +44,12 @@ impl Ratemesh {
             .limits
             .iter()
             .zip(&table.exact)
-            .map(|(limit, exact)| {
+            .enumerate()
+            .map(|(index, (limit, exact))| {
                 let own = if *exact { Mode::Exact } else { Mode::Approximate };
-                Arc::new(Policy { limit: limit.clone(), mode: mode.unwrap_or(own), fallback })
+                // Audited per policy, by its index (`tests/audit.rs` compares with the oracle).
+                let audit = Audit::On { group: index as u64, window: None };
+                Arc::new(Policy { limit: limit.clone(), mode: mode.unwrap_or(own), fallback, audit })
             })
             .collect();
         Ratemesh { node, policies, table, decided: VecDeque::new(), left: false, regions: setup.regions }

@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use chitchat::ChitchatHandle;
 use ratemesh_core::{
-    Decision, KeyHash, MemberView, Namespace, NodeId, NodeStats, Policy, RequestId, StoreStats,
+    Audit, Decision, KeyHash, MemberView, Namespace, NodeId, NodeStats, Policy, RequestId, StoreStats,
 };
 use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -98,9 +98,22 @@ pub struct NamedPolicy {
 impl NamedPolicy {
     /// `policy` under `name`. Policies are plain values: there is nothing to register, and a
     /// changed policy (a configuration reload) takes effect with the next check that names it.
+    /// An audit in group 0 (the default) is put in the name's group, [`NamedPolicy::audit_group`]:
+    /// the audit's figures come per policy.
     pub fn new(name: impl Into<Arc<str>>, policy: Policy) -> NamedPolicy {
         let name = name.into();
-        NamedPolicy { namespace: Namespace::new(name.as_bytes()), name, policy: Arc::new(policy) }
+        let namespace = Namespace::new(name.as_bytes());
+        let audit = match policy.audit {
+            Audit::On { group: 0, window } => Audit::On { group: namespace.0, window },
+            audit => audit,
+        };
+        NamedPolicy { namespace, name, policy: Arc::new(Policy { audit, ..policy }) }
+    }
+
+    /// The audit group of the policy named `name` ([`Audit::On`]'s `group`, as
+    /// [`NamedPolicy::new`] sets it): to name the audit's figures.
+    pub fn audit_group(name: &str) -> u64 {
+        Namespace::new(name.as_bytes()).0
     }
 
     /// The name.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratemesh::{Calendar, CalendarPolicy, CalendarUnit};
-use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, Policy};
+use ratemesh_core::{Algorithm, Audit, Fallback, Limit, LimitSpec, Mode, Policy};
 use toml::Spanned;
 
 use super::defaults::{FALLBACK_DEFAULT, MODE_DEFAULT, TIME_ZONE_DEFAULT};
@@ -230,7 +230,7 @@ impl Ctx<'_> {
             self.invalid(field(name), v.map_or(table, |v| &v.at), limit_error_message(&error))
         })?;
         let (mode, fallback) = self.mode_and_fallback(i, p)?;
-        Ok(Policy { limit, mode, fallback })
+        Ok(Policy { limit, mode, fallback, audit: Audit::default() })
     }
 
     /// A calendar-aligned fixed window: `window` (and `time_zone`, default UTC) instead of
@@ -271,7 +271,7 @@ impl Ctx<'_> {
         let calendar =
             Calendar::new(unit, zone).map_err(|error| self.invalid(field("time_zone"), zone_at, error))?;
         let (mode, fallback) = self.mode_and_fallback(i, p)?;
-        CalendarPolicy::new(calendar, limit.value, mode, fallback)
+        CalendarPolicy::new(calendar, limit.value, (mode, fallback, Audit::default()))
             .map_err(|error| self.invalid(field("limit"), &limit.at, error))
     }
 

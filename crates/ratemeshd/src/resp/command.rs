@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratemesh::CheckError;
-use ratemesh_core::{Algorithm, Decision, Limit, LimitError, LimitParameter, LimitSpec, Policy};
+use ratemesh_core::{Algorithm, Audit, Decision, Limit, LimitError, LimitParameter, LimitSpec, Policy};
 use tracing::debug;
 
 use super::protocol;
@@ -300,7 +300,12 @@ fn throttle_target(parameters: [i64; 3]) -> Result<ThrottleTarget, String> {
         calendar: None,
     };
     let limit = Limit::new(spec).map_err(|error| format!("Cell error: {}", throttle_limit_error(&error)))?;
-    let inline = InlineLimit::new(Policy { limit, mode: MODE_DEFAULT, fallback: FALLBACK_DEFAULT });
+    let inline = InlineLimit::new(Policy {
+        limit,
+        mode: MODE_DEFAULT,
+        fallback: FALLBACK_DEFAULT,
+        audit: Audit::default(),
+    });
     Ok(ThrottleTarget { parameters, target: Target::Inline(inline), capacity })
 }
 

@@ -1,0 +1,875 @@
+//! The audit: the owner of a key measures what the whole cluster admitted of it, window by
+//! window, against what one ideal limiter would have admitted of the same arrivals.
+//!
+//! Every node counts the hits it decides itself on a key it does not own (from an allowance, a
+//! refusal while its share is spent, a fallback) into a [`Tally`]: pieces of at most a tenth of
+//! the key's audit window, each with the instants of its first and last hit. The pieces ride to
+//! the owner with the node's reports (the `audit` section of a frame), at the latest
+//! [`Node::audit_flush_nanos`] after their first hit, as ages (how long before the send): the
+//! owner places them on its own clock (receive time minus the age minus half the round trip), so
+//! no clocks are compared. The owner counts its own decisions and the forwarded ones it decides
+//! directly.
+//!
+//! The owner keeps, per audited key, the windows still open ([`Record`]): per tenth of a window
+//! (a slot) the hits that arrived and were admitted, a piece spread evenly over the slots its
+//! span covers. A window closes once it ended [`Node::audit_settle_nanos`] ago and every member
+//! of the ring has been reachable for that long (what they decided in it has arrived); while one
+//! is not, windows stay open (up to [`WINDOWS_OPEN_MAX`]) and close when it is heard again, with
+//! what it admitted meanwhile. Closing feeds the window's arrivals, slot by slot in chunks, to an
+//! ideal bucket of the key's limit that lives as long as the record: what it admits is the
+//! window's ideal. A window is *complete* unless the owner did not own the key for all of it, a
+//! member left the view during it or before it closed, or it was closed by force; figures use
+//! complete windows only, and count the others.
+//!
+//! Per group (a driver's policy) and window length the owner sums the closed windows of the last
+//! minute ([`AUDIT_SPAN_NANOS`], or the last window when windows are longer): admitted, ideal,
+//! arrivals, the hits admitted above the ideal and refused below it, and the worst window against
+//! the limit. Memory is bounded: at most [`NodeConfig::audit_keys_max`] records; past it, keys
+//! are sampled by hash (a key is audited while the top `sample_bits` bits of its hash are zero,
+//! and every time the cap is reached one more bit is required and the records that no longer
+//! qualify are dropped), so figures describe an unbiased sample of the keys.
+//!
+//! [`NodeConfig::audit_keys_max`]: super::NodeConfig::audit_keys_max
+
+use crate::prelude::*;
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::sync::Arc;
+use core::time::Duration;
+
+use indexmap::IndexSet;
+
+use super::api::Audit;
+use super::*;
+use crate::wire::AuditPiece;
+
+/// Slots per audit window: the resolution at which arrivals feed the ideal limiter.
+pub(crate) const SLOTS_PER_WINDOW: u64 = 10;
+/// The most windows of a key kept open while a member is unreachable (then closed by force).
+pub(crate) const WINDOWS_OPEN_MAX: usize = 64;
+/// The most pieces a tally holds (older pieces merge when it is full: a long cut loses
+/// resolution, not hits).
+const PIECES_MAX: usize = 32;
+/// Chunks per slot fed to the ideal limiter (arrivals spread evenly inside a slot).
+const CHUNKS_PER_SLOT: u64 = 8;
+/// What the audit's figures cover: the last minute.
+pub const AUDIT_SPAN_NANOS: u64 = 60_000_000_000;
+/// The default audit window of a bucket algorithm (token bucket, GCRA, shaper).
+const BUCKET_WINDOW_NANOS: u64 = 1_000_000_000;
+/// The longest default audit window (a day's limit is audited by the hour).
+const WINDOW_NANOS_MAX: u64 = 3_600_000_000_000;
+/// The shortest audit window that can be asked for (a peer's piece too): 10 ms.
+const WINDOW_NANOS_MIN: u64 = 10_000_000;
+/// The longest audit window that can be asked for: a day.
+const WINDOW_NANOS_LONGEST: u64 = 86_400_000_000_000;
+/// Separates the audit's random stream (the ideal buckets) from the node's.
+const AUDIT_RNG_SALT: u64 = 0x6175_6469_7400_0001;
+
+/// The audit window of a key under `limit` audited as `audit`, in nanoseconds; `None` when it is
+/// not audited (off, or a concurrency limit: leases, not rates).
+pub(crate) fn window_nanos(limit: &Limit, audit: Audit) -> Option<u64> {
+    let Audit::On { window, .. } = audit else { return None };
+    let algorithm = limit.algorithm();
+    if algorithm == crate::limit::Algorithm::Concurrency {
+        return None;
+    }
+    if let Some(window) = window {
+        return Some(duration_nanos(window).clamp(WINDOW_NANOS_MIN, WINDOW_NANOS_LONGEST));
+    }
+    let period = duration_nanos(limit.spec().period);
+    Some(match algorithm {
+        crate::limit::Algorithm::TokenBucket
+        | crate::limit::Algorithm::Gcra
+        | crate::limit::Algorithm::LeakyBucketShaper => BUCKET_WINDOW_NANOS,
+        _ => period.clamp(BUCKET_WINDOW_NANOS, WINDOW_NANOS_MAX),
+    })
+}
+
+/// A follower's hits on one key since they last went to the owner.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Tally {
+    pieces: Vec<Piece>,
+    /// The group and window the hits were counted under (the last check's policy).
+    group: u64,
+    window_nanos: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    first: Instant,
+    last: Instant,
+    admitted: u64,
+    refused: u64,
+}
+
+impl Tally {
+    /// Counts `cost` hits decided at `now` under `audit` (a group and a window); a piece spans at
+    /// most a slot of the window.
+    pub fn add(&mut self, now: Instant, cost: u64, allowed: bool, audit: (u64, u64)) {
+        let (admitted, refused) = if allowed { (cost, 0) } else { (0, cost) };
+        (self.group, self.window_nanos) = audit;
+        let span_nanos = audit.1 / SLOTS_PER_WINDOW;
+        if let Some(piece) = self.pieces.last_mut()
+            && now.nanos_since(piece.first) < span_nanos
+        {
+            piece.last = piece.last.max(now);
+            piece.admitted = piece.admitted.saturating_add(admitted);
+            piece.refused = piece.refused.saturating_add(refused);
+            return;
+        }
+        if self.pieces.len() >= PIECES_MAX {
+            let merged = self.pieces.remove(1);
+            let oldest = &mut self.pieces[0];
+            oldest.last = merged.last;
+            oldest.admitted = oldest.admitted.saturating_add(merged.admitted);
+            oldest.refused = oldest.refused.saturating_add(merged.refused);
+        }
+        self.pieces.push(Piece { first: now, last: now, admitted, refused });
+    }
+
+    /// When the oldest hit not yet sent was decided.
+    pub fn oldest(&self) -> Option<Instant> {
+        self.pieces.first().map(|p| p.first)
+    }
+
+    /// Takes every piece, as the owner's wire items, ages counted back from `now`.
+    pub fn take(&mut self, key: KeyHash, now: Instant) -> Vec<AuditPiece> {
+        let (group, window_nanos) = (self.group, self.window_nanos);
+        let piece = |p: Piece| AuditPiece {
+            key: key.0,
+            group,
+            window_nanos,
+            first_age_nanos: now.nanos_since(p.first),
+            last_age_nanos: now.nanos_since(p.last),
+            admitted: p.admitted,
+            refused: p.refused,
+        };
+        self.pieces.drain(..).map(piece).collect()
+    }
+}
+
+/// One window of a key still open at its owner.
+#[derive(Clone, Debug)]
+struct OpenWindow {
+    index: u64,
+    /// Hits that arrived, per slot.
+    arrivals: [u64; SLOTS_PER_WINDOW as usize],
+    admitted: u64,
+}
+
+/// One closed window of a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuditWindow {
+    /// The window's number on the owner's clock: it spans `[index × window, (index + 1) × window)`
+    /// nanoseconds of the owner's [`Instant`]s.
+    pub index: u64,
+    /// Hits the cluster admitted in it.
+    pub admitted: u64,
+    /// Hits an ideal single limiter would have admitted of the same arrivals.
+    pub ideal: u64,
+    /// Hits that arrived (admitted and refused).
+    pub arrivals: u64,
+    /// The limit over one window (the policy's limit scaled from its period to the window).
+    pub window_limit: u64,
+    /// Whether the owner saw all of it (see the module documentation of `node/audit.rs`).
+    pub complete: bool,
+}
+
+/// The owner's audit of one key.
+#[derive(Clone, Debug)]
+pub(crate) struct Record {
+    group: u64,
+    window_nanos: u64,
+    /// Windows before this one were not (all) the owner's: incomplete.
+    first_index: u64,
+    /// Windows before this one are closed (or began before the record): hits for them are late.
+    open_from: u64,
+    open: VecDeque<OpenWindow>,
+    done: VecDeque<AuditWindow>,
+    /// The ideal limiter, fed with every closed window's arrivals in order.
+    ideal: Bucket,
+}
+
+impl Record {
+    fn new(group: u64, window_nanos: u64, limit: &Limit, now: Instant) -> Record {
+        let index = now.as_nanos() / window_nanos;
+        let start = Instant::from_nanos(index * window_nanos);
+        Record {
+            group,
+            window_nanos,
+            first_index: index + u64::from(now > start),
+            open_from: index,
+            open: VecDeque::new(),
+            done: VecDeque::new(),
+            ideal: Bucket::new(limit, start),
+        }
+    }
+
+    fn slot_nanos(&self) -> u64 {
+        (self.window_nanos / SLOTS_PER_WINDOW).max(1)
+    }
+
+    /// Counts `admitted` and `refused` hits spread evenly over `[from, to]`; returns the hits that
+    /// fell in windows already closed, before the record, or more than [`WINDOWS_OPEN_MAX`]
+    /// windows before `to` (a span that long is a merged one: its oldest part is not placed).
+    fn add(&mut self, from: Instant, to: Instant, admitted: u64, refused: u64) -> u64 {
+        let to = to.as_nanos();
+        let from = from.as_nanos().min(to);
+        let slot = self.slot_nanos();
+        let span = to - from + 1;
+        let arrivals = admitted.saturating_add(refused);
+        // The part of the span that can still be placed, and the hits in it (in proportion).
+        let placeable_from = from
+            .max(self.open_from.saturating_mul(self.window_nanos))
+            .max(to.saturating_sub(WINDOWS_OPEN_MAX as u64 * self.window_nanos));
+        let share = |hits: u64, nanos: u64| (u128::from(hits) * u128::from(nanos) / u128::from(span)) as u64;
+        let placeable = to.saturating_sub(placeable_from) + 1;
+        let (mut admitted_left, mut arrivals_left) = match placeable_from <= to {
+            true if placeable < span => (share(admitted, placeable), share(arrivals, placeable)),
+            true => (admitted, arrivals),
+            false => (0, 0),
+        };
+        let mut late = arrivals - arrivals_left;
+        let (first_slot, last_slot) = (placeable_from / slot, to / slot);
+        for s in first_slot..=last_slot {
+            let (a, n) = if s == last_slot {
+                (admitted_left, arrivals_left)
+            } else {
+                let overlap = (s + 1) * slot - (s * slot).max(placeable_from);
+                (share(admitted, overlap).min(admitted_left), share(arrivals, overlap).min(arrivals_left))
+            };
+            admitted_left -= a;
+            arrivals_left -= n;
+            if n == 0 && a == 0 {
+                continue;
+            }
+            match self.open_window(s / SLOTS_PER_WINDOW) {
+                Some(window) => {
+                    window.arrivals[(s % SLOTS_PER_WINDOW) as usize] += n.max(a);
+                    window.admitted = window.admitted.saturating_add(a);
+                }
+                None => late = late.saturating_add(n.max(a)),
+            }
+        }
+        late
+    }
+
+    /// The open window `index`, opened if it is not closed yet; `None` when it is (or it began
+    /// before the record).
+    fn open_window(&mut self, index: u64) -> Option<&mut OpenWindow> {
+        if index < self.open_from {
+            return None;
+        }
+        let position = self.open.iter().position(|w| w.index >= index);
+        let at = match position {
+            Some(p) if self.open[p].index == index => p,
+            Some(p) => {
+                self.open.insert(p, OpenWindow::new(index));
+                p
+            }
+            None => {
+                self.open.push_back(OpenWindow::new(index));
+                self.open.len() - 1
+            }
+        };
+        self.open.get_mut(at)
+    }
+
+    /// Closes the windows before `until_index`, oldest first, and the oldest ones beyond
+    /// [`WINDOWS_OPEN_MAX`] (incomplete: closed by force); `incomplete` says which others are;
+    /// returns them.
+    fn close(
+        &mut self,
+        limit: &Limit,
+        until_index: u64,
+        incomplete: impl Fn(u64) -> bool,
+        rng: &mut CoreRng,
+    ) -> Vec<AuditWindow> {
+        let mut closed = Vec::new();
+        while let Some(window) = self.open.front() {
+            let forced = self.open.len() > WINDOWS_OPEN_MAX;
+            if window.index >= until_index && !forced {
+                break;
+            }
+            let Some(window) = self.open.pop_front() else { break };
+            self.open_from = window.index + 1;
+            let complete = window.index >= self.first_index && !forced && !incomplete(window.index);
+            let done = self.feed(limit, &window, complete, rng);
+            closed.push(done);
+            self.done.push_back(done);
+        }
+        closed
+    }
+
+    /// Feeds a window's arrivals to the ideal limiter, slot by slot in chunks.
+    fn feed(&mut self, limit: &Limit, window: &OpenWindow, complete: bool, rng: &mut CoreRng) -> AuditWindow {
+        let slot = self.slot_nanos();
+        let start = window.index * self.window_nanos;
+        let mut ideal = 0u64;
+        for (s, &arrived) in window.arrivals.iter().enumerate() {
+            let chunks = arrived.clamp(1, CHUNKS_PER_SLOT);
+            for c in 0..chunks {
+                let hits = arrived / chunks + u64::from(c < arrived % chunks);
+                if hits == 0 {
+                    continue;
+                }
+                let at = Instant::from_nanos(start + s as u64 * slot + (2 * c + 1) * slot / (2 * chunks));
+                ideal = ideal.saturating_add(admit_most(&mut self.ideal, limit, hits, at, rng));
+            }
+        }
+        AuditWindow {
+            index: window.index,
+            admitted: window.admitted,
+            ideal,
+            arrivals: window.arrivals.iter().sum(),
+            window_limit: window_limit(limit, self.window_nanos),
+            complete,
+        }
+    }
+
+    /// Drops closed windows that ended more than the span before window `index`.
+    fn trim(&mut self, index: u64) {
+        let keep = AUDIT_SPAN_NANOS.div_ceil(self.window_nanos).max(1);
+        while self.done.front().is_some_and(|w| w.index + keep < index) {
+            self.done.pop_front();
+        }
+    }
+}
+
+impl OpenWindow {
+    fn new(index: u64) -> OpenWindow {
+        OpenWindow { index, arrivals: [0; SLOTS_PER_WINDOW as usize], admitted: 0 }
+    }
+}
+
+/// Admits as many of `hits` as `bucket` has room for at `at` (all-or-nothing checks halved
+/// until one passes); returns how many.
+fn admit_most(bucket: &mut Bucket, limit: &Limit, hits: u64, at: Instant, rng: &mut CoreRng) -> u64 {
+    let mut want = hits.min(bucket.peek(limit, 0, at).remaining.max(1));
+    while want > 0 {
+        if bucket.check(limit, want, at, rng).allowed {
+            return want;
+        }
+        want /= 2;
+    }
+    0
+}
+
+/// The limit over one audit window: the policy's limit scaled from its period to the window.
+fn window_limit(limit: &Limit, window_nanos: u64) -> u64 {
+    let period = duration_nanos(limit.spec().period).max(1);
+    let scaled = u128::from(limit.reported_limit()) * u128::from(window_nanos) / u128::from(period);
+    u64::try_from(scaled).unwrap_or(u64::MAX).max(1)
+}
+
+/// What the audit of a key holds in its entry at the owner.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum Slot {
+    /// Not looked at yet.
+    #[default]
+    Unknown,
+    /// Not audited here (off, not sampled, or past the cap).
+    Skipped,
+    /// Audited.
+    Audited(Box<Record>),
+}
+
+impl Slot {
+    /// How long the key's entry must stay for its audit: until its open windows can have closed
+    /// (by force, at the latest) and its closed ones are older than the span.
+    pub fn keep_until(&self) -> Instant {
+        let Slot::Audited(record) = self else { return Instant::ZERO };
+        let window = record.window_nanos;
+        let open =
+            record.open.back().map_or(0, |w| (w.index + 1 + WINDOWS_OPEN_MAX as u64).saturating_mul(window));
+        let done =
+            record.done.back().map_or(0, |w| ((w.index + 1) * window).saturating_add(AUDIT_SPAN_NANOS));
+        Instant::from_nanos(open.max(done))
+    }
+}
+
+/// The sums of one group's closed windows at one window index.
+#[derive(Clone, Copy, Debug, Default)]
+struct GroupWindow {
+    index: u64,
+    complete: AuditSums,
+    incomplete_keys: u64,
+}
+
+/// Sums over complete key windows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AuditSums {
+    /// Key windows summed.
+    pub key_windows: u64,
+    /// Hits the cluster admitted.
+    pub admitted: u64,
+    /// Hits an ideal single limiter would have admitted.
+    pub ideal: u64,
+    /// Hits that arrived.
+    pub arrivals: u64,
+    /// Hits admitted above the ideal, window by window (`Σ max(0, admitted − ideal)`).
+    pub over_admitted: u64,
+    /// Hits refused that the ideal would have admitted, window by window (`Σ max(0, ideal −
+    /// admitted)`: a lower bound, exact when the cluster refused a subset of what the ideal did).
+    pub false_refused: u64,
+    /// The worst key window: admitted hits and that window's limit (the largest ratio).
+    pub worst: Option<(u64, u64)>,
+}
+
+impl AuditSums {
+    fn add(&mut self, w: &AuditWindow) {
+        self.key_windows += 1;
+        self.admitted = self.admitted.saturating_add(w.admitted);
+        self.ideal = self.ideal.saturating_add(w.ideal);
+        self.arrivals = self.arrivals.saturating_add(w.arrivals);
+        self.over_admitted = self.over_admitted.saturating_add(w.admitted.saturating_sub(w.ideal));
+        self.false_refused = self.false_refused.saturating_add(w.ideal.saturating_sub(w.admitted));
+        let worse = |(a, l): (u64, u64)| {
+            u128::from(w.admitted) * u128::from(l) > u128::from(a) * u128::from(w.window_limit)
+        };
+        if self.worst.is_none_or(worse) {
+            self.worst = Some((w.admitted, w.window_limit));
+        }
+    }
+
+    fn merge(&mut self, other: &AuditSums) {
+        self.key_windows += other.key_windows;
+        self.admitted = self.admitted.saturating_add(other.admitted);
+        self.ideal = self.ideal.saturating_add(other.ideal);
+        self.arrivals = self.arrivals.saturating_add(other.arrivals);
+        self.over_admitted = self.over_admitted.saturating_add(other.over_admitted);
+        self.false_refused = self.false_refused.saturating_add(other.false_refused);
+        if let Some((a, l)) = other.worst {
+            let worse =
+                |(wa, wl): (u64, u64)| u128::from(a) * u128::from(wl) > u128::from(wa) * u128::from(l);
+            if self.worst.is_none_or(worse) {
+                self.worst = Some((a, l));
+            }
+        }
+    }
+}
+
+/// One group's audit figures at this node (the keys it owns), over the last minute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuditFigures {
+    /// The group ([`Audit::On`]'s `group`: the driver's policy).
+    pub group: u64,
+    /// The window length.
+    pub window: Duration,
+    /// Sums over the complete key windows.
+    pub sums: AuditSums,
+    /// Key windows left out as incomplete (the owner did not see all of them).
+    pub incomplete_key_windows: u64,
+}
+
+/// One key's audit figures over the last minute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuditKeyFigures {
+    /// The key.
+    pub key: KeyHash,
+    /// Its group.
+    pub group: u64,
+    /// Its window length.
+    pub window: Duration,
+    /// Sums over its complete windows.
+    pub sums: AuditSums,
+    /// Its windows left out as incomplete.
+    pub incomplete_windows: u64,
+}
+
+/// The audit's counters at one node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AuditStats {
+    /// Keys audited now (records).
+    pub keys: u64,
+    /// Keys are audited when this many top bits of their hash are zero (0: every key).
+    pub sample_bits: u32,
+    /// Hits reported for windows already closed (or before the owner audited the key): not
+    /// counted in any window.
+    pub late_hits: u64,
+    /// Pieces for keys this node does not own (a view changed): dropped.
+    pub stray_pieces: u64,
+}
+
+/// The owner-side audit of a node: which keys it audits, and the figures per group.
+#[derive(Debug)]
+pub(crate) struct AuditBook {
+    keys: IndexSet<KeyHash, KeyHasherBuilder>,
+    groups: BTreeMap<(u64, u64), VecDeque<GroupWindow>>,
+    /// When a ring member was last seen unreachable (or the view changed): windows close a settle
+    /// time after it.
+    disturbed_at: Instant,
+    /// When a member last left the view: windows open then are incomplete.
+    departed_at: Option<Instant>,
+    rng: CoreRng,
+    stats: AuditStats,
+}
+
+impl AuditBook {
+    pub fn new(seed: u64) -> AuditBook {
+        AuditBook {
+            keys: IndexSet::default(),
+            groups: BTreeMap::new(),
+            disturbed_at: Instant::ZERO,
+            departed_at: None,
+            rng: rand::SeedableRng::seed_from_u64(seed ^ AUDIT_RNG_SALT),
+            stats: AuditStats::default(),
+        }
+    }
+
+    fn sampled(&self, key: KeyHash) -> bool {
+        let bits = self.stats.sample_bits;
+        bits == 0 || (bits < 128 && key.0 >> (128 - bits) == 0)
+    }
+
+    fn add_to_group(&mut self, group: (u64, u64), window: &AuditWindow) {
+        let windows = self.groups.entry(group).or_default();
+        let position = windows.iter().position(|w| w.index >= window.index);
+        let at = match position {
+            Some(p) if windows[p].index == window.index => p,
+            Some(p) => {
+                windows.insert(p, GroupWindow { index: window.index, ..GroupWindow::default() });
+                p
+            }
+            None => {
+                windows.push_back(GroupWindow { index: window.index, ..GroupWindow::default() });
+                windows.len() - 1
+            }
+        };
+        match window.complete {
+            true => windows[at].complete.add(window),
+            false => windows[at].incomplete_keys += 1,
+        }
+        let keep = AUDIT_SPAN_NANOS.div_ceil(group.1).max(1);
+        let newest = windows.back().map_or(0, |w| w.index);
+        while windows.front().is_some_and(|w| w.index + keep < newest) {
+            windows.pop_front();
+        }
+    }
+}
+
+impl Node {
+    /// How long after its first hit a follower's piece goes to the owner at the latest.
+    pub(super) fn audit_flush_nanos(&self) -> u64 {
+        2 * duration_nanos(self.config.sync_interval)
+    }
+
+    /// How long after a window's end (and after every ring member was last unreachable) the
+    /// owner closes it: a flush, a round and a round trip's margin.
+    pub(super) fn audit_settle_nanos(&self) -> u64 {
+        self.audit_flush_nanos()
+            + 2 * duration_nanos(self.config.sync_interval)
+            + duration_nanos(self.config.peer_silence) / 4
+    }
+
+    /// A follower's decision: counted into its tally.
+    pub(super) fn audit_tally(
+        follower: &mut Follower,
+        policy: &Policy,
+        now: Instant,
+        cost: u64,
+        allowed: bool,
+    ) {
+        if cost == 0 {
+            return;
+        }
+        if let (Some(window), Audit::On { group, .. }) =
+            (window_nanos(&policy.limit, policy.audit), policy.audit)
+        {
+            follower.audit.add(now, cost, allowed, (group, window));
+        }
+    }
+
+    /// A forwarded check's answer (or a refusal without asking) this node gave its client: counted
+    /// into the key's tally here (the owner does not count the checks it decides for others), or
+    /// into the record when this node owns the key by now.
+    pub(super) fn audit_answered(
+        &mut self,
+        key: KeyHash,
+        policy: &Arc<Policy>,
+        now: Instant,
+        cost: u64,
+        allowed: bool,
+    ) {
+        let Some(window) = window_nanos(&policy.limit, policy.audit).filter(|_| cost > 0) else { return };
+        let Audit::On { group, .. } = policy.audit else { return };
+        if self.ring.owner(key) == Some(self.id) {
+            let (admitted, refused) = if allowed { (cost, 0) } else { (0, cost) };
+            let hits = Hits { from: now, to: now, admitted, refused };
+            return self.audit_hits(key, policy.audit, hits);
+        }
+        let init = || KeyMeta::new(policy.clone(), false);
+        self.keys.upsert_with(key, &policy.limit, now, init, |_, meta| {
+            meta.follower().audit.add(now, cost, allowed, (group, window));
+        });
+        self.dirty.insert(key);
+    }
+
+    /// After the owner decided `cost` hits of `key` (its own check or a forwarded one) with the
+    /// key's entry in hand: counted when the key has a record; `Adopt` when it was never looked
+    /// at ([`Node::audit_adopt`] decides).
+    pub(super) fn audit_in_entry(slot: &mut Slot, now: Instant, cost: u64, allowed: bool) -> AuditStep {
+        let (admitted, refused) = if allowed { (cost, 0) } else { (0, cost) };
+        match slot {
+            _ if cost == 0 => AuditStep::Done(0),
+            Slot::Audited(record) => AuditStep::Done(record.add(now, now, admitted, refused)),
+            Slot::Skipped => AuditStep::Done(0),
+            Slot::Unknown => AuditStep::Adopt(Hits { from: now, to: now, admitted, refused }),
+        }
+    }
+
+    /// Ends what [`Node::audit_in_entry`] began.
+    pub(super) fn audit_finish(&mut self, key: KeyHash, audit: Audit, step: AuditStep) {
+        match step {
+            AuditStep::Done(0) => {}
+            AuditStep::Done(late) => {
+                self.audit.stats.late_hits = self.audit.stats.late_hits.saturating_add(late)
+            }
+            AuditStep::Adopt(hits) => self.audit_adopt(key, audit, hits),
+        }
+    }
+
+    /// Decides whether this owner audits `key` (off, not sampled, past the cap: skipped for good,
+    /// until it changes owner) and counts `hits` if so.
+    fn audit_adopt(&mut self, key: KeyHash, audit: Audit, hits: Hits) {
+        let sampled = self.audit.sampled(key) && self.config.audit_keys_max > 0;
+        let adopted = self.update_key(key, |_, meta| {
+            if !meta.owned || !matches!(meta.audit, Slot::Unknown) {
+                return None;
+            }
+            let window = window_nanos(&meta.policy.limit, audit).filter(|_| sampled);
+            let (Some(window), Audit::On { group, .. }) = (window, audit) else {
+                meta.audit = Slot::Skipped;
+                return None;
+            };
+            let mut record = Box::new(Record::new(group, window, &meta.policy.limit, hits.from));
+            let late = record.add(hits.from, hits.to, hits.admitted, hits.refused);
+            meta.audit = Slot::Audited(record);
+            Some(late)
+        });
+        if let Some(Some(late)) = adopted {
+            self.audit.stats.late_hits = self.audit.stats.late_hits.saturating_add(late);
+            self.audit.keys.insert(key);
+            self.audit_cap();
+        }
+    }
+
+    /// Past the cap, requires one more zero bit of the hash and drops the records that no longer
+    /// qualify, until the records fit.
+    fn audit_cap(&mut self) {
+        while self.audit.keys.len() > self.config.audit_keys_max && self.audit.stats.sample_bits < 128 {
+            self.audit.stats.sample_bits += 1;
+            let dropped: Vec<KeyHash> =
+                self.audit.keys.iter().copied().filter(|&k| !self.audit.sampled(k)).collect();
+            for key in dropped {
+                self.audit.keys.swap_remove(&key);
+                self.update_key(key, |_, meta| meta.audit = Slot::Skipped);
+            }
+        }
+        self.audit.stats.keys = self.audit.keys.len() as u64;
+    }
+
+    /// Pieces from `from`, a node that decided hits of keys this node owns.
+    pub(super) fn on_audit(&mut self, from: NodeId, pieces: Vec<AuditPiece>, now: Instant) {
+        let half_rtt = self.peers.srtt_nanos(from).unwrap_or(0) / 2;
+        for piece in pieces {
+            let key = KeyHash(piece.key);
+            let audit =
+                Audit::On { group: piece.group, window: Some(Duration::from_nanos(piece.window_nanos)) };
+            let back =
+                |age: u64| Instant::from_nanos(now.as_nanos().saturating_sub(age.saturating_add(half_rtt)));
+            let hits = Hits {
+                from: back(piece.first_age_nanos.max(piece.last_age_nanos)),
+                to: back(piece.last_age_nanos),
+                admitted: piece.admitted,
+                refused: piece.refused,
+            };
+            self.audit_hits(key, audit, hits);
+        }
+    }
+
+    /// Counts `hits` into `key`'s record at this owner (adopting the key if it was never looked at).
+    fn audit_hits(&mut self, key: KeyHash, audit: Audit, hits: Hits) {
+        let step = self.update_key(key, |_, meta| {
+            if !meta.owned {
+                return None;
+            }
+            Some(match &mut meta.audit {
+                Slot::Audited(record) => {
+                    AuditStep::Done(record.add(hits.from, hits.to, hits.admitted, hits.refused))
+                }
+                Slot::Skipped => AuditStep::Done(0),
+                Slot::Unknown => AuditStep::Adopt(hits),
+            })
+        });
+        match step.flatten() {
+            Some(step) => self.audit_finish(key, audit, step),
+            None => self.audit.stats.stray_pieces += 1,
+        }
+    }
+
+    /// A follower's tally of `key`, sent to the owner with its report (when one goes, or when the
+    /// oldest hit is a flush old), or counted here when this node owns the key by now.
+    pub(super) fn audit_flush(
+        &mut self,
+        key: KeyHash,
+        owner: NodeId,
+        report: bool,
+        now: Instant,
+    ) -> Vec<AuditPiece> {
+        let (flush_nanos, me) = (self.audit_flush_nanos(), self.id);
+        let pieces = self.update_key(key, |_, meta| {
+            let tally = &mut meta.follower.as_mut()?.audit;
+            let due =
+                report || owner == me || tally.oldest().is_some_and(|at| now.nanos_since(at) >= flush_nanos);
+            due.then(|| tally.take(key, now))
+        });
+        let pieces = pieces.flatten().unwrap_or_default();
+        if owner != self.id {
+            return pieces;
+        }
+        self.on_audit(self.id, pieces, now);
+        Vec::new()
+    }
+
+    /// At every sync round: notes whether a ring member is unreachable, and closes the windows
+    /// that are due.
+    pub(super) fn audit_round(&mut self, now: Instant) {
+        if self.members.iter().any(|&m| m != self.id && !self.peers.reachable(m, now)) {
+            self.audit.disturbed_at = now;
+        }
+        let settle = self.audit_settle_nanos();
+        let calm = now >= self.audit.disturbed_at.add_nanos(settle);
+        let settled_nanos = now.as_nanos().saturating_sub(settle);
+        let regions = self.regions.active();
+        let departed = self.audit.departed_at.map(|at| at.as_nanos());
+        let keys: Vec<KeyHash> = self.audit.keys.iter().copied().collect();
+        for key in keys {
+            let rng = &mut self.audit.rng;
+            let closed = self.keys.extra(key).map(|meta| meta.policy.limit.clone()).and_then(|limit| {
+                self.keys.update(key, &limit, |_, meta| {
+                    if !meta.owned {
+                        meta.audit = Slot::Unknown;
+                        return None;
+                    }
+                    let Slot::Audited(record) = &mut meta.audit else { return None };
+                    let window = record.window_nanos;
+                    let until_index = if calm { settled_nanos / window } else { 0 };
+                    // A window still open when a member was forgotten (it left the view for good)
+                    // may lack what that member decided: incomplete.
+                    let incomplete =
+                        |index: u64| regions || departed.is_some_and(|d| index.saturating_mul(window) <= d);
+                    let closed = record.close(&meta.policy.limit, until_index, incomplete, rng);
+                    record.trim(now.as_nanos() / window);
+                    Some((record.group, window, closed))
+                })
+            });
+            match closed.flatten() {
+                Some((group, window, closed)) => {
+                    for w in &closed {
+                        self.audit.add_to_group((group, window), w);
+                    }
+                }
+                None => {
+                    self.audit.keys.swap_remove(&key);
+                }
+            }
+        }
+        self.audit.stats.keys = self.audit.keys.len() as u64;
+    }
+
+    /// A view change at `now`: windows open now close only a settle time later, and those open
+    /// when a member was `forgotten` (gone from the view's live and dead members) are incomplete.
+    pub(super) fn audit_view_changed(&mut self, now: Instant, forgotten: bool) {
+        self.audit.disturbed_at = now;
+        if forgotten {
+            self.audit.departed_at = Some(now);
+        }
+    }
+
+    /// The audit's figures per group and window length over the last minute (or the last closed
+    /// window, when windows are longer), from the keys this node owns.
+    pub fn audit_figures(&self, now: Instant) -> Vec<AuditFigures> {
+        let figures = self.audit.groups.iter().map(|(&(group, window), windows)| {
+            let since = now.as_nanos().saturating_sub(AUDIT_SPAN_NANOS.max(2 * window));
+            let mut sums = AuditSums::default();
+            let mut incomplete_key_windows = 0;
+            for w in windows.iter().filter(|w| (w.index + 1) * window >= since) {
+                sums.merge(&w.complete);
+                incomplete_key_windows += w.incomplete_keys;
+            }
+            AuditFigures { group, window: Duration::from_nanos(window), sums, incomplete_key_windows }
+        });
+        figures.filter(|f| f.sums.key_windows + f.incomplete_key_windows > 0).collect()
+    }
+
+    /// The `n` keys this node owns with the most hits admitted above the ideal over the last
+    /// minute (ties: the highest admitted/limit ratio), in `group` if given.
+    pub fn audit_worst_keys(&self, group: Option<u64>, n: usize, now: Instant) -> Vec<AuditKeyFigures> {
+        let mut keys: Vec<AuditKeyFigures> = self
+            .audit
+            .keys
+            .iter()
+            .filter_map(|&key| {
+                let Slot::Audited(record) = &self.keys.extra(key)?.audit else { return None };
+                if group.is_some_and(|g| g != record.group) {
+                    return None;
+                }
+                let since = now.as_nanos().saturating_sub(AUDIT_SPAN_NANOS.max(2 * record.window_nanos));
+                let mut sums = AuditSums::default();
+                let mut incomplete_windows = 0;
+                for w in record.done.iter().filter(|w| (w.index + 1) * record.window_nanos >= since) {
+                    match w.complete {
+                        true => sums.add(w),
+                        false => incomplete_windows += 1,
+                    }
+                }
+                let window = Duration::from_nanos(record.window_nanos);
+                Some(AuditKeyFigures { key, group: record.group, window, sums, incomplete_windows })
+            })
+            .collect();
+        let ratio = |f: &AuditKeyFigures| {
+            f.sums.worst.map_or(0, |(a, l)| u128::from(a) * 1_000_000 / u128::from(l.max(1)))
+        };
+        keys.sort_by(|a, b| {
+            b.sums
+                .over_admitted
+                .cmp(&a.sums.over_admitted)
+                .then(ratio(b).cmp(&ratio(a)))
+                .then(a.key.cmp(&b.key))
+        });
+        keys.truncate(n);
+        keys
+    }
+
+    /// The closed windows of `key` this node keeps (the last minute's), oldest first: for tests and
+    /// the simulator's comparison with its oracle.
+    pub fn audit_windows(&self, key: KeyHash) -> Vec<AuditWindow> {
+        match self.keys.extra(key).map(|meta| &meta.audit) {
+            Some(Slot::Audited(record)) => record.done.iter().copied().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The audit's counters.
+    pub fn audit_stats(&self) -> AuditStats {
+        self.audit.stats
+    }
+}
+
+/// Hits spread over `[from, to]` on the owner's clock.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Hits {
+    from: Instant,
+    to: Instant,
+    admitted: u64,
+    refused: u64,
+}
+
+/// What counting a decision in a key's entry left to do.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum AuditStep {
+    /// Counted (or not audited); this many hits fell in closed windows.
+    Done(u64),
+    /// The key was never looked at: decide whether to audit it, then count.
+    Adopt(Hits),
+}
