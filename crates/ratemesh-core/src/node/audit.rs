@@ -431,7 +431,8 @@ impl AuditSums {
         }
     }
 
-    fn merge(&mut self, other: &AuditSums) {
+    /// Adds `other`'s sums (another node's, another lane's: each key has one owner, so sums add).
+    pub fn merge(&mut self, other: &AuditSums) {
         self.key_windows += other.key_windows;
         self.admitted = self.admitted.saturating_add(other.admitted);
         self.ideal = self.ideal.saturating_add(other.ideal);
