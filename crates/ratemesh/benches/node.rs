@@ -8,6 +8,8 @@
 //!    xorshift, all populated before timing:
 //!    - `core`: `ratemesh_core::Node::handle_check` with `now` from a counter (the core alone);
 //!    - `core_clock`: the same plus one `std::time::Instant` read per check (what any driver pays);
+//!    - `core_clock_audit_off`: `core_clock` with the policy's audit off (`Audit::Off`; goal:
+//!      `core_clock` within 1.1 × it);
 //!    - `library_check_now`: `ratemesh::Node::check_now` (lock, clock, core, drain outputs,
 //!      top keys);
 //!    - `library_check_now_no_top`: the same with top keys off (`TopConfig::policies_max` 0);
@@ -135,6 +137,25 @@ fn approximate_check(c: &mut Criterion, runtime: &Runtime) {
             let key = policy.key(&keys[i]);
             let req = CheckRequest { id: RequestId(0), key, policy: shared.clone(), cost: 1 };
             black_box(core.handle_check(now, req))
+        })
+    });
+
+    // The same core with the policy's audit off (`Audit::Off`): what the audit adds to a check
+    // (its owner counts every check into the key's open window; `ratemesh_core`'s `audit.rs`).
+    let unaudited = Arc::new(Policy { audit: Audit::Off, ..Policy::clone(&shared) });
+    let mut plain_core = ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 7, Instant::ZERO)
+        .expect("the default config is valid");
+    for &key in &hashes {
+        let request = CheckRequest { id: RequestId(0), key, policy: unaudited.clone(), cost: 1 };
+        let _ = plain_core.handle_check(Instant::from_nanos(0), request);
+    }
+    group.bench_function("core_clock_audit_off", |b| {
+        b.iter(|| {
+            let now = Instant::from_nanos(origin.elapsed().as_nanos() as u64);
+            let i = pick.next(KEYS);
+            let key = policy.key(&keys[i]);
+            let req = CheckRequest { id: RequestId(0), key, policy: unaudited.clone(), cost: 1 };
+            black_box(plain_core.handle_check(now, req))
         })
     });
 
@@ -533,6 +554,7 @@ fn print_approximate_summary() {
     let functions = [
         "core",
         "core_clock",
+        "core_clock_audit_off",
         "library_check_now",
         "library_check_now_no_top",
         "library_check",

@@ -49,8 +49,11 @@ pub(crate) const WINDOWS_OPEN_MAX: usize = 64;
 /// The most pieces a tally holds (older pieces merge when it is full: a long cut loses
 /// resolution, not hits).
 const PIECES_MAX: usize = 32;
-/// Chunks per slot fed to the ideal limiter (arrivals spread evenly inside a slot).
-const CHUNKS_PER_SLOT: u64 = 8;
+/// Chunks per slot fed to the ideal limiter (arrivals spread evenly inside a slot): 40 checks of
+/// the ideal bucket per busy window at most.
+const CHUNKS_PER_SLOT: u64 = 4;
+/// Windows are closed every this many sync rounds (each closing pass visits every record).
+const CLOSE_EVERY_ROUNDS: u32 = 4;
 /// What the audit's figures cover: the last minute.
 pub const AUDIT_SPAN_NANOS: u64 = 60_000_000_000;
 /// The default audit window of a bucket algorithm (token bucket, GCRA, shaper).
@@ -244,7 +247,8 @@ impl Record {
             }
             match self.open_window(s / SLOTS_PER_WINDOW) {
                 Some(window) => {
-                    window.arrivals[(s % SLOTS_PER_WINDOW) as usize] += n.max(a);
+                    let slot = &mut window.arrivals[(s % SLOTS_PER_WINDOW) as usize];
+                    *slot = slot.saturating_add(n.max(a));
                     window.admitted = window.admitted.saturating_add(a);
                 }
                 None => late = late.saturating_add(n.max(a)),
@@ -320,7 +324,7 @@ impl Record {
             index: window.index,
             admitted: window.admitted,
             ideal,
-            arrivals: window.arrivals.iter().sum(),
+            arrivals: window.arrivals.iter().fold(0, |sum: u64, &n| sum.saturating_add(n)),
             window_limit: window_limit(limit, self.window_nanos),
             complete,
         }
@@ -732,11 +736,14 @@ impl Node {
         Vec::new()
     }
 
-    /// At every sync round: notes whether a ring member is unreachable, and closes the windows
-    /// that are due.
+    /// At every sync round: notes whether a ring member is unreachable; every
+    /// [`CLOSE_EVERY_ROUNDS`] rounds, closes the windows that are due.
     pub(super) fn audit_round(&mut self, now: Instant) {
         if self.members.iter().any(|&m| m != self.id && !self.peers.reachable(m, now)) {
             self.audit.disturbed_at = now;
+        }
+        if !self.due_epoch.is_multiple_of(CLOSE_EVERY_ROUNDS) {
+            return;
         }
         let settle = self.audit_settle_nanos();
         let calm = now >= self.audit.disturbed_at.add_nanos(settle);
