@@ -289,7 +289,8 @@ pub struct NodeConfig {
     /// What a region's share falls to when its lease ends without a renewal.
     pub region_fallback: RegionFallback,
     /// The most keys this node audits as their owner (`node/audit.rs`); past it, keys are sampled
-    /// by hash. 0: the node audits nothing.
+    /// by hash. 0: the audit is off on this node both ways (it audits nothing and sends no audit
+    /// pieces: for a rolling upgrade from a build without the audit, which cannot decode them).
     pub audit_keys_max: usize,
 }
 

@@ -595,7 +595,8 @@ impl Node {
         cost: u64,
         allowed: bool,
     ) {
-        let Some(window) = window_nanos(&policy.limit, policy.audit).filter(|_| cost > 0) else { return };
+        let on = cost > 0 && self.config.audit_keys_max > 0;
+        let Some(window) = window_nanos(&policy.limit, policy.audit).filter(|_| on) else { return };
         let Audit::On { group, .. } = policy.audit else { return };
         if self.ring.owner(key) == Some(self.id) {
             let (admitted, refused) = if allowed { (cost, 0) } else { (0, cost) };
@@ -729,6 +730,11 @@ impl Node {
             due.then(|| tally.take(key, now))
         });
         let pieces = pieces.flatten().unwrap_or_default();
+        if self.config.audit_keys_max == 0 {
+            // The audit is off on this node, both ways: nothing is sent (what a member built
+            // before the audit could not decode: `docs/protocol.md`, mixed versions).
+            return Vec::new();
+        }
         if owner != self.id {
             return pieces;
         }
