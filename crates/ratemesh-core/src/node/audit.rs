@@ -64,6 +64,8 @@ const WINDOW_NANOS_MAX: u64 = 3_600_000_000_000;
 const WINDOW_NANOS_MIN: u64 = 10_000_000;
 /// The longest audit window that can be asked for: a day.
 const WINDOW_NANOS_LONGEST: u64 = 86_400_000_000_000;
+/// How often a follower tells an owner a key's group and window again (see [`Tally`]).
+const ANNOUNCE_EVERY_NANOS: u64 = 10_000_000_000;
 /// Separates the audit's random stream (the ideal buckets) from the node's.
 const AUDIT_RNG_SALT: u64 = 0x6175_6469_7400_0001;
 
@@ -94,6 +96,10 @@ pub(crate) struct Tally {
     /// The group and window the hits were counted under (the last check's policy).
     group: u64,
     window_nanos: u64,
+    /// The owner last told the group and window, and when: later pieces to it leave them out
+    /// (0: 2 bytes instead of 15 a piece), until it changes or [`ANNOUNCE_EVERY_NANOS`] passed
+    /// (an owner that restarted has forgotten).
+    announced: Option<(NodeId, Instant)>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -134,9 +140,15 @@ impl Tally {
         self.pieces.first().map(|p| p.first)
     }
 
-    /// Takes every piece, as the owner's wire items, ages counted back from `now`.
-    pub fn take(&mut self, key: KeyHash, now: Instant) -> Vec<AuditPiece> {
-        let (group, window_nanos) = (self.group, self.window_nanos);
+    /// Takes every piece for `owner`, as wire items, ages counted back from `now`; they tell the
+    /// group and window when `owner` may not know them.
+    pub fn take(&mut self, key: KeyHash, owner: NodeId, now: Instant) -> Vec<AuditPiece> {
+        let known =
+            self.announced.is_some_and(|(to, at)| to == owner && now.nanos_since(at) < ANNOUNCE_EVERY_NANOS);
+        if !known && !self.pieces.is_empty() {
+            self.announced = Some((owner, now));
+        }
+        let (group, window_nanos) = if known { (0, 0) } else { (self.group, self.window_nanos) };
         let piece = |p: Piece| AuditPiece {
             key: key.0,
             group,
@@ -218,30 +230,30 @@ impl Record {
         let to = to.as_nanos();
         let from = from.as_nanos().min(to);
         let slot = self.slot_nanos();
-        let span = to - from + 1;
         let arrivals = admitted.saturating_add(refused);
+        // The hits before `x` nanoseconds into a span of `span`, rounded: parts of a span add up
+        // to its hits exactly, without a bias towards its last slot.
+        let before = |hits: u64, x: u64, span: u64| {
+            ((u128::from(hits) * u128::from(x) + u128::from(span / 2)) / u128::from(span)) as u64
+        };
         // The part of the span that can still be placed, and the hits in it (in proportion).
+        let span = to - from + 1;
         let placeable_from = from
             .max(self.open_from.saturating_mul(self.window_nanos))
             .max(to.saturating_sub(WINDOWS_OPEN_MAX as u64 * self.window_nanos));
-        let share = |hits: u64, nanos: u64| (u128::from(hits) * u128::from(nanos) / u128::from(span)) as u64;
-        let placeable = to.saturating_sub(placeable_from) + 1;
-        let (mut admitted_left, mut arrivals_left) = match placeable_from <= to {
-            true if placeable < span => (share(admitted, placeable), share(arrivals, placeable)),
-            true => (admitted, arrivals),
-            false => (0, 0),
-        };
-        let mut late = arrivals - arrivals_left;
-        let (first_slot, last_slot) = (placeable_from / slot, to / slot);
-        for s in first_slot..=last_slot {
-            let (a, n) = if s == last_slot {
-                (admitted_left, arrivals_left)
-            } else {
-                let overlap = (s + 1) * slot - (s * slot).max(placeable_from);
-                (share(admitted, overlap).min(admitted_left), share(arrivals, overlap).min(arrivals_left))
-            };
-            admitted_left -= a;
-            arrivals_left -= n;
+        if placeable_from > to {
+            return arrivals;
+        }
+        let skipped = placeable_from - from;
+        let placed = |hits: u64| hits - before(hits, skipped, span);
+        let (admitted, placed_arrivals) = (placed(admitted), placed(arrivals));
+        let mut late = arrivals - placed_arrivals;
+        let placeable = to - placeable_from + 1;
+        for s in placeable_from / slot..=to / slot {
+            let start = (s * slot).max(placeable_from) - placeable_from;
+            let end = ((s + 1) * slot).min(to + 1) - placeable_from;
+            let a = before(admitted, end, placeable) - before(admitted, start, placeable);
+            let n = before(placed_arrivals, end, placeable) - before(placed_arrivals, start, placeable);
             if n == 0 && a == 0 {
                 continue;
             }
@@ -601,7 +613,7 @@ impl Node {
         if self.ring.owner(key) == Some(self.id) {
             let (admitted, refused) = if allowed { (cost, 0) } else { (0, cost) };
             let hits = Hits { from: now, to: now, admitted, refused };
-            return self.audit_hits(key, policy.audit, hits);
+            return self.audit_hits(key, Some(policy.audit), hits);
         }
         let init = || KeyMeta::new(policy.clone(), false);
         self.keys.upsert_with(key, &policy.limit, now, init, |_, meta| {
@@ -679,8 +691,10 @@ impl Node {
         let half_rtt = self.peers.srtt_nanos(from).unwrap_or(0) / 2;
         for piece in pieces {
             let key = KeyHash(piece.key);
-            let audit =
-                Audit::On { group: piece.group, window: Some(Duration::from_nanos(piece.window_nanos)) };
+            // Window 0: the group and window were told before (the owner has the key's record,
+            // or cannot place the hits: stray).
+            let window = Some(Duration::from_nanos(piece.window_nanos));
+            let audit = (piece.window_nanos > 0).then_some(Audit::On { group: piece.group, window });
             let back =
                 |age: u64| Instant::from_nanos(now.as_nanos().saturating_sub(age.saturating_add(half_rtt)));
             let hits = Hits {
@@ -694,7 +708,7 @@ impl Node {
     }
 
     /// Counts `hits` into `key`'s record at this owner (adopting the key if it was never looked at).
-    fn audit_hits(&mut self, key: KeyHash, audit: Audit, hits: Hits) {
+    fn audit_hits(&mut self, key: KeyHash, audit: Option<Audit>, hits: Hits) {
         let step = self.update_key(key, |_, meta| {
             if !meta.owned {
                 return None;
@@ -707,27 +721,21 @@ impl Node {
                 Slot::Unknown => AuditStep::Adopt(hits),
             })
         });
-        match step.flatten() {
-            Some(step) => self.audit_finish(key, audit, step),
-            None => self.audit.stats.stray_pieces += 1,
+        match (step.flatten(), audit) {
+            (Some(AuditStep::Adopt(_)), None) | (None, _) => self.audit.stats.stray_pieces += 1,
+            (Some(step), Some(audit)) => self.audit_finish(key, audit, step),
+            (Some(step), None) => self.audit_finish(key, Audit::Off, step),
         }
     }
 
-    /// A follower's tally of `key`, sent to the owner with its report (when one goes, or when the
-    /// oldest hit is a flush old), or counted here when this node owns the key by now.
-    pub(super) fn audit_flush(
-        &mut self,
-        key: KeyHash,
-        owner: NodeId,
-        report: bool,
-        now: Instant,
-    ) -> Vec<AuditPiece> {
+    /// A follower's tally of `key`, for the owner once its oldest hit is a flush old (it goes
+    /// with the round's reports), or counted here when this node owns the key by now.
+    pub(super) fn audit_flush(&mut self, key: KeyHash, owner: NodeId, now: Instant) -> Vec<AuditPiece> {
         let (flush_nanos, me) = (self.audit_flush_nanos(), self.id);
         let pieces = self.update_key(key, |_, meta| {
             let tally = &mut meta.follower.as_mut()?.audit;
-            let due =
-                report || owner == me || tally.oldest().is_some_and(|at| now.nanos_since(at) >= flush_nanos);
-            due.then(|| tally.take(key, now))
+            let due = owner == me || tally.oldest().is_some_and(|at| now.nanos_since(at) >= flush_nanos);
+            due.then(|| tally.take(key, owner, now))
         });
         let pieces = pieces.flatten().unwrap_or_default();
         if self.config.audit_keys_max == 0 {
@@ -886,4 +894,90 @@ pub(super) enum AuditStep {
     Done(u64),
     /// The key was never looked at: decide whether to audit it, then count.
     Adopt(Hits),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Algorithm, LimitSpec};
+    use rand::SeedableRng;
+
+    const SECOND: u64 = 1_000_000_000;
+
+    fn limit() -> Limit {
+        Limit::new(LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(1))).expect("valid")
+    }
+
+    fn at(nanos: u64) -> Instant {
+        Instant::from_nanos(nanos)
+    }
+
+    #[test]
+    fn a_tally_tells_each_owner_the_group_once_and_splits_pieces_by_slot() {
+        let mut tally = Tally::default();
+        for ms in [0, 40, 99, 100, 150] {
+            tally.add(at(10 * SECOND + ms * 1_000_000), 1, ms != 150, (7, SECOND));
+        }
+        let now = at(10 * SECOND + 200_000_000);
+        let first = tally.take(KeyHash(1), NodeId(2), now);
+        assert_eq!(first.len(), 2, "pieces of at most a tenth of the window: {first:?}");
+        assert_eq!((first[0].admitted, first[0].refused), (3, 0));
+        assert_eq!((first[1].admitted, first[1].refused), (1, 1));
+        assert_eq!((first[0].first_age_nanos, first[0].last_age_nanos), (200_000_000, 101_000_000));
+        assert!(first.iter().all(|p| (p.group, p.window_nanos) == (7, SECOND)), "{first:?}");
+        tally.add(now, 1, true, (7, SECOND));
+        let again = tally.take(KeyHash(1), NodeId(2), now);
+        assert_eq!((again[0].group, again[0].window_nanos), (0, 0), "told already");
+        tally.add(now, 1, true, (7, SECOND));
+        let moved = tally.take(KeyHash(1), NodeId(3), now);
+        assert_eq!((moved[0].group, moved[0].window_nanos), (7, SECOND), "a new owner is told");
+        assert!(tally.oldest().is_none());
+    }
+
+    #[test]
+    fn a_record_spreads_hits_over_slots_and_counts_closed_windows_late() {
+        let limit = limit();
+        let mut record = Record::new(0, SECOND, &limit, at(3 * SECOND));
+        let mut rng = CoreRng::seed_from_u64(1);
+        // 40 hits over [3.9 s, 4.1 s]: half in window 3, half in window 4.
+        assert_eq!(record.add(at(3_900_000_000), at(4_100_000_000), 30, 10), 0);
+        let closed = record.close(&limit, 4, |_| false, &mut rng);
+        assert_eq!(closed.len(), 1);
+        let w = closed[0];
+        assert_eq!((w.index, w.admitted, w.arrivals, w.complete), (3, 15, 20, true), "{w:?}");
+        assert_eq!(w.ideal, 20, "a fresh bucket admits all 20: {w:?}");
+        // Window 3 is closed: its hits come too late now.
+        assert_eq!(record.add(at(3_500_000_000), at(3_500_000_000), 5, 0), 5);
+        // A span reaching back before every open window: the part before is late, by proportion.
+        let late = record.add(at(0), at(4_999_999_999), 50, 0);
+        assert_eq!(late, 40, "four fifths of the span were before window 4");
+    }
+
+    #[test]
+    fn a_record_closes_windows_by_force_beyond_the_open_bound() {
+        let limit = limit();
+        let mut record = Record::new(0, SECOND, &limit, at(0));
+        let mut rng = CoreRng::seed_from_u64(1);
+        for s in 0..(WINDOWS_OPEN_MAX as u64 + 3) {
+            record.add(at(s * SECOND), at(s * SECOND), 1, 0);
+        }
+        let closed = record.close(&limit, 0, |_| false, &mut rng);
+        assert_eq!(closed.len(), 3, "the three oldest beyond the bound");
+        assert!(closed.iter().all(|w| !w.complete), "closed by force: incomplete {closed:?}");
+        assert_eq!(record.open.len(), WINDOWS_OPEN_MAX);
+    }
+
+    #[test]
+    fn the_default_window_follows_the_algorithm() {
+        let spec = |a, period| LimitSpec::new(a, 10, Duration::from_secs(period));
+        let window = |a, period| window_nanos(&Limit::new(spec(a, period)).expect("valid"), Audit::default());
+        assert_eq!(window(Algorithm::TokenBucket, 60), Some(SECOND));
+        assert_eq!(window(Algorithm::FixedWindow, 60), Some(60 * SECOND));
+        assert_eq!(window(Algorithm::SlidingWindowLog, 86_400), Some(3_600 * SECOND));
+        assert_eq!(window(Algorithm::Concurrency, 60), None);
+        let off = window_nanos(&limit(), Audit::Off);
+        assert_eq!(off, None);
+        let tiny = Audit::On { group: 0, window: Some(Duration::from_nanos(1)) };
+        assert_eq!(window_nanos(&limit(), tiny), Some(WINDOW_NANOS_MIN), "a peer cannot ask for less");
+    }
 }

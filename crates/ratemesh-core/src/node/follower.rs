@@ -222,7 +222,7 @@ impl Node {
         let owner = self.ring.owner(key).unwrap_or(self.id);
         if owner == self.id {
             // Hits decided here before this node owned the key: into its own audit.
-            self.audit_flush(key, owner, false, now);
+            self.audit_flush(key, owner, now);
             return None;
         }
         if !self.peers.reachable(owner, now) {
@@ -249,7 +249,7 @@ impl Node {
             Some((report, active))
         });
         let (report, active) = outcome.flatten()?;
-        let pieces = self.audit_flush(key, owner, report.is_some(), now);
+        let pieces = self.audit_flush(key, owner, now);
         let tallying = self
             .keys
             .extra(key)
