@@ -1,14 +1,15 @@
 //! The audit: the owner of a key measures what the whole cluster admitted of it, window by
 //! window, against what one ideal limiter would have admitted of the same arrivals.
 //!
-//! Every node counts the hits it decides itself on a key it does not own (from an allowance, a
-//! refusal while its share is spent, a fallback) into a [`Tally`]: pieces of at most a tenth of
-//! the key's audit window, each with the instants of its first and last hit. The pieces ride to
-//! the owner with the node's reports (the `audit` section of a frame), at the latest
-//! [`Node::audit_flush_nanos`] after their first hit, as ages (how long before the send): the
-//! owner places them on its own clock (receive time minus the age minus half the round trip), so
-//! no clocks are compared. The owner counts its own decisions and the forwarded ones it decides
-//! directly.
+//! Every node counts the hits it answers its clients on a key it does not own (from an
+//! allowance, refused while its share is spent, by a fallback, or forwarded and answered by the
+//! owner) into a [`Tally`]: pieces of at most a tenth of the key's audit window (a sparse piece,
+//! of few hits, up to half a window or a second), each with the instants of its first and last
+//! hit. The pieces ride to the owner with the node's reports (the `audit` section of a frame)
+//! once [`Node::audit_flush_nanos`] old, as ages (how long before the send): the owner places
+//! them on its own clock (receive time minus the age minus half the round trip), so no clocks
+//! are compared. The owner counts its own clients' checks; the ones it decides for others are
+//! counted where they were answered, so none counts twice.
 //!
 //! The owner keeps, per audited key, the windows still open ([`Record`]): per tenth of a window
 //! (a slot) the hits that arrived and were admitted, a piece spread evenly over the slots its
@@ -96,6 +97,9 @@ pub(crate) struct Tally {
     /// The group and window the hits were counted under (the last check's policy).
     group: u64,
     window_nanos: u64,
+    /// A piece of at most this many hits is sparse: it may span up to [`sparse_span_nanos`]
+    /// (a key far below its limit costs a piece per half window, not one per hit).
+    small: u64,
     /// The owner last told the group and window, and when: later pieces to it leave them out
     /// (0: 2 bytes instead of 15 a piece), until it changes or [`ANNOUNCE_EVERY_NANOS`] passed
     /// (an owner that restarted has forgotten).
@@ -110,15 +114,37 @@ struct Piece {
     refused: u64,
 }
 
+impl Piece {
+    fn hits(&self) -> u64 {
+        self.admitted.saturating_add(self.refused)
+    }
+}
+
+/// How long a sparse piece may grow: half a window, at most a second.
+fn sparse_span_nanos(window_nanos: u64) -> u64 {
+    (window_nanos / 2).min(1_000_000_000)
+}
+
+/// The most hits of a sparse piece under `limit` audited over `window_nanos`: a 64th of the
+/// window's limit (at least 1).
+fn small_hits(limit: &Limit, window_nanos: u64) -> u64 {
+    (window_limit(limit, window_nanos) / 64).max(1)
+}
+
 impl Tally {
-    /// Counts `cost` hits decided at `now` under `audit` (a group and a window); a piece spans at
-    /// most a slot of the window.
-    pub fn add(&mut self, now: Instant, cost: u64, allowed: bool, audit: (u64, u64)) {
+    /// Counts `cost` hits decided at `now` under `audit` (a group, a window and the most hits of
+    /// a sparse piece); a piece spans at most a slot of the window, or a sparse span while it
+    /// holds few hits.
+    pub fn add(&mut self, now: Instant, cost: u64, allowed: bool, audit: (u64, u64, u64)) {
         let (admitted, refused) = if allowed { (cost, 0) } else { (0, cost) };
-        (self.group, self.window_nanos) = audit;
-        let span_nanos = audit.1 / SLOTS_PER_WINDOW;
+        (self.group, self.window_nanos, self.small) = audit;
+        let slot_nanos = self.window_nanos / SLOTS_PER_WINDOW;
+        let sparse_nanos = sparse_span_nanos(self.window_nanos);
+        let small = self.small;
         if let Some(piece) = self.pieces.last_mut()
-            && now.nanos_since(piece.first) < span_nanos
+            && (now.nanos_since(piece.first) < slot_nanos
+                || (piece.hits().saturating_add(cost) <= small
+                    && now.nanos_since(piece.first) < sparse_nanos))
         {
             piece.last = piece.last.max(now);
             piece.admitted = piece.admitted.saturating_add(admitted);
@@ -138,6 +164,15 @@ impl Tally {
     /// When the oldest hit not yet sent was decided.
     pub fn oldest(&self) -> Option<Instant> {
         self.pieces.first().map(|p| p.first)
+    }
+
+    /// Whether the pieces should go at `now`: the oldest hit is `flush_nanos` old, and the last
+    /// piece is closed, full, or as old as a sparse piece may grow.
+    pub fn due(&self, now: Instant, flush_nanos: u64) -> bool {
+        let Some(oldest) = self.oldest() else { return false };
+        let age = now.nanos_since(oldest);
+        let open_sparse = self.pieces.len() == 1 && self.pieces[0].hits() <= self.small;
+        age >= flush_nanos && (!open_sparse || age >= sparse_span_nanos(self.window_nanos))
     }
 
     /// Takes every piece for `owner`, as wire items, ages counted back from `now`; they tell the
@@ -570,10 +605,11 @@ impl Node {
         2 * duration_nanos(self.config.sync_interval)
     }
 
-    /// How long after a window's end (and after every ring member was last unreachable) the
-    /// owner closes it: a flush, a round and a round trip's margin.
-    pub(super) fn audit_settle_nanos(&self) -> u64 {
+    /// How long after the end of a window of `window_nanos` (and after every ring member was last
+    /// unreachable) the owner closes it: a flush, a sparse piece's span, a round and a margin.
+    pub(super) fn audit_settle_nanos(&self, window_nanos: u64) -> u64 {
         self.audit_flush_nanos()
+            + sparse_span_nanos(window_nanos)
             + 2 * duration_nanos(self.config.sync_interval)
             + duration_nanos(self.config.peer_silence) / 4
     }
@@ -592,7 +628,7 @@ impl Node {
         if let (Some(window), Audit::On { group, .. }) =
             (window_nanos(&policy.limit, policy.audit), policy.audit)
         {
-            follower.audit.add(now, cost, allowed, (group, window));
+            follower.audit.add(now, cost, allowed, (group, window, small_hits(&policy.limit, window)));
         }
     }
 
@@ -617,7 +653,8 @@ impl Node {
         }
         let init = || KeyMeta::new(policy.clone(), false);
         self.keys.upsert_with(key, &policy.limit, now, init, |_, meta| {
-            meta.follower().audit.add(now, cost, allowed, (group, window));
+            let small = small_hits(&policy.limit, window);
+            meta.follower().audit.add(now, cost, allowed, (group, window, small));
         });
         self.dirty.insert(key);
     }
@@ -734,7 +771,7 @@ impl Node {
         let (flush_nanos, me) = (self.audit_flush_nanos(), self.id);
         let pieces = self.update_key(key, |_, meta| {
             let tally = &mut meta.follower.as_mut()?.audit;
-            let due = owner == me || tally.oldest().is_some_and(|at| now.nanos_since(at) >= flush_nanos);
+            let due = owner == me || tally.due(now, flush_nanos);
             due.then(|| tally.take(key, owner, now))
         });
         let pieces = pieces.flatten().unwrap_or_default();
@@ -759,9 +796,9 @@ impl Node {
         if !self.due_epoch.is_multiple_of(CLOSE_EVERY_ROUNDS) {
             return;
         }
-        let settle = self.audit_settle_nanos();
-        let calm = now >= self.audit.disturbed_at.add_nanos(settle);
-        let settled_nanos = now.as_nanos().saturating_sub(settle);
+        // Settle times differ by window length (a sparse piece spans up to half a window).
+        let settle_base = self.audit_settle_nanos(0);
+        let (disturbed_at, now_nanos) = (self.audit.disturbed_at, now.as_nanos());
         let regions = self.regions.active();
         let departed = self.audit.departed_at.map(|at| at.as_nanos());
         let keys: Vec<KeyHash> = self.audit.keys.iter().copied().collect();
@@ -775,7 +812,9 @@ impl Node {
                     }
                     let Slot::Audited(record) = &mut meta.audit else { return None };
                     let window = record.window_nanos;
-                    let until_index = if calm { settled_nanos / window } else { 0 };
+                    let settle = settle_base + sparse_span_nanos(window);
+                    let calm = now >= disturbed_at.add_nanos(settle);
+                    let until_index = if calm { now_nanos.saturating_sub(settle) / window } else { 0 };
                     // A window still open when a member was forgotten (it left the view for good)
                     // may lack what that member decided: incomplete.
                     let incomplete =
@@ -916,7 +955,7 @@ mod tests {
     fn a_tally_tells_each_owner_the_group_once_and_splits_pieces_by_slot() {
         let mut tally = Tally::default();
         for ms in [0, 40, 99, 100, 150] {
-            tally.add(at(10 * SECOND + ms * 1_000_000), 1, ms != 150, (7, SECOND));
+            tally.add(at(10 * SECOND + ms * 1_000_000), 1, ms != 150, (7, SECOND, 0));
         }
         let now = at(10 * SECOND + 200_000_000);
         let first = tally.take(KeyHash(1), NodeId(2), now);
@@ -925,13 +964,32 @@ mod tests {
         assert_eq!((first[1].admitted, first[1].refused), (1, 1));
         assert_eq!((first[0].first_age_nanos, first[0].last_age_nanos), (200_000_000, 101_000_000));
         assert!(first.iter().all(|p| (p.group, p.window_nanos) == (7, SECOND)), "{first:?}");
-        tally.add(now, 1, true, (7, SECOND));
+        tally.add(now, 1, true, (7, SECOND, 0));
         let again = tally.take(KeyHash(1), NodeId(2), now);
         assert_eq!((again[0].group, again[0].window_nanos), (0, 0), "told already");
-        tally.add(now, 1, true, (7, SECOND));
+        tally.add(now, 1, true, (7, SECOND, 0));
         let moved = tally.take(KeyHash(1), NodeId(3), now);
         assert_eq!((moved[0].group, moved[0].window_nanos), (7, SECOND), "a new owner is told");
         assert!(tally.oldest().is_none());
+    }
+
+    #[test]
+    fn a_sparse_key_sends_a_piece_per_half_window_not_one_per_hit() {
+        let mut tally = Tally::default();
+        let flush = 100_000_000;
+        for ms in [0, 150, 300, 450] {
+            let now = at(SECOND + ms * 1_000_000);
+            tally.add(now, 1, true, (7, SECOND, 4));
+            assert!(!tally.due(now, flush), "few hits: the piece grows");
+        }
+        assert!(tally.due(at(SECOND + 500_000_000), flush), "half a window old");
+        assert_eq!(tally.take(KeyHash(1), NodeId(2), at(SECOND + 500_000_000)).len(), 1);
+        // Past `small` hits a piece is dense again: split by tenths of the window.
+        for ms in [0, 10, 20, 30, 40, 150] {
+            tally.add(at(2 * SECOND + ms * 1_000_000), 1, true, (7, SECOND, 4));
+        }
+        assert!(tally.due(at(2 * SECOND + 150_000_000), flush));
+        assert_eq!(tally.take(KeyHash(1), NodeId(2), at(2 * SECOND + 150_000_000)).len(), 2);
     }
 
     #[test]
