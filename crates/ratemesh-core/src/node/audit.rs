@@ -34,10 +34,9 @@
 
 use crate::prelude::*;
 use alloc::collections::{BTreeMap, VecDeque};
-use alloc::sync::Arc;
 use core::time::Duration;
 
-use indexmap::IndexSet;
+use indexmap::IndexMap;
 
 use super::api::Audit;
 use super::*;
@@ -65,6 +64,11 @@ const WINDOW_NANOS_MAX: u64 = 3_600_000_000_000;
 const WINDOW_NANOS_MIN: u64 = 10_000_000;
 /// The longest audit window that can be asked for: a day.
 const WINDOW_NANOS_LONGEST: u64 = 86_400_000_000_000;
+/// How long after its last pieces a member counts as a sender at the owner, and keeps sending
+/// the owner a frame at least every [`KEEPALIVE_NANOS`] (see `AuditBook::senders`).
+const SENDER_ACTIVE_NANOS: u64 = 60_000_000_000;
+/// The longest a member that sent an owner pieces lately stays silent towards it.
+const KEEPALIVE_NANOS: u64 = 500_000_000;
 /// How often a follower tells an owner a key's group and window again (see [`Tally`]).
 const ANNOUNCE_EVERY_NANOS: u64 = 10_000_000_000;
 /// Separates the audit's random stream (the ideal buckets) from the node's.
@@ -91,7 +95,7 @@ pub(crate) fn window_nanos(limit: &Limit, audit: Audit) -> Option<u64> {
 }
 
 /// A follower's hits on one key since they last went to the owner.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct Tally {
     pieces: Vec<Piece>,
     /// The group and window the hits were counted under (the last check's policy).
@@ -100,6 +104,8 @@ pub(crate) struct Tally {
     /// A piece of at most this many hits is sparse: it may span up to [`sparse_span_nanos`]
     /// (a key far below its limit costs a piece per half window, not one per hit).
     small: u64,
+    /// The key's owner in this node's view (the pieces go there).
+    owner: NodeId,
     /// The owner last told the group and window, and when: later pieces to it leave them out
     /// (0: 2 bytes instead of 15 a piece), until it changes or [`ANNOUNCE_EVERY_NANOS`] passed
     /// (an owner that restarted has forgotten).
@@ -132,6 +138,11 @@ fn small_hits(limit: &Limit, window_nanos: u64) -> u64 {
 }
 
 impl Tally {
+    /// An empty tally for `owner`.
+    pub fn new(owner: NodeId) -> Tally {
+        Tally { pieces: Vec::new(), group: 0, window_nanos: 0, small: 0, owner, announced: None }
+    }
+
     /// Counts `cost` hits decided at `now` under `audit` (a group, a window and the most hits of
     /// a sparse piece); a piece spans at most a slot of the window, or a sparse span while it
     /// holds few hits.
@@ -235,6 +246,8 @@ pub(crate) struct Record {
     open_from: u64,
     open: VecDeque<OpenWindow>,
     done: VecDeque<AuditWindow>,
+    /// The limit audited against (the owner's policy of the key when the record began).
+    limit: Limit,
     /// The ideal limiter, fed with every closed window's arrivals in order.
     ideal: Bucket,
 }
@@ -250,6 +263,7 @@ impl Record {
             open_from: index,
             open: VecDeque::new(),
             done: VecDeque::new(),
+            limit: limit.clone(),
             ideal: Bucket::new(limit, start),
         }
     }
@@ -330,7 +344,6 @@ impl Record {
     /// returns them.
     fn close(
         &mut self,
-        limit: &Limit,
         until_index: u64,
         incomplete: impl Fn(u64) -> bool,
         rng: &mut CoreRng,
@@ -344,7 +357,7 @@ impl Record {
             let Some(window) = self.open.pop_front() else { break };
             self.open_from = window.index + 1;
             let complete = window.index >= self.first_index && !forced && !incomplete(window.index);
-            let done = self.feed(limit, &window, complete, rng);
+            let done = self.feed(&window, complete, rng);
             closed.push(done);
             self.done.push_back(done);
         }
@@ -352,7 +365,8 @@ impl Record {
     }
 
     /// Feeds a window's arrivals to the ideal limiter, slot by slot in chunks.
-    fn feed(&mut self, limit: &Limit, window: &OpenWindow, complete: bool, rng: &mut CoreRng) -> AuditWindow {
+    fn feed(&mut self, window: &OpenWindow, complete: bool, rng: &mut CoreRng) -> AuditWindow {
+        let limit = &self.limit;
         let slot = self.slot_nanos();
         let start = window.index * self.window_nanos;
         let mut ideal = 0u64;
@@ -364,7 +378,7 @@ impl Record {
                     continue;
                 }
                 let at = Instant::from_nanos(start + s as u64 * slot + (2 * c + 1) * slot / (2 * chunks));
-                ideal = ideal.saturating_add(admit_most(&mut self.ideal, limit, hits, at, rng));
+                ideal = ideal.saturating_add(admit_most(&mut self.ideal, &self.limit, hits, at, rng));
             }
         }
         AuditWindow {
@@ -412,29 +426,13 @@ fn window_limit(limit: &Limit, window_nanos: u64) -> u64 {
     u64::try_from(scaled).unwrap_or(u64::MAX).max(1)
 }
 
-/// What the audit of a key holds in its entry at the owner.
-#[derive(Clone, Debug, Default)]
-pub(crate) enum Slot {
-    /// Not looked at yet.
-    #[default]
-    Unknown,
-    /// Not audited here (off, not sampled, or past the cap).
-    Skipped,
-    /// Audited.
-    Audited(Box<Record>),
-}
-
-impl Slot {
-    /// How long the key's entry must stay for its audit: until its open windows can have closed
-    /// (by force, at the latest) and its closed ones are older than the span.
-    pub fn keep_until(&self) -> Instant {
-        let Slot::Audited(record) = self else { return Instant::ZERO };
-        let window = record.window_nanos;
-        let open =
-            record.open.back().map_or(0, |w| (w.index + 1 + WINDOWS_OPEN_MAX as u64).saturating_mul(window));
-        let done =
-            record.done.back().map_or(0, |w| ((w.index + 1) * window).saturating_add(AUDIT_SPAN_NANOS));
-        Instant::from_nanos(open.max(done))
+impl Record {
+    /// Whether the record has nothing more to say: no open window, and its last closed one
+    /// older than the span.
+    fn idle(&self, now: Instant) -> bool {
+        let window = self.window_nanos;
+        let last = self.done.back().map_or(0, |w| (w.index + 1).saturating_mul(window));
+        self.open.is_empty() && last.saturating_add(AUDIT_SPAN_NANOS.max(2 * window)) < now.as_nanos()
     }
 }
 
@@ -540,16 +538,30 @@ pub struct AuditStats {
     pub late_hits: u64,
     /// Pieces for keys this node does not own (a view changed): dropped.
     pub stray_pieces: u64,
+    /// Hits not counted at all: the tallies were full (as many keys as the key table holds).
+    pub tally_overflow_hits: u64,
 }
 
 /// The owner-side audit of a node: which keys it audits, and the figures per group.
 #[derive(Debug)]
 pub(crate) struct AuditBook {
-    keys: IndexSet<KeyHash, KeyHasherBuilder>,
+    /// The keys this node audits as their owner (at most `audit_keys_max`).
+    records: IndexMap<KeyHash, Record, KeyHasherBuilder>,
+    /// Hits this node answered of keys others own, not sent yet (at most the key table's
+    /// `keys_max` keys; hits beyond are counted in `AuditStats::tally_overflow_hits`).
+    tallies: IndexMap<KeyHash, Tally, KeyHasherBuilder>,
     groups: BTreeMap<(u64, u64), VecDeque<GroupWindow>>,
     /// When a ring member was last seen unreachable (or the view changed): windows close a settle
     /// time after it.
     disturbed_at: Instant,
+    /// Owner side: the members that sent pieces lately, and when the last came. Until
+    /// [`SENDER_ACTIVE_NANOS`] after it, a window closes only once each was heard from a settle
+    /// time after its end (a member cut off holds the windows of its cut open).
+    senders: BTreeMap<NodeId, Instant>,
+    /// Member side: the owners this node sent pieces lately, and when; and when it last sent each
+    /// a frame for the audit (pieces, or a heartbeat that says it is still there and has sent
+    /// what it had).
+    sent_to: BTreeMap<NodeId, (Instant, Instant)>,
     /// When a member last left the view: windows open then are incomplete.
     departed_at: Option<Instant>,
     rng: CoreRng,
@@ -559,9 +571,12 @@ pub(crate) struct AuditBook {
 impl AuditBook {
     pub fn new(seed: u64) -> AuditBook {
         AuditBook {
-            keys: IndexSet::default(),
+            records: IndexMap::default(),
+            tallies: IndexMap::default(),
             groups: BTreeMap::new(),
             disturbed_at: Instant::ZERO,
+            senders: BTreeMap::new(),
+            sent_to: BTreeMap::new(),
             departed_at: None,
             rng: rand::SeedableRng::seed_from_u64(seed ^ AUDIT_RNG_SALT),
             stats: AuditStats::default(),
@@ -569,8 +584,7 @@ impl AuditBook {
     }
 
     fn sampled(&self, key: KeyHash) -> bool {
-        let bits = self.stats.sample_bits;
-        bits == 0 || (bits < 128 && key.0 >> (128 - bits) == 0)
+        sampled_at(key, self.stats.sample_bits)
     }
 
     fn add_to_group(&mut self, group: (u64, u64), window: &AuditWindow) {
@@ -600,138 +614,122 @@ impl AuditBook {
 }
 
 impl Node {
-    /// How long after its first hit a follower's piece goes to the owner at the latest.
+    /// How long after its first hit a follower's piece goes to the owner at the earliest.
     pub(super) fn audit_flush_nanos(&self) -> u64 {
         2 * duration_nanos(self.config.sync_interval)
     }
 
     /// How long after the end of a window of `window_nanos` (and after every ring member was last
-    /// unreachable) the owner closes it: a flush, a sparse piece's span, a round and a margin.
+    /// unreachable) the owner closes it: a sparse piece's span and its longest wait for a frame
+    /// to ride (each up to half the window, at most a second), two rounds and a margin.
     pub(super) fn audit_settle_nanos(&self, window_nanos: u64) -> u64 {
         self.audit_flush_nanos()
-            + sparse_span_nanos(window_nanos)
+            + 2 * sparse_span_nanos(window_nanos)
             + 2 * duration_nanos(self.config.sync_interval)
             + duration_nanos(self.config.peer_silence) / 4
     }
 
-    /// A follower's decision: counted into its tally.
-    pub(super) fn audit_tally(
-        follower: &mut Follower,
+    /// Whether the audit runs on this node (`NodeConfig::audit_keys_max` > 0).
+    fn audit_on(&self) -> bool {
+        self.config.audit_keys_max > 0
+    }
+
+    /// The owner's decision of its own client's check: counted into the key's record (begun
+    /// here if the key is to be audited). The checks it decides for other nodes are counted where
+    /// they were answered.
+    pub(super) fn audit_decided(
+        &mut self,
+        key: KeyHash,
         policy: &Policy,
         now: Instant,
         cost: u64,
         allowed: bool,
     ) {
-        if cost == 0 {
+        if cost == 0 || !self.audit_on() {
             return;
         }
-        if let (Some(window), Audit::On { group, .. }) =
-            (window_nanos(&policy.limit, policy.audit), policy.audit)
-        {
-            follower.audit.add(now, cost, allowed, (group, window, small_hits(&policy.limit, window)));
+        let (admitted, refused) = if allowed { (cost, 0) } else { (0, cost) };
+        let hits = Hits { from: now, to: now, admitted, refused };
+        if let Some(record) = self.audit.records.get_mut(&key) {
+            if record.limit.spec() == policy.limit.spec() {
+                let late = record.add(now, now, admitted, refused);
+                self.audit.stats.late_hits = self.audit.stats.late_hits.saturating_add(late);
+                return;
+            }
+            // The key's limit changed (an override): audited afresh against the new one.
+            self.audit.records.swap_remove(&key);
         }
+        self.audit_adopt(key, policy.audit, &policy.limit, hits);
     }
 
-    /// A forwarded check's answer (or a refusal without asking) this node gave its client: counted
-    /// into the key's tally here (the owner does not count the checks it decides for others), or
-    /// into the record when this node owns the key by now.
+    /// A check this node answered its client for a key another node owns (from an allowance,
+    /// refused unasked or while its share is spent, by the fallback, or forwarded and answered):
+    /// into the key's tally, for its owner (counted here when this node owns the key by now).
     pub(super) fn audit_answered(
         &mut self,
         key: KeyHash,
-        policy: &Arc<Policy>,
+        policy: &Policy,
         now: Instant,
         cost: u64,
         allowed: bool,
     ) {
-        let on = cost > 0 && self.config.audit_keys_max > 0;
-        let Some(window) = window_nanos(&policy.limit, policy.audit).filter(|_| on) else { return };
-        let Audit::On { group, .. } = policy.audit else { return };
-        if self.ring.owner(key) == Some(self.id) {
-            let (admitted, refused) = if allowed { (cost, 0) } else { (0, cost) };
-            let hits = Hits { from: now, to: now, admitted, refused };
-            return self.audit_hits(key, Some(policy.audit), hits);
+        if cost == 0 || !self.audit_on() {
+            return;
         }
-        let init = || KeyMeta::new(policy.clone(), false);
-        self.keys.upsert_with(key, &policy.limit, now, init, |_, meta| {
-            let small = small_hits(&policy.limit, window);
-            meta.follower().audit.add(now, cost, allowed, (group, window, small));
-        });
-        self.dirty.insert(key);
-    }
-
-    /// After the owner decided `cost` hits of `key` (its own check or a forwarded one) with the
-    /// key's entry in hand: counted when the key has a record; `Adopt` when it was never looked
-    /// at ([`Node::audit_adopt`] decides).
-    pub(super) fn audit_in_entry(slot: &mut Slot, now: Instant, cost: u64, allowed: bool) -> AuditStep {
-        let (admitted, refused) = if allowed { (cost, 0) } else { (0, cost) };
-        match slot {
-            _ if cost == 0 => AuditStep::Done(0),
-            Slot::Audited(record) => AuditStep::Done(record.add(now, now, admitted, refused)),
-            Slot::Skipped => AuditStep::Done(0),
-            Slot::Unknown => AuditStep::Adopt(Hits { from: now, to: now, admitted, refused }),
+        let (Some(window), Audit::On { group, .. }) =
+            (window_nanos(&policy.limit, policy.audit), policy.audit)
+        else {
+            return;
+        };
+        let owner = self.ring.owner(key).unwrap_or(self.id);
+        if owner == self.id {
+            return self.audit_decided(key, policy, now, cost, allowed);
         }
-    }
-
-    /// Ends what [`Node::audit_in_entry`] began.
-    pub(super) fn audit_finish(&mut self, key: KeyHash, audit: Audit, step: AuditStep) {
-        match step {
-            AuditStep::Done(0) => {}
-            AuditStep::Done(late) => {
-                self.audit.stats.late_hits = self.audit.stats.late_hits.saturating_add(late)
+        let full = self.audit.tallies.len() >= self.config.store.keys_max;
+        let tally = match self.audit.tallies.get_mut(&key) {
+            Some(tally) => tally,
+            None if full => {
+                self.audit.stats.tally_overflow_hits =
+                    self.audit.stats.tally_overflow_hits.saturating_add(cost);
+                return;
             }
-            AuditStep::Adopt(hits) => self.audit_adopt(key, audit, hits),
-        }
+            None => self.audit.tallies.entry(key).or_insert(Tally::new(owner)),
+        };
+        tally.owner = owner;
+        tally.add(now, cost, allowed, (group, window, small_hits(&policy.limit, window)));
     }
 
-    /// Decides whether this owner audits `key` (off, not sampled, past the cap: skipped for good,
-    /// until it changes owner) and counts `hits` if so.
-    fn audit_adopt(&mut self, key: KeyHash, audit: Audit, hits: Hits) {
-        let sampled = self.audit.sampled(key) && self.config.audit_keys_max > 0;
-        let adopted = self.update_key(key, |_, meta| {
-            if !meta.owned || !matches!(meta.audit, Slot::Unknown) {
-                return None;
-            }
-            let window = window_nanos(&meta.policy.limit, audit).filter(|_| sampled);
-            let (Some(window), Audit::On { group, .. }) = (window, audit) else {
-                meta.audit = Slot::Skipped;
-                return None;
-            };
-            let mut record = Box::new(Record::new(group, window, &meta.policy.limit, hits.from));
-            let late = record.add(hits.from, hits.to, hits.admitted, hits.refused);
-            meta.audit = Slot::Audited(record);
-            Some(late)
-        });
-        if let Some(Some(late)) = adopted {
-            self.audit.stats.late_hits = self.audit.stats.late_hits.saturating_add(late);
-            self.audit.keys.insert(key);
-            self.audit_cap();
+    /// Begins `key`'s record with `hits` if the key is to be audited: its policy says so, it is
+    /// in the sample, and (past the cap) the sample narrows until the records fit.
+    fn audit_adopt(&mut self, key: KeyHash, audit: Audit, limit: &Limit, hits: Hits) {
+        let (Some(window), Audit::On { group, .. }) = (window_nanos(limit, audit), audit) else { return };
+        if !self.audit.sampled(key) {
+            return;
         }
-    }
-
-    /// Past the cap, requires one more zero bit of the hash and drops the records that no longer
-    /// qualify, until the records fit.
-    fn audit_cap(&mut self) {
-        while self.audit.keys.len() > self.config.audit_keys_max && self.audit.stats.sample_bits < 128 {
+        let mut record = Record::new(group, window, limit, hits.from);
+        let late = record.add(hits.from, hits.to, hits.admitted, hits.refused);
+        self.audit.stats.late_hits = self.audit.stats.late_hits.saturating_add(late);
+        self.audit.records.insert(key, record);
+        while self.audit.records.len() > self.config.audit_keys_max && self.audit.stats.sample_bits < 128 {
             self.audit.stats.sample_bits += 1;
-            let dropped: Vec<KeyHash> =
-                self.audit.keys.iter().copied().filter(|&k| !self.audit.sampled(k)).collect();
-            for key in dropped {
-                self.audit.keys.swap_remove(&key);
-                self.update_key(key, |_, meta| meta.audit = Slot::Skipped);
-            }
+            let book = &mut self.audit;
+            let bits = book.stats.sample_bits;
+            book.records.retain(|&k, _| sampled_at(k, bits));
         }
-        self.audit.stats.keys = self.audit.keys.len() as u64;
+        self.audit.stats.keys = self.audit.records.len() as u64;
     }
 
-    /// Pieces from `from`, a node that decided hits of keys this node owns.
+    /// Pieces from `from`, a node that answered checks of keys this node owns.
     pub(super) fn on_audit(&mut self, from: NodeId, pieces: Vec<AuditPiece>, now: Instant) {
+        if pieces.is_empty() {
+            return;
+        }
+        if from != self.id {
+            self.audit.senders.insert(from, now);
+        }
         let half_rtt = self.peers.srtt_nanos(from).unwrap_or(0) / 2;
         for piece in pieces {
             let key = KeyHash(piece.key);
-            // Window 0: the group and window were told before (the owner has the key's record,
-            // or cannot place the hits: stray).
-            let window = Some(Duration::from_nanos(piece.window_nanos));
-            let audit = (piece.window_nanos > 0).then_some(Audit::On { group: piece.group, window });
             let back =
                 |age: u64| Instant::from_nanos(now.as_nanos().saturating_sub(age.saturating_add(half_rtt)));
             let hits = Hits {
@@ -740,121 +738,184 @@ impl Node {
                 admitted: piece.admitted,
                 refused: piece.refused,
             };
-            self.audit_hits(key, audit, hits);
-        }
-    }
-
-    /// Counts `hits` into `key`'s record at this owner (adopting the key if it was never looked at).
-    fn audit_hits(&mut self, key: KeyHash, audit: Option<Audit>, hits: Hits) {
-        let step = self.update_key(key, |_, meta| {
-            if !meta.owned {
-                return None;
+            if self.ring.owner(key) != Some(self.id) {
+                self.audit.stats.stray_pieces += 1;
+                continue;
             }
-            Some(match &mut meta.audit {
-                Slot::Audited(record) => {
-                    AuditStep::Done(record.add(hits.from, hits.to, hits.admitted, hits.refused))
-                }
-                Slot::Skipped => AuditStep::Done(0),
-                Slot::Unknown => AuditStep::Adopt(hits),
-            })
-        });
-        match (step.flatten(), audit) {
-            (Some(AuditStep::Adopt(_)), None) | (None, _) => self.audit.stats.stray_pieces += 1,
-            (Some(step), Some(audit)) => self.audit_finish(key, audit, step),
-            (Some(step), None) => self.audit_finish(key, Audit::Off, step),
+            if let Some(record) = self.audit.records.get_mut(&key) {
+                let late = record.add(hits.from, hits.to, hits.admitted, hits.refused);
+                self.audit.stats.late_hits = self.audit.stats.late_hits.saturating_add(late);
+                continue;
+            }
+            // Window 0: the group and window were told before; a record that is gone (the
+            // sample narrowed) is not begun again from such a piece.
+            let limit = self.keys.extra(key).map(|meta| meta.policy.limit.clone());
+            let (Some(limit), true) = (limit, piece.window_nanos > 0) else {
+                self.audit.stats.stray_pieces += 1;
+                continue;
+            };
+            let window = Some(Duration::from_nanos(piece.window_nanos));
+            self.audit_adopt(key, Audit::On { group: piece.group, window }, &limit, hits);
         }
     }
 
-    /// A follower's tally of `key`, for the owner once its oldest hit is a flush old (it goes
-    /// with the round's reports), or counted here when this node owns the key by now.
-    pub(super) fn audit_flush(&mut self, key: KeyHash, owner: NodeId, now: Instant) -> Vec<AuditPiece> {
-        let (flush_nanos, me) = (self.audit_flush_nanos(), self.id);
-        let pieces = self.update_key(key, |_, meta| {
-            let tally = &mut meta.follower.as_mut()?.audit;
-            let due = owner == me || tally.due(now, flush_nanos);
-            due.then(|| tally.take(key, owner, now))
-        });
-        let pieces = pieces.flatten().unwrap_or_default();
-        if self.config.audit_keys_max == 0 {
-            // The audit is off on this node, both ways: nothing is sent (what a member built
-            // before the audit could not decode: `docs/protocol.md`, mixed versions).
-            return Vec::new();
-        }
-        if owner != self.id {
-            return pieces;
-        }
-        self.on_audit(self.id, pieces, now);
-        Vec::new()
-    }
-
-    /// At every sync round: notes whether a ring member is unreachable; every
-    /// [`CLOSE_EVERY_ROUNDS`] rounds, closes the windows that are due.
-    pub(super) fn audit_round(&mut self, now: Instant) {
-        if self.members.iter().any(|&m| m != self.id && !self.peers.reachable(m, now)) {
-            self.audit.disturbed_at = now;
-        }
-        if !self.due_epoch.is_multiple_of(CLOSE_EVERY_ROUNDS) {
+    /// At the end of a sync round, every other round: sends the tallies due (their oldest hit a
+    /// flush old, a sparse piece grown) to their owners — with a frame the round sends the owner
+    /// anyway, or alone once one has waited as long as a sparse piece may grow. An owner that is
+    /// unreachable gets them when it is back; this node's own keys (it became their owner) are
+    /// counted here.
+    pub(super) fn audit_send(&mut self, now: Instant) {
+        if !self.due_epoch.is_multiple_of(2) || self.audit.tallies.is_empty() {
             return;
         }
-        // Settle times differ by window length (a sparse piece spans up to half a window).
-        let settle_base = self.audit_settle_nanos(0);
-        let (disturbed_at, now_nanos) = (self.audit.disturbed_at, now.as_nanos());
-        let regions = self.regions.active();
-        let departed = self.audit.departed_at.map(|at| at.as_nanos());
-        let keys: Vec<KeyHash> = self.audit.keys.iter().copied().collect();
-        for key in keys {
-            let rng = &mut self.audit.rng;
-            let closed = self.keys.extra(key).map(|meta| meta.policy.limit.clone()).and_then(|limit| {
-                self.keys.update(key, &limit, |_, meta| {
-                    if !meta.owned {
-                        meta.audit = Slot::Unknown;
-                        return None;
-                    }
-                    let Slot::Audited(record) = &mut meta.audit else { return None };
-                    let window = record.window_nanos;
-                    let settle = settle_base + sparse_span_nanos(window);
-                    let calm = now >= disturbed_at.add_nanos(settle);
-                    let until_index = if calm { now_nanos.saturating_sub(settle) / window } else { 0 };
-                    // A window still open when a member was forgotten (it left the view for good)
-                    // may lack what that member decided: incomplete.
-                    let incomplete =
-                        |index: u64| regions || departed.is_some_and(|d| index.saturating_mul(window) <= d);
-                    let closed = record.close(&meta.policy.limit, until_index, incomplete, rng);
-                    record.trim(now.as_nanos() / window);
-                    Some((record.group, window, closed))
-                })
-            });
-            match closed.flatten() {
-                Some((group, window, closed)) => {
-                    for w in &closed {
-                        self.audit.add_to_group((group, window), w);
-                    }
-                }
-                None => {
-                    self.audit.keys.swap_remove(&key);
+        if !self.audit_on() {
+            self.audit.tallies.clear();
+            return;
+        }
+        let flush = self.audit_flush_nanos();
+        // The owners that get pieces this round.
+        let mut owners: Vec<NodeId> = Vec::new();
+        for tally in self.audit.tallies.values().filter(|t| t.due(now, flush)) {
+            let overdue = tally
+                .oldest()
+                .is_some_and(|at| now.nanos_since(at) >= flush + 2 * sparse_span_nanos(tally.window_nanos));
+            let riding = self.outgoing.contains_key(&tally.owner) || tally.owner == self.id;
+            // An owner out of reach gets its pieces when it is back.
+            let reachable = tally.owner == self.id || self.peers.reachable(tally.owner, now);
+            if (riding || overdue) && reachable && !owners.contains(&tally.owner) {
+                owners.push(tally.owner);
+            }
+        }
+        let mut pieces: BTreeMap<NodeId, Vec<AuditPiece>> = BTreeMap::new();
+        for (&key, tally) in self.audit.tallies.iter_mut() {
+            if owners.contains(&tally.owner) && tally.due(now, flush) {
+                let owner = tally.owner;
+                pieces.entry(owner).or_default().extend(tally.take(key, owner, now));
+            }
+        }
+        // An empty tally is kept while its owner knows the key's group (a later piece can leave
+        // it out).
+        self.audit.tallies.retain(|_, t| {
+            t.oldest().is_some()
+                || t.announced.is_some_and(|(_, at)| now.nanos_since(at) < ANNOUNCE_EVERY_NANOS)
+        });
+        for (owner, pieces) in pieces {
+            if owner == self.id {
+                self.on_audit(owner, pieces, now);
+                continue;
+            }
+            for chunk in pieces.chunks(self.config.sync_batch_len_max.max(1)) {
+                self.send(owner, Body { audit: chunk.to_vec(), ..Body::default() }, now);
+            }
+            self.audit.sent_to.insert(owner, (now, now));
+        }
+        self.audit_keepalives(now);
+    }
+
+    /// A member that sent an owner pieces lately sends it a frame at least every
+    /// [`KEEPALIVE_NANOS`] (a heartbeat when nothing else goes): the owner, which waits to hear
+    /// from its recent senders before it closes a window, tells a member that is quiet from one
+    /// that is cut off.
+    fn audit_keepalives(&mut self, now: Instant) {
+        self.audit.sent_to.retain(|_, (pieces_at, _)| now.nanos_since(*pieces_at) < SENDER_ACTIVE_NANOS);
+        let due: Vec<NodeId> = self
+            .audit
+            .sent_to
+            .iter()
+            .filter(|(owner, (_, frame_at))| {
+                !self.outgoing.contains_key(owner) && now.nanos_since(*frame_at) >= KEEPALIVE_NANOS
+            })
+            .map(|(&owner, _)| owner)
+            .collect();
+        for owner in due {
+            // An empty frame, sequenced (acknowledged) like a probe: `send` leaves empty bodies out.
+            if self.peers.reachable(owner, now)
+                && let Some(transmit) = self.peers.send(owner, Body::default(), now)
+            {
+                self.transmits.push_back(transmit);
+                if let Some((_, frame_at)) = self.audit.sent_to.get_mut(&owner) {
+                    *frame_at = now;
                 }
             }
         }
-        self.audit.stats.keys = self.audit.keys.len() as u64;
+        for (owner, (_, frame_at)) in self.audit.sent_to.iter_mut() {
+            if self.outgoing.contains_key(owner) {
+                *frame_at = now;
+            }
+        }
     }
 
-    /// A view change at `now`: windows open now close only a settle time later, and those open
-    /// when a member was `forgotten` (gone from the view's live and dead members) are incomplete.
+    /// At the start of every sync round: notes whether a ring member is unreachable; every
+    /// [`CLOSE_EVERY_ROUNDS`] rounds, closes the windows that are due and drops the records of
+    /// keys this node no longer owns or that have gone quiet.
+    pub(super) fn audit_round(&mut self, now: Instant) {
+        // A member unreachable, or a recent sender silent past its keepalives (cut off: what it
+        // answered meanwhile comes after it is back, a flush and a ride later).
+        let silent =
+            |m: &NodeId| self.peers.heard_at(*m).is_none_or(|at| now.nanos_since(at) > 2 * KEEPALIVE_NANOS);
+        let unreachable = self.members.iter().any(|&m| m != self.id && !self.peers.reachable(m, now));
+        if unreachable || self.audit.senders.keys().any(silent) {
+            self.audit.disturbed_at = now;
+        }
+        if !self.due_epoch.is_multiple_of(CLOSE_EVERY_ROUNDS) || self.audit.records.is_empty() {
+            return;
+        }
+        let settle_base = self.audit_settle_nanos(0);
+        // What every recent sender has sent is in up to when it was last heard from.
+        self.audit.senders.retain(|_, at| now.nanos_since(*at) < SENDER_ACTIVE_NANOS + KEEPALIVE_NANOS);
+        let heard = |m: &NodeId| self.peers.heard_at(*m).unwrap_or(Instant::ZERO);
+        let watermark = self.audit.senders.keys().map(heard).min().unwrap_or(now).min(now);
+        let regions = self.regions.active();
+        let (ring, id) = (&self.ring, self.id);
+        let book = &mut self.audit;
+        let (disturbed_at, departed) = (book.disturbed_at, book.departed_at.map(|at| at.as_nanos()));
+        let mut closed_all: Vec<((u64, u64), AuditWindow)> = Vec::new();
+        book.records.retain(|&key, record| {
+            if ring.owner(key) != Some(id) {
+                return false;
+            }
+            let window = record.window_nanos;
+            let settle = settle_base + 2 * sparse_span_nanos(window);
+            let calm = now >= disturbed_at.add_nanos(settle);
+            let until_index = if calm { watermark.as_nanos().saturating_sub(settle) / window } else { 0 };
+            // A window still open when a member was forgotten (it left the view for good) may
+            // lack what that member answered: incomplete.
+            let incomplete =
+                |index: u64| regions || departed.is_some_and(|d| index.saturating_mul(window) <= d);
+            for w in record.close(until_index, incomplete, &mut book.rng) {
+                closed_all.push(((record.group, window), w));
+            }
+            record.trim(now.as_nanos() / window);
+            !record.idle(now)
+        });
+        for (group, window) in closed_all {
+            book.add_to_group(group, &window);
+        }
+        book.stats.keys = book.records.len() as u64;
+    }
+
+    /// A view change at `now`: windows open now close only a settle time later, those open when
+    /// a member was `forgotten` (gone from the view's live and dead members) are incomplete, and
+    /// tallies go to their keys' owners in the new ring.
     pub(super) fn audit_view_changed(&mut self, now: Instant, forgotten: bool) {
         self.audit.disturbed_at = now;
         if forgotten {
             self.audit.departed_at = Some(now);
         }
+        let (ring, id) = (&self.ring, self.id);
+        for (&key, tally) in self.audit.tallies.iter_mut() {
+            tally.owner = ring.owner(key).unwrap_or(id);
+        }
     }
 
-    /// The audit's figures per group and window length over the last minute (or the last closed
-    /// window, when windows are longer), from the keys this node owns.
+    /// The audit's figures per group and window length over the last minute (or the last two
+    /// windows, when windows are longer), from the keys this node owns.
     pub fn audit_figures(&self, now: Instant) -> Vec<AuditFigures> {
         let figures = self.audit.groups.iter().map(|(&(group, window), windows)| {
             let since = now.as_nanos().saturating_sub(AUDIT_SPAN_NANOS.max(2 * window));
             let mut sums = AuditSums::default();
             let mut incomplete_key_windows = 0;
-            for w in windows.iter().filter(|w| (w.index + 1) * window >= since) {
+            for w in windows.iter().filter(|w| (w.index + 1).saturating_mul(window) >= since) {
                 sums.merge(&w.complete);
                 incomplete_key_windows += w.incomplete_keys;
             }
@@ -866,49 +927,38 @@ impl Node {
     /// The `n` keys this node owns with the most hits admitted above the ideal over the last
     /// minute (ties: the highest admitted/limit ratio), in `group` if given.
     pub fn audit_worst_keys(&self, group: Option<u64>, n: usize, now: Instant) -> Vec<AuditKeyFigures> {
-        let mut keys: Vec<AuditKeyFigures> = self
-            .audit
-            .keys
-            .iter()
-            .filter_map(|&key| {
-                let Slot::Audited(record) = &self.keys.extra(key)?.audit else { return None };
-                if group.is_some_and(|g| g != record.group) {
-                    return None;
-                }
-                let since = now.as_nanos().saturating_sub(AUDIT_SPAN_NANOS.max(2 * record.window_nanos));
+        let records = self.audit.records.iter().filter(|(_, r)| group.is_none_or(|g| g == r.group));
+        let mut keys: Vec<AuditKeyFigures> = records
+            .map(|(&key, record)| {
+                let window = record.window_nanos;
+                let since = now.as_nanos().saturating_sub(AUDIT_SPAN_NANOS.max(2 * window));
                 let mut sums = AuditSums::default();
                 let mut incomplete_windows = 0;
-                for w in record.done.iter().filter(|w| (w.index + 1) * record.window_nanos >= since) {
+                for w in record.done.iter().filter(|w| (w.index + 1).saturating_mul(window) >= since) {
                     match w.complete {
                         true => sums.add(w),
                         false => incomplete_windows += 1,
                     }
                 }
-                let window = Duration::from_nanos(record.window_nanos);
-                Some(AuditKeyFigures { key, group: record.group, window, sums, incomplete_windows })
+                let window = Duration::from_nanos(window);
+                AuditKeyFigures { key, group: record.group, window, sums, incomplete_windows }
             })
             .collect();
         let ratio = |f: &AuditKeyFigures| {
             f.sums.worst.map_or(0, |(a, l)| u128::from(a) * 1_000_000 / u128::from(l.max(1)))
         };
         keys.sort_by(|a, b| {
-            b.sums
-                .over_admitted
-                .cmp(&a.sums.over_admitted)
-                .then(ratio(b).cmp(&ratio(a)))
-                .then(a.key.cmp(&b.key))
+            let by_over = b.sums.over_admitted.cmp(&a.sums.over_admitted);
+            by_over.then(ratio(b).cmp(&ratio(a))).then(a.key.cmp(&b.key))
         });
         keys.truncate(n);
         keys
     }
 
-    /// The closed windows of `key` this node keeps (the last minute's), oldest first: for tests and
-    /// the simulator's comparison with its oracle.
+    /// The closed windows of `key` this node keeps (the last minute's), oldest first: for tests
+    /// and the simulator's comparison with its oracle.
     pub fn audit_windows(&self, key: KeyHash) -> Vec<AuditWindow> {
-        match self.keys.extra(key).map(|meta| &meta.audit) {
-            Some(Slot::Audited(record)) => record.done.iter().copied().collect(),
-            _ => Vec::new(),
-        }
+        self.audit.records.get(&key).map_or_else(Vec::new, |r| r.done.iter().copied().collect())
     }
 
     /// The audit's counters.
@@ -917,22 +967,18 @@ impl Node {
     }
 }
 
+/// Whether `key` is in the sample of keys audited when `bits` top bits must be zero.
+fn sampled_at(key: KeyHash, bits: u32) -> bool {
+    bits == 0 || (bits < 128 && key.0 >> (128 - bits) == 0)
+}
+
 /// Hits spread over `[from, to]` on the owner's clock.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Hits {
+struct Hits {
     from: Instant,
     to: Instant,
     admitted: u64,
     refused: u64,
-}
-
-/// What counting a decision in a key's entry left to do.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum AuditStep {
-    /// Counted (or not audited); this many hits fell in closed windows.
-    Done(u64),
-    /// The key was never looked at: decide whether to audit it, then count.
-    Adopt(Hits),
 }
 
 #[cfg(test)]
@@ -953,7 +999,7 @@ mod tests {
 
     #[test]
     fn a_tally_tells_each_owner_the_group_once_and_splits_pieces_by_slot() {
-        let mut tally = Tally::default();
+        let mut tally = Tally::new(NodeId(2));
         for ms in [0, 40, 99, 100, 150] {
             tally.add(at(10 * SECOND + ms * 1_000_000), 1, ms != 150, (7, SECOND, 0));
         }
@@ -975,7 +1021,7 @@ mod tests {
 
     #[test]
     fn a_sparse_key_sends_a_piece_per_half_window_not_one_per_hit() {
-        let mut tally = Tally::default();
+        let mut tally = Tally::new(NodeId(2));
         let flush = 100_000_000;
         for ms in [0, 150, 300, 450] {
             let now = at(SECOND + ms * 1_000_000);
@@ -999,7 +1045,7 @@ mod tests {
         let mut rng = CoreRng::seed_from_u64(1);
         // 40 hits over [3.9 s, 4.1 s]: half in window 3, half in window 4.
         assert_eq!(record.add(at(3_900_000_000), at(4_100_000_000), 30, 10), 0);
-        let closed = record.close(&limit, 4, |_| false, &mut rng);
+        let closed = record.close(4, |_| false, &mut rng);
         assert_eq!(closed.len(), 1);
         let w = closed[0];
         assert_eq!((w.index, w.admitted, w.arrivals, w.complete), (3, 15, 20, true), "{w:?}");
@@ -1019,7 +1065,7 @@ mod tests {
         for s in 0..(WINDOWS_OPEN_MAX as u64 + 3) {
             record.add(at(s * SECOND), at(s * SECOND), 1, 0);
         }
-        let closed = record.close(&limit, 0, |_| false, &mut rng);
+        let closed = record.close(0, |_| false, &mut rng);
         assert_eq!(closed.len(), 3, "the three oldest beyond the bound");
         assert!(closed.iter().all(|w| !w.complete), "closed by force: incomplete {closed:?}");
         assert_eq!(record.open.len(), WINDOWS_OPEN_MAX);

@@ -7,7 +7,6 @@ use alloc::sync::Arc;
 use super::owner::{admitted_from_allowance, refused_until_grant};
 use super::sizing::need_for;
 use super::*;
-use crate::wire::AuditPiece;
 
 /// What a follower does with a check.
 pub(super) enum FollowerStep {
@@ -42,48 +41,41 @@ impl Node {
             || KeyMeta::new(policy.clone(), false),
             |bucket, meta| {
                 let follower = meta.follower();
-                let step = 'decided: {
-                    if follower.owner != Some(owner) {
-                        follower.follow(owner, keys::new_epoch(rng));
-                    }
-                    follower.demand.add(cost.max(1), now, half_life);
-                    // An allowance held is spent first: the owner debited it, and the key being over
-                    // its limit for others (a refused forward) does not make it void.
-                    if follower.allowance.take(cost, now) {
-                        follower.used = follower.used.saturating_add(cost.max(1));
-                        let left = follower.allowance.live(now);
-                        break 'decided Some(FollowerStep::Decided(admitted_from_allowance(
-                            bucket, limit, left, now,
-                        )));
-                    }
-                    if follower.over_until > now && cost > 0 && cost >= follower.over_cost {
-                        follower.refused_unasked = follower.refused_unasked.saturating_add(cost);
-                        let retry = follower.over_until.nanos_since(now);
-                        break 'decided Some(FollowerStep::Decided(
-                            bucket.peek(limit, cost, now).refused_for(Some(retry)),
-                        ));
-                    }
-                    if !reachable {
-                        break 'decided None;
-                    }
-                    if follower.contended && cost > 0 {
-                        // Asked and refused: the owner learns of this demand at the next report.
-                        follower.refused = follower.refused.saturating_add(cost);
-                        let decision = refused_until_grant(bucket, limit, cost, now, retry_floor);
-                        break 'decided Some(FollowerStep::Decided(decision));
-                    }
-                    Some(FollowerStep::Forward)
-                };
-                if let Some(FollowerStep::Decided(decision)) = &step {
-                    Node::audit_tally(follower, policy, now, cost, decision.allowed);
+                if follower.owner != Some(owner) {
+                    follower.follow(owner, keys::new_epoch(rng));
                 }
-                step
+                follower.demand.add(cost.max(1), now, half_life);
+                // An allowance held is spent first: the owner debited it, and the key being over
+                // its limit for others (a refused forward) does not make it void.
+                if follower.allowance.take(cost, now) {
+                    follower.used = follower.used.saturating_add(cost.max(1));
+                    let left = follower.allowance.live(now);
+                    return Some(FollowerStep::Decided(admitted_from_allowance(bucket, limit, left, now)));
+                }
+                if follower.over_until > now && cost > 0 && cost >= follower.over_cost {
+                    follower.refused_unasked = follower.refused_unasked.saturating_add(cost);
+                    let retry = follower.over_until.nanos_since(now);
+                    return Some(FollowerStep::Decided(
+                        bucket.peek(limit, cost, now).refused_for(Some(retry)),
+                    ));
+                }
+                if !reachable {
+                    return None;
+                }
+                if follower.contended && cost > 0 {
+                    // Asked and refused: the owner learns of this demand at the next report.
+                    follower.refused = follower.refused.saturating_add(cost);
+                    let decision = refused_until_grant(bucket, limit, cost, now, retry_floor);
+                    return Some(FollowerStep::Decided(decision));
+                }
+                Some(FollowerStep::Forward)
             },
         );
         match step {
             Some(FollowerStep::Decided(decision)) => {
                 self.stats.allowance_decisions += 1;
                 self.dirty.insert(key);
+                self.audit_answered(key, policy, now, cost, decision.allowed);
                 FollowerStep::Decided(decision)
             }
             Some(FollowerStep::Forward) => FollowerStep::Forward,
@@ -129,9 +121,7 @@ impl Node {
             if follower.owner != Some(owner) {
                 follower.follow(owner, keys::new_epoch(rng));
             }
-            let decision = decide_by_fallback(policy, local_limit.as_ref(), bucket, follower, cost, now, rng);
-            Node::audit_tally(follower, policy, now, cost, decision.allowed);
-            decision
+            decide_by_fallback(policy, local_limit.as_ref(), bucket, follower, cost, now, rng)
         })
     }
 
@@ -208,21 +198,16 @@ impl Node {
         self.fallbacks_since_sync += 1;
         let decision = self.decide_by_fallback_here(owner, policy, key, cost, now);
         self.dirty.insert(key);
+        self.audit_answered(key, policy, now, cost, decision.allowed);
         decision
     }
 
     /// `key`'s report for its owner, if it has news: a key without news costs nothing (an idle
     /// key, or one whose checks are forwarded, sends no report). A key whose owner is unreachable
     /// keeps its news for when the owner is back, and one still active is due again next round.
-    pub(super) fn key_report(
-        &mut self,
-        key: KeyHash,
-        now: Instant,
-    ) -> Option<(NodeId, Option<Report>, Vec<AuditPiece>)> {
+    pub(super) fn key_report(&mut self, key: KeyHash, now: Instant) -> Option<(NodeId, Report)> {
         let owner = self.ring.owner(key).unwrap_or(self.id);
         if owner == self.id {
-            // Hits decided here before this node owned the key: into its own audit.
-            self.audit_flush(key, owner, now);
             return None;
         }
         if !self.peers.reachable(owner, now) {
@@ -249,35 +234,20 @@ impl Node {
             Some((report, active))
         });
         let (report, active) = outcome.flatten()?;
-        let pieces = self.audit_flush(key, owner, now);
-        let tallying = self
-            .keys
-            .extra(key)
-            .and_then(|m| m.follower.as_ref())
-            .is_some_and(|f| f.audit.oldest().is_some());
-        if active || tallying {
+        if active {
             self.dirty.insert(key);
         }
-        Some((owner, report, pieces))
+        Some((owner, report?))
     }
 
-    /// Sends `reports` (at most `sync_batch_len_max`) to `owner`, whose answers are now expected,
-    /// and audit pieces with them.
-    pub(super) fn send_reports_to(
-        &mut self,
-        owner: NodeId,
-        reports: Vec<Report>,
-        audit: Vec<AuditPiece>,
-        now: Instant,
-    ) {
-        if !reports.is_empty() {
-            self.stats.reports_sent += reports.len() as u64;
-            self.peers.expect(owner, now, self.release_nanos());
-        }
-        if reports.is_empty() && audit.is_empty() {
+    /// Sends `reports` (at most `sync_batch_len_max`) to `owner`, whose answers are now expected.
+    pub(super) fn send_reports_to(&mut self, owner: NodeId, reports: Vec<Report>, now: Instant) {
+        if reports.is_empty() {
             return;
         }
-        self.send(owner, Body { report: reports, audit, ..Body::default() }, now);
+        self.stats.reports_sent += reports.len() as u64;
+        self.peers.expect(owner, now, self.release_nanos());
+        self.send(owner, Body { report: reports, ..Body::default() }, now);
     }
 
     /// How long an allowance must last at this node before a report's answer can renew it.

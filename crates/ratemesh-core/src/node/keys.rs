@@ -39,8 +39,6 @@ pub(crate) struct KeyMeta {
     pub region: Option<Box<super::region::RegionLease>>,
     /// Regions: the ledger of every region's lease (as the key's home owner).
     pub home: Option<Box<super::region::HomeLedger>>,
-    /// Owner only: the audit of the key (`audit.rs`).
-    pub audit: super::audit::Slot,
 }
 
 /// Marks a key due in sync round `epoch` (`KeyMeta::own_due_epoch` or `replica_due_epoch`):
@@ -70,7 +68,6 @@ impl KeyMeta {
             replica_due_epoch: 0,
             region: None,
             home: None,
-            audit: super::audit::Slot::Unknown,
         }
     }
 
@@ -113,8 +110,7 @@ impl KeyExtra for KeyMeta {
         // the home counts the region as using).
         let lease = self.region.as_ref().map_or(Instant::ZERO, |lease| lease.until);
         let ledger = self.home.as_ref().map_or(Instant::ZERO, |home| home.until());
-        let audit = self.audit.keep_until();
-        let owner_side = shares.max(own).max(lease).max(ledger).max(audit);
+        let owner_side = shares.max(own).max(lease).max(ledger);
         let Some(follower) = self.follower.as_ref() else { return owner_side };
         if follower.has_news() || follower.allowance.hits > 0 {
             return Instant::MAX;
@@ -333,8 +329,6 @@ pub(crate) struct Follower {
     pub reported_at: Option<Instant>,
     /// The frame order of the grant whose state and flags are applied.
     pub grant_order: u128,
-    /// Hits decided here not yet sent to the owner's audit (`audit.rs`).
-    pub audit: super::audit::Tally,
 }
 
 impl Follower {
@@ -346,7 +340,6 @@ impl Follower {
             || self.seed_pending
             || self.used > 0
             || self.refused > 0
-            || self.audit.oldest().is_some()
     }
 
     /// Whether this round's report is due: the owner must debit or credit something, or learn of

@@ -37,7 +37,7 @@ impl Node {
         let sizing = self.sizing_context(self.id, now);
         let (epoch, replicate) = (self.due_epoch, self.replicates());
         let rng = &mut self.rng;
-        let (decision, due, audit) = self.keys.upsert_with(
+        let (decision, own_due, replica_due) = self.keys.upsert_with(
             key,
             limit.as_ref().unwrap_or(&policy.limit),
             now,
@@ -59,12 +59,10 @@ impl Node {
                 let shared = !meta.participants.is_empty();
                 let own_due = approximate && shared && keys::mark_due(&mut meta.own_due_epoch, epoch);
                 let replica_due = tracked && replicate && keys::mark_due(&mut meta.replica_due_epoch, epoch);
-                let audit = Node::audit_in_entry(&mut meta.audit, now, cost, decision.allowed);
-                (decision, (own_due, replica_due), audit)
+                (decision, own_due, replica_due)
             },
         );
-        let (own_due, replica_due) = due;
-        self.audit_finish(key, policy.audit, audit);
+        self.audit_decided(key, policy, now, cost, decision.allowed);
         self.region_touched(key, policy, now);
         // Marked in the key's entry, which the check has just touched: a key already due this
         // round costs no probe of the sets (most checks of a busy key).

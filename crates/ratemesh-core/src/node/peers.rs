@@ -238,6 +238,11 @@ impl Peers {
         self.peers.get(&peer).is_some_and(|p| p.expect_until > now)
     }
 
+    /// When a frame from `peer` last arrived (its first heartbeat counts).
+    pub fn heard_at(&self, peer: NodeId) -> Option<Instant> {
+        self.peers.get(&peer).map(|p| p.heard_at)
+    }
+
     /// The smoothed round-trip time to each member peer that has acknowledged a frame.
     pub fn round_trips(&self) -> impl Iterator<Item = (NodeId, u64)> + '_ {
         self.peers.iter().filter(|(_, p)| p.member).filter_map(|(&id, p)| Some((id, p.srtt_nanos?)))
@@ -320,7 +325,9 @@ impl Peers {
                 Some(frame) if frame.sent_at.add_nanos(config.sync_nanos) <= now => {
                     // Sent again without backing off: a keepalive, not a timeout.
                     frame.sent_at = now;
-                    again.push((id, frame.seq, frame.body.clone()));
+                    let mut body = frame.body.clone();
+                    body.age_audit(now.nanos_since(frame.first_sent_at));
+                    again.push((id, frame.seq, body));
                 }
                 Some(_) => {}
                 None => silent.push((id, now.sub_nanos(silence_nanos(&config, peer)))),
@@ -415,7 +422,9 @@ impl Peers {
                 frame.lost = false;
                 frame.sent_at = now;
                 frame.retransmits += 1;
-                due.push((id, frame.seq, frame.body.clone()));
+                let mut body = frame.body.clone();
+                body.age_audit(now.nanos_since(frame.first_sent_at));
+                due.push((id, frame.seq, body));
             }
             // A timeout backs the peer's timeout off until a frame sent once is acknowledged
             // (RFC 6298 5.5): with a timeout below the round trip every frame would be sent twice,

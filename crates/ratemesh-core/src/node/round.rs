@@ -19,8 +19,6 @@
 use crate::prelude::*;
 use alloc::collections::BTreeMap;
 
-use crate::wire::AuditPiece;
-
 use super::*;
 
 /// A sync round in progress: the keys it has still to visit and the entries taken so far.
@@ -38,8 +36,6 @@ pub(super) struct SyncRound {
     report_batches: BTreeMap<NodeId, Vec<Report>>,
     /// Replicas taken and not sent yet, per successor (each under `sync_batch_len_max`).
     replica_batches: BTreeMap<NodeId, Vec<KeyState>>,
-    /// Audit pieces taken and not sent yet, per owner (sent with the reports).
-    audit_batches: BTreeMap<NodeId, Vec<AuditPiece>>,
 }
 
 impl SyncRound {
@@ -89,8 +85,7 @@ impl Node {
         let (reports, own) = (round.reports.len(), round.own.len());
         for index in round.visited..end {
             if index < reports {
-                let key = round.reports[index];
-                self.take_key_report(key, now, &mut round);
+                self.take_key_report(round.reports[index], now, &mut round.report_batches);
             } else if index < reports + own {
                 self.refresh_own_allowance(round.own[index - reports], &sizing);
             } else {
@@ -104,33 +99,24 @@ impl Node {
             self.round = Some(round);
             return;
         }
-        let mut audit = round.audit_batches;
         for (owner, reports) in round.report_batches {
-            let pieces = audit.remove(&owner).unwrap_or_default();
-            self.send_reports_to(owner, reports, pieces, now);
-        }
-        for (owner, pieces) in audit {
-            self.send_reports_to(owner, Vec::new(), pieces, now);
+            self.send_reports_to(owner, reports, now);
         }
         for (successor, states) in round.replica_batches {
             self.send_replicas_to(successor, states, now);
         }
+        // With the round's frames: audit pieces ride them (`audit.rs`).
+        self.audit_send(now);
         // After the round's sends, as every round: a key whose replica was due goes out before
         // the sweep may drop it as fresh.
         self.keys.sweep(now);
     }
 
     /// Takes `key`'s report, if it has news for its owner, into `batches`; a full batch is sent.
-    fn take_key_report(&mut self, key: KeyHash, now: Instant, round: &mut SyncRound) {
-        let Some((owner, report, pieces)) = self.key_report(key, now) else { return };
-        let len_max = self.config.sync_batch_len_max.max(1);
-        let audit = round.audit_batches.entry(owner).or_default();
-        audit.extend(pieces);
-        let audit_full = audit.len() >= len_max;
-        let full = report.and_then(|r| push_batched(&mut round.report_batches, owner, r, len_max));
-        if full.is_some() || audit_full {
-            let pieces = round.audit_batches.remove(&owner).unwrap_or_default();
-            self.send_reports_to(owner, full.unwrap_or_default(), pieces, now);
+    fn take_key_report(&mut self, key: KeyHash, now: Instant, batches: &mut BTreeMap<NodeId, Vec<Report>>) {
+        let Some((owner, report)) = self.key_report(key, now) else { return };
+        if let Some(full) = push_batched(batches, owner, report, self.config.sync_batch_len_max) {
+            self.send_reports_to(owner, full, now);
         }
     }
 

@@ -2195,7 +2195,8 @@ fn the_owner_audits_what_the_whole_cluster_admitted() {
         let policy = policy(mode, 100, 100);
         let k = key_owned_by(1, &[1, 2, 3]);
         let seconds = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 6);
-        cluster.run_for(Duration::from_secs(2));
+        // The last window closes a settle time (1.25 s) and a closing round after its end.
+        cluster.run_for(Duration::from_secs(3));
         let windows = cluster.node(1).audit_windows(k);
         println!("{mode:?}: seen {seconds:?}\naudit {windows:?}");
         for &(index, admitted) in &seconds {
@@ -2236,7 +2237,7 @@ fn the_audit_reports_an_over_admission_in_a_cut_after_the_heal() {
     let cut = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 4);
     let before_heal = cluster.node(1).audit_windows(k);
     cluster.cut.clear();
-    cluster.run_for(Duration::from_secs(2));
+    cluster.run_for(Duration::from_secs(3));
     let windows = cluster.node(1).audit_windows(k);
     println!("cut {cut:?}\nbefore the heal {before_heal:?}\nafter {windows:?}");
     assert!(

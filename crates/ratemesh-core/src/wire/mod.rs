@@ -165,6 +165,15 @@ impl Body {
             + self.audit.len()
     }
 
+    /// Ages the audit pieces by `nanos` (a retransmission, sent so long after the frame was
+    /// first: their ages count back from each send).
+    pub fn age_audit(&mut self, nanos: u64) {
+        for piece in &mut self.audit {
+            piece.first_age_nanos = piece.first_age_nanos.saturating_add(nanos);
+            piece.last_age_nanos = piece.last_age_nanos.saturating_add(nanos);
+        }
+    }
+
     /// Appends what `other` says (section by section, in order).
     pub fn append(&mut self, mut other: Body) {
         self.forward.append(&mut other.forward);
