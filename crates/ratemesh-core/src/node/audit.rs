@@ -13,14 +13,19 @@
 //!
 //! The owner keeps, per audited key, the windows still open ([`Record`]): per tenth of a window
 //! (a slot) the hits that arrived and were admitted, a piece spread evenly over the slots its
-//! span covers. A window closes once it ended [`Node::audit_settle_nanos`] ago and every member
-//! of the ring has been reachable for that long (what they decided in it has arrived); while one
-//! is not, windows stay open (up to [`WINDOWS_OPEN_MAX`]) and close when it is heard again, with
-//! what it admitted meanwhile. Closing feeds the window's arrivals, slot by slot in chunks, to an
-//! ideal bucket of the key's limit that lives as long as the record: what it admits is the
-//! window's ideal. A window is *complete* unless the owner did not own the key for all of it, a
-//! member left the view during it or before it closed, or it was closed by force; figures use
-//! complete windows only, and count the others.
+//! span covers. A window closes once it ended [`Node::audit_settle_nanos`] ago, every member of
+//! the ring has been reachable that long, and every member that sent pieces lately has been heard
+//! from since (a member that did keeps sending its owner a frame every half second for a minute);
+//! while one is not, windows stay open (up to [`WINDOWS_OPEN_MAX`]) and close when it is heard
+//! again, with what it answered meanwhile. A node that stops owning a key (the view changed, or a
+//! partition the failure detector saw healed and the side that owned the key on its own gives it
+//! back) hands its open windows over to the new owner as pieces. Closing feeds the window's
+//! arrivals, slot by slot in chunks, to an ideal bucket of the key's limit that lives as long as
+//! the record: what it admits is the window's ideal. A window is *complete* unless the owner did
+//! not own the key for all of it, a member left the view (for good) while it was open, it was
+//! closed by force, the cluster has several regions, or it follows an incomplete one within the
+//! ideal limiter's memory (the time its capacity takes to refill); figures use complete windows
+//! only, and count the others.
 //!
 //! Per group (a driver's policy) and window length the owner sums the closed windows of the last
 //! minute ([`AUDIT_SPAN_NANOS`], or the last window when windows are longer): admitted, ideal,
@@ -242,6 +247,9 @@ pub(crate) struct Record {
     window_nanos: u64,
     /// Windows before this one were not (all) the owner's: incomplete.
     first_index: u64,
+    /// Windows before this one are incomplete too: within the ideal limiter's memory of a window
+    /// that lacked hits ([`ideal_memory_windows`]: its state still depends on what it missed).
+    trusted_from: u64,
     /// Windows before this one are closed (or began before the record): hits for them are late.
     open_from: u64,
     open: VecDeque<OpenWindow>,
@@ -260,6 +268,7 @@ impl Record {
             group,
             window_nanos,
             first_index: index + u64::from(now > start),
+            trusted_from: 0,
             open_from: index,
             open: VecDeque::new(),
             done: VecDeque::new(),
@@ -356,7 +365,13 @@ impl Record {
             }
             let Some(window) = self.open.pop_front() else { break };
             self.open_from = window.index + 1;
-            let complete = window.index >= self.first_index && !forced && !incomplete(window.index);
+            let partial = window.index < self.first_index || forced || incomplete(window.index);
+            if partial {
+                let memory = ideal_memory_windows(&self.limit, self.window_nanos);
+                self.trusted_from =
+                    self.trusted_from.max(window.index.saturating_add(1).saturating_add(memory));
+            }
+            let complete = !partial && window.index >= self.trusted_from;
             let done = self.feed(&window, complete, rng);
             closed.push(done);
             self.done.push_back(done);
@@ -419,6 +434,15 @@ fn admit_most(bucket: &mut Bucket, limit: &Limit, hits: u64, at: Instant, rng: &
     0
 }
 
+/// How many windows after an incomplete one the ideal limiter's state may still depend on what it
+/// missed: the time its capacity takes to refill (a window algorithm's period), in windows, at
+/// least one.
+fn ideal_memory_windows(limit: &Limit, window_nanos: u64) -> u64 {
+    let period = u128::from(duration_nanos(limit.spec().period));
+    let memory = u128::from(limit.capacity()) * period / u128::from(limit.reported_limit().max(1));
+    u64::try_from(memory.div_ceil(u128::from(window_nanos.max(1)))).unwrap_or(u64::MAX).max(1)
+}
+
 /// The limit over one audit window: the policy's limit scaled from its period to the window.
 fn window_limit(limit: &Limit, window_nanos: u64) -> u64 {
     let period = duration_nanos(limit.spec().period).max(1);
@@ -427,6 +451,40 @@ fn window_limit(limit: &Limit, window_nanos: u64) -> u64 {
 }
 
 impl Record {
+    /// The hits of the windows still open, as pieces for the key's new owner (this node no longer
+    /// owns the key: the two sides of a partition each owned it, and the side that gives it back
+    /// hands over what it counted), ages counted back from `now`.
+    fn hand_over(&self, key: KeyHash, now: Instant) -> Vec<AuditPiece> {
+        let slot = self.slot_nanos();
+        let mut pieces = Vec::new();
+        for window in &self.open {
+            let arrivals: u64 = window.arrivals.iter().fold(0, |sum: u64, &n| sum.saturating_add(n));
+            let (mut seen, mut admitted_before) = (0u64, 0u64);
+            for (s, &n) in window.arrivals.iter().enumerate() {
+                if n == 0 {
+                    continue;
+                }
+                seen = seen.saturating_add(n);
+                // The window's admitted hits, spread like its arrivals (cumulative, rounded).
+                let admitted_until =
+                    (u128::from(window.admitted) * u128::from(seen) / u128::from(arrivals.max(1))) as u64;
+                let admitted = admitted_until - admitted_before;
+                admitted_before = admitted_until;
+                let start = (window.index * SLOTS_PER_WINDOW + s as u64).saturating_mul(slot);
+                pieces.push(AuditPiece {
+                    key: key.0,
+                    group: self.group,
+                    window_nanos: self.window_nanos,
+                    first_age_nanos: now.as_nanos().saturating_sub(start),
+                    last_age_nanos: now.as_nanos().saturating_sub(start + slot - 1),
+                    admitted,
+                    refused: n.saturating_sub(admitted),
+                });
+            }
+        }
+        pieces
+    }
+
     /// Whether the record has nothing more to say: no open window, and its last closed one
     /// older than the span.
     fn idle(&self, now: Instant) -> bool {
@@ -870,8 +928,10 @@ impl Node {
         let book = &mut self.audit;
         let (disturbed_at, departed) = (book.disturbed_at, book.departed_at.map(|at| at.as_nanos()));
         let mut closed_all: Vec<((u64, u64), AuditWindow)> = Vec::new();
+        let mut handed: BTreeMap<NodeId, Vec<AuditPiece>> = BTreeMap::new();
         book.records.retain(|&key, record| {
-            if ring.owner(key) != Some(id) {
+            if let Some(owner) = ring.owner(key).filter(|&o| o != id) {
+                handed.entry(owner).or_default().extend(record.hand_over(key, now));
                 return false;
             }
             let window = record.window_nanos;
@@ -892,6 +952,12 @@ impl Node {
             book.add_to_group(group, &window);
         }
         book.stats.keys = book.records.len() as u64;
+        for (owner, pieces) in handed {
+            for chunk in pieces.chunks(self.config.sync_batch_len_max.max(1)) {
+                self.send(owner, Body { audit: chunk.to_vec(), ..Body::default() }, now);
+            }
+            self.audit.sent_to.insert(owner, (now, now));
+        }
     }
 
     /// A view change at `now`: windows open now close only a settle time later, those open when

@@ -2256,3 +2256,50 @@ fn the_audit_reports_an_over_admission_in_a_cut_after_the_heal() {
     let figures = cluster.node(1).audit_figures(now);
     assert!(figures[0].sums.over_admitted >= 90, "{figures:?}");
 }
+
+/// A partition the failure detector sees: each side owns the key in its own view, node 3 alone
+/// under itself (each side enforcing its share of the limit). After the heal node 3 hands what
+/// it counted over to the owner, whose windows of the cut stayed open meanwhile: they close
+/// complete, with both sides' arrivals and admissions.
+#[test]
+fn the_audit_sees_both_sides_of_a_split_once_healed() {
+    let mut cluster = Cluster::new(3);
+    let base = policy(Mode::Approximate, 100, 100);
+    let policy = Arc::new(Policy { fallback: Fallback::FailOpen, ..Policy::clone(&base) });
+    let k = key_owned_by(1, &[1, 2, 3]);
+    load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 2);
+    let all: Vec<NodeId> = (1..=3).map(NodeId).collect();
+    let view = |live: &[u64], dead: &[u64]| MemberView {
+        live: live.iter().copied().map(NodeId).collect(),
+        dead: dead.iter().copied().map(NodeId).collect(),
+        regions: Vec::new(),
+    };
+    for other in [1, 2] {
+        cluster.cut.push((NodeId(3), NodeId(other)));
+        cluster.cut.push((NodeId(other), NodeId(3)));
+    }
+    let now = cluster.now;
+    cluster.node(1).handle_membership(now, view(&[1, 2], &[3]));
+    cluster.node(2).handle_membership(now, view(&[1, 2], &[3]));
+    cluster.node(3).handle_membership(now, view(&[3], &[1, 2]));
+    cluster.drain();
+    let cut = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 4);
+    cluster.cut.clear();
+    let now = cluster.now;
+    for id in 1..=3 {
+        cluster
+            .node(id)
+            .handle_membership(now, MemberView { live: all.clone(), dead: vec![], regions: Vec::new() });
+    }
+    cluster.drain();
+    cluster.run_for(Duration::from_secs(4));
+    let windows = cluster.node(1).audit_windows(k);
+    println!("cut {cut:?}\nowner's windows {windows:?}");
+    assert!(cluster.node(3).audit_windows(k).is_empty(), "node 3 handed its record over");
+    for &(index, admitted) in &cut[1..] {
+        let w = windows.iter().find(|w| w.index == index).expect("audited");
+        assert!(w.complete, "{w:?}");
+        assert!(w.admitted.abs_diff(admitted) <= 4, "both sides' hits: {w:?} against {admitted}");
+        assert!(w.arrivals.abs_diff(210) <= 4, "both sides' arrivals: {w:?}");
+    }
+}
