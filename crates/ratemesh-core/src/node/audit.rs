@@ -99,6 +99,14 @@ pub(crate) fn window_nanos(limit: &Limit, audit: Audit) -> Option<u64> {
     })
 }
 
+impl Policy {
+    /// The audit window of a key under this policy ([`AuditWindow::index`] counts these on the
+    /// owner's clock); `None` when it is not audited (off, or a concurrency limit).
+    pub fn audit_window(&self) -> Option<Duration> {
+        window_nanos(&self.limit, self.audit).map(Duration::from_nanos)
+    }
+}
+
 /// A follower's hits on one key since they last went to the owner.
 #[derive(Clone, Debug)]
 pub(crate) struct Tally {

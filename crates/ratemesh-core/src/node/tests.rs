@@ -2303,3 +2303,29 @@ fn the_audit_sees_both_sides_of_a_split_once_healed() {
         assert!(w.arrivals.abs_diff(210) <= 4, "both sides' arrivals: {w:?}");
     }
 }
+
+/// A policy names its audit window: 1 s for the bucket algorithms, the period (within 1 s and
+/// 1 h) for the window algorithms, the one asked for, and none when off or for a concurrency
+/// limit (the simulator lines the owner's windows up with its oracle by it).
+#[test]
+fn a_policy_names_its_audit_window() {
+    let with = |algorithm, period: Duration, audit| {
+        let spec = LimitSpec::new(algorithm, 10, period);
+        let limit = Limit::new(spec).expect("valid");
+        Policy { limit, mode: Mode::Approximate, fallback: Fallback::LocalShare, audit }.audit_window()
+    };
+    let on = api::Audit::default();
+    let (second, minute) = (Duration::from_secs(1), Duration::from_secs(60));
+    assert_eq!(with(Algorithm::TokenBucket, minute, on), Some(second));
+    assert_eq!(with(Algorithm::Gcra, minute, on), Some(second));
+    assert_eq!(with(Algorithm::FixedWindow, minute, on), Some(minute));
+    assert_eq!(with(Algorithm::SlidingWindowLog, Duration::from_millis(100), on), Some(second));
+    assert_eq!(
+        with(Algorithm::FixedWindow, Duration::from_secs(86_400), on),
+        Some(Duration::from_secs(3_600))
+    );
+    let ten = api::Audit::On { group: 3, window: Some(Duration::from_secs(10)) };
+    assert_eq!(with(Algorithm::TokenBucket, second, ten), Some(Duration::from_secs(10)));
+    assert_eq!(with(Algorithm::TokenBucket, second, api::Audit::Off), None);
+    assert_eq!(with(Algorithm::Concurrency, second, on), None);
+}
