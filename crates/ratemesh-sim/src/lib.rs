@@ -9,11 +9,14 @@
 //! - [`engine::World`]: one strategy's run: virtual time, event queue, nodes, network, faults.
 //! - [`strategy::SimNode`]: the node interface every strategy implements.
 //! - [`sweep`]: grids of scenarios from one file, worst of several seeds per point.
+//! - [`audit`]: the owners' audit (the core's) lined up with the oracle, window by window
+//!   ([`run_strategy_audited`]; `tests/audit.rs`).
 //!
 //! One seed decides everything random, split into independent streams per purpose
 //! ([`rng::substream`]). There is no wall clock, no thread and no hash-map iteration anywhere: the
 //! same scenario and seed give the same run bit for bit, which [`Report::digest`] checks.
 
+pub mod audit;
 pub mod clock;
 pub mod engine;
 mod error;
@@ -96,6 +99,16 @@ pub fn run_strategies(
         .map(|&strategy| run_strategy(scenario, strategy, seed, None))
         .collect::<Result<Vec<RunOutput>, SimError>>()?;
     Ok(Report::new(scenario, seed, &runs))
+}
+
+/// Runs one strategy on `scenario` with `seed`, comparing the owners' audit with the oracle
+/// ([`audit`]): the output's `audit` holds the comparison.
+pub fn run_strategy_audited(
+    scenario: &Scenario,
+    strategy: StrategyKind,
+    seed: u64,
+) -> Result<RunOutput, SimError> {
+    World::new(scenario, strategy, seed, None)?.with_audit().run()
 }
 
 /// Runs one strategy on `scenario` with `seed`; every event-log line also goes to `sink`.

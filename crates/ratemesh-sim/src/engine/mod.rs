@@ -21,6 +21,7 @@ use self::faults::FaultEvent;
 use self::log::EventLog;
 pub use self::log::LogSink;
 use self::queue::EventQueue;
+use crate::audit::{AuditComparison, AuditLens, COLLECT_EVERY_NANOS};
 use crate::clock::NodeClock;
 use crate::error::SimError;
 use crate::membership::{Membership, PendingView};
@@ -111,6 +112,9 @@ pub struct RunOutput {
     pub events: u64,
     /// Digest of the event log.
     pub digest: u64,
+    /// The owners' audit windows lined up with the simulator's counts (a world
+    /// [`World::with_audit`]).
+    pub audit: Option<AuditComparison>,
 }
 
 /// The simulated world of one strategy run. See the module documentation.
@@ -135,6 +139,10 @@ pub struct World<'a> {
     next_check_id: u64,
     pending_total: usize,
     log: EventLog<'a>,
+    /// Counts for the comparison with the owners' audit, and the windows collected.
+    audit: Option<AuditLens>,
+    /// When the audit windows are collected next (virtual time).
+    next_collect: u64,
 }
 
 impl<'a> World<'a> {
@@ -178,9 +186,32 @@ impl<'a> World<'a> {
             next_check_id: 0,
             pending_total: 0,
             log: EventLog::new(sink),
+            audit: None,
+            next_collect: COLLECT_EVERY_NANOS,
             policies,
             scenario,
         })
+    }
+
+    /// The same world, also comparing the owners' audit with its own counts
+    /// ([`crate::audit`]): the run's output carries the comparison. Only reads the nodes: the run
+    /// is the same, event for event.
+    pub fn with_audit(mut self) -> World<'a> {
+        let windows = (0..self.scenario.workload.keys)
+            .map(|key| {
+                let index = self.scenario.policy_of_key(key);
+                let policy = ratemesh_core::Policy {
+                    limit: self.policies.limits[index].clone(),
+                    mode: ratemesh_core::Mode::Approximate,
+                    fallback: ratemesh_core::Fallback::LocalShare,
+                    audit: crate::strategy::audit_of(index),
+                };
+                policy.audit_window().map(ratemesh_core::duration_nanos)
+            })
+            .collect();
+        let clocks: Vec<NodeClock> = self.slots.iter().map(|s| s.clock).collect();
+        self.audit = Some(AuditLens::new(windows, &clocks));
+        self
     }
 
     /// Runs the scenario to its end, then lets checks still pending be decided: for up to
@@ -195,6 +226,10 @@ impl<'a> World<'a> {
             }
             if draining && matches!(event, Event::Arrival(_) | Event::Fault(_)) {
                 continue;
+            }
+            if at >= self.next_collect {
+                self.next_collect = at.saturating_add(COLLECT_EVERY_NANOS);
+                (0..self.scenario.nodes).for_each(|node| self.collect_audit(node));
             }
             self.now = at;
             self.count_event()?;
@@ -243,6 +278,7 @@ impl<'a> World<'a> {
     }
 
     fn finish(mut self) -> RunOutput {
+        (0..self.scenario.nodes).for_each(|node| self.collect_audit(node));
         for node in 0..self.scenario.nodes {
             self.refuse_pending(node);
         }
@@ -260,6 +296,33 @@ impl<'a> World<'a> {
             events: self.events,
             digest: self.log.digest(),
             recorder: self.recorder,
+            audit: self.audit.as_ref().map(AuditLens::compare),
+        }
+    }
+
+    /// Collects `node`'s closed audit windows (a world with an audit; a running node).
+    fn collect_audit(&mut self, node: u32) {
+        let (Some(lens), Some(n)) = (self.audit.as_mut(), self.slots[node as usize].node.as_deref()) else {
+            return;
+        };
+        lens.collect(node, n, &self.keys);
+    }
+
+    /// Records one request for `key` that arrived at `at_nanos` at `node`, with both decisions
+    /// `(ideal, admitted)`, in the recorder (and the audit's lens); `served`: a node took it.
+    fn record(
+        &mut self,
+        at_nanos: u64,
+        key: u32,
+        node: u32,
+        cost: u64,
+        decisions: (bool, bool),
+        served: bool,
+    ) {
+        let (ideal, admitted) = decisions;
+        self.recorder.record(at_nanos, key, node, cost, ideal, admitted);
+        if let Some(lens) = self.audit.as_mut() {
+            lens.record(at_nanos, key, cost, served, ideal, admitted);
         }
     }
 
@@ -272,7 +335,7 @@ impl<'a> World<'a> {
         let ideal = self.oracle.admit(arrival.key, arrival.cost, arrival.at_nanos);
         let Some(node) = self.route(arrival.node) else {
             self.log.line(format_args!("{} A n- k{} i{} -> R", self.now, arrival.key, u8::from(ideal)));
-            self.recorder.record(arrival.at_nanos, arrival.key, arrival.node, arrival.cost, ideal, false);
+            self.record(arrival.at_nanos, arrival.key, arrival.node, arrival.cost, (ideal, false), false);
             return Ok(());
         };
         let id = self.next_check_id;
@@ -292,13 +355,13 @@ impl<'a> World<'a> {
         match verdict {
             Verdict::Allowed | Verdict::Refused => {
                 let admitted = verdict == Verdict::Allowed;
-                self.recorder.record(
+                self.record(
                     arrival.at_nanos,
                     arrival.key,
                     arrival.node,
                     arrival.cost,
-                    ideal,
-                    admitted,
+                    (ideal, admitted),
+                    true,
                 );
             }
             Verdict::Pending => {
@@ -343,7 +406,7 @@ impl<'a> World<'a> {
         };
         self.pending_total -= 1;
         self.log.line(format_args!("{} D n{node} #{id} {}", self.now, if allowed { 'A' } else { 'R' }));
-        self.recorder.record(check.at_nanos, check.key, check.origin, check.cost, check.ideal, allowed);
+        self.record(check.at_nanos, check.key, check.origin, check.cost, (check.ideal, allowed), true);
     }
 
     /// Checks still pending on `node` are refused (the client got no answer).
@@ -352,7 +415,7 @@ impl<'a> World<'a> {
         self.pending_total -= pending.len();
         for (id, check) in pending {
             self.log.line(format_args!("{} D n{node} #{id} lost", self.now));
-            self.recorder.record(check.at_nanos, check.key, check.origin, check.cost, check.ideal, false);
+            self.record(check.at_nanos, check.key, check.origin, check.cost, (check.ideal, false), true);
         }
     }
 
@@ -482,6 +545,8 @@ impl<'a> World<'a> {
         let view = self.membership.view(observer);
         self.log.line(format_args!("{} V n{observer} live={:?} dead={:?}", self.now, view.live, view.dead));
         let local = self.local_now(observer);
+        // A key this node stops owning loses its audit record at the node's next round.
+        self.collect_audit(observer);
         if let Some(node) = self.node_mut(observer) {
             node.handle_membership(local, &view);
             return self.drain(observer);
@@ -529,6 +594,8 @@ impl<'a> World<'a> {
 
     /// Stops `node`: its state is lost, its pending checks are refused.
     fn kill(&mut self, node: u32) {
+        // What a stopped owner audited is lost with it (the simulator reads it first).
+        self.collect_audit(node);
         let slot = &mut self.slots[node as usize];
         slot.node = None;
         slot.phase = Phase::Down;

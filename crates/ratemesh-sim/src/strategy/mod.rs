@@ -23,7 +23,7 @@ pub use crdt::Crdt;
 pub use gubernator::Gubernator;
 pub use ratemesh::Ratemesh;
 pub(crate) use ratemesh::node_config;
-pub use ratemesh::{member_view, region_fallback, region_id, setup_config};
+pub use ratemesh::{audit_of, member_view, region_fallback, region_id, setup_config};
 pub use static_split::StaticSplit;
 
 use crate::error::SimError;
@@ -145,6 +145,12 @@ pub trait SimNode {
     fn is_serving(&self, now: Instant) -> bool {
         let _ = now;
         true
+    }
+    /// The closed audit windows of `key` this node keeps as its owner (the core's
+    /// `Node::audit_windows`); strategies without an audit keep none.
+    fn audit_windows(&self, key: KeyHash) -> Vec<ratemesh_core::AuditWindow> {
+        let _ = key;
+        Vec::new()
     }
     /// Nothing in fallback and nothing handed off pending. Strategies without a fallback are
     /// always settled.

@@ -47,8 +47,7 @@ impl Ratemesh {
             .enumerate()
             .map(|(index, (limit, exact))| {
                 let own = if *exact { Mode::Exact } else { Mode::Approximate };
-                // Audited per policy, by its index (`tests/audit.rs` compares with the oracle).
-                let audit = Audit::On { group: index as u64, window: None };
+                let audit = audit_of(index);
                 Arc::new(Policy { limit: limit.clone(), mode: mode.unwrap_or(own), fallback, audit })
             })
             .collect();
@@ -128,6 +127,10 @@ impl SimNode for Ratemesh {
         self.node.is_settled()
     }
 
+    fn audit_windows(&self, key: KeyHash) -> Vec<ratemesh_core::AuditWindow> {
+        self.node.audit_windows(key)
+    }
+
     fn handle_leave(&mut self, now: Instant, own_for_nanos: u64, drain_for_nanos: u64) {
         let plan = LeavePlan {
             own_for: Duration::from_nanos(own_for_nanos),
@@ -175,6 +178,12 @@ pub(crate) fn node_config(settings: &NodeSettings, sync_interval_ms: u64, join_g
         join_grace: Duration::from_millis(join_grace_ms),
         ..defaults
     }
+}
+
+/// How the ratemesh strategies audit policy `index` of a scenario: on, in group `index`, over the
+/// limit's default window (`crate::audit` compares the owners' windows with the oracle).
+pub fn audit_of(index: usize) -> Audit {
+    Audit::On { group: index as u64, window: None }
 }
 
 /// The core node's configuration for `setup`: its `[node]` settings and, with regions, its own
