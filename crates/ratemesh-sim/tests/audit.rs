@@ -46,14 +46,18 @@ use ratemesh_sim::{Scenario, StrategyKind, run_strategy_audited};
 /// Seeds per scenario and sweep point.
 const SEEDS: u64 = 5;
 /// Admitted, arrivals and ideal sums: the audit's within this share of the simulator's (plus
-/// [`SLACK_HITS`]). Measured on seeds 1–5: at most 0.46 % (the arrivals of one run; 0.29 % for
-/// admitted, 0.35 % for the ideal, which the audit feeds arrivals in tenths of a window).
+/// [`SLACK_HITS`]). Measured on seeds 1–5: at most 0.24 % for arrivals and admitted hits, 0.73 %
+/// for the ideal (`on_off.toml`: at every off → on edge the audit's ideal admits about 1 075
+/// where the oracle admits 1 098, at L = 1 000/s with a burst of 100: it feeds a slot's arrivals
+/// to its ideal bucket in four chunks at their midpoints, and the refill before the first chunk
+/// is lost to a full bucket).
 const SUMS: f64 = 0.01;
 /// Over-admission and false refusal shares: the audit's within this of the simulator's, in
-/// points (plus [`SLACK_HITS`] of the ideal). Measured on seeds 1–5: at most 0.35 points, but
-/// 1.41 points of false refusals at a 10/s key over 80 ms round trips (sweep point 2:1, four hits
-/// of 71: the owner places a hit a one-way delay after the client's arrival, which at ten hits a
-/// second moves 0.4 hits per window across its edge, and window by window sums do not cancel).
+/// points (plus [`SLACK_HITS`] of the ideal). Measured on seeds 1–5: at most 0.75 points
+/// (`on_off.toml`, its low ideal: the audit reports 0.4–0.9 % over-admission where the oracle
+/// sees 0–0.4 %); before the slack, five hits of 73 at a 10/s key over 80 ms round trips (sweep
+/// point 2:1: the owner places a hit a one-way delay after the client's arrival, 0.4 hits per
+/// window edge at ten hits a second, and window by window sums do not cancel).
 const SHARES: f64 = 0.02;
 /// Besides the shares above, a few hits either way (a hit is 1.4 % of a 10/s key's complete
 /// windows over a 10-second run).
@@ -74,7 +78,9 @@ struct Job {
     coverage_min: f64,
     /// Whether the run is long enough for complete windows: longer than a key's first window,
     /// the ideal limiter's memory of it, and three seconds (the 3-second loopback scenario and a
-    /// 5/min key, whose ideal remembers a minute, over 10 s are not).
+    /// 5/min key, whose ideal remembers a minute, over 10 s are not), and with a fault at least
+    /// 30 s (a 10-second sweep point cut from 3.3 s to 6.7 s has its windows after the heal within
+    /// the ideal's memory of the cut or still open at the end).
     complete_expected: bool,
 }
 
@@ -184,7 +190,8 @@ fn jobs() -> Vec<Job> {
                 let (window, memory) = longest_window(&scenario);
                 let duration = scenario.duration_nanos();
                 let coverage_min = 1.0 - (2 * window + 1_000_000_000) as f64 / duration as f64;
-                let complete_expected = duration > window + memory + 3_000_000_000;
+                let long_enough = duration > window + memory + 3_000_000_000;
+                let complete_expected = long_enough && (!faults || duration >= 30_000_000_000);
                 jobs.push(Job {
                     label: label.clone(),
                     scenario: scenario.clone(),
