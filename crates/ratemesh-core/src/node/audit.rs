@@ -400,7 +400,8 @@ impl Record {
                 if hits == 0 {
                     continue;
                 }
-                // The first chunk at the slot's start: the refill until the next one is not lost to a full bucket.
+                // The first chunk at the slot's start: the refill until the next one is not
+                // lost to a full bucket.
                 let at = Instant::from_nanos(start + s as u64 * slot + c * slot / chunks);
                 ideal = ideal.saturating_add(admit_most(&mut self.ideal, &self.limit, hits, at, rng));
             }
