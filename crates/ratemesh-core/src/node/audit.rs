@@ -74,6 +74,11 @@ const WINDOW_NANOS_LONGEST: u64 = 86_400_000_000_000;
 const SENDER_ACTIVE_NANOS: u64 = 60_000_000_000;
 /// The longest a member that sent an owner pieces lately stays silent towards it.
 const KEEPALIVE_NANOS: u64 = 500_000_000;
+/// How many periods with members believed dead the audit remembers.
+const DEAD_PERIODS_MAX: usize = 8;
+/// How long windows wait, after members joined the ring, for the windows the other side of a
+/// healed partition hands over (its view changes later than this one's by up to a gossip round).
+const HANDOFF_GRACE_NANOS: u64 = 2_000_000_000;
 /// How often a follower tells an owner a key's group and window again (see [`Tally`]).
 const ANNOUNCE_EVERY_NANOS: u64 = 10_000_000_000;
 /// Separates the audit's random stream (the ideal buckets) from the node's.
@@ -630,6 +635,9 @@ pub(crate) struct AuditBook {
     /// a frame for the audit (pieces, or a heartbeat that says it is still there and has sent
     /// what it had).
     sent_to: BTreeMap<NodeId, (Instant, Instant)>,
+    /// The last times members were believed dead (from, until; `None`: still): windows open then
+    /// are incomplete.
+    dead_periods: VecDeque<(Instant, Option<Instant>)>,
     /// When a member last left the view: windows open then are incomplete.
     departed_at: Option<Instant>,
     rng: CoreRng,
@@ -645,6 +653,7 @@ impl AuditBook {
             disturbed_at: Instant::ZERO,
             senders: BTreeMap::new(),
             sent_to: BTreeMap::new(),
+            dead_periods: VecDeque::new(),
             departed_at: None,
             rng: rand::SeedableRng::seed_from_u64(seed ^ AUDIT_RNG_SALT),
             stats: AuditStats::default(),
@@ -937,6 +946,7 @@ impl Node {
         let (ring, id) = (&self.ring, self.id);
         let book = &mut self.audit;
         let (disturbed_at, departed) = (book.disturbed_at, book.departed_at.map(|at| at.as_nanos()));
+        let dead_periods = book.dead_periods.clone();
         let mut closed_all: Vec<((u64, u64), AuditWindow)> = Vec::new();
         let mut handed: BTreeMap<NodeId, Vec<AuditPiece>> = BTreeMap::new();
         book.records.retain(|&key, record| {
@@ -950,8 +960,14 @@ impl Node {
             let until_index = if calm { watermark.as_nanos().saturating_sub(settle) / window } else { 0 };
             // A window still open when a member was forgotten (it left the view for good) may
             // lack what that member answered: incomplete.
-            let incomplete =
-                |index: u64| regions || departed.is_some_and(|d| index.saturating_mul(window) <= d);
+            let incomplete = |index: u64| {
+                let start = index.saturating_mul(window);
+                let end = (index + 1).saturating_mul(window).saturating_add(settle);
+                let dead = dead_periods.iter().any(|&(from, until)| {
+                    from.as_nanos() < end && until.is_none_or(|u| u.as_nanos() > start)
+                });
+                regions || dead || departed.is_some_and(|d| start <= d)
+            };
             for w in record.close(until_index, incomplete, &mut book.rng) {
                 closed_all.push(((record.group, window), w));
             }
@@ -972,9 +988,30 @@ impl Node {
 
     /// A view change at `now`: windows open now close only a settle time later, those open when
     /// a member was `forgotten` (gone from the view's live and dead members) are incomplete, and
-    /// tallies go to their keys' owners in the new ring.
-    pub(super) fn audit_view_changed(&mut self, now: Instant, forgotten: bool) {
-        self.audit.disturbed_at = now;
+    /// tallies go to their keys' owners in the new ring. When members `joined` the ring (new, or
+    /// back from a partition, whose side owned keys on its own meanwhile and hands their windows
+    /// over once it sees the heal too), windows wait [`HANDOFF_GRACE_NANOS`] more.
+    ///
+    /// While members are believed dead (`dead`), windows are incomplete: such a member may be
+    /// alive behind a cut, its side owning the key on its own; its windows come back with the
+    /// handover at the heal, but the owner cannot tell that from a crash, nor when it will come.
+    pub(super) fn audit_view_changed(&mut self, now: Instant, forgotten: bool, joined: bool, dead: bool) {
+        let grace = if joined { HANDOFF_GRACE_NANOS } else { 0 };
+        self.audit.disturbed_at = self.audit.disturbed_at.max(now.add_nanos(grace));
+        let periods = &mut self.audit.dead_periods;
+        let ongoing = periods.back().is_some_and(|(_, until)| until.is_none());
+        match (dead, ongoing) {
+            (true, false) => periods.push_back((now, None)),
+            (false, true) => {
+                if let Some((_, until)) = periods.back_mut() {
+                    *until = Some(now);
+                }
+            }
+            _ => {}
+        }
+        while periods.len() > DEAD_PERIODS_MAX {
+            periods.pop_front();
+        }
         if forgotten {
             self.audit.departed_at = Some(now);
         }
