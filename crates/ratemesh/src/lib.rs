@@ -6,6 +6,8 @@
 //!
 //! - [`node`]: [`NodeBuilder`], [`Node`] (`check`, `check_now`, `release`, `members`,
 //!   `metrics`, `shutdown`), [`NamedPolicy`].
+//! - [`audit`]: the audit of what the cluster admitted against one ideal limiter, per policy
+//!   and key, over a node's lanes and the cluster's members ([`Node::audit`]).
 //! - [`calendar`]: calendar-aligned windows ([`Calendar`], [`CalendarPolicy`]) in UTC or an IANA
 //!   time zone.
 //! - [`durable`]: durable quotas — [`StateStore`] (default: [`FileStateStore`], a file in a data
@@ -33,6 +35,7 @@
 //! - [`Mutex`], [`RwLock`]: std's blocking locks with the crate's one poisoning policy (a
 //!   poisoned lock is recovered), used here and by the daemon.
 
+pub mod audit;
 mod backoff;
 pub mod calendar;
 pub mod defaults;
@@ -53,6 +56,7 @@ pub mod top;
 pub mod transport;
 pub mod usage;
 
+pub use audit::{AuditKey, AuditReport};
 pub use backoff::Backoff;
 pub use calendar::{Calendar, CalendarPolicy, CalendarUnit};
 pub use durable::{FileStateStore, StateStore};
@@ -70,9 +74,9 @@ pub use region::{Region, RegionError};
 // What an embedder names from the core (policies, limits, decisions, the node's configuration),
 // so that an application imports one crate.
 pub use ratemesh_core::{
-    Adjustment, Algorithm, Audit, AuditFigures, AuditKeyFigures, AuditStats, AuditSums, Decision, Fallback,
-    KeyHash, LeaseId, Limit, LimitError, LimitSpec, MemberView, Mode, Namespace, NodeConfig, NodeConfigError,
-    NodeId, Policy, RegionFallback, RegionId,
+    AUDIT_KEYS_MAX_DEFAULT, Adjustment, Algorithm, Audit, AuditFigures, AuditKeyFigures, AuditStats,
+    AuditSums, AuditWindow, Decision, Fallback, KeyHash, LeaseId, Limit, LimitError, LimitSpec, MemberView,
+    Mode, Namespace, NodeConfig, NodeConfigError, NodeId, Policy, RegionFallback, RegionId,
 };
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{Seed, SeedError};

@@ -338,3 +338,57 @@ async fn members_in_different_regions_see_each_others_regions_in_the_core_view()
     }
     shutdown(vec![first, second]).await;
 }
+
+/// The audit over lanes and members: keys owned by node 2 (of two lanes each) checked through
+/// node 1 under an exact policy are audited by node 2; node 1's cluster-wide report holds node
+/// 2's figures (its lanes' added), ranks its keys with node 2 as owner and names them from node
+/// 1's top-keys sketches (node 2 never saw the texts: node 1 forwarded hashes).
+#[tokio::test(start_paused = true)]
+async fn the_cluster_audit_adds_the_owners_lanes_and_names_keys_from_the_askers_sketches() {
+    let network = MemoryNetwork::new();
+    let nodes = cluster_of_lanes(&network, 2, 2).await;
+    let policy = policy(Mode::Exact);
+    let keys: Vec<Vec<u8>> = (0..10_000)
+        .map(|i| format!("user:{i}").into_bytes())
+        .filter(|key| nodes[0].owner_of(&policy, key) == Some(NodeId(2)))
+        .take(8)
+        .collect();
+    assert!(keys.iter().any(|k| nodes[1].lane_of(&policy, k) != nodes[1].lane_of(&policy, &keys[0])));
+    // Five checks per key per second for four seconds, half the limit (10 per second): the
+    // ideal admits every hit, and so does the owner.
+    let mut admitted = 0;
+    for _ in 0..20 {
+        for key in &keys {
+            let decision =
+                timeout(WAIT, nodes[0].check(&policy, key, 1)).await.expect("bounded").expect("decided");
+            admitted += u64::from(decision.allowed);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(admitted, 20 * 8);
+    // The windows close a settle time after they end (virtual time: exact).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let group = NamedPolicy::audit_group("api");
+    let report = timeout(WAIT, nodes[0].audit(Some(group), 5)).await.expect("bounded");
+    assert_eq!(report.answered, [NodeId(1), NodeId(2)]);
+    assert!(report.missing.is_empty(), "{:?}", report.missing);
+    assert_eq!(report.figures, nodes[1].audit_figures(), "node 2 owns every key checked");
+    let [figures] = report.figures.as_slice() else { panic!("one group: {:?}", report.figures) };
+    assert_eq!((figures.group, figures.window), (group, Duration::from_secs(1)));
+    let sums = figures.sums;
+    // Each key's first window began before its record: incomplete, left out (5 hits per key).
+    assert!(sums.admitted <= admitted && sums.admitted >= admitted - 8 * 5, "{sums:?}");
+    assert_eq!((sums.admitted, sums.over_admitted, sums.false_refused), (sums.ideal, 0, 0), "{sums:?}");
+    assert_eq!(figures.incomplete_key_windows, 8);
+    assert_eq!(report.keys.len(), 5);
+    for key in &report.keys {
+        assert_eq!(key.owner, NodeId(2));
+        let text = key.text.as_deref().expect("node 1's sketches know the key");
+        assert_eq!(policy.key(text.as_bytes()), key.figures.key);
+        assert_eq!(nodes[1].audit_windows(key.figures.key).len() as u64, key.figures.sums.key_windows + 1);
+    }
+    assert_eq!(nodes[1].audit_stats().keys, 8);
+    assert_eq!(nodes[0].audit_stats().keys, 0);
+    assert!(nodes[1].audit_worst_keys(Some(group + 1), 5).is_empty());
+    shutdown(nodes).await;
+}

@@ -11,7 +11,8 @@
 //!   `advertise_ip_from`: a StatefulSet pod's ordinal, a compose replica's container name).
 //! - [`daemon`]: the running [`Daemon`]: the node, the current policies (hot reload), checks
 //!   answered as one [`check::Answer`] and counted in metrics, readiness, shutdown.
-//! - [`metrics`]: the Prometheus metrics; [`rates`]: recent decision rates for the dashboard.
+//! - [`metrics`]: the Prometheus metrics; [`rates`]: recent decision rates for the dashboard;
+//!   [`audit`]: the audit's figures named by policy, and their ratios.
 //! - [`http`]: the HTTP API (axum), its JSON bodies ([`http::body`]) and the dashboard page
 //!   (`dashboard.html`, served at `/`); [`rls`]: the Envoy Rate Limit Service (gRPC);
 //!   [`resp`]: the Redis protocol listener (redis-cell's `CL.THROTTLE`); [`rlqs`]: Envoy's Rate
@@ -20,6 +21,7 @@
 //!   listeners' connection bound; [`logging`]: text or JSON logs with a reloadable level.
 //! - [`client`]: a minimal HTTP/1.1 client for the CLI's `check` and `cluster`.
 
+pub mod audit;
 pub mod check;
 pub mod client;
 pub mod config;

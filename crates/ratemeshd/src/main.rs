@@ -4,6 +4,9 @@
 //! ratemeshd [serve] [--config FILE]      run a node (the default command)
 //! ratemeshd check --policy NAME --key K  ask a running node from the shell (exit 0 allowed, 1 refused, 2 error)
 //! ratemeshd cluster                      print members, owners, ring balance
+//! ratemeshd top --policy NAME            a policy's heaviest keys, cluster-wide
+//! ratemeshd audit [--policy NAME] [-n N] what the cluster admitted against one ideal limiter, per
+//!                                        policy, and the keys admitted most above it
 //! ratemeshd certs --out DIR --nodes 1,2,3
 //! ratemeshd validate --config FILE
 //! ratemeshd envoy-ratelimit [--config FILE]   a drop-in for envoyproxy/ratelimit (its env variables;
@@ -23,9 +26,9 @@ use ratemeshd::client;
 use ratemeshd::config::{EMBEDDED_CONFIG, EMBEDDED_CONFIG_ORIGIN, HTTP_LISTEN_DEFAULT};
 use ratemeshd::daemon::ConfigSource;
 use ratemeshd::http::body::{CheckBody, CostJson, LimitBody};
-use ratemeshd::http::{TOP_BY_DEFAULT, TOP_N_DEFAULT};
+use ratemeshd::http::{AUDIT_N_DEFAULT, TOP_BY_DEFAULT, TOP_N_DEFAULT};
 
-/// How long `cluster` and `top` wait for the node's answer by default, in milliseconds.
+/// How long `cluster`, `top` and `audit` wait for the node's answer by default, in milliseconds.
 const ANSWER_TIMEOUT_MS_DEFAULT: u64 = 5000;
 /// Exit status of `check` when the request is allowed.
 const EXIT_ALLOWED: u8 = 0;
@@ -59,6 +62,11 @@ enum Command {
     /// Print a policy's heaviest keys cluster-wide (refused hits or demand over the last minute
     /// at most), as a running node merges them from every member (`GET /v1/top`).
     Top(TopArgs),
+    /// Print the audit of the last minute, cluster-wide (`GET /v1/audit`): per policy and window,
+    /// what the whole cluster admitted against one ideal limiter fed the same arrivals (the
+    /// worst window against the limit, the over-admission and false-refusal shares), then the
+    /// keys admitted most above the ideal, with their owners.
+    Audit(AuditArgs),
     /// Create a cluster CA and a certificate per node, for `ca_cert_path`/`cert_path`/`key_path`.
     Certs(CertsArgs),
     /// Check a configuration file (and the RATEMESH_ environment overrides) and exit.
@@ -149,6 +157,25 @@ struct TopArgs {
     timeout_ms: u64,
 }
 
+#[derive(Debug, Args)]
+struct AuditArgs {
+    /// The node's HTTP API address (host:port).
+    #[arg(long, default_value_t = HTTP_LISTEN_DEFAULT.to_string())]
+    addr: String,
+    /// A configured policy's name (or inline); without it, every policy.
+    #[arg(long)]
+    policy: Option<String>,
+    /// How many keys (1 to 100).
+    #[arg(short = 'n', long, default_value_t = AUDIT_N_DEFAULT)]
+    n: usize,
+    /// Print the node's JSON answer as it is.
+    #[arg(long)]
+    json: bool,
+    /// How long to wait for the answer, in milliseconds.
+    #[arg(long, default_value_t = ANSWER_TIMEOUT_MS_DEFAULT)]
+    timeout_ms: u64,
+}
+
 #[derive(Debug, Default, Args)]
 struct ServeArgs {
     /// The configuration file; without it, the embedded default (a single node on loopback).
@@ -181,6 +208,7 @@ fn main() -> ExitCode {
         Some(Command::Check(args)) => Ok(check(&args)),
         Some(Command::Cluster(args)) => Ok(cluster(&args)),
         Some(Command::Top(args)) => Ok(top(&args)),
+        Some(Command::Audit(args)) => Ok(audit(&args)),
         Some(Command::Certs(args)) => certs(&args),
         Some(Command::Validate(args)) => Ok(validate(&args.config)),
         Some(Command::EnvoyRatelimit(args)) => envoy_ratelimit(&args),
@@ -335,6 +363,93 @@ fn top(args: &TopArgs) -> ExitCode {
     };
     let path = format!("/v1/top?policy={}&n={}&by={}", encode(&args.policy), args.n, encode(&args.by));
     get_and_print(&args.addr, &path, args.timeout_ms, args.json, top_table)
+}
+
+/// `audit`: `GET /v1/audit` from a running node, as a table.
+fn audit(args: &AuditArgs) -> ExitCode {
+    let mut path = format!("/v1/audit?n={}", args.n);
+    if let Some(policy) = &args.policy {
+        let encoded = percent_encoding::utf8_percent_encode(policy, percent_encoding::NON_ALPHANUMERIC);
+        path.push_str(&format!("&policy={encoded}"));
+    }
+    get_and_print(&args.addr, &path, args.timeout_ms, args.json, audit_table)
+}
+
+/// The `GET /v1/audit` answer as text for a person: a row per policy and window, then the worst
+/// keys, then the members.
+fn audit_table(json: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let list = |value: &serde_json::Value| value.as_array().map(Vec::as_slice).unwrap_or_default().to_vec();
+    let ratio = |value: &serde_json::Value| value.as_f64().unwrap_or(0.0);
+    let seconds = |value: &serde_json::Value| value.as_u64().unwrap_or(0) as f64 / 1000.0;
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = writeln!(
+        out,
+        "audit of the last {} s: {} of {} members answered; what the cluster admitted against one ideal limiter",
+        json["span_s"], json["nodes_answered"], json["nodes_asked"]
+    );
+    let _ = writeln!(
+        out,
+        "{:<20} {:>7} {:>8} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}",
+        "policy", "window", "windows", "admitted", "ideal", "arrivals", "worst/L", "over", "false ref"
+    );
+    let policies = list(&json["policies"]);
+    if policies.is_empty() {
+        let _ = writeln!(out, "(no audited window closed in the last minute)");
+    }
+    for p in &policies {
+        let incomplete = p["incomplete_key_windows"].as_u64().unwrap_or(0);
+        let note = if incomplete > 0 { format!("  (+{incomplete} incomplete)") } else { String::new() };
+        let _ = writeln!(
+            out,
+            "{:<20} {:>6}s {:>8} {:>10} {:>10} {:>10} {:>9.3} {:>8.2}% {:>8.2}%{note}",
+            p["policy"].as_str().unwrap_or_default(),
+            seconds(&p["window_ms"]),
+            p["key_windows"],
+            p["admitted"],
+            p["ideal"],
+            p["arrivals"],
+            ratio(&p["admitted_over_limit_ratio"]),
+            ratio(&p["over_admission_ratio"]) * 100.0,
+            ratio(&p["false_refusal_ratio"]) * 100.0,
+        );
+    }
+    let keys = list(&json["keys"]);
+    if !keys.is_empty() {
+        let _ = writeln!(out, "worst keys (most admitted above the ideal):");
+        let _ = writeln!(
+            out,
+            "{:>4}  {:<20} {:>6} {:>10} {:>10} {:>9} {:>9}  key",
+            "rank", "policy", "owner", "admitted", "ideal", "worst/L", "over"
+        );
+    }
+    for (rank, k) in keys.iter().enumerate() {
+        let key = match k["key"].as_str() {
+            Some(text) => text.to_owned(),
+            None => format!("(hash {})", k["key_hash"].as_str().unwrap_or_default()),
+        };
+        let _ = writeln!(
+            out,
+            "{:>4}  {:<20} {:>6} {:>10} {:>10} {:>9.3} {:>8.2}%  {key}",
+            rank + 1,
+            k["policy"].as_str().unwrap_or_default(),
+            k["owner"],
+            k["admitted"],
+            k["ideal"],
+            ratio(&k["admitted_over_limit_ratio"]),
+            ratio(&k["over_admission_ratio"]) * 100.0,
+        );
+    }
+    for missing in list(&json["missing"]) {
+        let _ = writeln!(
+            out,
+            "MISSING member {}: {} (the keys it owns are not in the audit)",
+            missing["id"],
+            missing["reason"].as_str().unwrap_or_default()
+        );
+    }
+    out
 }
 
 /// GETs `path` from the node at `addr` and prints the JSON answer, as it is or through `table`.
@@ -654,6 +769,41 @@ mod tests {
         assert!(lines[3].ends_with("  user 7"), "{table}");
         assert_eq!(lines[4], "members answered: 1, 2");
         assert_eq!(lines[5], "MISSING member 3: query timed out");
+    }
+
+    #[test]
+    fn audit_table_lists_policies_then_worst_keys_and_missing_members() {
+        let json = serde_json::json!({
+            "span_s": 60, "nodes_asked": 3, "nodes_answered": 2,
+            "policies": [{"policy": "api", "window_ms": 1000, "key_windows": 180, "incomplete_key_windows": 2,
+                "admitted": 18000, "ideal": 17900, "arrivals": 36000, "over_admitted": 150, "false_refused": 50,
+                "admitted_over_limit_ratio": 1.02, "over_admission_ratio": 0.0056, "false_refusal_ratio": 0.0014}],
+            "keys": [
+                {"policy": "api", "key": "user:42", "key_hash": "00ff", "owner": 2, "window_ms": 1000,
+                 "admitted": 130, "ideal": 100, "admitted_over_limit_ratio": 1.3, "over_admission_ratio": 0.3},
+                {"policy": "api", "key": null, "key_hash": "abcd", "owner": 1, "window_ms": 1000,
+                 "admitted": 100, "ideal": 100, "admitted_over_limit_ratio": 1.0, "over_admission_ratio": 0.0}],
+            "missing": [{"id": 3, "reason": "query timed out"}],
+        });
+        let table = audit_table(&json);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].starts_with("audit of the last 60 s: 2 of 3 members answered"), "{table}");
+        let row: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            row,
+            ["api", "1s", "180", "18000", "17900", "36000", "1.020", "0.56%", "0.14%", "(+2", "incomplete)"]
+        );
+        assert_eq!(lines[3], "worst keys (most admitted above the ideal):");
+        assert_eq!(
+            lines[5].split_whitespace().collect::<Vec<_>>(),
+            ["1", "api", "2", "130", "100", "1.300", "30.00%", "user:42"]
+        );
+        assert!(lines[6].ends_with("(hash abcd)"), "{table}");
+        assert_eq!(lines[7], "MISSING member 3: query timed out (the keys it owns are not in the audit)");
+        let parsed =
+            Cli::try_parse_from(["ratemeshd", "audit", "-n", "5", "--policy", "api"]).expect("parses");
+        let Some(Command::Audit(args)) = parsed.command else { panic!("audit expected") };
+        assert_eq!((args.n, args.policy.as_deref()), (5, Some("api")));
     }
 
     #[test]

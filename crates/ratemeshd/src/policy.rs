@@ -97,6 +97,8 @@ pub struct UnknownTier {
 pub struct PolicyTable {
     entries: Vec<Arc<PolicyEntry>>,
     by_name: HashMap<String, usize>,
+    /// Entries by audit group ([`ratemesh::NamedPolicy::audit_group`] of their name).
+    by_audit_group: HashMap<u64, usize>,
     domains: HashMap<String, Level>,
 }
 
@@ -221,6 +223,7 @@ impl PolicyTable {
                 }
             }
             table.by_name.insert(policy.name.clone(), index);
+            table.by_audit_group.insert(ratemesh::NamedPolicy::audit_group(&policy.name), index);
             let mut entry = PolicyEntry {
                 name: policy.name.clone(),
                 rule: policy.rule.clone(),
@@ -251,6 +254,12 @@ impl PolicyTable {
         for pattern in &envoy.descriptors {
             level = &mut level.child(&pattern.key, &pattern.value).next;
         }
+    }
+
+    /// The policy whose audit group ([`ratemesh_core::Audit::On`]'s `group`: the
+    /// [`ratemesh::NamedPolicy::audit_group`] of its name) is `group`.
+    pub fn by_audit_group(&self, group: u64) -> Option<&Arc<PolicyEntry>> {
+        self.by_audit_group.get(&group).map(|&index| &self.entries[index])
     }
 
     /// The policy named `name`.

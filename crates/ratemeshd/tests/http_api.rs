@@ -1726,3 +1726,127 @@ async fn an_http2_preface_is_refused_with_http_1_1_required() {
     assert_still_serving(&h).await;
     h.stop().await;
 }
+
+/// `GET /v1/audit` on `h`, polled until `done` holds (audit windows close a settle time after
+/// they end), at most [`TIMEOUT`].
+async fn audit_until(h: &Harness, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let answer = json_of(&h.get("/v1/audit").await);
+        if done(&answer) {
+            return answer;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not within {TIMEOUT:?}: {answer}");
+        // The interval of a bounded poll, not a synchronization.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `GET /v1/audit` and the `ratemesh_audit_*` series on one node: a named policy's checks and
+/// an inline limit's are audited (the inline one under `inline`), a policy with `audit = false`
+/// is not; the key is named; bad queries are refused naming the field (an unknown policy 404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_is_served_per_policy_with_its_worst_keys_and_exported() {
+    let config = format!(
+        "{BASE}\n[[policies]]\nname = \"tb\"\nalgorithm = \"token_bucket\"\nlimit = 10\nperiod_ms = 1000\nmode = \"exact\"\n\n\
+         [[policies]]\nname = \"quiet\"\nalgorithm = \"token_bucket\"\nlimit = 10\nperiod_ms = 1000\naudit = false\n"
+    );
+    let h = Harness::start("audit", &config).await;
+    let mut admitted = 0;
+    for _ in 0..30 {
+        let r = h.post("/v1/check", &json!({"key": "user:1", "policy": "tb"})).await;
+        admitted += u64::from(json_of(&r)["allowed"] == json!(true));
+        h.post("/v1/check", &json!({"key": "user:1", "policy": "quiet"})).await;
+        let inline =
+            json!({"key": "i", "limit": {"algorithm": "token_bucket", "limit": 5, "period_ms": 1000}});
+        assert_eq!(h.post("/v1/check", &inline).await.status, 200);
+    }
+    assert!((10..30).contains(&admitted), "{admitted}");
+    // The key's first window began before its record (incomplete, left out of the ratios); the
+    // hits of a later window are in a complete one.
+    let row = |answer: &Value, name: &str| {
+        answer["policies"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|row| row["policy"] == json!(name)).cloned())
+    };
+    let first_closed = |answer: &Value| {
+        ["tb", "inline"]
+            .iter()
+            .all(|name| row(answer, name).is_some_and(|r| r["incomplete_key_windows"] == json!(1)))
+    };
+    audit_until(&h, first_closed).await;
+    for _ in 0..5 {
+        assert_eq!(h.post("/v1/check", &json!({"key": "user:1", "policy": "tb"})).await.status, 200);
+        let inline =
+            json!({"key": "i", "limit": {"algorithm": "token_bucket", "limit": 5, "period_ms": 1000}});
+        assert_eq!(h.post("/v1/check", &inline).await.status, 200);
+    }
+    let complete = |answer: &Value| {
+        ["tb", "inline"]
+            .iter()
+            .all(|name| row(answer, name).is_some_and(|r| r["key_windows"].as_u64() >= Some(1)))
+    };
+    let answer = audit_until(&h, complete).await;
+    assert_eq!(
+        (answer["span_s"].clone(), answer["nodes_asked"].clone(), answer["nodes_answered"].clone()),
+        (json!(60), json!(1), json!(1))
+    );
+    let rows = answer["policies"].as_array().expect("rows");
+    assert!(rows.iter().all(|row| row["policy"] != json!("quiet")), "audit = false: {answer}");
+    let tb = rows.iter().find(|row| row["policy"] == json!("tb")).expect("tb");
+    assert_eq!(tb["window_ms"], json!(1000));
+    // Every hit of the checks fell in the key's first window (begun before its record): left out.
+    assert_eq!(
+        (tb["over_admitted"].clone(), tb["over_admission_ratio"].clone()),
+        (json!(0), json!(0.0)),
+        "{tb}"
+    );
+    let keys = answer["keys"].as_array().expect("keys");
+    let key = keys.iter().find(|k| k["policy"] == json!("tb")).expect("the key of tb");
+    assert_eq!((key["key"].clone(), key["owner"].clone()), (json!("user:1"), json!(1)), "{key}");
+    assert_eq!(key["key_hash"].as_str().map(str::len), Some(32), "{key}");
+    let only = json_of(&h.get("/v1/audit?policy=tb&n=1").await);
+    assert_eq!(only["policies"].as_array().map(Vec::len), Some(1), "{only}");
+    assert_eq!(only["keys"].as_array().map(Vec::len), Some(1), "{only}");
+    let quiet = json_of(&h.get("/v1/audit?policy=quiet").await);
+    assert_eq!((quiet["policies"].clone(), quiet["keys"].clone()), (json!([]), json!([])), "{quiet}");
+    for (query, status, field) in [
+        ("policy=nope", 404, "policy"),
+        ("n=0", 400, "n"),
+        ("n=101", 400, "n"),
+        ("by=x", 400, "by"),
+        ("n=1&n=2", 400, "n"),
+    ] {
+        let r = h.get(&format!("/v1/audit?{query}")).await;
+        assert_eq!((r.status, json_of(&r)["field"].clone()), (status, json!(field)), "{query}: {}", r.text());
+    }
+
+    let samples = parse_exposition(&h.get("/metrics").await.text());
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        samples
+            .iter()
+            .find(|(n, l, _)| {
+                n == name && labels.iter().all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|(_, _, v)| *v)
+    };
+    let tb_labels = [("policy", "tb"), ("window", "1")];
+    assert_eq!(value("ratemesh_audit_over_admission_ratio", &tb_labels), Some(0.0));
+    assert!(value("ratemesh_audit_admitted_over_limit_ratio", &tb_labels).is_some());
+    assert!(value("ratemesh_audit_false_refusal_ratio", &[("policy", "inline")]).is_some());
+    let incomplete = [("policy", "tb"), ("window", "1"), ("complete", "false")];
+    assert_eq!(value("ratemesh_audit_key_windows", &incomplete), Some(1.0));
+    let complete = [("policy", "tb"), ("window", "1"), ("complete", "true")];
+    assert!(value("ratemesh_audit_key_windows", &complete).is_some_and(|n| n >= 1.0));
+    assert!(
+        samples
+            .iter()
+            .filter(|(n, _, _)| n.starts_with("ratemesh_audit_"))
+            .all(|(_, labels, _)| !labels.iter().any(|(_, v)| v == "quiet")),
+        "audit = false exports nothing"
+    );
+    assert_eq!(value("ratemesh_audit_keys", &[]), Some(2.0), "tb's key and the inline one");
+    assert_eq!(value("ratemesh_audit_sample_bits", &[]), Some(0.0));
+    assert!(value("ratemesh_audit_late_hits_total", &[]).is_some());
+    h.stop().await;
+}

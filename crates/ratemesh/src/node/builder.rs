@@ -282,6 +282,15 @@ impl NodeBuilder {
         self
     }
 
+    /// The most keys this node audits as their owner (default
+    /// [`ratemesh_core::AUDIT_KEYS_MAX_DEFAULT`]; 0: none), split evenly among its lanes like the
+    /// key table; past it, keys are sampled by hash (`NodeConfig::audit_keys_max`).
+    #[must_use]
+    pub fn audit_keys_max(mut self, keys: usize) -> Self {
+        self.core.audit_keys_max = keys;
+        self
+    }
+
     /// The protocol's timings and bounds (key table size, batch lengths, timeouts). The
     /// library's default differs from the core's in one field: `forward_wait` is zero, because
     /// the driver batches forwarded checks by scheduling instead of by a timer. Its `region` is
@@ -445,8 +454,8 @@ impl NodeBuilder {
 
     /// A lane's core configuration: a node that joins through seeds takes no checks for a few
     /// gossip rounds (unless set), while the members learn of it and stop routing its keys
-    /// elsewhere; with several lanes, each holds its part of `keys_max` and its frames leave a
-    /// byte for the lane's index. Every lane is in the node's region.
+    /// elsewhere; with several lanes, each holds its part of `keys_max` and `audit_keys_max`, and
+    /// its frames leave a byte for the lane's index. Every lane is in the node's region.
     fn lane_config(&self) -> NodeConfig {
         let mut config = self.core.clone();
         config.region = self.region.id();
@@ -455,6 +464,7 @@ impl NodeBuilder {
         }
         if self.lanes > 1 {
             config.store.keys_max = config.store.keys_max.div_ceil(self.lanes);
+            config.audit_keys_max = config.audit_keys_max.div_ceil(self.lanes);
             config.frame_len_max = config.frame_len_max.saturating_sub(1);
         }
         config

@@ -404,6 +404,25 @@ impl Node {
     pub async fn top(&self, policy: &str, by: TopBy, n: usize) -> TopReport {
         let (mut summaries, mut window) = self.shared.top_summaries(policy, by);
         let question = encode_message(&TopQuestion { policy: policy.to_owned(), by });
+        let decode = |bytes: &[u8]| decode_reply(bytes).map_err(|e| e.to_string());
+        let (replies, answered, missing) = self.ask_members(question, decode).await;
+        for (_, reply) in replies {
+            window = window.max(Duration::from_nanos(reply.window_nanos));
+            summaries.extend(reply.summaries);
+        }
+        TopReport { answer: merge(&summaries, n, window), answered, missing }
+    }
+
+    /// Asks every other live member `question` over the peer transport (mutual TLS) at once, and
+    /// waits at most the top query timeout for each: the answers `decode` accepts, by member;
+    /// the members that answered, this node included, sorted; and those that did not answer in
+    /// time, could not be reached or answered what `decode` refuses, with why. The one fan-out
+    /// of [`Node::top`] and [`Node::audit`].
+    pub(super) async fn ask_members<T: Send + 'static>(
+        &self,
+        question: Vec<u8>,
+        decode: fn(&[u8]) -> Result<T, String>,
+    ) -> (Vec<(NodeId, T)>, Vec<NodeId>, Vec<MissingMember>) {
         let mut asked = tokio::task::JoinSet::new();
         for member in self.members() {
             if member.id == self.shared.id || member.status != MemberStatus::Live {
@@ -413,21 +432,17 @@ impl Node {
             let limit = self.shared.top_query_timeout;
             asked.spawn(async move {
                 let answer = transport.query(member.id, member.quic_addr, &question, limit).await;
-                let reply = answer
-                    .map_err(|e| e.to_string())
-                    .and_then(|bytes| decode_reply(&bytes).map_err(|e| e.to_string()));
+                let reply = answer.map_err(|e| e.to_string()).and_then(|bytes| decode(&bytes));
                 (member.id, reply)
             });
         }
-        let mut answered = vec![self.shared.id];
-        let mut missing = Vec::new();
+        let (mut replies, mut answered, mut missing) = (Vec::new(), vec![self.shared.id], Vec::new());
         while let Some(joined) = asked.join_next().await {
             // A query task only panics on a bug; its member then counts as missing.
             let Ok((member, reply)) = joined else { continue };
             match reply {
                 Ok(reply) => {
-                    window = window.max(Duration::from_nanos(reply.window_nanos));
-                    summaries.extend(reply.summaries);
+                    replies.push((member, reply));
                     answered.push(member);
                 }
                 Err(reason) => missing.push(MissingMember { id: member, reason }),
@@ -435,7 +450,7 @@ impl Node {
         }
         answered.sort_unstable();
         missing.sort_unstable_by_key(|m| m.id);
-        TopReport { answer: merge(&summaries, n, window), answered, missing }
+        (replies, answered, missing)
     }
 
     /// This node's own sketches of `policy` (what it answers other members): its summaries and

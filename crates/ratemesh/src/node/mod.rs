@@ -53,6 +53,7 @@ use crate::sync::Mutex;
 use crate::top::{TopAnswer, TopShard, TopTable};
 use crate::transport::{PeerTransport, TransportError, TransportStats};
 
+mod audit;
 mod builder;
 mod clock;
 mod driver;

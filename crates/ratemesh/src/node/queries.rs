@@ -4,7 +4,8 @@
 //! daemon's RLQS quota shares ask a key's owner, for one).
 //!
 //! The first byte of a question says whose it is: [`APP_QUERY_TAG`] for the application's,
-//! anything else for ratemesh's own (the top-keys version byte). An empty answer is no answer:
+//! [`AUDIT_QUERY_TAG`] for the audit's ([`Node::audit`]), anything else for ratemesh's own
+//! top keys (their version byte). An empty answer is no answer:
 //! a member without an application handler gives one, and the asker gets
 //! [`AskError::NotAnswered`].
 
@@ -13,12 +14,14 @@ use std::time::Duration;
 
 use ratemesh_core::NodeId;
 
+use super::audit::audit_query_handler;
 use super::driver::top_query_handler;
 use super::{Node, Shared};
+use crate::audit::AUDIT_QUERY_TAG;
 use crate::membership::MemberStatus;
 use crate::transport::{QUERY_LEN_MAX, QueryHandler, TransportError};
 
-/// The first byte of an application question (never a top-keys version).
+/// The first byte of an application question (never a top-keys version, nor the audit's tag).
 pub const APP_QUERY_TAG: u8 = 0xA7;
 
 /// Why [`Node::ask`] has no answer.
@@ -45,11 +48,13 @@ pub enum AskError {
 /// The longest application question, in bytes (the transport's bound less the tag).
 pub const APP_QUESTION_LEN_MAX: usize = QUERY_LEN_MAX - 1;
 
-/// The transport's one handler: the tag picks the application's handler (once set) or
-/// ratemesh's own top-keys answer.
+/// The transport's one handler: the tag picks the application's handler (once set), the
+/// audit's answer or ratemesh's own top-keys answer.
 pub(super) fn query_handler(shared: Weak<Shared>) -> QueryHandler {
     let top = top_query_handler(shared.clone());
+    let audit = audit_query_handler(shared.clone());
     Arc::new(move |from, question| match question.split_first() {
+        Some((&AUDIT_QUERY_TAG, _)) => audit(from, question),
         Some((&APP_QUERY_TAG, body)) => {
             let Some(shared) = shared.upgrade() else { return Vec::new() };
             shared.app_queries.get().map_or_else(Vec::new, |handler| handler(from, body))

@@ -272,6 +272,12 @@ impl PolicyTop {
         (summaries, window)
     }
 
+    /// The text of the key of identity `id`, if a demand sketch of the window holds it.
+    pub fn key_of(&self, id: KeyHash) -> Option<&str> {
+        let previous = self.previous.as_ref().and_then(|previous| previous.demand.key_of(id.0));
+        self.current.demand.key_of(id.0).or(previous)
+    }
+
     /// Bytes of heap memory held by the four sketches.
     pub fn heap_bytes(&self) -> usize {
         let half = |h: &HalfWindow| h.demand.heap_bytes() + h.refused.heap_bytes();
@@ -319,6 +325,17 @@ impl TopShard {
     /// Bytes of heap memory held by its sketches.
     pub fn heap_bytes(&self) -> usize {
         self.policies.values().map(PolicyTop::heap_bytes).sum()
+    }
+
+    /// The text of the bucket `id` as a client named it, if a policy whose audit group is `group`
+    /// ([`crate::NamedPolicy::audit_group`] of its name) counts it under that identity: the
+    /// bucket of a key under its policy's name (not a tier's or an override's, whose buckets
+    /// are other hashes), its text not cut. One hash per policy recorded.
+    pub fn key_of(&self, group: u64, id: KeyHash) -> Option<String> {
+        self.policies
+            .iter()
+            .filter(|(name, _)| Namespace::new(name.as_bytes()).0 == group)
+            .find_map(|(_, top)| top.key_of(id).map(str::to_owned))
     }
 }
 

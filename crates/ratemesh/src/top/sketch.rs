@@ -207,6 +207,11 @@ impl SpaceSaving {
         }
     }
 
+    /// The text of the key of identity `id`, if it holds a counter.
+    pub fn key_of(&self, id: u128) -> Option<&str> {
+        self.slot(id).map(|slot| self.counters[slot].key.as_str())
+    }
+
     /// Bytes of heap memory the sketch holds, from its allocations' capacities (the hash table
     /// counted at one control byte and one slot per bucket).
     pub fn heap_bytes(&self) -> usize {

@@ -138,6 +138,7 @@ impl Config {
             region_sync_interval: self.node.region_sync_interval,
             region_lease: self.node.region_lease,
             region_fallback: self.node.region_fallback,
+            audit_keys_max: self.node.audit_keys_max,
             store: StoreConfig {
                 keys_max: self.limits.keys_max,
                 log_bytes_max: self.limits.log_bytes_max,

@@ -11,8 +11,8 @@ use std::time::Duration;
 use ratemesh::security::{PemSource, ProvidedCerts};
 use ratemesh::{CalendarPolicy, ClusterSecret, ClusterSecurity, Region, SecurityError, Seed};
 use ratemesh_core::{
-    Algorithm, Fallback, Mode, NodeId, Policy, REGION_LEASE_MS_DEFAULT, REGION_SYNC_INTERVAL_MS_DEFAULT,
-    RegionFallback,
+    AUDIT_KEYS_MAX_DEFAULT, Algorithm, Fallback, Mode, NodeId, Policy, REGION_LEASE_MS_DEFAULT,
+    REGION_SYNC_INTERVAL_MS_DEFAULT, RegionFallback,
 };
 use zeroize::Zeroizing;
 
@@ -197,6 +197,9 @@ sections! {
         /// `region_fallback`: what a region's share falls to when its lease ends without a
         /// renewal (it cannot reach the key's home region): `last` (default), `floor`, `closed`.
         pub region_fallback: RegionFallback = RegionFallback::Last, Restart "node.region_fallback";
+        /// `audit_keys_max`: the most keys this node audits as their owner (default 4096, 0:
+        /// none); past it, keys are sampled by hash (docs/audit.md).
+        pub audit_keys_max: usize = AUDIT_KEYS_MAX_DEFAULT, Restart "node.audit_keys_max";
     }
 }
 

@@ -13,7 +13,10 @@ use super::defaults::{FALLBACK_DEFAULT, MODE_DEFAULT, TIME_ZONE_DEFAULT};
 use super::error::{ConfigError, limit_error_field, limit_error_message};
 use super::model::*;
 use super::raw::{At, RawDescriptor, RawPolicy, RawVariant, Val};
-use super::validate::{Ctx, DESCRIPTOR_DEPTH_MAX, NAME_BYTES_MAX, POLICIES_MAX, VARIANTS_MAX, is_plain_name};
+use super::validate::{
+    AUDIT_WINDOW_MS_MAX, AUDIT_WINDOW_MS_MIN, Ctx, DESCRIPTOR_DEPTH_MAX, NAME_BYTES_MAX, POLICIES_MAX,
+    VARIANTS_MAX, is_plain_name,
+};
 
 impl Ctx<'_> {
     pub(super) fn policies(&self, raw: &[Spanned<RawPolicy>]) -> Result<Vec<PolicyConfig>, ConfigError> {
@@ -96,6 +99,8 @@ impl Ctx<'_> {
                 ("fallback", p.fallback.as_ref().map(|v| &v.at)),
                 ("window", p.window.as_ref().map(|v| &v.at)),
                 ("time_zone", p.time_zone.as_ref().map(|v| &v.at)),
+                ("audit", p.audit.as_ref().map(|v| &v.at)),
+                ("audit_window_ms", p.audit_window_ms.as_ref().map(|v| &v.at)),
             ];
             if let Some((name, Some(at))) = limit_fields.into_iter().find(|(_, at)| at.is_some()) {
                 return Err(self.invalid(field(name), at, "does not apply to an unlimited policy"));
@@ -230,7 +235,8 @@ impl Ctx<'_> {
             self.invalid(field(name), v.map_or(table, |v| &v.at), limit_error_message(&error))
         })?;
         let (mode, fallback) = self.mode_and_fallback(i, p)?;
-        Ok(Policy { limit, mode, fallback, audit: Audit::default() })
+        let audit = self.audit(i, p, algorithm)?;
+        Ok(Policy { limit, mode, fallback, audit })
     }
 
     /// A calendar-aligned fixed window: `window` (and `time_zone`, default UTC) instead of
@@ -271,8 +277,52 @@ impl Ctx<'_> {
         let calendar =
             Calendar::new(unit, zone).map_err(|error| self.invalid(field("time_zone"), zone_at, error))?;
         let (mode, fallback) = self.mode_and_fallback(i, p)?;
-        CalendarPolicy::new(calendar, limit.value, (mode, fallback, Audit::default()))
+        let audit = self.audit(i, p, Algorithm::FixedWindow)?;
+        CalendarPolicy::new(calendar, limit.value, (mode, fallback, audit))
             .map_err(|error| self.invalid(field("limit"), &limit.at, error))
+    }
+
+    /// `audit` (default true) and `audit_window_ms` (default: the core's, the period for the
+    /// window algorithms, 1 s for the bucket ones): the audit of the policy named `p.name`, in
+    /// the group [`ratemesh::NamedPolicy::audit_group`] of its name, so that its tiers and
+    /// overrides (copies of it) are audited under the policy. A concurrency limit is never
+    /// audited (leases, not rates): a window for one is refused.
+    fn audit(&self, i: usize, p: &RawPolicy, algorithm: Algorithm) -> Result<Audit, ConfigError> {
+        let field = |name: &str| format!("policies[{i}].{name}");
+        let on = p.audit.as_ref().is_none_or(|v| v.value);
+        let window = match &p.audit_window_ms {
+            None => None,
+            Some(v) if !on => {
+                return Err(self.invalid(
+                    field("audit_window_ms"),
+                    &v.at,
+                    "does not apply with audit = false",
+                ));
+            }
+            Some(v) if algorithm == Algorithm::Concurrency => {
+                return Err(self.invalid(
+                    field("audit_window_ms"),
+                    &v.at,
+                    "a concurrency limit is not audited (leases, not a rate)",
+                ));
+            }
+            Some(v) if !(AUDIT_WINDOW_MS_MIN..=AUDIT_WINDOW_MS_MAX).contains(&v.value) => {
+                return Err(self.invalid(
+                    field("audit_window_ms"),
+                    &v.at,
+                    format!(
+                        "{}: use {AUDIT_WINDOW_MS_MIN} to {AUDIT_WINDOW_MS_MAX} (10 ms to a day)",
+                        v.value
+                    ),
+                ));
+            }
+            Some(v) => Some(Duration::from_millis(v.value)),
+        };
+        if !on || algorithm == Algorithm::Concurrency {
+            return Ok(Audit::Off);
+        }
+        let name = p.name.as_ref().map_or("", |v| v.value.as_str());
+        Ok(Audit::On { group: ratemesh::NamedPolicy::audit_group(name), window })
     }
 
     fn mode_and_fallback(&self, i: usize, p: &RawPolicy) -> Result<(Mode, Fallback), ConfigError> {

@@ -101,6 +101,7 @@ raw_sections! {
         region_sync_interval_ms: Number,
         region_lease_ms: Number,
         region_fallback: Text,
+        audit_keys_max: Number,
     }
     /// `[cluster]`.
     cluster: RawCluster {
@@ -183,6 +184,8 @@ pub(super) struct RawPolicy {
     pub(super) fallback: Option<Val<String>>,
     pub(super) shadow_mode: Option<Val<bool>>,
     pub(super) unlimited: Option<Val<bool>>,
+    pub(super) audit: Option<Val<bool>>,
+    pub(super) audit_window_ms: Option<Val<u64>>,
     pub(super) overrides: Option<Val<Vec<Spanned<RawVariant>>>>,
     pub(super) tiers: Option<Val<Vec<Spanned<RawVariant>>>>,
 }

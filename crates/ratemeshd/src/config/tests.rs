@@ -88,6 +88,7 @@ region = "eu-west"
 region_sync_interval_ms = 100
 region_lease_ms = 1000
 region_fallback = "last"
+audit_keys_max = 1000
 
 [cluster]
 cluster_id = "prod-eu"
@@ -147,6 +148,7 @@ unlimited = true
         region_sync_interval: Duration::from_millis(100),
         region_lease: Duration::from_secs(1),
         region_fallback: RegionFallback::Last,
+        audit_keys_max: 1000,
     };
     assert_eq!(config.node, node);
     let core = config.node_config();
@@ -556,7 +558,7 @@ fn environment_values_must_be_utf8() {
 #[test]
 fn every_variable_overrides_its_field() {
     let names: Vec<String> = env_variable_names().collect();
-    assert_eq!(names.len(), 53);
+    assert_eq!(names.len(), 54);
     assert!(names.contains(&"RATEMESH_CLUSTER_DEAD_MEMBER_FORGET_MS".to_owned()));
     assert_eq!(env_variable_name("listen.advertise_quic"), "RATEMESH_LISTEN_ADVERTISE_QUIC");
     // A value each field refuses: every variable must reach its own field's check.
@@ -826,4 +828,52 @@ fn rlqs_domains_and_bounds() {
         "rlqs[0].tier_entry",
         9,
     );
+}
+
+#[test]
+fn audits_are_checked_and_apply_to_tiers_overrides_and_calendar_windows() {
+    use ratemesh_core::Audit;
+    let policy = |extra: &str| {
+        format!(
+            "[[policies]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod_ms = 1000\n{extra}"
+        )
+    };
+    let group = ratemesh::NamedPolicy::audit_group("api");
+    let audit_of = |config: &Config| config.policies[0].rule.policy().expect("limited").audit;
+    let config = parse(&policy("tiers = [{ name = \"pro\", limit = 500 }]\n")).expect("valid");
+    assert_eq!(audit_of(&config), Audit::On { group, window: None }, "audited by default, under its name");
+    assert_eq!(config.policies[0].tiers["pro"].audit, Audit::On { group, window: None });
+    assert_eq!(config.node.audit_keys_max, ratemesh_core::AUDIT_KEYS_MAX_DEFAULT);
+    assert_eq!(config.node_config().audit_keys_max, ratemesh_core::AUDIT_KEYS_MAX_DEFAULT);
+    let config = parse(&policy(
+        "audit_window_ms = 500\noverrides = [{ key = \"big\", limit = 1000 }]\n[node]\naudit_keys_max = 0\n",
+    ))
+    .expect("valid");
+    let half = Audit::On { group, window: Some(Duration::from_millis(500)) };
+    assert_eq!((audit_of(&config), config.policies[0].overrides["big"].audit), (half, half));
+    assert_eq!(config.node_config().audit_keys_max, 0, "0: nothing audited");
+    assert_eq!(audit_of(&parse(&policy("audit = false\n")).expect("valid")), Audit::Off);
+    let calendar = "[[policies]]\nname = \"day\"\nwindow = \"day\"\nlimit = 10\naudit = false\n";
+    assert_eq!(parse(calendar).expect("valid").policies[0].rule.policy().expect("limited").audit, Audit::Off);
+    let concurrency =
+        "[[policies]]\nname = \"c\"\nalgorithm = \"concurrency\"\nlimit = 5\nperiod_ms = 1000\n";
+    assert_eq!(
+        parse(concurrency).expect("valid").policies[0].rule.policy().expect("limited").audit,
+        Audit::Off
+    );
+    let message =
+        refused(&format!("{concurrency}audit_window_ms = 1000\n"), "policies[0].audit_window_ms", 6);
+    assert!(message.contains("not audited"), "{message}");
+    let message =
+        refused(&policy("audit = false\naudit_window_ms = 1000\n"), "policies[0].audit_window_ms", 7);
+    assert!(message.contains("audit = false"), "{message}");
+    for bad in [0, 9, 86_400_001] {
+        let message =
+            refused(&policy(&format!("audit_window_ms = {bad}\n")), "policies[0].audit_window_ms", 6);
+        assert!(message.contains("10 to 86400000"), "{message}");
+    }
+    refused(&policy("audit = 1\n"), "policies[0].audit", 6);
+    refused("[node]\naudit_keys_max = 16777217\n", "node.audit_keys_max", 2);
+    let unlimited = "[[policies]]\nname = \"u\"\ndomain = \"d\"\ndescriptors = [{ key = \"k\" }]\nunlimited = true\naudit = true\n";
+    refused(unlimited, "policies[0].audit", 6);
 }

@@ -46,6 +46,12 @@ const DEAD_MEMBER_FORGET_MS_MAX: u64 = 7 * 24 * 3600 * 1000;
 /// Upper bounds of `[limits]`, far above any sane setting: they catch typos (an extra digit or
 /// three), not tuning.
 const KEYS_MAX_MAX: u64 = 1 << 32;
+/// Shortest accepted `policies[].audit_window_ms` (the core's shortest audit window).
+pub(super) const AUDIT_WINDOW_MS_MIN: u64 = 10;
+/// Longest accepted `policies[].audit_window_ms`: a day (the core's longest).
+pub(super) const AUDIT_WINDOW_MS_MAX: u64 = 86_400_000;
+/// Largest accepted `node.audit_keys_max` (an audited key keeps its last minute of windows).
+const AUDIT_KEYS_MAX_MAX: u64 = 1 << 24;
 /// Largest accepted `limits.log_bytes_max` (64 GiB).
 const LOG_BYTES_MAX_MAX: u64 = 64 << 30;
 const HTTP_BODY_BYTES_MAX_MAX: u64 = 16 << 20;
@@ -418,6 +424,14 @@ impl Ctx<'_> {
                 )?
             }
         };
+        // 0 is valid: the node audits nothing.
+        let audit_keys_max = self.number(
+            "node.audit_keys_max",
+            &n.audit_keys_max,
+            defaults.audit_keys_max as u64,
+            0,
+            AUDIT_KEYS_MAX_MAX,
+        )?;
         Ok(NodeSection {
             id: n.id.as_ref().map_or(defaults.id, |v| NodeId(v.value)),
             id_from,
@@ -429,6 +443,8 @@ impl Ctx<'_> {
             region_sync_interval: Duration::from_millis(region_sync_interval_ms),
             region_lease: Duration::from_millis(region_lease_ms),
             region_fallback,
+            // At most AUDIT_KEYS_MAX_MAX (2^24): fits every usize of 32 bits or more.
+            audit_keys_max: usize::try_from(audit_keys_max).unwrap_or(usize::MAX),
         })
     }
 

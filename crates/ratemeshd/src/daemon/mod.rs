@@ -173,8 +173,10 @@ impl Daemon {
         let (log_level, _) = watch::channel(config.log.level);
         let (reloads, _) = watch::channel(0);
         let rlqs = Arc::new(crate::rlqs::State::default());
+        let metrics = Metrics::new(node.clone(), Arc::clone(&rlqs));
+        metrics.set_policies(Arc::clone(&policies));
         let daemon = Arc::new(Daemon {
-            metrics: Metrics::new(node.clone(), Arc::clone(&rlqs)),
+            metrics,
             node,
             current: RwLock::new(Current { config: Arc::new(config), policies }),
             source_path: source.as_ref().map(|source| source.path.clone()),

@@ -109,8 +109,9 @@ impl Daemon {
         let level = config.log.level;
         {
             let mut current = self.current.write();
-            *current = Current { config: Arc::new(config), policies };
+            *current = Current { config: Arc::new(config), policies: Arc::clone(&policies) };
         }
+        self.metrics.set_policies(policies);
         self.metrics.forget_policies(removed);
         self.log_level.send_if_modified(|current| std::mem::replace(current, level) != level);
         Ok(Reloaded::Applied)

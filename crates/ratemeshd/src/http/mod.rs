@@ -15,6 +15,7 @@
 //! | `GET /v1/cluster` | members, statuses, ring shares |
 //! | `GET /v1/policies` | the configured policies |
 //! | `GET /v1/top?policy=NAME&n=20&by=refused` | the `n` (1 to [`TOP_N_MAX`], default 20) heaviest keys of a named policy by `refused` (default) or `demand` hits over the last minute at most, merged from every live member; the estimates' error bound, the window, the members that answered and those missing |
+//! | `GET /v1/audit?policy=NAME&n=10` | the audit, cluster-wide like `/v1/top`: per policy and window, what the cluster admitted over the last minute against one ideal limiter of the same arrivals (every live member's owned keys added), and the `n` (1 to [`TOP_N_MAX`], default 10) keys admitted most above the ideal; both parameters optional, an unknown policy is 404 |
 //! | `GET /v1/stats` | this node: allowed and refused decisions per policy in 5 s slots over the last 5 minutes, sync lag, peer round-trip times, bytes held by the top-keys sketches |
 //! | `GET /v1/rlqs` | this node's RLQS state: streams, fleet rounds and fallbacks, the groups whose keys it owns, and its groups (the first 100 by policy and key) with the policy's rate, this node's part and what its Envoys are assigned |
 //! | `GET /` | the dashboard: one self-contained HTML page (no external assets) that polls `/v1/cluster`, `/v1/stats`, `/v1/policies`, `/v1/top` and `/v1/rlqs` (its RLQS panel shows when the node serves RLQS) |
@@ -82,7 +83,7 @@ mod observe;
 
 pub(crate) use front::Front;
 
-pub use observe::{TOP_BY_DEFAULT, TOP_N_DEFAULT, TOP_N_MAX};
+pub use observe::{AUDIT_N_DEFAULT, TOP_BY_DEFAULT, TOP_N_DEFAULT, TOP_N_MAX};
 
 use body::{BodyError, ErrorResponse};
 
@@ -175,6 +176,7 @@ pub fn router_with(daemon: Arc<Daemon>, timeouts: Timeouts) -> Router {
         .route("/v1/cluster", get(observe::cluster))
         .route("/v1/policies", get(observe::policies))
         .route("/v1/top", get(observe::top))
+        .route("/v1/audit", get(observe::audit))
         .route("/v1/rlqs", get(observe::rlqs))
         .route("/v1/stats", get(observe::stats))
         .route("/", get(observe::dashboard))
@@ -200,6 +202,7 @@ fn route_label(path: &str) -> &'static str {
         "/v1/cluster" => "cluster",
         "/v1/policies" => "policies",
         "/v1/top" => "top",
+        "/v1/audit" => "audit",
         "/v1/rlqs" => "rlqs",
         "/v1/stats" => "stats",
         "/" => "dashboard",
@@ -232,7 +235,7 @@ async fn admit(State(api): ApiState, request: Request, next: Next) -> Response {
     let route = route_label(request.uri().path());
     let pool = match route {
         "healthz" => None,
-        "metrics" | "readyz" | "cluster" | "policies" | "top" | "stats" | "dashboard" => {
+        "metrics" | "readyz" | "cluster" | "policies" | "top" | "audit" | "stats" | "dashboard" => {
             Some(daemon.observe_permits())
         }
         _ => Some(daemon.http_permits()),

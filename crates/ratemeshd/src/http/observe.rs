@@ -1,5 +1,5 @@
 //! The observation routes: `/metrics`, `/healthz`, `/readyz`, `/v1/cluster`, `/v1/policies`,
-//! `/v1/top`, `/v1/rlqs`, `/v1/stats` and the dashboard page (`dashboard.html`, at `/`).
+//! `/v1/top`, `/v1/audit`, `/v1/rlqs`, `/v1/stats` and the dashboard page (`dashboard.html`, at `/`).
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
@@ -263,6 +263,136 @@ pub(super) async fn top(State(api): ApiState, uri: Uri) -> Result<Response, ApiE
             "key_bytes_max": config.key_bytes_max,
             "members": report.answered.iter().map(|id| id.0).collect::<Vec<_>>(),
             "missing": missing,
+        }),
+    ))
+}
+
+/// How many keys `GET /v1/audit` (and `ratemeshd audit`) lists by default.
+pub const AUDIT_N_DEFAULT: usize = 10;
+
+/// The query of `GET /v1/audit`, validated: the policy's name and audit group (`None`: every
+/// policy), and how many keys.
+#[derive(Debug, PartialEq, Eq)]
+struct AuditQuery {
+    policy: Option<(String, u64)>,
+    n: usize,
+}
+
+impl AuditQuery {
+    /// Parses `?policy=&n=`, both optional; every refusal names its parameter (an unknown or
+    /// repeated one too). A policy `table` does not have (nor `inline`) is 404.
+    fn parse(uri: &Uri, table: &PolicyTable) -> Result<AuditQuery, ApiError> {
+        let (mut policy, mut n) = (None, None);
+        for pair in uri.query().unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let decoded = percent_encoding::percent_decode_str(&value.replace('+', " "))
+                .decode_utf8()
+                .map(|v| v.into_owned());
+            let slot = match name {
+                "policy" => &mut policy,
+                "n" => &mut n,
+                _ => {
+                    let name: String = name.chars().take(32).collect();
+                    return Err(ApiError::bad_request(&name, "unknown parameter (policy, n)"));
+                }
+            };
+            if slot.is_some() {
+                return Err(ApiError::bad_request(name, "given twice"));
+            }
+            *slot = Some(
+                decoded.map_err(|_| ApiError::bad_request(name, "not valid UTF-8 once percent-decoded"))?,
+            );
+        }
+        let policy = match policy {
+            None => None,
+            Some(name) => match crate::audit::group_of(table, &name) {
+                Some(group) => Some((name, group)),
+                None => {
+                    let shown: String = name.chars().take(64).collect();
+                    return Err(ApiError::new(
+                        StatusCode::NOT_FOUND,
+                        format!(
+                            "policy: no policy named {shown:?} (GET /v1/policies lists them; inline limits are \"inline\")"
+                        ),
+                        Some("policy"),
+                    ));
+                }
+            },
+        };
+        let n = match n.as_deref().map(str::parse::<usize>) {
+            None => AUDIT_N_DEFAULT,
+            Some(Ok(n)) if (1..=TOP_N_MAX).contains(&n) => n,
+            Some(_) => return Err(ApiError::bad_request("n", format!("an integer from 1 to {TOP_N_MAX}"))),
+        };
+        Ok(AuditQuery { policy, n })
+    }
+}
+
+/// The audit, cluster-wide: every live member's figures per policy and window (the keys each
+/// owns, added) and the worst keys, as [`ratemesh::Node::audit`] gathers them.
+pub(super) async fn audit(State(api): ApiState, uri: Uri) -> Result<Response, ApiError> {
+    use crate::audit::{policy_label, ratios, window_ms};
+    let (_, table) = api.daemon.current();
+    let query = AuditQuery::parse(&uri, &table)?;
+    let group = query.policy.as_ref().map(|(_, group)| *group);
+    let report = api.daemon.node().audit(group, query.n).await;
+    let policies: Vec<_> = report
+        .figures
+        .iter()
+        .filter(|f| group.is_none_or(|g| g == f.group))
+        .filter_map(|f| {
+            let (worst, over, false_refusal) = ratios(&f.sums);
+            Some(json!({
+                "policy": policy_label(&table, f.group)?,
+                "window_ms": window_ms(f.window),
+                "key_windows": f.sums.key_windows,
+                "incomplete_key_windows": f.incomplete_key_windows,
+                "admitted": f.sums.admitted,
+                "ideal": f.sums.ideal,
+                "arrivals": f.sums.arrivals,
+                "over_admitted": f.sums.over_admitted,
+                "false_refused": f.sums.false_refused,
+                "admitted_over_limit_ratio": worst,
+                "over_admission_ratio": over,
+                "false_refusal_ratio": false_refusal,
+            }))
+        })
+        .collect();
+    let keys: Vec<_> = report
+        .keys
+        .iter()
+        .filter_map(|key| {
+            let f = &key.figures;
+            let (worst, over, _) = ratios(&f.sums);
+            Some(json!({
+                "policy": policy_label(&table, f.group)?,
+                "key": key.text,
+                "key_hash": format!("{:032x}", f.key.0),
+                "owner": key.owner.0,
+                "window_ms": window_ms(f.window),
+                "admitted": f.sums.admitted,
+                "ideal": f.sums.ideal,
+                "arrivals": f.sums.arrivals,
+                "over_admitted": f.sums.over_admitted,
+                "false_refused": f.sums.false_refused,
+                "incomplete_windows": f.incomplete_windows,
+                "admitted_over_limit_ratio": worst,
+                "over_admission_ratio": over,
+            }))
+        })
+        .collect();
+    let missing: Vec<_> =
+        report.missing.iter().map(|m| json!({ "id": m.id.0, "reason": m.reason })).collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "span_s": ratemesh_core::AUDIT_SPAN_NANOS / 1_000_000_000,
+            "nodes_asked": report.answered.len() + report.missing.len(),
+            "nodes_answered": report.answered.len(),
+            "members": report.answered.iter().map(|id| id.0).collect::<Vec<_>>(),
+            "missing": missing,
+            "policies": policies,
+            "keys": keys,
         }),
     ))
 }

@@ -8,7 +8,8 @@
 //! - read from the node at scrape time (`node::NodeCollector`, every counter of the library's `NodeMetrics`): the protocol's, store's and
 //!   transport's counters and the members, so that a scrape shows the node as it is now and the
 //!   hot path pays nothing for them; and the RLQS streams and quota shares
-//!   (`rlqs::RlqsCollector`).
+//!   (`rlqs::RlqsCollector`); and the audit's figures per policy and window, over the keys
+//!   this node owns (`audit::AuditCollector`).
 //!
 //! Label cardinality is bounded: `policy` is a configured policy's name (at most
 //! `POLICIES_MAX` of them) or `inline`, never a client's key; `route` is one of the fixed API
@@ -16,6 +17,7 @@
 //! a policy that a reload removed are removed with it ([`Metrics::forget_policies`]), so that a
 //! file edited many times does not accumulate the labels of every name it ever had.
 
+mod audit;
 mod node;
 mod rlqs;
 
@@ -29,10 +31,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use ratemesh::{Member, MemberStatus, Node};
+use ratemesh::{Member, MemberStatus, Node, RwLock};
 use ratemesh_core::Decision;
 
 use crate::check::{Answer, Verdict};
+use crate::policy::PolicyTable;
 use crate::rates::RateHistory;
 use node::NodeCollector;
 
@@ -141,6 +144,8 @@ pub struct Metrics {
     connections_refused: Family<ServerLabels, Counter>,
     shadow_errors: Family<PolicyLabels, Counter>,
     reloads: Family<ResultLabels, Counter>,
+    /// The policies in force, for the audit's labels.
+    policies: Arc<RwLock<Arc<PolicyTable>>>,
 }
 
 fn fill_ratio_histogram() -> Histogram {
@@ -158,6 +163,7 @@ fn http_duration_histogram() -> Histogram {
 impl Metrics {
     /// A registry with every metric registered, reading the node's counters at scrape time.
     pub fn new(node: Node, rlqs: Arc<crate::rlqs::State>) -> Metrics {
+        let policies = Arc::new(RwLock::new(Arc::new(PolicyTable::default())));
         let mut registry = Registry::default();
         let requests = Family::<PolicyDecision, Counter>::default();
         registry.register(
@@ -242,7 +248,9 @@ impl Metrics {
             "Configuration reloads, by result (applied, unchanged, refused)",
             reloads.clone(),
         );
+        let audit = audit::AuditCollector { node: node.clone(), policies: Arc::clone(&policies) };
         registry.register_collector(Box::new(NodeCollector { node }));
+        registry.register_collector(Box::new(audit));
         registry.register_collector(Box::new(rlqs::RlqsCollector { state: rlqs }));
         Metrics {
             registry,
@@ -260,7 +268,13 @@ impl Metrics {
             connections_refused,
             shadow_errors,
             reloads,
+            policies,
         }
+    }
+
+    /// The policies in force, which name the audit's series: set at start and by every reload.
+    pub fn set_policies(&self, table: Arc<PolicyTable>) {
+        *self.policies.write() = table;
     }
 
     /// Records a check's answer under its policy's label (a name or `inline`): an unlimited
