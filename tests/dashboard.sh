@@ -57,9 +57,10 @@ policy = "api"
 TOML
 say "$nodes nodes live"
 
-# Load: every normal key twice, each abusive key 60 times, spread over the nodes, in batches.
+# Load: every normal key twice, each abusive key 60 times, spread over the nodes, in batches;
+# then ten keys steadily for 3 s.
 python3 - "${http[@]:1}" <<'PY' || fail "sending the checks failed"
-import json, sys, urllib.request
+import json, sys, time, urllib.request
 ports = sys.argv[1:]
 checks = []
 for i in range(600):
@@ -74,7 +75,17 @@ for start in range(0, len(checks), 50):
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/check/batch", body, {"content-type": "application/json"})
     with urllib.request.urlopen(request, timeout=10) as answer:
         assert answer.status == 200, answer.status
-print(f"{len(checks)} checks sent")
+# Then ten keys steadily for 3 s, through every node: the audit counts a key's windows from the
+# first one after its first hit (the one it began in is incomplete), so these keys give api
+# complete windows, with hits admitted (20 each) and then refused.
+rounds = 30
+for r in range(rounds):
+    body = json.dumps([{"policy": "api", "key": f"steady-{k}"} for k in range(10)]).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{ports[r % len(ports)]}/v1/check/batch", body, {"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200, answer.status
+    time.sleep(0.1)  # the pace of a steady load, not a synchronization
+print(f"{len(checks) + rounds * 10} checks sent")
 PY
 
 page="http://127.0.0.1:${http[2]}/"
