@@ -3,13 +3,18 @@
 #
 # Starts a three-node cluster of ratemeshd on loopback (the static release build the other
 # real-client scripts share, or RATEMESHD_BIN), sends checks through all three nodes (three
-# abusive keys among 600 normal ones), and then:
-#   1. `chromium --headless --dump-dom` of node 2's page must contain the members and the
-#      abusive keys once its scripts ran (virtual time budget);
+# abusive keys among 600 normal ones), waits until GET /v1/audit on node 3 answers, in the shape
+# the page reads (tests/dashboard/audit_check.py), with every node and closed windows of the
+# policy "api", and then:
+#   1. `chromium --headless --dump-dom` of node 2's page must contain the members, the abusive
+#      keys and the audit panel's row of "api" with its figures once its scripts ran (virtual
+#      time budget);
 #   2. tests/dashboard/cdp_check.py drives chromium over the DevTools protocol (standard library
 #      only): no console error or warning, no exception, no request outside the node, the members
-#      live with ring shares, the abusive keys first, a chart drawn, the page refreshed itself,
-#      accessibility basics; it writes a screenshot to target/dashboard.png.
+#      live with ring shares, the abusive keys first, a chart drawn, the audit panel's rows (api's
+#      figures, the mark over the 2 % bound exactly where over-admission exceeds it, the worst
+#      keys with their owners), the page refreshed itself, accessibility basics; it writes a
+#      screenshot to target/dashboard.png.
 # Installs chromium with apt-get when missing; fails, never skips.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -52,9 +57,10 @@ policy = "api"
 TOML
 say "$nodes nodes live"
 
-# Load: every normal key twice, each abusive key 60 times, spread over the nodes, in batches.
+# Load: every normal key twice, each abusive key 60 times, spread over the nodes, in batches;
+# then ten keys steadily for 3 s.
 python3 - "${http[@]:1}" <<'PY' || fail "sending the checks failed"
-import json, sys, urllib.request
+import json, sys, time, urllib.request
 ports = sys.argv[1:]
 checks = []
 for i in range(600):
@@ -69,7 +75,17 @@ for start in range(0, len(checks), 50):
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/check/batch", body, {"content-type": "application/json"})
     with urllib.request.urlopen(request, timeout=10) as answer:
         assert answer.status == 200, answer.status
-print(f"{len(checks)} checks sent")
+# Then ten keys steadily for 3 s, through every node: the audit counts a key's windows from the
+# first one after its first hit (the one it began in is incomplete), so these keys give api
+# complete windows, with hits admitted (20 each) and then refused.
+rounds = 30
+for r in range(rounds):
+    body = json.dumps([{"policy": "api", "key": f"steady-{k}"} for k in range(10)]).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{ports[r % len(ports)]}/v1/check/batch", body, {"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200, answer.status
+    time.sleep(0.1)  # the pace of a steady load, not a synchronization
+print(f"{len(checks) + rounds * 10} checks sent")
 PY
 
 page="http://127.0.0.1:${http[2]}/"
@@ -78,6 +94,27 @@ say "GET / : $bytes bytes"
 ((bytes < 32768)) || fail "the page is $bytes bytes (over 32 KiB)"
 top=$(curl -sf --max-time 5 "http://127.0.0.1:${http[3]}/v1/top?policy=api&n=3") || fail "GET /v1/top failed"
 say "GET /v1/top on node 3: $top"
+
+# The audit: api's 1 s windows close about a second after they end (a settle time); the figures
+# cover the last minute, so the page sees them for a minute after the load.
+audit_url="http://127.0.0.1:${http[3]}/v1/audit?n=5"
+audit_ready() {
+    local code
+    code=$(curl -s --max-time 5 -o "$work/audit.json" -w '%{http_code}' "$audit_url") || code=000
+    if [[ $code != 200 ]]; then
+        echo "GET /v1/audit: HTTP $code" >"$work/audit.why"
+        return 1
+    fi
+    python3 tests/dashboard/audit_check.py "$work/audit.json" "$nodes" api >"$work/audit.summary" 2>"$work/audit.why"
+}
+deadline=$((SECONDS + wait_s))
+until audit_ready; do
+    status=$?
+    ((status != 3)) || fail "$(cat "$work/audit.why")"
+    ((SECONDS < deadline)) || fail "not within ${wait_s}s: the audit of api on node 3: $(cat "$work/audit.why")"
+    sleep "$poll_s" # the poll interval of a bounded poll
+done
+say "GET /v1/audit on node 3: $(cat "$work/audit.summary")"
 
 chromium_flags=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run
     --no-default-browser-check --disable-background-networking --disable-component-update
@@ -89,7 +126,13 @@ timeout 60 chromium "${chromium_flags[@]}" --virtual-time-budget=8000 --dump-dom
 for expected in abuser-a abuser-b abuser-c '(this node)' '>live<' 'RLQS streams: 0'; do
     grep -qF -- "$expected" "$work/dom.html" || fail "the dumped DOM lacks '$expected'"
 done
-say "--dump-dom shows the members, the top keys and the RLQS panel"
+# The audit panel's row of api: the policy, a window, admitted / ideal, two percentages, a ratio.
+audit_row='<tr( class="over-bound")?><td>api</td><td class="num">[0-9.]+ (ms|s|min|h)</td><td class="num">[1-9][0-9]* / [1-9][0-9]*</td>'
+audit_row+='<td class="num( over)?">[0-9]+\.[0-9]{2} %[^<]*</td><td class="num">[0-9]+\.[0-9]{2} %</td><td class="num">[0-9]+\.[0-9]{2} ×</td>'
+audit_row+='<td class="num">[0-9]+ of [1-9][0-9]*</td></tr>'
+grep -qE -- "$audit_row" "$work/dom.html" || fail "the dumped DOM lacks the audit row of api: $(grep -o '<table id="audit">.*</table>' "$work/dom.html" | head -c 2000)"
+grep -qF -- "the $nodes of $nodes nodes that answered" "$work/dom.html" || fail "the audit panel does not say that every node answered"
+say "--dump-dom shows the members, the top keys, the audit of api and the RLQS panel"
 
 # 2. DevTools protocol: console, requests, content, screenshot.
 free_ports p_devtools/tcp
@@ -99,6 +142,6 @@ chromium_pid=$!
 show_at_failure "chromium log" 20 "$work/chromium.log"
 mkdir -p "$(dirname "$screenshot")"
 timeout 120 python3 tests/dashboard/cdp_check.py "$p_devtools" "$page" "$screenshot" "$nodes" \
-    abuser-a abuser-b abuser-c || fail "the dashboard check failed"
+    abuser-a abuser-b abuser-c --audit api || fail "the dashboard check failed"
 [[ -s $screenshot ]] || fail "no screenshot at $screenshot"
 say "ok"

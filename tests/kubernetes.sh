@@ -17,7 +17,9 @@
 #     configuration, as they will load it;
 #  5. the Envoy Gateway overlay (deploy/kubernetes/envoy-gateway): rendered, validated strictly,
 #     checked by tests/kubernetes_envoy_gateway.py, and the ratelimit Deployment Envoy Gateway
-#     would make from it validated strictly too.
+#     would make from it validated strictly too;
+#  6. the example alerting rules beside them (deploy/prometheus), with promtool:
+#     tests/prometheus_rules.sh.
 #
 # Fails, never skips, when kubectl, Python or the package is missing.
 set -euo pipefail
@@ -97,4 +99,7 @@ mapfile -t pod_env <"$work/envoy-gateway.env"
 env -i "${pod_env[@]}" "$binary" validate --config deploy/docker/ratemesh.toml >"$work/envoy-gateway.config" 2>&1 ||
     fail "$dir: ratemeshd refuses the override's variables: $(cat "$work/envoy-gateway.config")"
 say "ok: $dir: renders, valid (strict) with the ratelimit Deployment it makes, variables accepted"
+
+# 6. The alerting rules (deploy/prometheus): promtool's check and unit tests, series exported.
+bash tests/prometheus_rules.sh || fail "deploy/prometheus: the alerting rules"
 say "PASS"

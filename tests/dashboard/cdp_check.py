@@ -2,7 +2,7 @@
 
 Standard library only (a minimal WebSocket client is below). Usage:
 
-    cdp_check.py DEVTOOLS_PORT PAGE_URL SCREENSHOT_PATH EXPECTED_MEMBERS KEY...
+    cdp_check.py DEVTOOLS_PORT PAGE_URL SCREENSHOT_PATH EXPECTED_MEMBERS KEY... [--audit POLICY...]
 
 Fails (exit 1, the reason on stderr) unless, within the time bound:
 - the page loads with no console error or warning, no uncaught exception, no browser log error;
@@ -10,6 +10,10 @@ Fails (exit 1, the reason on stderr) unless, within the time bound:
 - the members table lists EXPECTED_MEMBERS members, all live, with ring shares;
 - the top-keys table lists every KEY among its first len(KEY) rows;
 - the rate chart is drawn (an <svg> per policy) and the page refreshed itself at least twice;
+- the audit panel (GET /v1/audit) has a row for every AUDIT_POLICY with its figures (window,
+  admitted / ideal with hits admitted, percentages, the worst window's ratio, incomplete windows),
+  a row is marked over the bound exactly when its over-admission exceeds 2 %, every member
+  answered, and the worst-keys table lists keys with their owner among the members;
 - the markup keeps its accessibility basics: lang, labelled selects, header cells with scope,
   table captions, an accessible name for every chart.
 Then writes a PNG screenshot (1280×900, a laptop screen) to SCREENSHOT_PATH.
@@ -18,6 +22,7 @@ Then writes a PNG screenshot (1280×900, a laptop screen) to SCREENSHOT_PATH.
 import base64
 import json
 import os
+import re
 import socket
 import struct
 import sys
@@ -136,14 +141,79 @@ STATE_JS = r"""(() => {
     tablesWithoutCaption: Array.from(document.querySelectorAll("table")).filter((t) => !t.caption).length,
     unnamedCharts: Array.from(document.querySelectorAll("svg")).filter((s) => !s.getAttribute("aria-label")).length,
   };
-  return { members, keys, charts: document.querySelectorAll("#charts svg").length,
+  const audit = rows("audit").map((r) => ({ over: r.className === "over-bound",
+    cells: Array.from(r.cells, (c) => c.textContent) }));
+  const auditKeys = rows("audit-keys").map((r) => ({ over: r.className === "over-bound",
+    cells: Array.from(r.cells, (c) => c.textContent) }));
+  return { members, keys, audit, auditKeys, auditCaption: document.getElementById("audit-caption").textContent,
+           charts: document.querySelectorAll("#charts svg").length,
            updated: document.getElementById("updated").textContent, a11y };
 })()"""
 
 
+AUDIT_BOUND = 0.02
+PERCENT = re.compile(r"^(\d+\.\d\d) %( ⚠ over the bound)?$")
+RATIO = re.compile(r"^\d+\.\d\d ×$")
+ADMITTED_IDEAL = re.compile(r"^(\d+) / (\d+)$")
+
+
+def over_admission_problems(row, column):
+    """Problems with a row's over-admission cell and its mark (over the bound, or not)."""
+    m = PERCENT.match(row["cells"][column])
+    if not m:
+        return [f"over-admission {row['cells'][column]!r} is not a percentage"]
+    over = float(m.group(1)) > AUDIT_BOUND * 100
+    if over != row["over"] or over != bool(m.group(2)):
+        return [f"over-admission {row['cells'][column]!r} marked {'over' if row['over'] else 'within'} the bound"]
+    return []
+
+
+def audit_problems(state, policies, members):
+    """What the audit panel lacks; [] when every policy in POLICIES has a row with its figures."""
+    if not policies:
+        return []
+    if f"{members} of {members} nodes" not in state["auditCaption"]:
+        return [f"audit caption: {state['auditCaption']!r}"]
+    problems, rows = [], {r["cells"][0]: r for r in state["audit"] if len(r["cells"]) == 7}
+    for policy in policies:
+        row = rows.get(policy)
+        if row is None:
+            problems.append(f"no audit row for {policy}")
+            continue
+        _, window, admitted_ideal, _, false_refusals, worst, incomplete = row["cells"]
+        m = ADMITTED_IDEAL.match(admitted_ideal)
+        if not (m and int(m.group(1)) > 0 and int(m.group(2)) > 0):
+            problems.append(f"{policy}: admitted / ideal {admitted_ideal!r}")
+        if not re.match(r"^\d+(\.\d)? (ms|s|min|h)$", window):
+            problems.append(f"{policy}: window {window!r}")
+        if not PERCENT.match(false_refusals) or "⚠" in false_refusals:
+            problems.append(f"{policy}: false refusals {false_refusals!r}")
+        if not RATIO.match(worst):
+            problems.append(f"{policy}: worst window {worst!r}")
+        if not re.match(r"^\d+ of [1-9]\d*$", incomplete):
+            problems.append(f"{policy}: incomplete windows {incomplete!r}")
+        problems += [f"{policy}: {p}" for p in over_admission_problems(row, 3)]
+    keys = [r for r in state["auditKeys"] if len(r["cells"]) == 7]
+    if not keys:
+        problems.append("no worst keys")
+    for row in keys:
+        policy, key, owner, admitted_ideal, _, worst, incomplete = row["cells"]
+        if not policy:
+            problems.append(f"worst key {key!r} without its policy")
+        if not key or not owner.isdigit() or not 1 <= int(owner) <= members:
+            problems.append(f"worst key {key!r}: owner {owner!r}")
+        if not ADMITTED_IDEAL.match(admitted_ideal) or not RATIO.match(worst) or not incomplete.isdigit():
+            problems.append(f"worst key {key!r}: figures {row['cells']}")
+        problems += [f"worst key {key!r}: {p}" for p in over_admission_problems(row, 4)]
+    return problems
+
+
 def main():
     port, page_url, screenshot, expected_members = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    expected_keys = sys.argv[5:]
+    expected_keys, audit_policies = sys.argv[5:], []
+    if "--audit" in expected_keys:
+        at = expected_keys.index("--audit")
+        expected_keys, audit_policies = expected_keys[:at], expected_keys[at + 1:]
     origin = "{0.scheme}://{0.netloc}/".format(urllib.parse.urlparse(page_url))
     deadline = time.monotonic() + WAIT_S
     targets = None
@@ -171,10 +241,11 @@ def main():
         members_ok = state and len(state["members"]) == expected_members and all(
             m["status"] == "live" and m["share"].endswith("%") for m in state["members"])
         keys_ok = state and sorted(state["keys"][: len(expected_keys)]) == sorted(expected_keys)
-        if members_ok and keys_ok and state["charts"] > 0 and len(updates) >= 2:
+        audit = audit_problems(state, audit_policies, expected_members) if state else ["no page"]
+        if members_ok and keys_ok and not audit and state["charts"] > 0 and len(updates) >= 2:
             break
         if time.monotonic() > deadline:
-            raise SystemExit(f"the page did not show the cluster within {WAIT_S}s: {json.dumps(state)}")
+            raise SystemExit(f"the page did not show the cluster within {WAIT_S}s: {'; '.join(audit)} {json.dumps(state, ensure_ascii=False)}")
         time.sleep(0.25)  # the interval of a bounded poll
     # Drain the events that arrived meanwhile.
     tools.evaluate("1")
@@ -206,7 +277,8 @@ def main():
         out.write(base64.b64decode(shot["data"]))
     paths = sorted({urllib.parse.urlparse(url).path for url in requests})
     print(f"dashboard ok: {len(state['members'])} members live, top keys {state['keys'][:len(expected_keys)]}, "
-          f"{state['charts']} chart(s), {len(updates)} refreshes, {len(requests)} requests, all to {origin} "
+          f"{state['charts']} chart(s), audit rows {[r['cells'] for r in state['audit']]} "
+          f"and {len(state['auditKeys'])} worst key(s), {len(updates)} refreshes, {len(requests)} requests, all to {origin} "
           f"({', '.join(paths)}); screenshot {screenshot}")
 
 
