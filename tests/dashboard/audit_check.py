@@ -8,7 +8,7 @@ listed; exit 1 (the reason on stderr) when it has the shape but not the figures 
 close about a second after they end: poll again); exit 3 when the shape is wrong (do not poll).
 
 The shape (docs/audit.md): span_s, nodes_asked, nodes_answered, policies[] and keys[]; counts
-are integers, ratios numbers; over_admission_ratio = max(0, admitted - ideal) / ideal and
+are integers, ratios numbers; over_admission_ratio = over_admitted / ideal and
 false_refusal_ratio = false_refused / arrivals.
 """
 
@@ -46,10 +46,10 @@ def check_entry(entry, what, counts, ratios):
     for field in ratios:
         if field not in entry or not is_ratio(entry[field]):
             wrong(f"{what} {entry['policy']}: {field} = {entry.get(field)!r}, not a ratio")
-    admitted, ideal = entry["admitted"], entry["ideal"]
+    over_admitted, ideal = entry["over_admitted"], entry["ideal"]
     over = entry["over_admission_ratio"]
-    if ideal > 0 and over is not None and abs(over - max(0, admitted - ideal) / ideal) > TOLERANCE:
-        wrong(f"{what} {entry['policy']}: over_admission_ratio {over} for admitted {admitted}, ideal {ideal}")
+    if ideal > 0 and over is not None and abs(over - over_admitted / ideal) > TOLERANCE:
+        wrong(f"{what} {entry['policy']}: over_admission_ratio {over} for over_admitted {over_admitted}, ideal {ideal}")
     refusal = entry.get("false_refusal_ratio")
     if "false_refusal_ratio" in ratios and entry["arrivals"] > 0 and refusal is not None and \
             abs(refusal - entry["false_refused"] / entry["arrivals"]) > TOLERANCE:

@@ -36,14 +36,15 @@ pub fn group_of(table: &PolicyTable, name: &str) -> Option<u64> {
 ///
 /// - `admitted_over_limit`: the worst key window's admitted hits over that window's limit (0
 ///   without a complete window);
-/// - `over_admission`: `max(0, admitted − ideal) / ideal` over every window summed (0 when the
-///   ideal admitted nothing);
+/// - `over_admission`: the hits admitted above the ideal, window by window (`Σ max(0, admitted −
+///   ideal)`), over the ideal's (0 when the ideal admitted nothing): an excess in one window is
+///   not netted against a bucket paying it back in the next;
 /// - `false_refusal`: hits refused that the ideal would have admitted, over the hits that
 ///   arrived (0 when none arrived).
 pub fn ratios(sums: &AuditSums) -> (f64, f64, f64) {
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     let worst = sums.worst.map_or(0.0, |(admitted, limit)| ratio(admitted, limit));
-    let over = ratio(sums.admitted.saturating_sub(sums.ideal), sums.ideal);
+    let over = ratio(sums.over_admitted, sums.ideal);
     (worst, over, ratio(sums.false_refused, sums.arrivals))
 }
 
@@ -75,9 +76,11 @@ mod tests {
             worst: Some((130, 100)),
         };
         let (worst, over, false_refusal) = ratios(&sums);
-        assert_eq!((worst, over, false_refusal), (1.3, 0.1, 0.02));
-        let under = AuditSums { admitted: 250, ..sums };
-        assert_eq!(ratios(&under).1, 0.0, "admitted below the ideal is no over-admission");
+        assert_eq!((worst, over, false_refusal), (1.3, 40.0 / 300.0, 0.02));
+        let paid_back = AuditSums { admitted: 290, ..sums };
+        assert_eq!(ratios(&paid_back).1, 40.0 / 300.0, "an excess is not netted against a later payback");
+        let none_over = AuditSums { over_admitted: 0, ..sums };
+        assert_eq!(ratios(&none_over).1, 0.0);
         assert_eq!(window_label(Duration::from_secs(1)), "1");
         assert_eq!(window_label(Duration::from_millis(500)), "0.5");
         assert_eq!(window_label(Duration::from_secs(3600)), "3600");

@@ -615,6 +615,19 @@ pub struct AuditStats {
     pub tally_overflow_hits: u64,
 }
 
+impl AuditStats {
+    /// Adds `other`'s counters (another lane's): keys and hits add up, the sample is the
+    /// narrowest.
+    pub fn merge(&mut self, other: &AuditStats) {
+        let AuditStats { keys, sample_bits, late_hits, stray_pieces, tally_overflow_hits } = *other;
+        self.keys = self.keys.saturating_add(keys);
+        self.sample_bits = self.sample_bits.max(sample_bits);
+        self.late_hits = self.late_hits.saturating_add(late_hits);
+        self.stray_pieces = self.stray_pieces.saturating_add(stray_pieces);
+        self.tally_overflow_hits = self.tally_overflow_hits.saturating_add(tally_overflow_hits);
+    }
+}
+
 /// The owner-side audit of a node: which keys it audits, and the figures per group.
 #[derive(Debug)]
 pub(crate) struct AuditBook {

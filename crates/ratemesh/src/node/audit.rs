@@ -86,11 +86,7 @@ impl Node {
     pub fn audit_stats(&self) -> AuditStats {
         let mut total = AuditStats::default();
         for lane in &self.shared.lanes {
-            let stats = lane.lock().core.audit_stats();
-            total.keys = total.keys.saturating_add(stats.keys);
-            total.sample_bits = total.sample_bits.max(stats.sample_bits);
-            total.late_hits = total.late_hits.saturating_add(stats.late_hits);
-            total.stray_pieces = total.stray_pieces.saturating_add(stats.stray_pieces);
+            total.merge(&lane.lock().core.audit_stats());
         }
         total
     }

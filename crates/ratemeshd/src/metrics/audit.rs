@@ -77,7 +77,7 @@ impl prometheus_client::collector::Collector for AuditCollector {
             e,
             "ratemesh_audit_over_admission_ratio",
             "The audit, last minute, keys this node owns: hits the cluster admitted above what one ideal \
-             limiter would have admitted of the same arrivals, over the ideal's (max(0, admitted - ideal) / ideal)",
+             limiter would have admitted of the same arrivals, over the ideal's, window by window (sum of max(0, admitted - ideal) / sum of ideal)",
             &over,
         )?;
         family(
@@ -94,7 +94,8 @@ impl prometheus_client::collector::Collector for AuditCollector {
              not (the owner did not see all of them: a member left, ownership moved, closed by force)",
             &windows,
         )?;
-        let AuditStats { keys, sample_bits, late_hits, stray_pieces } = self.node.audit_stats();
+        let AuditStats { keys, sample_bits, late_hits, stray_pieces, tally_overflow_hits } =
+            self.node.audit_stats();
         gauge(
             e,
             "ratemesh_audit_keys",
@@ -118,6 +119,12 @@ impl prometheus_client::collector::Collector for AuditCollector {
             "ratemesh_audit_stray_pieces",
             "Audit reports for keys this node does not own (the ring changed): dropped",
             stray_pieces,
+        )?;
+        counter(
+            e,
+            "ratemesh_audit_uncounted_hits",
+            "Hits this node answered that no audit counts: its tallies for other owners were full",
+            tally_overflow_hits,
         )
     }
 }
