@@ -76,7 +76,7 @@ const SENDER_ACTIVE_NANOS: u64 = 60_000_000_000;
 const KEEPALIVE_NANOS: u64 = 500_000_000;
 /// How many periods with members believed dead the audit remembers.
 const DEAD_PERIODS_MAX: usize = 8;
-/// How long windows wait, after members joined the ring, for the windows the other side of a
+/// How long windows wait, after members came back the ring, for the windows the other side of a
 /// healed partition hands over (its view changes later than this one's by up to a gossip round).
 const HANDOFF_GRACE_NANOS: u64 = 2_000_000_000;
 /// How often a follower tells an owner a key's group and window again (see [`Tally`]).
@@ -1001,15 +1001,16 @@ impl Node {
 
     /// A view change at `now`: windows open now close only a settle time later, those open when
     /// a member was `forgotten` (gone from the view's live and dead members) are incomplete, and
-    /// tallies go to their keys' owners in the new ring. When members `joined` the ring (new, or
-    /// back from a partition, whose side owned keys on its own meanwhile and hands their windows
-    /// over once it sees the heal too), windows wait [`HANDOFF_GRACE_NANOS`] more.
+    /// tallies go to their keys' owners in the new ring. When members `returned` to the ring
+    /// (believed dead before: back from a partition, whose side owned keys on its own meanwhile
+    /// and hands their windows over once it sees the heal too), windows wait
+    /// [`HANDOFF_GRACE_NANOS`] more.
     ///
     /// While members are believed dead (`dead`), windows are incomplete: such a member may be
     /// alive behind a cut, its side owning the key on its own; its windows come back with the
     /// handover at the heal, but the owner cannot tell that from a crash, nor when it will come.
-    pub(super) fn audit_view_changed(&mut self, now: Instant, forgotten: bool, joined: bool, dead: bool) {
-        let grace = if joined { HANDOFF_GRACE_NANOS } else { 0 };
+    pub(super) fn audit_view_changed(&mut self, now: Instant, forgotten: bool, returned: bool, dead: bool) {
+        let grace = if returned { HANDOFF_GRACE_NANOS } else { 0 };
         self.audit.disturbed_at = self.audit.disturbed_at.max(now.add_nanos(grace));
         let periods = &mut self.audit.dead_periods;
         let ongoing = periods.back().is_some_and(|(_, until)| until.is_none());

@@ -545,7 +545,9 @@ impl Node {
             "the ring's members are members"
         );
         let forgotten = self.members.iter().any(|m| members.binary_search(m).is_err());
-        self.audit_view_changed(now, forgotten, !joined.is_empty(), !dead.is_empty());
+        // Back from the dead (a healed partition), not new: the other side may hand windows over.
+        let returned = joined.iter().any(|m| self.members.binary_search(m).is_ok());
+        self.audit_view_changed(now, forgotten, returned, !dead.is_empty());
         self.members = members;
         self.refresh_reachability(now, true);
         // Owners mark no key for replication while they are alone on their ring: the first
