@@ -1870,11 +1870,13 @@ fn audited_load(
 }
 
 /// One hit of `key` through its owner `owner` (the audit record starts then: its first window is
-/// incomplete), then a wait for the next Unix second plus 100 ms, so that the load that follows
-/// lands in complete windows only (the audit's windows are Unix seconds on every node's clock).
+/// incomplete, and so is the next, within the ideal bucket's memory of it: a second at 100/s
+/// with a burst of 100), then a wait for the Unix second after the next plus 100 ms, so that the
+/// load that follows lands in complete windows only (the audit's windows are Unix seconds on
+/// every node's clock).
 fn start_audit_record(cluster: &Cluster, (policy, key): (&str, &str), owner: u64) {
     assert!(check(cluster.http(owner), policy, key, 1).0, "the first hit of {key} is admitted");
-    let next_second = unix_s().floor() + 1.1;
+    let next_second = unix_s().floor() + 2.1;
     // Waits for a time of day (window alignment), not for an event.
     std::thread::sleep(Duration::from_secs_f64((next_second - unix_s()).max(0.0)));
 }

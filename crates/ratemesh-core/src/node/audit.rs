@@ -855,12 +855,16 @@ impl Node {
     /// unreachable gets them when it is back; this node's own keys (it became their owner) are
     /// counted here.
     pub(super) fn audit_send(&mut self, now: Instant) {
-        if !self.due_epoch.is_multiple_of(2) || self.audit.tallies.is_empty() {
+        if !self.due_epoch.is_multiple_of(2) {
             return;
         }
         if !self.audit_on() {
             self.audit.tallies.clear();
             return;
+        }
+        // The owners sent pieces lately hear from this node even when it has none (below).
+        if self.audit.tallies.is_empty() {
+            return self.audit_keepalives(now);
         }
         let flush = self.audit_flush_nanos();
         // The owners that get pieces this round.
