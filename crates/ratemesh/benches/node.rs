@@ -22,6 +22,7 @@
 //!    open window: `ratemesh_core`'s `audit.rs`): the same core with the policy audited and with
 //!    `Audit::Off`, `AUDIT_ROUNDS` interleaved rounds of `AUDIT_CHECKS` checks each, the median of
 //!    the rounds' ratios (interleaved, so that a busy machine weighs on both alike). Goal ≤ 1.1.
+//!    `BENCH_AUDIT_ONLY=1` runs this alone.
 //!
 //!    Then the throughput of `check_now` on 2 threads over 1 thread at 1, 2, 4 and 8 lanes
 //!    (`NodeBuilder::lanes`; goal ≥ 1.7), both threads over every key, over disjoint halves of
@@ -603,6 +604,11 @@ fn audit_cost() -> (f64, f64, f64) {
 }
 
 fn main() {
+    if std::env::var_os("BENCH_AUDIT_ONLY").is_some() {
+        let (ratio, on_ns, off_ns) = audit_cost();
+        println!("the audit in the core's check: {on_ns:.0} ns on, {off_ns:.0} ns off: {ratio:.3} ×");
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut criterion = Criterion::default().output_directory(&criterion_dir()).configure_from_args();
     approximate_check(&mut criterion, &runtime);

@@ -41,6 +41,7 @@ use crate::prelude::*;
 use alloc::collections::{BTreeMap, VecDeque};
 use core::time::Duration;
 
+use hashbrown::HashMap;
 use indexmap::IndexMap;
 
 use super::api::Audit;
@@ -298,6 +299,9 @@ impl Record {
     /// fell in windows already closed, before the record, or more than [`WINDOWS_OPEN_MAX`]
     /// windows before `to` (a span that long is a merged one: its oldest part is not placed).
     fn add(&mut self, from: Instant, to: Instant, admitted: u64, refused: u64) -> u64 {
+        if from == to {
+            return self.add_at(to, admitted, refused);
+        }
         let to = to.as_nanos();
         let from = from.as_nanos().min(to);
         let slot = self.slot_nanos();
@@ -338,6 +342,23 @@ impl Record {
             }
         }
         late
+    }
+
+    /// [`Record::add`] at one instant (an owner's own decision: the check's hot path).
+    fn add_at(&mut self, at: Instant, admitted: u64, refused: u64) -> u64 {
+        let slot = at.as_nanos() / self.slot_nanos();
+        let index = slot / SLOTS_PER_WINDOW;
+        let window = match self.open.back_mut() {
+            Some(window) if window.index == index => window,
+            _ => match self.open_window(index) {
+                Some(window) => window,
+                None => return admitted.saturating_add(refused),
+            },
+        };
+        let arrivals = &mut window.arrivals[(slot % SLOTS_PER_WINDOW) as usize];
+        *arrivals = arrivals.saturating_add(admitted.saturating_add(refused));
+        window.admitted = window.admitted.saturating_add(admitted);
+        0
     }
 
     /// The open window `index`, opened if it is not closed yet; `None` when it is (or it began
@@ -632,7 +653,8 @@ impl AuditStats {
 #[derive(Debug)]
 pub(crate) struct AuditBook {
     /// The keys this node audits as their owner (at most `audit_keys_max`).
-    records: IndexMap<KeyHash, Record, KeyHasherBuilder>,
+    /// (A hash map: one probe on the check's path, where an index map takes two.)
+    records: HashMap<KeyHash, Record, KeyHasherBuilder>,
     /// Hits this node answered of keys others own, not sent yet (at most the key table's
     /// `keys_max` keys; hits beyond are counted in `AuditStats::tally_overflow_hits`).
     tallies: IndexMap<KeyHash, Tally, KeyHasherBuilder>,
@@ -660,7 +682,7 @@ pub(crate) struct AuditBook {
 impl AuditBook {
     pub fn new(seed: u64) -> AuditBook {
         AuditBook {
-            records: IndexMap::default(),
+            records: HashMap::default(),
             tallies: IndexMap::default(),
             groups: BTreeMap::new(),
             disturbed_at: Instant::ZERO,
@@ -735,7 +757,8 @@ impl Node {
         cost: u64,
         allowed: bool,
     ) {
-        if cost == 0 || !self.audit_on() {
+        // A key out of the sample has no record, and gets none.
+        if cost == 0 || !self.audit_on() || policy.audit == Audit::Off || !self.audit.sampled(key) {
             return;
         }
         let (admitted, refused) = if allowed { (cost, 0) } else { (0, cost) };
@@ -747,7 +770,7 @@ impl Node {
                 return;
             }
             // The key's limit changed (an override): audited afresh against the new one.
-            self.audit.records.swap_remove(&key);
+            self.audit.records.remove(&key);
         }
         self.audit_adopt(key, policy.audit, &policy.limit, hits);
     }
