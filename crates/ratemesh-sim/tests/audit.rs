@@ -444,7 +444,7 @@ fn an_audited_run_is_the_same_run() {
 /// and second, and the audit's arrivals there are the requests that reached a node.
 #[test]
 fn the_lens_counts_what_the_recorder_counts() {
-    let scenario = Scenario { duration_s: 4, ..scenario_file("steady") };
+    let scenario = Scenario { duration_s: 5, ..scenario_file("steady") };
     assert_eq!(scenario.clock.offset_ms_max, 0);
     let out = run_strategy_audited(&scenario, StrategyKind::RatemeshApprox, 3).expect("the run");
     let audit = out.audit.expect("an audited run");

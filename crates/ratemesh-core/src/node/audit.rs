@@ -227,6 +227,41 @@ impl Tally {
     }
 }
 
+/// An owner's own checks of a key in one slot, counted in the key's entry, which the check holds
+/// anyway (no probe of the records on the check's path); folded into the key's record when a
+/// check falls in a later slot, or at a closing round.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Hot {
+    slot: u64,
+    admitted: u64,
+    arrivals: u64,
+}
+
+impl Hot {
+    /// Counts a check of `cost` hits in `slot`; returns counts to fold: an earlier slot's, or
+    /// this check's when it is the entry's first (the record begins with it, before any piece
+    /// from another node could begin it mid-window).
+    pub fn add(&mut self, slot: u64, cost: u64, allowed: bool) -> Option<Hot> {
+        let admitted = if allowed { cost } else { 0 };
+        if self.slot == 0 {
+            self.slot = slot;
+            return Some(Hot { slot, admitted, arrivals: cost });
+        }
+        if self.slot == slot {
+            self.admitted = self.admitted.saturating_add(admitted);
+            self.arrivals = self.arrivals.saturating_add(cost);
+            return None;
+        }
+        let earlier = core::mem::replace(self, Hot { slot, admitted, arrivals: cost });
+        (earlier.arrivals > 0).then_some(earlier)
+    }
+
+    /// The counts of a slot before `slot`, taken out.
+    fn take_before(&mut self, slot: u64) -> Option<Hot> {
+        (self.slot < slot && self.arrivals > 0).then(|| core::mem::take(self))
+    }
+}
+
 /// One window of a key still open at its owner.
 #[derive(Clone, Debug)]
 struct OpenWindow {
@@ -746,33 +781,49 @@ impl Node {
         self.config.audit_keys_max > 0
     }
 
-    /// The owner's decision of its own client's check: counted into the key's record (begun
-    /// here if the key is to be audited). The checks it decides for other nodes are counted where
-    /// they were answered.
-    pub(super) fn audit_decided(
-        &mut self,
-        key: KeyHash,
-        policy: &Policy,
-        now: Instant,
-        cost: u64,
-        allowed: bool,
-    ) {
+    /// The slot an owner's own check of `key` counts in (its [`Hot`] counts, in the key's
+    /// entry), if the key is audited here: no probe of the records.
+    pub(super) fn audit_slot(&self, key: KeyHash, policy: &Policy, cost: u64, now: Instant) -> Option<u64> {
         // A key out of the sample has no record, and gets none.
         if cost == 0 || !self.audit_on() || policy.audit == Audit::Off || !self.audit.sampled(key) {
-            return;
+            return None;
         }
-        let (admitted, refused) = if allowed { (cost, 0) } else { (0, cost) };
-        let hits = Hits { from: now, to: now, admitted, refused };
+        let window = window_nanos(&policy.limit, policy.audit)?;
+        Some(now.as_nanos() / (window / SLOTS_PER_WINDOW).max(1))
+    }
+
+    /// An earlier slot's own checks of `key` (its [`Hot`] counts) into the key's record, begun
+    /// here if the key is to be audited. The checks an owner decides for other nodes are counted
+    /// where they were answered.
+    pub(super) fn audit_fold(&mut self, key: KeyHash, policy: &Policy, hot: Hot, now: Instant) {
+        let Some(window) = window_nanos(&policy.limit, policy.audit) else { return };
+        let slot_nanos = (window / SLOTS_PER_WINDOW).max(1);
+        // A slot past counts at its start; the current one (an entry's first check) at `now`, where
+        // a record it begins starts.
+        let at = match hot.slot == now.as_nanos() / slot_nanos {
+            true => now,
+            false => Instant::from_nanos(hot.slot.saturating_mul(slot_nanos)),
+        };
+        let (admitted, refused) = (hot.admitted, hot.arrivals.saturating_sub(hot.admitted));
         if let Some(record) = self.audit.records.get_mut(&key) {
-            if record.limit.spec() == policy.limit.spec() {
-                let late = record.add(now, now, admitted, refused);
+            if record.limit.spec() == policy.limit.spec() && record.window_nanos == window {
+                let late = record.add_at(at, admitted, refused);
                 self.audit.stats.late_hits = self.audit.stats.late_hits.saturating_add(late);
                 return;
             }
             // The key's limit changed (an override): audited afresh against the new one.
             self.audit.records.remove(&key);
         }
+        let hits = Hits { from: at, to: at, admitted, refused };
         self.audit_adopt(key, policy.audit, &policy.limit, hits);
+    }
+
+    /// A check of `key` decided here as its owner, outside the check's path (an answer that came
+    /// back after this node became the owner): counted at once.
+    fn audit_decided(&mut self, key: KeyHash, policy: &Policy, now: Instant, cost: u64, allowed: bool) {
+        let Some(slot) = self.audit_slot(key, policy, cost, now) else { return };
+        let admitted = if allowed { cost } else { 0 };
+        self.audit_fold(key, policy, Hot { slot, admitted, arrivals: cost }, now);
     }
 
     /// A check this node answered its client for a key another node owns (from an allowance,
@@ -983,8 +1034,18 @@ impl Node {
         let heard = |m: &NodeId| self.peers.heard_at(*m).unwrap_or(Instant::ZERO);
         let watermark = self.audit.senders.keys().map(heard).min().unwrap_or(now).min(now);
         let regions = self.regions.active();
-        let (ring, id) = (&self.ring, self.id);
+        let (ring, id, keys) = (&self.ring, self.id, &mut self.keys);
         let book = &mut self.audit;
+        // The owner's own checks of a slot past: into the records (a key checked no more).
+        for (&key, record) in book.records.iter_mut() {
+            let slot = now.as_nanos() / record.slot_nanos();
+            let limit = record.limit.clone();
+            if let Some(Some(hot)) = keys.update(key, &limit, |_, meta| meta.audit_hot.take_before(slot)) {
+                let at = Instant::from_nanos(hot.slot.saturating_mul(record.slot_nanos()));
+                let late = record.add_at(at, hot.admitted, hot.arrivals.saturating_sub(hot.admitted));
+                book.stats.late_hits = book.stats.late_hits.saturating_add(late);
+            }
+        }
         let (disturbed_at, departed) = (book.disturbed_at, book.departed_at.map(|at| at.as_nanos()));
         let dead_periods = book.dead_periods.clone();
         let mut closed_all: Vec<((u64, u64), AuditWindow)> = Vec::new();

@@ -39,6 +39,8 @@ pub(crate) struct KeyMeta {
     pub region: Option<Box<super::region::RegionLease>>,
     /// Regions: the ledger of every region's lease (as the key's home owner).
     pub home: Option<Box<super::region::HomeLedger>>,
+    /// Owner only: its own checks of the current audit slot (`audit.rs`; read by nothing else).
+    pub audit_hot: super::audit::Hot,
 }
 
 /// Marks a key due in sync round `epoch` (`KeyMeta::own_due_epoch` or `replica_due_epoch`):
@@ -68,6 +70,7 @@ impl KeyMeta {
             replica_due_epoch: 0,
             region: None,
             home: None,
+            audit_hot: super::audit::Hot::default(),
         }
     }
 

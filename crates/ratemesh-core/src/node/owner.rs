@@ -36,8 +36,9 @@ impl Node {
         let retry_floor = self.next_sync_at().nanos_since(now);
         let sizing = self.sizing_context(self.id, now);
         let (epoch, replicate) = (self.due_epoch, self.replicates());
+        let audit_slot = self.audit_slot(key, policy, cost, now);
         let rng = &mut self.rng;
-        let (decision, own_due, replica_due) = self.keys.upsert_with(
+        let (decision, own_due, replica_due, audit_fold) = self.keys.upsert_with(
             key,
             limit.as_ref().unwrap_or(&policy.limit),
             now,
@@ -59,10 +60,13 @@ impl Node {
                 let shared = !meta.participants.is_empty();
                 let own_due = approximate && shared && keys::mark_due(&mut meta.own_due_epoch, epoch);
                 let replica_due = tracked && replicate && keys::mark_due(&mut meta.replica_due_epoch, epoch);
-                (decision, own_due, replica_due)
+                let audit_fold = audit_slot.and_then(|slot| meta.audit_hot.add(slot, cost, decision.allowed));
+                (decision, own_due, replica_due, audit_fold)
             },
         );
-        self.audit_decided(key, policy, now, cost, decision.allowed);
+        if let Some(hot) = audit_fold {
+            self.audit_fold(key, policy, hot, now);
+        }
         self.region_touched(key, policy, now);
         // Marked in the key's entry, which the check has just touched: a key already due this
         // round costs no probe of the sets (most checks of a busy key).
