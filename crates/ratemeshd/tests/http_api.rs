@@ -1835,7 +1835,10 @@ async fn the_audit_is_served_per_policy_with_its_worst_keys_and_exported() {
     assert!(value("ratemesh_audit_admitted_over_limit_ratio", &tb_labels).is_some());
     assert!(value("ratemesh_audit_false_refusal_ratio", &[("policy", "inline")]).is_some());
     let incomplete = [("policy", "tb"), ("window", "1"), ("complete", "false")];
-    assert_eq!(value("ratemesh_audit_key_windows", &incomplete), Some(1.0));
+    // The key's first window (begun before its record), and the next if it had hits (within the
+    // ideal's memory of the first).
+    let left_out = value("ratemesh_audit_key_windows", &incomplete);
+    assert!(left_out.is_some_and(|n| (1.0..=2.0).contains(&n)), "{left_out:?}");
     let complete = [("policy", "tb"), ("window", "1"), ("complete", "true")];
     assert!(value("ratemesh_audit_key_windows", &complete).is_some_and(|n| n >= 1.0));
     assert!(
