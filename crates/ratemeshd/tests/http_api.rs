@@ -480,6 +480,7 @@ async fn metrics_health_readiness_cluster_and_policies() {
     };
     assert_eq!(value("ratemesh_requests_total", &[("policy", "login"), ("decision", "allowed")]), Some(1.0));
     assert_eq!(value("ratemesh_members", &[("status", "live")]), Some(1.0));
+    assert_eq!(value("ratemesh_members_counted", &[]), Some(1.0));
     assert_eq!(value("ratemesh_bucket_fill_ratio_count", &[("policy", "login")]), Some(1.0));
     assert!(value("ratemesh_keys", &[]).is_some_and(|keys| keys >= 1.0));
     assert!(
@@ -524,6 +525,7 @@ async fn metrics_health_readiness_cluster_and_policies() {
     assert_eq!(cluster["ring"]["owners"], json!(1));
     assert_eq!(cluster["ring"]["balance"], json!(1.0));
     assert_eq!(cluster["ready"], json!(true));
+    assert_eq!(cluster["members_counted"], json!(1), "alone, a node counts its own share");
 
     let r = h.get("/v1/policies").await;
     assert_eq!(r.status, 200);

@@ -288,6 +288,17 @@ impl Cluster {
         }
     }
 
+    /// Waits until every node of `observers` counts `members` members' shares in the limits it
+    /// enforces as an owner (`members_counted`): a member back from the dead counts a little after
+    /// it is seen live, and until then owners enforce the reachable members' part of a limit.
+    fn wait_counted(&mut self, observers: &[u64], members: usize) {
+        for &id in observers {
+            let addr = self.http(id);
+            let what = format!("node {id} counts {members} members' shares");
+            self.wait_for(&what, || view(addr).is_some_and(|v| v.counted == members));
+        }
+    }
+
     /// Polls `condition` until it holds, at most [`WAIT`]; fails early if a process died.
     fn wait_for(&mut self, what: &str, mut condition: impl FnMut() -> bool) {
         let deadline = Instant::now() + WAIT;
@@ -466,6 +477,8 @@ fallback = "fail_open"
 struct View {
     live: Vec<u64>,
     dead: Vec<u64>,
+    /// `members_counted`: the members whose shares the node's owned keys count.
+    counted: usize,
 }
 
 /// Node at `addr`'s member view, if it answers one.
@@ -486,7 +499,8 @@ fn view(addr: SocketAddr) -> Option<View> {
     }
     live.sort_unstable();
     dead.sort_unstable();
-    Some(View { live, dead })
+    let counted = usize::try_from(answer.get("members_counted")?.as_u64()?).ok()?;
+    Some(View { live, dead, counted })
 }
 
 /// An HTTP response.
@@ -620,6 +634,9 @@ fn three_processes_hold_the_limit_survive_a_kill_and_rejoin() {
     cluster.node(3).start();
     cluster.wait_ready(&[3]);
     cluster.wait_view(&all, &all, &[]);
+    // Owners count node 3's share again two retransmission timeouts after they hear it (until
+    // then a key begun enforces the reachable 2/3).
+    cluster.wait_counted(&all, 3);
     let rejoined = cluster.admitted("exact", "tenant-rejoined", 100, &all);
     eprintln!("node 3 rejoined, 300 checks over 3 nodes: {rejoined} admitted");
     assert_eq!(rejoined, LIMIT);
@@ -980,6 +997,7 @@ fn a_node_that_crashed_and_came_back_then_leaves_gracefully_leaves_the_whole_lim
             view(addr).is_some_and(|v| v.live == [1, 2] && v.dead.is_empty())
         });
     }
+    cluster.wait_counted(&[1, 2], 2);
     let admitted = cluster.admitted("exact", "after-crash-and-leave", 100, &[1, 2]);
     eprintln!("node 3 crashed, came back and left: 200 checks over nodes 1 and 2: {admitted} admitted");
     assert_eq!(admitted, LIMIT);

@@ -341,6 +341,14 @@ impl Node {
         self.settled
     }
 
+    /// The members whose shares the limits this node enforces as an owner count: itself and the
+    /// ring members reachable for two retransmission timeouts (refreshed every sync round). Below
+    /// the members' count, owners enforce the reachable members' part of every limit (a member
+    /// back from the dead counts again a little after it is heard).
+    pub fn members_counted(&self) -> usize {
+        self.reachable_ranks.len()
+    }
+
     /// The node's counters.
     pub fn stats(&self) -> NodeStats {
         NodeStats { delivery: self.peers.stats(), ..self.stats }

@@ -261,6 +261,7 @@ impl prometheus_client::collector::Collector for NodeCollector {
             members_live,
             members_dead,
             members_unverified,
+            members_counted,
             checks_waiting,
             sync_lag,
             peer_round_trips,
@@ -340,6 +341,13 @@ impl prometheus_client::collector::Collector for NodeCollector {
             let labels = [("status", status)];
             ConstGauge::new(gauge_len(count)).encode(family.encode_family(&labels)?)?;
         }
+        gauge(
+            e,
+            "ratemesh_members_counted",
+            "Members whose shares this node's owned keys count (itself and the members reachable for two \
+             retransmission timeouts): below the live members, owners enforce the reachable part of every limit",
+            gauge_len(members_counted),
+        )?;
         encode_snapshots(e, snapshots)
     }
 }
