@@ -92,7 +92,7 @@ settle() {
         wait_for "replica $n ready" is_ready "$n"
         [[ $(client whoami "${ip[$n]}") == "$n" ]] || fail "replica $n is node $(client whoami "${ip[$n]}")"
     done
-    expected="^live=$(joined) dead=- "
+    expected="^live=$(joined) dead=- .* counted=${#numbers[@]}$"
     for n in "${numbers[@]}"; do
         wait_for "replica $n sees /$expected/" view_is "$n" "$expected"
     done

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Summarizes a ratemeshd `GET /v1/cluster` answer read from stdin, for shell tests.
 
-Prints one line: `live=<ids> dead=<ids> unverified=<ids>`, each a comma-separated sorted list of
-member ids (`-` when empty), e.g. `live=1,2 dead=3 unverified=-`. Exits 1, saying why on stderr,
+Prints one line: `live=<ids> dead=<ids> unverified=<ids> counted=<n>`, each a comma-separated
+sorted list of member ids (`-` when empty), and `members_counted` (the members whose shares the
+node's owned keys count: all live ones once a member back from the dead counts again), e.g.
+`live=1,2 dead=3 unverified=- counted=2`. Exits 1, saying why on stderr,
 when the input is not a cluster view (not JSON, no member list): a test waiting on the view then
 keeps polling until its bound instead of misreading an error page.
 """
@@ -27,7 +29,8 @@ def main() -> int:
             print(f"cluster_view: odd member entry {member!r:.200}", file=sys.stderr)
             return 1
         by_status.setdefault(str(member["status"]), []).append(int(member["id"]))
-    print(" ".join(f"{status}={','.join(map(str, sorted(ids))) or '-'}" for status, ids in by_status.items()))
+    lists = " ".join(f"{status}={','.join(map(str, sorted(ids))) or '-'}" for status, ids in by_status.items())
+    print(f"{lists} counted={view.get('members_counted', '-')}")
     return 0
 
 
