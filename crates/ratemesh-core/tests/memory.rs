@@ -181,3 +181,62 @@ fn fixed_window_keys_fit_the_memory_budget() {
     report("fixed window", &measured);
     check_bounds(&measured);
 }
+
+/// The audit's memory per audited key at its owner (docs/audit.md, Cost): the closed windows of
+/// the last minute (61 of 1 s, 48 B each, in a deque of 64), one or two open windows (96 B each),
+/// the ideal bucket and the record's header, and its slot in the records' table with the table's
+/// growth slack (measured: 4 051 B at 2 000 keys, a table half full).
+const AUDIT_BYTES_PER_KEY_MAX: f64 = 5_120.0;
+const AUDIT_KEYS: u64 = 2_000;
+
+/// Live heap bytes of a one-node core after `AUDIT_KEYS` keys under `policy` were each checked
+/// every 250 ms for 65 s of its clock (the audit's last minute full) and its timers ran.
+fn node_bytes(policy: &ratemesh_core::Policy) -> usize {
+    use ratemesh_core::{CheckOutcome, CheckRequest, Node, NodeConfig, NodeId, RequestId};
+    let policy = std::sync::Arc::new(policy.clone());
+    let namespace = Namespace::new(b"audit memory");
+    let keys: Vec<KeyHash> = (0..AUDIT_KEYS).map(|i| namespace.key(&i.to_le_bytes())).collect();
+    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let mut node = Node::new(NodeId(1), 1, NodeConfig::default(), 7, Instant::ZERO).expect("valid config");
+    for step in 1..=260u64 {
+        let now = Instant::from_millis(step * 250);
+        for &key in &keys {
+            let request = CheckRequest { id: RequestId(0), key, policy: policy.clone(), cost: 1 };
+            let outcome = node.handle_check(now, request);
+            assert!(matches!(outcome, CheckOutcome::Decided(ref d) if d.allowed), "{outcome:?}");
+        }
+        while let Some(at) = node.poll_timeout().filter(|&at| at <= now) {
+            node.handle_timeout(at.max(now));
+        }
+        while node.poll_transmit().is_some() || node.poll_event().is_some() {}
+    }
+    let bytes = LIVE_BYTES.load(Ordering::Relaxed) - before;
+    drop(node);
+    bytes
+}
+
+#[test]
+fn an_audited_key_costs_its_owner_a_minute_of_windows() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let spec = LimitSpec::new(Algorithm::TokenBucket, 1_000, Duration::from_secs(1)).with_burst(1_000);
+    let limit = Limit::new(spec).expect("valid limit");
+    let audited = ratemesh_core::Policy {
+        limit,
+        mode: ratemesh_core::Mode::Approximate,
+        fallback: ratemesh_core::Fallback::LocalShare,
+        audit: ratemesh_core::Audit::default(),
+    };
+    let unaudited = ratemesh_core::Policy { audit: ratemesh_core::Audit::Off, ..audited.clone() };
+    let (on, off) = (node_bytes(&audited), node_bytes(&unaudited));
+    let per_key = (on as f64 - off as f64) / AUDIT_KEYS as f64;
+    println!(
+        "the audit: {AUDIT_KEYS} keys checked every 250 ms for 65 s: {on} live bytes with it, {off} without: \
+         {per_key:.0} B per audited key"
+    );
+    // At least the minute of closed windows it keeps; at most the stated bound.
+    assert!(per_key >= 61.0 * 48.0, "{per_key:.0} B per key: less than the minute of windows it keeps");
+    assert!(
+        per_key <= AUDIT_BYTES_PER_KEY_MAX,
+        "{per_key:.0} B per key, more than {AUDIT_BYTES_PER_KEY_MAX}"
+    );
+}
