@@ -14,7 +14,7 @@ use super::body::{
     CheckBody, CheckResponse, is_concurrency, parse_charge, parse_check, parse_check_all, parse_check_batch,
     parse_release,
 };
-use super::{Api, ApiError, ApiState, json_response, parse_body, within};
+use super::{Api, ApiError, ApiState, Unknown, json_response, parse_body, query_params, within};
 use crate::check::{Answer, ValidCheck};
 
 /// The answer to one check: its JSON and, unless the policy is unlimited, the rate-limit
@@ -125,25 +125,8 @@ impl AuthQuery {
     /// is not UTF-8 once decoded is refused, not decoded lossily: two different byte strings
     /// would otherwise share one bucket. A parameter given twice is refused too.
     fn parse(uri: &Uri) -> Result<AuthQuery, ApiError> {
-        let mut query = AuthQuery::default();
-        for pair in uri.query().unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let (field, slot) = match name {
-                "policy" => ("policy", &mut query.policy),
-                "key" => ("key", &mut query.key),
-                "cost" => ("cost", &mut query.cost),
-                _ => continue,
-            };
-            if slot.is_some() {
-                return Err(ApiError::bad_request(field, "given twice"));
-            }
-            let spaced = value.replace('+', " ");
-            let decoded = percent_encoding::percent_decode_str(&spaced)
-                .decode_utf8()
-                .map_err(|_| ApiError::bad_request(field, "not valid UTF-8 once percent-decoded"))?;
-            *slot = Some(decoded.into_owned());
-        }
-        Ok(query)
+        let [policy, key, cost] = query_params(uri, ["policy", "key", "cost"], Unknown::Ignore)?;
+        Ok(AuthQuery { policy, key, cost })
     }
 }
 

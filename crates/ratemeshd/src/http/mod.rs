@@ -316,6 +316,46 @@ impl ApiError {
     }
 }
 
+/// What [`query_params`] does with a parameter it was not asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unknown {
+    /// A 400 naming it (an API's own query).
+    Refuse,
+    /// Skipped (a proxy's subrequest may carry its own parameters).
+    Ignore,
+}
+
+/// The query parameters `names` of `uri`, percent-decoded (`+` as a space), each given at most
+/// once. A value that is not UTF-8 once decoded is refused, not decoded lossily (two byte strings
+/// would otherwise read as one); so is a repeated parameter, and an unknown one if `unknown` says
+/// so: a 400 naming it.
+fn query_params<const N: usize>(
+    uri: &Uri,
+    names: [&str; N],
+    unknown: Unknown,
+) -> Result<[Option<String>; N], ApiError> {
+    let mut values: [Option<String>; N] = std::array::from_fn(|_| None);
+    for pair in uri.query().unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let Some(slot) = names.iter().position(|known| *known == name) else {
+            if unknown == Unknown::Ignore {
+                continue;
+            }
+            let name: String = name.chars().take(32).collect();
+            return Err(ApiError::bad_request(&name, format!("unknown parameter ({})", names.join(", "))));
+        };
+        if values[slot].is_some() {
+            return Err(ApiError::bad_request(name, "given twice"));
+        }
+        let spaced = value.replace('+', " ");
+        let decoded = percent_encoding::percent_decode_str(&spaced)
+            .decode_utf8()
+            .map_err(|_| ApiError::bad_request(name, "not valid UTF-8 once percent-decoded"))?;
+        values[slot] = Some(decoded.into_owned());
+    }
+    Ok(values)
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         json_response(self.status, &self.body)

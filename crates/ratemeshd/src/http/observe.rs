@@ -9,7 +9,7 @@ use ratemesh::TopBy;
 use ratemesh_core::Algorithm;
 use serde_json::json;
 
-use super::{ApiError, ApiState, error, json_response};
+use super::{ApiError, ApiState, Unknown, error, json_response, query_params};
 use crate::config::{Rule, fallback_name, mode_name};
 use crate::metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, status_name};
 use crate::policy::PolicyTable;
@@ -192,28 +192,7 @@ impl TopQuery {
     /// Parses `?policy=&n=&by=`; every refusal names its parameter (an unknown or repeated one
     /// too). The policy must be a limited named policy of `table`.
     fn parse(uri: &Uri, table: &PolicyTable) -> Result<TopQuery, ApiError> {
-        let (mut policy, mut n, mut by) = (None, None, None);
-        for pair in uri.query().unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let decoded = percent_encoding::percent_decode_str(&value.replace('+', " "))
-                .decode_utf8()
-                .map(|v| v.into_owned());
-            let slot = match name {
-                "policy" => &mut policy,
-                "n" => &mut n,
-                "by" => &mut by,
-                _ => {
-                    let name: String = name.chars().take(32).collect();
-                    return Err(ApiError::bad_request(&name, "unknown parameter (policy, n, by)"));
-                }
-            };
-            if slot.is_some() {
-                return Err(ApiError::bad_request(name, "given twice"));
-            }
-            *slot = Some(
-                decoded.map_err(|_| ApiError::bad_request(name, "not valid UTF-8 once percent-decoded"))?,
-            );
-        }
+        let [policy, n, by] = query_params(uri, ["policy", "n", "by"], Unknown::Refuse)?;
         let policy = policy.ok_or_else(|| ApiError::bad_request("policy", "missing: give ?policy=NAME"))?;
         match table.get(&policy) {
             Some(entry) if entry.rule.policy().is_some() => {}
@@ -283,27 +262,7 @@ impl AuditQuery {
     /// Parses `?policy=&n=`, both optional; every refusal names its parameter (an unknown or
     /// repeated one too). A policy `table` does not have (nor `inline`) is 404.
     fn parse(uri: &Uri, table: &PolicyTable) -> Result<AuditQuery, ApiError> {
-        let (mut policy, mut n) = (None, None);
-        for pair in uri.query().unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let decoded = percent_encoding::percent_decode_str(&value.replace('+', " "))
-                .decode_utf8()
-                .map(|v| v.into_owned());
-            let slot = match name {
-                "policy" => &mut policy,
-                "n" => &mut n,
-                _ => {
-                    let name: String = name.chars().take(32).collect();
-                    return Err(ApiError::bad_request(&name, "unknown parameter (policy, n)"));
-                }
-            };
-            if slot.is_some() {
-                return Err(ApiError::bad_request(name, "given twice"));
-            }
-            *slot = Some(
-                decoded.map_err(|_| ApiError::bad_request(name, "not valid UTF-8 once percent-decoded"))?,
-            );
-        }
+        let [policy, n] = query_params(uri, ["policy", "n"], Unknown::Refuse)?;
         let policy = match policy {
             None => None,
             Some(name) => match crate::audit::group_of(table, &name) {
