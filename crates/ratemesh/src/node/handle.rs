@@ -464,6 +464,13 @@ impl Node {
         self.shared.top.config()
     }
 
+    /// The members whose shares this node's owned keys count, the fewest any lane counts
+    /// ([`ratemesh_core::Node::members_counted`]): below the live members, owners enforce the
+    /// reachable members' part of every limit.
+    pub fn members_counted(&self) -> usize {
+        self.shared.lanes.iter().map(|lane| lane.lock().core.members_counted()).min().unwrap_or(0)
+    }
+
     /// Heap bytes held by this node's top-keys sketches, and checks not recorded because
     /// `TopConfig::policies_max` policies are recorded already.
     pub fn top_memory(&self) -> (usize, u64) {
@@ -478,11 +485,9 @@ impl Node {
         let (mut protocol, mut store) = (NodeStats::default(), StoreStats::default());
         let (mut keys, mut checks_waiting, mut sync_lag) = (0, 0, Duration::ZERO);
         let (mut round_trips, mut first) = (BTreeMap::new(), None);
-        let mut members_counted = usize::MAX;
         for lane in &self.shared.lanes {
             let state = lane.lock();
             first.get_or_insert(state.core.stats());
-            members_counted = members_counted.min(state.core.members_counted());
             protocol += state.core.stats();
             store += state.core.store_stats();
             keys += state.core.keys_len();
@@ -510,7 +515,7 @@ impl Node {
             members_live: count(MemberStatus::Live),
             members_dead: count(MemberStatus::Dead),
             members_unverified: count(MemberStatus::Unverified),
-            members_counted: if members_counted == usize::MAX { 0 } else { members_counted },
+            members_counted: self.members_counted(),
             checks_waiting,
             sync_lag,
             peer_round_trips: round_trips.into_iter().collect(),

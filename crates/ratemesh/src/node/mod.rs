@@ -280,9 +280,7 @@ pub struct NodeMetrics {
     pub members_dead: usize,
     /// Gossip members not confirmed by mutual TLS.
     pub members_unverified: usize,
-    /// The members whose shares this node's owned keys count, the fewest any lane counts
-    /// ([`ratemesh_core::Node::members_counted`]): below the live members, owners enforce the
-    /// reachable members' part of every limit.
+    /// [`Node::members_counted`].
     pub members_counted: usize,
     /// Checks waiting for their owner's answer.
     pub checks_waiting: usize,

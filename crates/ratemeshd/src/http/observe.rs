@@ -116,7 +116,7 @@ pub(super) async fn cluster(State(api): ApiState) -> Response {
             "ready": daemon.is_ready(),
             "shutting_down": daemon.is_shutting_down(),
             "members": members,
-            "members_counted": daemon.node().metrics().members_counted,
+            "members_counted": daemon.node().members_counted(),
             "ring": {
                 "owners": owners,
                 "this_node_share": share_of(daemon.id()),
