@@ -209,6 +209,11 @@ impl<X: KeyExtra> Store<X> {
         self.entry(key).map(|entry| &entry.extra)
     }
 
+    /// The extra data beside `key`'s bucket, to change, if tracked (its TTL stays as it is).
+    pub fn extra_mut(&mut self, key: KeyHash) -> Option<&mut X> {
+        self.entries.find_mut(table_hash(key), |entry| entry.key == key).map(|entry| &mut entry.extra)
+    }
+
     /// Runs `change` on `key`'s bucket and extra data, if tracked; `limit` is the key's limit
     /// (for its TTL).
     pub fn update<R>(

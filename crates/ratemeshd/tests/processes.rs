@@ -1888,8 +1888,9 @@ fn audited_load(
 }
 
 /// One hit of `key` through its owner `owner` (the audit record starts then: its first window is
-/// incomplete, and so is the next, within the ideal bucket's memory of it: a second at 100/s
-/// with a burst of 100), then a wait for the Unix second after the next plus 100 ms, so that the
+/// incomplete unless the owner trusts the key's birth — its view calm for the second its limit
+/// takes to refill — and so is the next, within the ideal bucket's memory of it: a second at
+/// 100/s with a burst of 100), then a wait for the Unix second after the next plus 100 ms, so that the
 /// load that follows lands in complete windows only (the audit's windows are Unix seconds on
 /// every node's clock).
 fn start_audit_record(cluster: &Cluster, (policy, key): (&str, &str), owner: u64) {
@@ -1971,7 +1972,8 @@ fn the_audit_reports_what_the_cluster_admitted_and_the_over_admission_of_a_cut()
         "audit admitted {audited}, outside {}",
         outside.admitted
     );
-    assert_eq!(row["incomplete_key_windows"], 1, "only the first window, begun before the record: {row}");
+    let incomplete = row["incomplete_key_windows"].as_u64();
+    assert!(incomplete <= Some(1), "at most the first window, begun before the record: {row}");
 
     // Node 3 cut off for 3 s, then healed. The load ends just before the heal: once node 3 is
     // heard again, the owner applies what it admitted meanwhile and its bucket pays the excess
@@ -2001,7 +2003,8 @@ fn the_audit_reports_what_the_cluster_admitted_and_the_over_admission_of_a_cut()
         outside.admitted
     );
     assert!(audited > row["ideal"].as_u64().expect("ideal"), "{row}");
-    assert_eq!(row["incomplete_key_windows"], 1, "the cut did not make windows incomplete: {row}");
+    let incomplete = row["incomplete_key_windows"].as_u64();
+    assert!(incomplete <= Some(1), "the cut did not make windows incomplete: {row}");
     assert!(row["admitted_over_limit_ratio"].as_f64().expect("a ratio") > 1.0, "{row}");
     // Cluster-wide, asked through node 2: node 1's key, named, first among the worst.
     assert_eq!(

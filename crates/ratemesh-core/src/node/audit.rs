@@ -25,7 +25,10 @@
 //! not own the key for all of it, a member left the view (for good) while it was open, it was
 //! closed by force, the cluster has several regions, or it follows an incomplete one within the
 //! ideal limiter's memory (the time its capacity takes to refill); figures use complete windows
-//! only, and count the others.
+//! only, and count the others. A key *born* at its owner (its entry created by a client's check,
+//! no state from elsewhere: [`KeyMeta::born`]) while nothing of its history can have escaped the
+//! owner (it ran, its view stayed calm and it evicted no key since [`history_start`]) had no
+//! history: its record is whole from the window of its first check.
 //!
 //! Per group (a driver's policy) and window length the owner sums the closed windows of the last
 //! minute ([`AUDIT_SPAN_NANOS`], or the last window when windows are longer): admitted, ideal,
@@ -326,8 +329,30 @@ impl Record {
         }
     }
 
+    /// The record of a key born at `born` (its first check in the cluster): the window it was
+    /// born in is whole, since nothing came before it.
+    fn born(group: u64, window_nanos: u64, limit: &Limit, born: Instant) -> Record {
+        let record = Record::new(group, window_nanos, limit, born);
+        Record { first_index: born.as_nanos() / window_nanos, ..record }
+    }
+
     fn slot_nanos(&self) -> u64 {
         (self.window_nanos / SLOTS_PER_WINDOW).max(1)
+    }
+
+    /// The first window whose ideal no longer depends on window `index`, which lacked hits: for
+    /// a fixed window on the grid (its count starts afresh at each window of its own), the first
+    /// one that begins once the fixed window holding `index`'s end is over; otherwise the ideal
+    /// limiter's memory later ([`ideal_memory_windows`]).
+    fn trusted_after(&self, index: u64) -> u64 {
+        let next = index.saturating_add(1);
+        let spec = self.limit.spec();
+        if spec.algorithm == crate::limit::Algorithm::FixedWindow && spec.calendar.is_none() {
+            let period = duration_nanos(spec.period).max(1);
+            let fixed_end = next.saturating_mul(self.window_nanos).div_ceil(period).saturating_mul(period);
+            return fixed_end.div_ceil(self.window_nanos);
+        }
+        next.saturating_add(ideal_memory_windows(&self.limit, self.window_nanos))
     }
 
     /// Counts `admitted` and `refused` hits spread evenly over `[from, to]`; returns the hits that
@@ -436,9 +461,7 @@ impl Record {
             self.open_from = window.index + 1;
             let partial = window.index < self.first_index || forced || incomplete(window.index);
             if partial {
-                let memory = ideal_memory_windows(&self.limit, self.window_nanos);
-                self.trusted_from =
-                    self.trusted_from.max(window.index.saturating_add(1).saturating_add(memory));
+                self.trusted_from = self.trusted_from.max(self.trusted_after(window.index));
             }
             let complete = !partial && window.index >= self.trusted_from;
             let done = self.feed(&window, complete, rng);
@@ -512,6 +535,24 @@ fn ideal_memory_windows(limit: &Limit, window_nanos: u64) -> u64 {
     let period = u128::from(duration_nanos(limit.spec().period));
     let memory = u128::from(limit.capacity()) * period / u128::from(limit.reported_limit().max(1));
     u64::try_from(memory.div_ceil(u128::from(window_nanos.max(1)))).unwrap_or(u64::MAX).max(1)
+}
+
+/// The earliest instant whose hits the state at `at` of a key under `limit` can depend on: the
+/// start of its fixed (or calendar) window, of the sliding counter's previous window, or the time
+/// its capacity takes to refill (the bucket algorithms, the log, the expiring counter).
+fn history_start(limit: &Limit, at: Instant) -> Instant {
+    let spec = limit.spec();
+    let (t, period) = (at.as_nanos(), duration_nanos(spec.period).max(1));
+    let from = match (spec.algorithm, spec.calendar) {
+        (_, Some(window)) => window.start.as_nanos().min(t),
+        (crate::limit::Algorithm::FixedWindow, None) => t - t % period,
+        (crate::limit::Algorithm::SlidingWindowCounter, None) => (t - t % period).saturating_sub(period),
+        _ => {
+            let refill = u128::from(limit.capacity()) * u128::from(period) / u128::from(spec.limit.max(1));
+            t.saturating_sub(u64::try_from(refill).unwrap_or(u64::MAX))
+        }
+    };
+    Instant::from_nanos(from)
 }
 
 /// The limit over one audit window: the policy's limit scaled from its period to the window.
@@ -710,12 +751,16 @@ pub(crate) struct AuditBook {
     dead_periods: VecDeque<(Instant, Option<Instant>)>,
     /// When a member last left the view: windows open then are incomplete.
     departed_at: Option<Instant>,
+    /// Before this instant this node may not know a key's history: when it started, and when it
+    /// last saw its key table evict a key (`evicted_seen`: the table's count then) to make room.
+    history_from: Instant,
+    evicted_seen: u64,
     rng: CoreRng,
     stats: AuditStats,
 }
 
 impl AuditBook {
-    pub fn new(seed: u64) -> AuditBook {
+    pub fn new(seed: u64, now: Instant) -> AuditBook {
         AuditBook {
             records: HashMap::default(),
             tallies: IndexMap::default(),
@@ -725,6 +770,8 @@ impl AuditBook {
             sent_to: BTreeMap::new(),
             dead_periods: VecDeque::new(),
             departed_at: None,
+            history_from: now,
+            evicted_seen: 0,
             rng: rand::SeedableRng::seed_from_u64(seed ^ AUDIT_RNG_SALT),
             stats: AuditStats::default(),
         }
@@ -815,7 +862,7 @@ impl Node {
             self.audit.records.remove(&key);
         }
         let hits = Hits { from: at, to: at, admitted, refused };
-        self.audit_adopt(key, policy.audit, &policy.limit, hits);
+        self.audit_adopt(key, policy.audit, &policy.limit, hits, now);
     }
 
     /// A check of `key` decided here as its owner, outside the check's path (an answer that came
@@ -864,13 +911,18 @@ impl Node {
     }
 
     /// Begins `key`'s record with `hits` if the key is to be audited: its policy says so, it is
-    /// in the sample, and (past the cap) the sample narrows until the records fit.
-    fn audit_adopt(&mut self, key: KeyHash, audit: Audit, limit: &Limit, hits: Hits) {
+    /// in the sample, and (past the cap) the sample narrows until the records fit. A key born
+    /// here ([`KeyMeta::born`]) whose history this node knows is whole from its first window.
+    fn audit_adopt(&mut self, key: KeyHash, audit: Audit, limit: &Limit, hits: Hits, now: Instant) {
         let (Some(window), Audit::On { group, .. }) = (window_nanos(limit, audit), audit) else { return };
         if !self.audit.sampled(key) {
             return;
         }
-        let mut record = Record::new(group, window, limit, hits.from);
+        let born = self.keys.extra_mut(key).and_then(|meta| meta.born.take());
+        let mut record = match born.filter(|&born| self.history_known(limit, born, now)) {
+            Some(born) => Record::born(group, window, limit, born),
+            None => Record::new(group, window, limit, hits.from),
+        };
         let late = record.add(hits.from, hits.to, hits.admitted, hits.refused);
         self.audit.stats.late_hits = self.audit.stats.late_hits.saturating_add(late);
         self.audit.records.insert(key, record);
@@ -881,6 +933,18 @@ impl Node {
             book.records.retain(|&k, _| sampled_at(k, bits));
         }
         self.audit.stats.keys = self.audit.records.len() as u64;
+    }
+
+    /// Whether a key of `limit` born here at `born` had no history before: nothing since the
+    /// earliest instant its state at `born` could depend on ([`history_start`]) may have escaped
+    /// this node — it ran, its view and every member stayed as they were, and it evicted no key.
+    fn history_known(&mut self, limit: &Limit, born: Instant, now: Instant) -> bool {
+        let evicted = self.keys.stats().evicted;
+        if evicted != self.audit.evicted_seen {
+            (self.audit.evicted_seen, self.audit.history_from) = (evicted, now);
+        }
+        let unsure_until = self.audit.history_from.max(self.audit.disturbed_at);
+        unsure_until <= history_start(limit, born)
     }
 
     /// Pieces from `from`, a node that answered checks of keys this node owns.
@@ -919,7 +983,7 @@ impl Node {
                 continue;
             };
             let window = Some(Duration::from_nanos(piece.window_nanos));
-            self.audit_adopt(key, Audit::On { group: piece.group, window }, &limit, hits);
+            self.audit_adopt(key, Audit::On { group: piece.group, window }, &limit, hits, now);
         }
     }
 
@@ -1284,6 +1348,40 @@ mod tests {
         assert_eq!(closed.len(), 3, "the three oldest beyond the bound");
         assert!(closed.iter().all(|w| !w.complete), "closed by force: incomplete {closed:?}");
         assert_eq!(record.open.len(), WINDOWS_OPEN_MAX);
+    }
+
+    /// After a window that lacked hits, the ideal is trusted again once its memory of it is
+    /// gone: a fixed window's at the end of the fixed window (at once when audit windows are the
+    /// fixed windows), a bucket's once its capacity has refilled.
+    #[test]
+    fn the_ideal_is_trusted_again_once_it_forgot_a_partial_window() {
+        let second = 1_000_000_000;
+        let fixed =
+            Limit::new(LimitSpec::new(Algorithm::FixedWindow, 10, Duration::from_secs(60))).expect("valid");
+        assert_eq!(
+            Record::new(0, 60 * second, &fixed, at(0)).trusted_after(5),
+            6,
+            "windows are the fixed ones"
+        );
+        assert_eq!(Record::new(0, second, &fixed, at(0)).trusted_after(5), 60, "the minute's end");
+        assert_eq!(Record::new(0, second, &fixed, at(0)).trusted_after(59), 60);
+        assert_eq!(Record::new(0, second, &limit(), at(0)).trusted_after(5), 7, "a second's refill");
+        let sliding =
+            Limit::new(LimitSpec::new(Algorithm::SlidingWindowCounter, 10, Duration::from_secs(60)))
+                .expect("valid");
+        assert_eq!(Record::new(0, 60 * second, &sliding, at(0)).trusted_after(5), 7);
+    }
+
+    /// A key's history begins where its state at an instant can depend on hits.
+    #[test]
+    fn a_key_history_starts_where_its_state_forgets() {
+        let s = |secs: u64| at(secs * 1_000_000_000);
+        let of =
+            |algorithm| Limit::new(LimitSpec::new(algorithm, 10, Duration::from_secs(60))).expect("valid");
+        assert_eq!(history_start(&of(Algorithm::FixedWindow), s(130)), s(120));
+        assert_eq!(history_start(&of(Algorithm::SlidingWindowCounter), s(130)), s(60));
+        assert_eq!(history_start(&of(Algorithm::SlidingWindowLog), s(130)), s(70));
+        assert_eq!(history_start(&limit(), s(130)), s(129), "a second's refill");
     }
 
     #[test]

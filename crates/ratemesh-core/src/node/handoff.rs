@@ -37,7 +37,10 @@ impl Node {
                 &limit,
                 now,
                 || KeyMeta::new(policy, owned),
-                |bucket, _| bucket.join(&limit, state.state.into(), now),
+                |bucket, meta| {
+                    meta.born = None;
+                    bucket.join(&limit, state.state.into(), now)
+                },
             );
             match (joined, replica) {
                 (Ok(()), false) => self.stats.handoffs_received += 1,

@@ -41,6 +41,10 @@ pub(crate) struct KeyMeta {
     pub home: Option<Box<super::region::HomeLedger>>,
     /// Owner only: its own checks of the current audit slot (`audit.rs`; read by nothing else).
     pub audit_hot: super::audit::Hot,
+    /// Owner only: when a client's check created this entry with no state from elsewhere (the
+    /// key's first check, if nothing was lost before: `audit.rs`). Taken by the key's first audit
+    /// record; cleared when state from elsewhere joins the bucket.
+    pub born: Option<Instant>,
 }
 
 /// Marks a key due in sync round `epoch` (`KeyMeta::own_due_epoch` or `replica_due_epoch`):
@@ -71,7 +75,13 @@ impl KeyMeta {
             region: None,
             home: None,
             audit_hot: super::audit::Hot::default(),
+            born: None,
         }
+    }
+
+    /// The entry of a key an owner's client check creates at `now`: born here.
+    pub fn born(policy: Arc<Policy>, now: Instant) -> KeyMeta {
+        KeyMeta { born: Some(now), ..KeyMeta::new(policy, true) }
     }
 
     /// Owner only: the allowance held at `now` by the owner itself and by every participant.

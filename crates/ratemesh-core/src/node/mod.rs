@@ -315,7 +315,7 @@ impl Node {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             stats: NodeStats::default(),
-            audit: audit::AuditBook::new(seed),
+            audit: audit::AuditBook::new(seed, now),
             config,
         })
     }

@@ -42,7 +42,7 @@ impl Node {
             key,
             limit.as_ref().unwrap_or(&policy.limit),
             now,
-            || KeyMeta::new(policy.clone(), true),
+            || KeyMeta::born(policy.clone(), now),
             |bucket, meta| {
                 meta.owned = true;
                 meta.demand.add(cost.max(1), now, half_life);
@@ -143,7 +143,7 @@ impl Node {
             key,
             limit.as_ref().unwrap_or(&policy.limit),
             now,
-            || KeyMeta::new(policy.clone(), true),
+            || KeyMeta::born(policy.clone(), now),
             |bucket, meta| {
                 meta.owned = true;
                 let Some(limit) = limit.as_ref() else { return (zero_share(policy), None) };
@@ -274,6 +274,7 @@ impl Node {
                 meta.owned = true;
                 if let Some(seed) = report.seed {
                     // Joining is idempotent: seeds from every follower may arrive, in any order.
+                    meta.born = None;
                     bucket.join(&limit, seed.into(), now).ok()?;
                 }
                 // Hits admitted without an allowance (by the fallback) are debited, with the debt

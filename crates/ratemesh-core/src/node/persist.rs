@@ -143,7 +143,10 @@ impl Node {
                 &limit,
                 now,
                 || KeyMeta::new(policy, owned),
-                |bucket, _| bucket.join(&limit, state, now).map(|()| bucket.export(now)),
+                |bucket, meta| {
+                    meta.born = None;
+                    bucket.join(&limit, state, now).map(|()| bucket.export(now))
+                },
             );
             let Ok(merged) = joined else {
                 stats.refused += 1;

@@ -2305,6 +2305,62 @@ fn the_audit_sees_both_sides_of_a_split_once_healed() {
     }
 }
 
+/// Checks `k` at `node` ten times a tenth of a second, from now (mid-window) to the end of the
+/// next second; returns the index of the second the first check fell in.
+fn audit_load(cluster: &mut Cluster, policy: &Arc<Policy>, k: KeyHash, node: u64) -> u64 {
+    let first = cluster.now.as_nanos() / 1_000_000_000;
+    while cluster.now.as_nanos() / 1_000_000_000 <= first + 1 {
+        cluster.admit(node, k, policy, 1);
+        cluster.run_for(Duration::from_millis(95));
+    }
+    first
+}
+
+/// A key's first check in the cluster, at an owner whose view stayed calm for longer than the
+/// limit takes to refill, is audited from the window it came in: nothing came before it, so the
+/// ideal starts as fresh as the key did — whether the owner or another node (forwarding) was
+/// checked first. A key born just after a view change is not: it may have lived at a member
+/// that left, so its first window and the ideal's memory after it are incomplete.
+#[test]
+fn a_key_born_at_a_calm_owner_is_audited_from_its_first_window() {
+    let mut cluster = Cluster::new(3);
+    let policy = policy(Mode::Approximate, 100, 100);
+    cluster.run_for(Duration::from_millis(2_300));
+    let owned = key_owned_by(1, &[1, 2, 3]);
+    let forwarded = (0..10_000u64)
+        .map(|i| key(&format!("f{i}")))
+        .find(|&k| {
+            Ring::new(&[NodeId(1), NodeId(2), NodeId(3)], RING_VNODES_DEFAULT).owner(k) == Some(NodeId(1))
+        })
+        .expect("found");
+    let own_first = audit_load(&mut cluster, &policy, owned, 1);
+    cluster.run_for(Duration::from_millis(300));
+    let forwarded_first = audit_load(&mut cluster, &policy, forwarded, 2);
+    cluster.run_for(Duration::from_secs(3));
+    for (k, first) in [(owned, own_first), (forwarded, forwarded_first)] {
+        let windows = cluster.node(1).audit_windows(k);
+        println!("born calm: {windows:?}");
+        let w = windows.iter().find(|w| w.index == first).expect("the first window is audited");
+        assert!(w.complete && w.arrivals >= 5 && w.admitted == w.arrivals && w.ideal == w.arrivals, "{w:?}");
+        assert!(windows.iter().all(|w| w.complete), "{windows:?}");
+    }
+    cluster.view(&[1, 2, 3], &[1, 2], &[]);
+    cluster.run_for(Duration::from_millis(300));
+    let late = (0..10_000u64)
+        .map(|i| key(&format!("l{i}")))
+        .find(|&k| Ring::new(&[NodeId(1), NodeId(2)], RING_VNODES_DEFAULT).owner(k) == Some(NodeId(1)))
+        .expect("found");
+    let first = audit_load(&mut cluster, &policy, late, 1);
+    audit_load(&mut cluster, &policy, late, 1);
+    cluster.run_for(Duration::from_secs(3));
+    let windows = cluster.node(1).audit_windows(late);
+    println!("born after a view change: {windows:?}");
+    let complete = |index: u64| windows.iter().find(|w| w.index == index).map(|w| w.complete);
+    // The refill takes a second: a window's worth of the ideal's memory after the first.
+    assert_eq!((complete(first), complete(first + 1)), (Some(false), Some(false)), "{windows:?}");
+    assert!(windows.iter().any(|w| w.index > first + 1 && w.complete), "{windows:?}");
+}
+
 /// A policy names its audit window: 1 s for the bucket algorithms, the period (within 1 s and
 /// 1 h) for the window algorithms, the one asked for, and none when off or for a concurrency
 /// limit (the simulator lines the owner's windows up with its oracle by it).
