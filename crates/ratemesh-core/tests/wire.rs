@@ -405,6 +405,32 @@ fn gcra_wire() -> LimitWire {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
+    /// A body split in two keeps every item once, in order; coarsened, every log state keeps
+    /// its hits in half the entries (rounded up), none younger than before.
+    #[test]
+    fn bodies_split_and_coarsen_without_losing_hits(body in body(), keep in 0usize..40) {
+        let mut first = body.clone();
+        let rest = first.split_off(keep);
+        prop_assert_eq!(first.items(), keep.min(body.items()));
+        first.append(rest);
+        prop_assert_eq!(&first, &body);
+        let mut coarse = body.clone();
+        let changed = coarse.coarsen_states();
+        let logs = |b: &Body| -> Vec<Vec<(u64, u64)>> {
+            let states = b.handoff.iter().chain(&b.replica).map(|s| &s.state);
+            let all = b.grant.iter().map(|g| &g.state).chain(states).chain(b.report.iter().filter_map(|r| r.seed.as_ref()));
+            all.filter_map(|s| match s { SnapshotWire::Log(hits) => Some(hits.clone()), _ => None }).collect()
+        };
+        let (before, after) = (logs(&body), logs(&coarse));
+        prop_assert_eq!(changed, before.iter().any(|hits| hits.len() >= 2));
+        for (old, new) in before.iter().zip(&after) {
+            let sum = |hits: &[(u64, u64)]| hits.iter().fold(0u64, |s, &(_, c)| s.saturating_add(c));
+            prop_assert_eq!(new.len(), if old.len() >= 2 { old.len().div_ceil(2) } else { old.len() });
+            prop_assert_eq!(sum(new), sum(old));
+            prop_assert!(new.iter().zip(old.chunks(2)).all(|(n, pair)| pair.iter().any(|&(age, _)| age == n.0)));
+        }
+    }
+
     /// (a) Every frame survives encode → decode; (g) the bound is exact: the encoding fits a bound
     /// of its own length and is refused by one byte less.
     #[test]

@@ -1062,7 +1062,7 @@ impl Node {
         for owner in due {
             // An empty frame, sequenced (acknowledged) like a probe: `send` leaves empty bodies out.
             if self.peers.reachable(owner, now)
-                && let Some(transmit) = self.peers.send(owner, Body::default(), now)
+                && let Some(transmit) = self.peers.send(owner, Body::default(), now).ok().flatten()
             {
                 self.transmits.push_back(transmit);
                 if let Some((_, frame_at)) = self.audit.sent_to.get_mut(&owner) {

@@ -853,12 +853,27 @@ impl Node {
         }
     }
 
+    /// Sends `body` to `to` as one frame, or as several when it does not fit in one (halves,
+    /// halved again as need be: the states of long sliding window logs add up past
+    /// `frame_len_max`). A state no frame holds is coarsened until one does (a log's neighbouring
+    /// entries merged: more cautious, never less); an item that still does not fit is dropped
+    /// and counted, not retried forever.
     fn transmit_body(&mut self, to: NodeId, body: Body, now: Instant) {
         if body.is_empty() {
             return;
         }
-        if let Some(transmit) = self.peers.send(to, body, now) {
-            self.transmits.push_back(transmit);
+        match self.peers.send(to, body, now) {
+            Ok(Some(transmit)) => self.transmits.push_back(transmit),
+            Ok(None) => {}
+            Err(mut body) if body.items() == 1 => match body.coarsen_states() {
+                true => self.transmit_body(to, body, now),
+                false => self.peers.count_unencodable(1),
+            },
+            Err(mut body) => {
+                let rest = body.split_off(body.items() / 2);
+                self.transmit_body(to, body, now);
+                self.transmit_body(to, rest, now);
+            }
         }
     }
 }

@@ -48,6 +48,12 @@ const RECV_WINDOW_LEN_MAX: usize = 4096;
 pub(crate) const ACK_DELAY_NANOS: u64 = 5_000_000;
 /// The most peers tracked (members plus senders outside the view).
 const PEERS_MAX: usize = 4096;
+/// Room a new frame keeps for what its retransmissions change: the acknowledgement fields
+/// (varints of up to ten bytes each).
+const FRAME_SLACK_BYTES: usize = 64;
+/// Room a new frame keeps per audit piece: its two ages (varints) grow as it is sent again,
+/// from a byte each to six or seven an hour later.
+const AUDIT_AGES_GROWTH_BYTES: usize = 12;
 /// The shortest retransmission timeout, in nanoseconds.
 const RTO_MIN_NANOS: u64 = 2_000_000;
 /// The longest retransmission timeout, in nanoseconds.
@@ -148,8 +154,9 @@ pub struct DeliveryStats {
     pub malformed: u64,
     /// Frames dropped unacknowledged because a peer's retransmission buffer was full.
     pub overflowed: u64,
-    /// Frame sends (first or retransmitted) refused by the encoder: the frame is over
-    /// `frame_len_max` (a state too large for one frame: a long sliding window log handed over).
+    /// Items dropped because no frame of `frame_len_max` bytes holds them (one state larger than
+    /// a frame; a body too large for one frame is split over several first), and retransmissions
+    /// that grew past the bound (the frame is dropped: it would never be sent).
     pub unencodable: u64,
 }
 
@@ -300,7 +307,7 @@ impl Peers {
             let rto_nanos = self.config.rto_initial_nanos;
             self.peers.entry(id).or_insert_with(|| Peer::new(now, rto_nanos, true));
         }
-        let probe = |(id, since)| self.send_first_sent_at(id, Body::default(), since, now);
+        let probe = |(id, since)| self.send_first_sent_at(id, Body::default(), since, now).ok().flatten();
         returned.into_iter().filter_map(probe).collect()
     }
 
@@ -336,7 +343,7 @@ impl Peers {
         self.stats.retransmits += again.len() as u64;
         let mut transmits: Vec<Transmit> =
             again.into_iter().filter_map(|(id, seq, body)| self.transmit(id, seq, body, now)).collect();
-        let probe = |(id, since)| self.send_first_sent_at(id, Body::default(), since, now);
+        let probe = |(id, since)| self.send_first_sent_at(id, Body::default(), since, now).ok().flatten();
         transmits.extend(silent.into_iter().filter_map(probe));
         transmits
     }
@@ -372,10 +379,16 @@ impl Peers {
         })
     }
 
-    /// Sends `body` to `to` reliably (retransmitted until acknowledged). `None` when `to` is not
-    /// a known peer or the frame cannot be encoded.
-    pub fn send(&mut self, to: NodeId, body: Body, now: Instant) -> Option<Transmit> {
+    /// Sends `body` to `to` reliably (retransmitted until acknowledged). `Ok(None)` when `to` is
+    /// not a known peer; `Err(body)`, nothing sent, when the body does not fit in one frame (with
+    /// room for what its retransmissions change): the caller splits it.
+    pub fn send(&mut self, to: NodeId, body: Body, now: Instant) -> Result<Option<Transmit>, Body> {
         self.send_first_sent_at(to, body, now, now)
+    }
+
+    /// Counts items dropped for want of a frame that holds them.
+    pub fn count_unencodable(&mut self, items: usize) {
+        self.stats.unencodable += items as u64;
     }
 
     fn send_first_sent_at(
@@ -384,20 +397,30 @@ impl Peers {
         body: Body,
         first_sent_at: Instant,
         now: Instant,
-    ) -> Option<Transmit> {
+    ) -> Result<Option<Transmit>, Body> {
         let unacked_max = self.config.unacked_frames_max;
-        let peer = self.peers.get_mut(&to)?;
+        let Some(peer) = self.peers.get(&to) else { return Ok(None) };
         let seq = peer.next_seq;
+        // A retransmission carries other acknowledgements and older audit ages (longer varints).
+        let slack = FRAME_SLACK_BYTES + AUDIT_AGES_GROWTH_BYTES * body.audit.len();
+        let len_max = self.config.frame_len_max.saturating_sub(slack);
+        let (transmit, body) = self.frame(to, seq, body, now, len_max)?;
+        let Some(peer) = self.peers.get_mut(&to) else { return Ok(None) };
         peer.next_seq += 1;
         if peer.unacked.len() >= unacked_max {
             peer.unacked.pop_front();
             self.stats.overflowed += 1;
         }
-        let unacked =
-            Unacked { seq, body: body.clone(), first_sent_at, sent_at: now, retransmits: 0, lost: false };
-        peer.unacked.push_back(unacked);
+        peer.unacked.push_back(Unacked {
+            seq,
+            body,
+            first_sent_at,
+            sent_at: now,
+            retransmits: 0,
+            lost: false,
+        });
         self.stats.frames_sent += 1;
-        self.transmit(to, seq, body, now)
+        Ok(Some(transmit))
     }
 
     /// A heartbeat to every member this node expects to hear from and has not sent anything for
@@ -462,7 +485,9 @@ impl Peers {
         self.stats.frames_sent += plain.len() as u64;
         let mut transmits: Vec<Transmit> =
             plain.into_iter().filter_map(|id| self.transmit(id, 0, Body::default(), now)).collect();
-        transmits.extend(sequenced.into_iter().filter_map(|id| self.send(id, Body::default(), now)));
+        transmits.extend(
+            sequenced.into_iter().filter_map(|id| self.send(id, Body::default(), now).ok().flatten()),
+        );
         transmits
     }
 
@@ -528,19 +553,43 @@ impl Peers {
         self.peers.get_mut(&from)
     }
 
+    /// Frame `seq` (0: a heartbeat) of `body` to `to`, sent again or alone; a frame that no
+    /// longer fits is dropped from the unacknowledged ones (counted), never retried forever.
     fn transmit(&mut self, to: NodeId, seq: u64, body: Body, now: Instant) -> Option<Transmit> {
-        let peer = self.peers.get_mut(&to)?;
-        peer.last_sent_at = Some(now);
-        peer.ack_due_at = None;
+        if !self.peers.contains_key(&to) {
+            return None;
+        }
+        match self.frame(to, seq, body, now, self.config.frame_len_max) {
+            Ok((transmit, _)) => Some(transmit),
+            Err(body) => {
+                self.stats.unencodable += body.items().max(1) as u64;
+                if let Some(peer) = self.peers.get_mut(&to) {
+                    peer.unacked.retain(|frame| frame.seq != seq);
+                }
+                None
+            }
+        }
+    }
+
+    /// Encodes `body` as frame `seq` to `to` in at most `len_max` bytes: the transmit and the body
+    /// back (for the unacknowledged queue), or the body alone when it does not fit (nothing sent).
+    fn frame(
+        &mut self,
+        to: NodeId,
+        seq: u64,
+        body: Body,
+        now: Instant,
+        len_max: usize,
+    ) -> Result<(Transmit, Body), Body> {
+        let Some(peer) = self.peers.get_mut(&to) else { return Err(body) };
         let una = peer.unacked.front().map_or(peer.next_seq, |f| f.seq);
         let (ack, sack) = (peer.recv_floor, peer.sack_bits());
         let frame = Frame { from: self.me.0, incarnation: self.incarnation, seq, ack, sack, una, body };
-        let Ok(bytes) = wire::encode(&frame, self.config.frame_len_max) else {
-            self.stats.unencodable += 1;
-            return None;
-        };
+        let Ok(bytes) = wire::encode(&frame, len_max) else { return Err(frame.body) };
+        peer.last_sent_at = Some(now);
+        peer.ack_due_at = None;
         self.stats.bytes_sent += bytes.len() as u64;
-        Some(Transmit { to, bytes })
+        Ok((Transmit { to, bytes }, frame.body))
     }
 }
 

@@ -200,6 +200,66 @@ fn exact_mode_admits_exactly_the_burst_across_nodes() {
     assert_eq!(cluster.decided.len() as u64 + 60 - cluster.decided.len() as u64, 60);
 }
 
+/// Long sliding window logs add up past one frame: the replicas of twenty keys of 500 entries
+/// each are sent over several frames, and the link stays up (a body too large for a frame once
+/// wedged it: the frame failed to encode at every retransmission, forever unacknowledged). A
+/// log no frame holds goes coarsened (its neighbouring entries merged, no hit lost), and the
+/// link stays up all the same.
+#[test]
+fn states_larger_than_a_frame_are_split_over_frames_and_never_wedge_the_link() {
+    let config = NodeConfig {
+        frame_len_max: 16 * 1024,
+        sync_batch_len_max: 64,
+        forward_batch_len_max: 64,
+        ..NodeConfig::default()
+    };
+    let mut cluster = Cluster::with_config(2, &config);
+    let spec = LimitSpec::new(Algorithm::SlidingWindowLog, 1_000_000, Duration::from_secs(3600));
+    let policy = Arc::new(Policy {
+        limit: Limit::new(spec).expect("valid"),
+        mode: Mode::Exact,
+        fallback: Fallback::LocalShare,
+        audit: api::Audit::default(),
+    });
+    let ring = Ring::new(&[NodeId(1), NodeId(2)], RING_VNODES_DEFAULT);
+    let owned: Vec<KeyHash> = (0..1_000u64)
+        .map(|i| key(&format!("log{i}")))
+        .filter(|&k| ring.owner(k) == Some(NodeId(1)))
+        .take(21)
+        .collect();
+    let mut id = 0;
+    let mut hit = |cluster: &mut Cluster, k: KeyHash| {
+        id += 1;
+        let request = CheckRequest { id: RequestId(id), key: k, policy: policy.clone(), cost: 1 };
+        assert!(matches!(cluster.check(1, request), CheckOutcome::Decided(d) if d.allowed));
+    };
+    for _ in 0..500 {
+        for &k in &owned[..20] {
+            hit(&mut cluster, k);
+        }
+        cluster.run_for(Duration::from_millis(1));
+    }
+    cluster.run_for(Duration::from_millis(500));
+    let stats = cluster.node(1).stats();
+    assert_eq!(stats.delivery.unencodable, 0, "{stats:?}");
+    assert!(cluster.node(2).stats().replicas_received >= 20, "{:?}", cluster.node(2).stats());
+    assert_eq!(cluster.node(1).unacked_frames(), 0, "every frame acknowledged");
+    // One log of 4 000 entries: larger than any frame.
+    for _ in 0..4_000 {
+        hit(&mut cluster, owned[20]);
+        cluster.run_for(Duration::from_micros(100));
+    }
+    cluster.run_for(Duration::from_millis(500));
+    assert_eq!(cluster.node(1).stats().delivery.unencodable, 0);
+    assert_eq!(cluster.node(1).unacked_frames(), 0, "the link is not wedged by it");
+    assert_eq!(cluster.node(1).members_counted(), 2);
+    // Node 2 takes the key over with every hit of it, if from fewer entries.
+    let request = CheckRequest { id: RequestId(1 << 40), key: owned[20], policy: policy.clone(), cost: 0 };
+    cluster.view(&[2], &[2], &[]);
+    let CheckOutcome::Decided(decision) = cluster.check(2, request) else { panic!("node 2 owns it") };
+    assert_eq!(decision.remaining, 1_000_000 - 4_000, "{decision:?}");
+}
+
 /// A follower refused `c` hits by the owner refuses locally only checks of `c` hits or more until
 /// the owner's retry: a check of fewer hits may fit sooner and is asked (a log with room for one
 /// hit refuses two for as long as its oldest hit stays, yet takes one at once).

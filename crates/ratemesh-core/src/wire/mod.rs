@@ -174,6 +174,38 @@ impl Body {
         }
     }
 
+    /// Coarsens every sliding window log state it carries ([`SnapshotWire::coarsen`]): for an
+    /// item no frame holds. Whether any was.
+    pub fn coarsen_states(&mut self) -> bool {
+        let grants = self.grant.iter_mut().map(|g| &mut g.state);
+        let states = self.handoff.iter_mut().chain(self.replica.iter_mut()).map(|s| &mut s.state);
+        let seeds = self.report.iter_mut().filter_map(|r| r.seed.as_mut());
+        grants.chain(states).chain(seeds).fold(false, |any, state| state.coarsen() | any)
+    }
+
+    /// Keeps the first `keep` items (section by section, in order) and returns the others.
+    pub fn split_off(&mut self, mut keep: usize) -> Body {
+        fn split<T>(items: &mut Vec<T>, keep: &mut usize) -> Vec<T> {
+            let at = (*keep).min(items.len());
+            *keep -= at;
+            items.split_off(at)
+        }
+        // Fields in declaration order: a struct expression evaluates them as written.
+        Body {
+            forward: split(&mut self.forward, &mut keep),
+            decided: split(&mut self.decided, &mut keep),
+            report: split(&mut self.report, &mut keep),
+            grant: split(&mut self.grant, &mut keep),
+            handoff: split(&mut self.handoff, &mut keep),
+            replica: split(&mut self.replica, &mut keep),
+            release: split(&mut self.release, &mut keep),
+            adjust: split(&mut self.adjust, &mut keep),
+            region_report: split(&mut self.region_report, &mut keep),
+            region_grant: split(&mut self.region_grant, &mut keep),
+            audit: split(&mut self.audit, &mut keep),
+        }
+    }
+
     /// Appends what `other` says (section by section, in order).
     pub fn append(&mut self, mut other: Body) {
         self.forward.append(&mut other.forward);
@@ -302,6 +334,24 @@ pub enum SnapshotWire {
         /// Hits counted in it.
         curr: u64,
     },
+}
+
+impl SnapshotWire {
+    /// Halves a sliding window log's entries, each pair of neighbours merged into one at the
+    /// newer's age (the hits then leave the window later: the state only grows more cautious);
+    /// whether there was anything to merge. Other states are as small as they come.
+    pub fn coarsen(&mut self) -> bool {
+        let SnapshotWire::Log(hits) = self else { return false };
+        if hits.len() < 2 {
+            return false;
+        }
+        let pair = |pair: &[(u64, u64)]| {
+            let age = pair.iter().map(|&(age, _)| age).min().unwrap_or(0);
+            (age, pair.iter().fold(0u64, |sum, &(_, cost)| sum.saturating_add(cost)))
+        };
+        *hits = hits.chunks(2).map(pair).collect();
+        true
+    }
 }
 
 impl From<Snapshot> for SnapshotWire {

@@ -137,7 +137,7 @@ fn delivery_counters(stats: DeliveryStats) -> [CounterRow; 9] {
         ("ratemesh_overflowed_frames", "Frames dropped because a retransmission buffer was full", overflowed),
         (
             "ratemesh_unencodable_frames",
-            "Frame sends refused because the frame exceeds frame_len_max",
+            "Items dropped because no frame of frame_len_max bytes holds them, even coarsened",
             unencodable,
         ),
     ]
