@@ -13,6 +13,7 @@
 //!                                             also what `ratemeshd` runs when started as `ratelimit`)
 //! ```
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -340,10 +341,10 @@ fn check(args: &CheckArgs) -> ExitCode {
     let pretty = json.as_ref().and_then(|json| serde_json::to_string_pretty(json).ok());
     let allowed = json.as_ref().and_then(|json| json.get("allowed")?.as_bool());
     match (response.status, allowed) {
-        (200, Some(allowed)) => {
-            println!("{}", pretty.unwrap_or_else(|| response.text()));
-            ExitCode::from(if allowed { EXIT_ALLOWED } else { EXIT_REFUSED })
-        }
+        (200, Some(allowed)) => match write_out(&(pretty.unwrap_or_else(|| response.text()) + "\n")) {
+            Ok(()) => ExitCode::from(if allowed { EXIT_ALLOWED } else { EXIT_REFUSED }),
+            Err(error) => output_failed(&error),
+        },
         (status, _) => {
             eprintln!("error: HTTP {status}: {}", pretty.unwrap_or_else(|| response.text()));
             ExitCode::from(EXIT_ERROR)
@@ -483,12 +484,29 @@ fn get_and_print(
             return ExitCode::from(EXIT_ERROR);
         }
     };
-    if as_json {
-        println!("{}", serde_json::to_string_pretty(&json).unwrap_or_else(|_| json.to_string()));
-    } else {
-        print!("{}", table(&json));
+    let text = match as_json {
+        true => serde_json::to_string_pretty(&json).unwrap_or_else(|_| json.to_string()) + "\n",
+        false => table(&json),
+    };
+    match write_out(&text) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => output_failed(&error),
     }
-    ExitCode::SUCCESS
+}
+
+/// Writes `text` to standard output, flushed: an error (a pipe closed early, a full disk) where
+/// `print!` would panic.
+fn write_out(text: &str) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
+/// The exit of a command whose answer could not be written: the error code, and why on standard
+/// error (if that can be written).
+fn output_failed(error: &std::io::Error) -> ExitCode {
+    let _ = writeln!(std::io::stderr(), "error: writing the answer to standard output: {error}");
+    ExitCode::from(EXIT_ERROR)
 }
 
 /// The `GET /v1/top` answer as text for a person.
@@ -580,10 +598,10 @@ fn validate(path: &Path) -> ExitCode {
         Ok(config)
     });
     match checked {
-        Ok(config) => {
-            println!("ok: {} ({} policies)", path.display(), config.policies.len());
-            ExitCode::SUCCESS
-        }
+        Ok(config) => match write_out(&format!("ok: {} ({} policies)\n", path.display(), config.policies.len())) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => output_failed(&error),
+        },
         Err(error) => {
             eprintln!("error: {error}");
             ExitCode::FAILURE
@@ -628,18 +646,19 @@ fn certs(args: &CertsArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let ca = ClusterCa::generate().context("generating the cluster CA")?;
     let files = write_cert_files(&args.out, &ca, &nodes).context("writing certificates")?;
-    println!("CA certificate: {}", files.ca_cert.display());
-    println!(
-        "CA key:         {} (keep it offline: it can issue certificates for any node)",
+    let mut text = format!(
+        "CA certificate: {}\nCA key:         {} (keep it offline: it can issue certificates for any node)\n",
+        files.ca_cert.display(),
         files.ca_key.display()
     );
     for node in &files.nodes {
-        println!("node {}: {} {}", node.node.0, node.cert.display(), node.key.display());
+        text += &format!("node {}: {} {}\n", node.node.0, node.cert.display(), node.key.display());
     }
-    println!("\nIn each node's configuration file:\n");
-    println!("[cluster]\nca_cert_path = {:?}", files.ca_cert.display().to_string());
-    println!("cert_path = \"{}\"", args.out.join("node-<id>.pem").display());
-    println!("key_path = \"{}\"", args.out.join("node-<id>.key").display());
+    text += "\nIn each node's configuration file:\n\n";
+    text += &format!("[cluster]\nca_cert_path = {:?}\n", files.ca_cert.display().to_string());
+    text += &format!("cert_path = \"{}\"\n", args.out.join("node-<id>.pem").display());
+    text += &format!("key_path = \"{}\"\n", args.out.join("node-<id>.key").display());
+    write_out(&text).context("writing to standard output")?;
     Ok(ExitCode::SUCCESS)
 }
 

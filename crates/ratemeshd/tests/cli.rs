@@ -30,6 +30,23 @@ fn validate_accepts_the_example() {
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok: "));
 }
 
+/// An answer that cannot be written (standard output on a full device, or a pipe closed early)
+/// is an error exit with the reason, not a panic.
+#[test]
+fn an_unwritable_standard_output_is_exit_2_not_a_panic() {
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
+    let out = Command::new(env!("CARGO_BIN_EXE_ratemeshd"))
+        .args(["validate", "--config", &example()])
+        .env_clear()
+        .stdout(full)
+        .output()
+        .expect("ratemeshd runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with("error: writing the answer to standard output: "), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[test]
 fn validate_names_line_and_field_and_exits_1() {
     let dir = scratch("validate");
