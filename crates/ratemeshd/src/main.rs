@@ -598,10 +598,12 @@ fn validate(path: &Path) -> ExitCode {
         Ok(config)
     });
     match checked {
-        Ok(config) => match write_out(&format!("ok: {} ({} policies)\n", path.display(), config.policies.len())) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => output_failed(&error),
-        },
+        Ok(config) => {
+            match write_out(&format!("ok: {} ({} policies)\n", path.display(), config.policies.len())) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => output_failed(&error),
+            }
+        }
         Err(error) => {
             eprintln!("error: {error}");
             ExitCode::FAILURE

@@ -866,12 +866,12 @@ impl Node {
             Ok(Some(transmit)) => self.transmits.push_back(transmit),
             Ok(None) => {}
             Err(mut body) if body.items() == 1 => match body.coarsen_states() {
-                true => self.transmit_body(to, body, now),
+                true => self.transmit_body(to, *body, now),
                 false => self.peers.count_unencodable(1),
             },
             Err(mut body) => {
                 let rest = body.split_off(body.items() / 2);
-                self.transmit_body(to, body, now);
+                self.transmit_body(to, *body, now);
                 self.transmit_body(to, rest, now);
             }
         }

@@ -382,7 +382,7 @@ impl Peers {
     /// Sends `body` to `to` reliably (retransmitted until acknowledged). `Ok(None)` when `to` is
     /// not a known peer; `Err(body)`, nothing sent, when the body does not fit in one frame (with
     /// room for what its retransmissions change): the caller splits it.
-    pub fn send(&mut self, to: NodeId, body: Body, now: Instant) -> Result<Option<Transmit>, Body> {
+    pub fn send(&mut self, to: NodeId, body: Body, now: Instant) -> Result<Option<Transmit>, Box<Body>> {
         self.send_first_sent_at(to, body, now, now)
     }
 
@@ -397,7 +397,7 @@ impl Peers {
         body: Body,
         first_sent_at: Instant,
         now: Instant,
-    ) -> Result<Option<Transmit>, Body> {
+    ) -> Result<Option<Transmit>, Box<Body>> {
         let unacked_max = self.config.unacked_frames_max;
         let Some(peer) = self.peers.get(&to) else { return Ok(None) };
         let seq = peer.next_seq;
@@ -580,12 +580,12 @@ impl Peers {
         body: Body,
         now: Instant,
         len_max: usize,
-    ) -> Result<(Transmit, Body), Body> {
-        let Some(peer) = self.peers.get_mut(&to) else { return Err(body) };
+    ) -> Result<(Transmit, Body), Box<Body>> {
+        let Some(peer) = self.peers.get_mut(&to) else { return Err(Box::new(body)) };
         let una = peer.unacked.front().map_or(peer.next_seq, |f| f.seq);
         let (ack, sack) = (peer.recv_floor, peer.sack_bits());
         let frame = Frame { from: self.me.0, incarnation: self.incarnation, seq, ack, sack, una, body };
-        let Ok(bytes) = wire::encode(&frame, len_max) else { return Err(frame.body) };
+        let Ok(bytes) = wire::encode(&frame, len_max) else { return Err(Box::new(frame.body)) };
         peer.last_sent_at = Some(now);
         peer.ack_due_at = None;
         self.stats.bytes_sent += bytes.len() as u64;
