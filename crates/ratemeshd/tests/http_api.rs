@@ -1447,7 +1447,7 @@ async fn live_overrides_need_the_token_govern_checks_and_survive_a_restart_with_
     let h = Harness::start("overrides", &config).await;
     let bearer = format!("Bearer {ADMIN_TOKEN}");
     let admin = [("Authorization", bearer.as_str())];
-    let cases: [AdminCase; 7] = [
+    let cases: [AdminCase; 9] = [
         ("PUT", "/v1/overrides/plans/k", &[], br#"{"limit": 5}"#, 401, Some("authorization")),
         (
             "PUT",
@@ -1462,6 +1462,9 @@ async fn live_overrides_need_the_token_govern_checks_and_survive_a_restart_with_
         ("PUT", "/v1/overrides/plans/k", &admin, br#"{"limit": 0}"#, 400, Some("limit")),
         ("PUT", "/v1/overrides/plans/k", &admin, br#"{"colour": 1}"#, 400, None),
         ("PUT", "/v1/overrides/daily/k", &admin, br#"{"limit": 5}"#, 400, Some("policy")),
+        // A key that is not UTF-8 once percent-decoded: the JSON error, naming the path.
+        ("PUT", "/v1/overrides/plans/a%2Fb%00%FF", &admin, br#"{"limit": 5}"#, 400, Some("path")),
+        ("DELETE", "/v1/overrides/plans/%FF", &admin, b"", 400, Some("path")),
     ];
     for (method, path, headers, body, status, field) in cases {
         let r = h.request(method, path, headers, body).await;

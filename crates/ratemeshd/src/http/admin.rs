@@ -2,12 +2,13 @@
 //! `GET /v1/overrides/{policy}`; `crate::overrides`), behind the `[auth] admin_token`.
 
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::json;
 
-use super::body::from_json_body;
+use super::body::{BodyError, from_json_body};
 use super::{Api, ApiError, ApiState, json_response, parse_body};
 use crate::config::Bounds;
 use crate::daemon::AdminError;
@@ -78,12 +79,23 @@ fn override_key(key: &str) -> Result<(), ApiError> {
     }
 }
 
+/// The path's parameters, or a JSON 400 naming the path (a segment that is not UTF-8 once
+/// percent-decoded), like every other bad input.
+fn path_params<T>(path: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+    let invalid = |rejection: PathRejection| BodyError::Invalid {
+        field: "path".to_owned(),
+        message: rejection.body_text(),
+    };
+    path.map(|Path(params)| params).map_err(|rejection| invalid(rejection).into())
+}
+
 pub(super) async fn put_override(
     State(api): ApiState,
-    Path((policy, key)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let (policy, key) = path_params(path)?;
     authorize(&api, &headers)?;
     override_key(&key)?;
     let parse =
@@ -96,9 +108,10 @@ pub(super) async fn put_override(
 
 pub(super) async fn delete_override(
     State(api): ApiState,
-    Path((policy, key)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let (policy, key) = path_params(path)?;
     authorize(&api, &headers)?;
     override_key(&key)?;
     let written = api.daemon.set_override(&policy, &key, None)?;
@@ -107,8 +120,9 @@ pub(super) async fn delete_override(
 
 pub(super) async fn list_overrides(
     State(api): ApiState,
-    Path(policy): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let policy = path_params(path)?;
     let overrides = api.daemon.overrides_of(&policy)?;
     Ok(json_response(StatusCode::OK, &json!({ "policy": policy, "overrides": overrides })))
 }

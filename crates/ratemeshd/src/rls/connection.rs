@@ -445,12 +445,12 @@ fn message_length(received: &[u8]) -> Result<Option<usize>, Refusal> {
     Ok(Some(length))
 }
 
-/// `application/grpc`, alone or with a `+format` or `;parameters` (gRPC over HTTP/2).
+/// `application/grpc` or `application/grpc+proto`, each alone or with `;parameters`: gRPC over
+/// HTTP/2 in protobuf, the one message format served (`+json` and the others are 415).
 fn is_grpc_content_type(value: &HeaderValue) -> bool {
-    value
-        .as_bytes()
-        .strip_prefix(b"application/grpc")
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"+") || rest.starts_with(b";"))
+    let rest = value.as_bytes().strip_prefix(b"application/grpc");
+    let rest = rest.map(|rest| rest.strip_prefix(b"+proto").unwrap_or(rest));
+    rest.is_some_and(|rest| rest.is_empty() || rest.starts_with(b";"))
 }
 
 /// The head of a gRPC answer: `:status 200`, `content-type: application/grpc`.
@@ -600,11 +600,16 @@ mod tests {
     }
 
     #[test]
-    fn grpc_content_types_with_a_format_or_parameters_are_grpc() {
-        for grpc in ["application/grpc", "application/grpc+proto", "application/grpc;charset=utf-8"] {
+    fn grpc_content_types_in_protobuf_with_or_without_parameters_are_grpc() {
+        for grpc in [
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc;charset=utf-8",
+            "application/grpc+proto;charset=utf-8",
+        ] {
             assert!(is_grpc_content_type(&HeaderValue::from_static(grpc)), "{grpc}");
         }
-        for other in ["application/grpcx", "application/json", "text/plain"] {
+        for other in ["application/grpcx", "application/json", "text/plain", "application/grpc+json"] {
             assert!(!is_grpc_content_type(&HeaderValue::from_static(other)), "{other}");
         }
     }
