@@ -215,7 +215,7 @@ fn main() -> ExitCode {
         Some(Command::EnvoyRatelimit(args)) => envoy_ratelimit(&args),
     };
     result.unwrap_or_else(|error| {
-        eprintln!("error: {error:#}");
+        eprintln!("error: {}", error_text(&error));
         ExitCode::FAILURE
     })
 }
@@ -333,7 +333,7 @@ fn check(args: &CheckArgs) -> ExitCode {
     let response = match answer {
         Ok(response) => response,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", error_text(&error));
             return ExitCode::from(EXIT_ERROR);
         }
     };
@@ -480,7 +480,7 @@ fn get_and_print(
             return ExitCode::from(EXIT_ERROR);
         }
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", error_text(&error));
             return ExitCode::from(EXIT_ERROR);
         }
     };
@@ -492,6 +492,19 @@ fn get_and_print(
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => output_failed(&error),
     }
+}
+
+/// An error and its causes, each once: a cause that the message before it already ends with (a
+/// library error that names its source in its own text) is not repeated.
+fn error_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain().map(ToString::to_string) {
+        if !text.ends_with(&cause) {
+            text += if text.is_empty() { "" } else { ": " };
+            text += &cause;
+        }
+    }
+    text
 }
 
 /// Writes `text` to standard output, flushed: an error (a pipe closed early, a full disk) where
@@ -669,6 +682,21 @@ mod tests {
     use clap::CommandFactory as _;
 
     use super::*;
+
+    /// A cause the message already ends with is said once; other causes follow it.
+    #[test]
+    fn an_error_names_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("binding on 127.0.0.1:8080: {source}")]
+        struct Bind {
+            source: std::io::Error,
+        }
+        let io = || std::io::Error::new(std::io::ErrorKind::AddrInUse, "Address already in use");
+        let error = anyhow::Error::from(Bind { source: io() });
+        assert_eq!(error_text(&error), "binding on 127.0.0.1:8080: Address already in use");
+        let error = anyhow::Error::from(io()).context("starting");
+        assert_eq!(error_text(&error), "starting: Address already in use");
+    }
 
     #[test]
     fn the_command_line_is_well_formed() {
