@@ -644,6 +644,64 @@ async fn answers_wait_for_a_small_client_window_and_all_arrive() {
     rls.stop().await;
 }
 
+/// 600 calls on one connection whose client keeps HTTP/2's default 64 KiB windows and reads every
+/// answer as it comes (a raw h2 client): it waits for streams past the server's limit, and every
+/// call is answered — none taken for a slow reader. (A client that wrote 600 calls in one write
+/// before reading, which this one does not do, once got GOAWAY and no answer: one round's answers
+/// outgrew its window past the 256 a connection could hold, under a limit of 1 024 streams. The
+/// stream limit is now that bound, so no client within it can pass it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_calls_than_a_default_window_holds_are_all_answered() {
+    use prost::Message as _;
+    let rls = Rls::start().await;
+    let socket = TcpStream::connect(rls.servers.grpc_addr().expect("gRPC")).await.expect("connects");
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .handshake::<_, bytes::Bytes>(socket)
+        .await
+        .expect("HTTP/2");
+    let connection = tokio::spawn(connection);
+    let mut answers = tokio::task::JoinSet::new();
+    let mut client = client;
+    for index in 0..600u32 {
+        client = client.ready().await.expect("a stream");
+        let head = http::Request::post("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .expect("a request head");
+        let message =
+            request("edge", vec![ip(&format!("10.2.{}.{}", index / 100, index % 100))]).encode_to_vec();
+        let mut body = vec![0];
+        body.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        body.extend_from_slice(&message);
+        let (response, mut send) = client.send_request(head, false).expect("sent");
+        send.send_data(body.into(), true).expect("body sent");
+        answers.spawn(async move {
+            let mut body = response.await.expect("an answer").into_body();
+            let mut read = 0;
+            while let Some(chunk) = body.data().await {
+                let chunk = chunk.expect("data");
+                read += chunk.len();
+                let _ = body.flow_control().release_capacity(chunk.len());
+            }
+            let trailers = body.trailers().await.expect("trailers").expect("grpc-status");
+            (read, trailers.get("grpc-status").cloned())
+        });
+    }
+    let mut answered = 0;
+    while let Some(answer) = answers.join_next().await {
+        let (read, status) = answer.expect("the reader ran");
+        assert!(read > 5 && status.as_ref().is_some_and(|s| s == "0"), "{read} bytes, {status:?}");
+        answered += 1;
+    }
+    assert_eq!(answered, 600);
+    drop(client);
+    connection.abort();
+    rls.stop().await;
+}
+
 /// Runs every future of `futures` on this task, concurrently; their outputs in order.
 async fn futures_join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
     let mut pending: Vec<_> = futures.map(Box::pin).enumerate().collect();

@@ -32,12 +32,13 @@
 //!
 //! An answer goes to h2 only as far as the client's flow-control window takes it, so h2 never
 //! buffers more than it can send. An answer that has to wait for the client's window is held,
-//! with its stream's state, against two bounds: at most [`HELD_ANSWERS_PER_CONNECTION_MAX`] per
-//! connection, and [`ANSWERS_HELD_BYTES_MAX`] daemon-wide (each answer's bytes and about 2 KiB of
-//! state). A connection that would pass either is a slow reader: GOAWAY `ENHANCE_YOUR_CALM`, and
-//! it closes (the answers it held are dropped; their hits were counted, as for a client that
+//! with its stream's state: at most one per stream of its connection ([`STREAMS_PER_CONNECTION_MAX`],
+//! so a client that reads is never cut off for a round of answers beyond its window), and
+//! [`ANSWERS_HELD_BYTES_MAX`] daemon-wide (each answer's bytes and about 2 KiB of state). A
+//! connection that would pass the daemon's bound is a slow reader: GOAWAY `ENHANCE_YOUR_CALM`,
+//! and it closes (the answers it held are dropped; their hits were counted, as for a client that
 //! went away). So clients that never open their windows cannot grow the daemon's memory with the
-//! number of their connections, and cannot take the room of the clients that read. An answer
+//! number of their connections. An answer
 //! still waiting after the write timeout closes its connection too, as a write the socket does
 //! not take does ([`crate::listener`]). A request must arrive whole within the call timeout
 //! (`DEADLINE_EXCEEDED` after it).
@@ -50,7 +51,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -101,11 +101,6 @@ pub const PEER_RESETS_MAX: u64 = 1024;
 /// their state (see the module documentation): about 4 000 answers.
 pub const ANSWERS_HELD_BYTES_MAX: usize = 8 * 1024 * 1024;
 
-/// Answers of one connection that may wait for its client's window at once; one more closes
-/// the connection (GOAWAY `ENHANCE_YOUR_CALM`: a slow reader). A client that reads keeps none
-/// waiting; one with a small window that it opens as it reads, a few.
-pub const HELD_ANSWERS_PER_CONNECTION_MAX: usize = 256;
-
 /// What a held answer counts against [`ANSWERS_HELD_BYTES_MAX`] beyond its own bytes: its open
 /// stream's state in h2 and its call's here, measured (about 1.5 KiB) and rounded up.
 const HELD_ANSWER_STATE_BYTES: usize = 2048;
@@ -155,7 +150,7 @@ enum CallEnd {
     /// Its answer waited for the client's window past the write timeout.
     Stalled,
     /// Its answer would wait for the client's window beyond what this connection
-    /// ([`HELD_ANSWERS_PER_CONNECTION_MAX`]) or the daemon ([`ANSWERS_HELD_BYTES_MAX`]) may hold.
+    /// the daemon ([`ANSWERS_HELD_BYTES_MAX`]) may hold.
     TooManyHeld,
     /// Its stream failed otherwise (the connection is going away).
     Failed,
@@ -195,9 +190,6 @@ pub(super) async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     let keepalive = tokio::time::sleep(HTTP2_KEEPALIVE_INTERVAL);
     tokio::pin!(keepalive);
     let mut ping_sent = false;
-    // Answers of this connection waiting for its client's window (atomic only to keep the calls
-    // `Send`: one task touches it). Declared before the calls that borrow it.
-    let held_here = AtomicUsize::new(0);
     let mut calls = FuturesUnordered::new();
     let mut tally = Tally::default();
     let (mut calm_sent, mut shutting_down) = (false, false);
@@ -208,7 +200,7 @@ pub(super) async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
         tokio::select! {
             turn = std::future::poll_fn(|cx| {
                 turn(cx, &mut connection, &mut calls, &mut tally, |request, respond| {
-                    call(&shared, &held_here, request, respond)
+                    call(&shared, request, respond)
                 })
             }) => match turn {
                 Turn::Closed(None) => return,
@@ -312,11 +304,9 @@ fn turn<S: AsyncRead + AsyncWrite + Unpin, F: Future<Output = CallEnd>>(
     }
 }
 
-/// One call: its request read, decided and answered (see the module documentation); `held_here`
-/// counts its connection's answers that wait for the client's window.
+/// One call: its request read, decided and answered (see the module documentation).
 async fn call(
     shared: &Shared,
-    held_here: &AtomicUsize,
     request: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) -> CallEnd {
@@ -334,7 +324,7 @@ async fn call(
     // Boxed: a decision's state is large (kilobytes) and lives only while it decides; unboxed it
     // would size every call, also the calls that wait for their request or their client's window.
     match Box::pin(decide(&shared.service, message)).await {
-        Ok(data) => answer(shared, held_here, respond, data).await,
+        Ok(data) => answer(shared, respond, data).await,
         Err(status) => answer_status(&mut respond, &status),
     }
 }
@@ -462,24 +452,18 @@ fn grpc_head() -> http::Response<()> {
 
 /// Answers with `data` (a gRPC message), as far as the client's window lets it through (see the module
 /// documentation), then `grpc-status: 0`.
-async fn answer(
-    shared: &Shared,
-    held_here: &AtomicUsize,
-    mut respond: SendResponse<Bytes>,
-    mut data: Bytes,
-) -> CallEnd {
+async fn answer(shared: &Shared, mut respond: SendResponse<Bytes>, mut data: Bytes) -> CallEnd {
     let mut send = match respond.send_response(grpc_head(), false) {
         Ok(send) => send,
         Err(error) => return ended_by(&error),
     };
     send.reserve_capacity(data.len());
     if send.capacity() < data.len() {
-        // The client's window is short: the rest waits for it, held against this connection's
-        // and the daemon's bounds. A client past them is a slow reader: its connection is closed.
-        let _held_here = Held::new(held_here);
+        // The client's window is short: the rest waits for it, held against the daemon's bound.
+        // A client past it is a slow reader: its connection is closed.
         let charge = (data.len() + HELD_ANSWER_STATE_BYTES).min(ANSWERS_HELD_BYTES_MAX) as u32;
         let held = shared.held.try_acquire_many(charge);
-        if held_here.load(Ordering::Relaxed) > HELD_ANSWERS_PER_CONNECTION_MAX || held.is_err() {
+        if held.is_err() {
             send.send_reset(Reason::ENHANCE_YOUR_CALM);
             return CallEnd::TooManyHeld;
         }
@@ -495,22 +479,6 @@ async fn answer(
     match sent {
         Ok(()) => CallEnd::Answered,
         Err(error) => ended_by(&error),
-    }
-}
-
-/// One answer of a connection waiting for its client's window, counted while it lives.
-struct Held<'a>(&'a AtomicUsize);
-
-impl<'a> Held<'a> {
-    fn new(held_here: &'a AtomicUsize) -> Held<'a> {
-        held_here.fetch_add(1, Ordering::Relaxed);
-        Held(held_here)
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

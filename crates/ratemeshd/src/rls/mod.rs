@@ -149,8 +149,11 @@ pub const ENTRIES_MAX: usize = 32;
 pub const MESSAGE_BYTES_MAX: usize = 64 * 1024;
 
 /// Concurrent calls (HTTP/2 streams) per connection. Envoy multiplexes its calls over a few
-/// connections; the daemon-wide bound is `limits.http_in_flight_max` (see the module doc).
-pub const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
+/// connections; the daemon-wide bound is `limits.http_in_flight_max` (see the module doc). Also
+/// the most answers one connection can have waiting for its client's window: a client that
+/// keeps to the streams it is allowed and reads its answers is never taken for a slow reader,
+/// whatever its window (answers a round decides can wait for the window until it reads).
+pub const STREAMS_PER_CONNECTION_MAX: u32 = 256;
 
 /// The longest a call's decisions may take. Envoy gives up after 20 ms by default; a call still
 /// running after this is stuck (an owner unreachable past the node's own timeouts): it is
