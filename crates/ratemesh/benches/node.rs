@@ -217,7 +217,7 @@ fn lane_scaling(runtime: &Runtime) -> Vec<LaneScaling> {
             }
             let halves: Vec<Vec<Vec<u8>>> = (0..2)
                 .map(|half| {
-                    keys.iter().filter(|key| node.lane_of(&policy, key) % 2 == half).cloned().collect()
+                    keys.iter().filter(|key| node.lane_of(policy.key(key)) % 2 == half).cloned().collect()
                 })
                 .collect();
             let interleaved = disjoint_halves(&keys);
@@ -409,7 +409,7 @@ async fn exact_forwarded() -> ExactResult {
     let (client, owner) = pair(builder).await;
     let policy = policy(Mode::Exact);
     let keys: Vec<Vec<u8>> =
-        keys().into_iter().filter(|k| client.owner_of(&policy, k) == Some(NodeId(1))).take(1000).collect();
+        keys().into_iter().filter(|k| client.owner_of(policy.key(k)) == Some(NodeId(1))).take(1000).collect();
     // Warm up the connection and the owner's keys.
     for key in &keys {
         client.check(&policy, key, 1).await.unwrap();

@@ -78,7 +78,7 @@ async fn main() -> Result<(), Error> {
         "api",
         Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare, audit: Audit::default() },
     );
-    println!("key \"client-42\" is owned by {:?}", first.owner_of(&policy, b"client-42"));
+    println!("key \"client-42\" is owned by {:?}", first.owner_of(policy.key(b"client-42")));
 
     let mut apps = Vec::new();
     let mut servers = Vec::new();

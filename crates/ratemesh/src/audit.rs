@@ -25,10 +25,10 @@ use crate::node::MissingMember;
 /// The first byte of an audit question and of its answer between members (never a top-keys
 /// version, nor [`crate::APP_QUERY_TAG`]). A peer that does not know it answers nothing this
 /// node reads, and is reported as missing.
-pub const AUDIT_QUERY_TAG: u8 = 0xA6;
+pub(crate) const AUDIT_QUERY_TAG: u8 = 0xA6;
 /// The most (group, window) figures a member's answer holds (more are left out by the sender and
 /// refused by the receiver).
-pub const AUDIT_FIGURES_PER_ANSWER_MAX: usize = 4096;
+pub(crate) const AUDIT_FIGURES_PER_ANSWER_MAX: usize = 4096;
 /// The most keys a member's answer holds, and so the most [`crate::Node::audit`] lists.
 pub const AUDIT_KEYS_PER_ANSWER_MAX: usize = 1000;
 /// The longest key text an answer carries (the top-keys sketches' bound is lower by default).
@@ -36,7 +36,7 @@ const KEY_TEXT_BYTES_MAX: usize = 1024;
 
 /// Why a member's audit answer was not used.
 #[derive(Debug, thiserror::Error)]
-pub enum AuditQueryError {
+pub(crate) enum AuditQueryError {
     /// The bytes are not an audit message of this version, or break a bound (nothing was
     /// changed; the member is reported as missing).
     #[error("malformed or foreign-version audit message: {0}")]
@@ -46,7 +46,7 @@ pub enum AuditQueryError {
 /// What a member asks another: the figures of every group, and its `n` worst keys (of `group`
 /// only, when given).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AuditQuestion {
+pub(crate) struct AuditQuestion {
     /// The group of the keys asked for (`None`: every group).
     pub group: Option<u64>,
     /// How many keys (at most [`AUDIT_KEYS_PER_ANSWER_MAX`] are answered).
@@ -55,7 +55,7 @@ pub struct AuditQuestion {
 
 /// Sums over complete key windows, as they travel ([`AuditSums`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireSums {
+pub(crate) struct WireSums {
     /// [`AuditSums::key_windows`].
     pub key_windows: u64,
     /// [`AuditSums::admitted`].
@@ -88,7 +88,7 @@ impl From<&AuditSums> for WireSums {
 
 impl WireSums {
     /// The core's sums.
-    pub fn sums(&self) -> AuditSums {
+    pub(crate) fn sums(&self) -> AuditSums {
         AuditSums {
             key_windows: self.key_windows,
             admitted: self.admitted,
@@ -103,7 +103,7 @@ impl WireSums {
 
 /// One group's figures at one member, as they travel ([`AuditFigures`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireFigures {
+pub(crate) struct WireFigures {
     /// The group.
     pub group: u64,
     /// The window length, in nanoseconds.
@@ -117,7 +117,7 @@ pub struct WireFigures {
 /// One key's figures at its owner, as they travel ([`AuditKeyFigures`]), with its text if the
 /// owner's top-keys sketches know it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireKey {
+pub(crate) struct WireKey {
     /// The bucket's hash.
     pub key: u128,
     /// The group.
@@ -134,7 +134,7 @@ pub struct WireKey {
 
 /// What a member answers: its figures and its worst keys.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AuditReply {
+pub(crate) struct AuditReply {
     /// Per group and window, over the keys it owns.
     pub figures: Vec<WireFigures>,
     /// Its worst keys, worst first.
@@ -142,7 +142,7 @@ pub struct AuditReply {
 }
 
 /// `message` as bytes: [`AUDIT_QUERY_TAG`], then postcard.
-pub fn encode_audit_message<T: Serialize>(message: &T) -> Vec<u8> {
+pub(crate) fn encode_audit_message<T: Serialize>(message: &T) -> Vec<u8> {
     let mut bytes = vec![AUDIT_QUERY_TAG];
     // Serializing these plain structures into a vector cannot fail.
     bytes.extend(postcard::to_allocvec(message).unwrap_or_default());
@@ -150,12 +150,12 @@ pub fn encode_audit_message<T: Serialize>(message: &T) -> Vec<u8> {
 }
 
 /// A question from its bytes (tag included).
-pub fn decode_audit_question(bytes: &[u8]) -> Result<AuditQuestion, AuditQueryError> {
+pub(crate) fn decode_audit_question(bytes: &[u8]) -> Result<AuditQuestion, AuditQueryError> {
     decode(bytes)
 }
 
 /// An answer from its bytes (tag included), checked against the bounds.
-pub fn decode_audit_reply(bytes: &[u8]) -> Result<AuditReply, AuditQueryError> {
+pub(crate) fn decode_audit_reply(bytes: &[u8]) -> Result<AuditReply, AuditQueryError> {
     let reply: AuditReply = decode(bytes)?;
     if reply.figures.len() > AUDIT_FIGURES_PER_ANSWER_MAX {
         return Err(AuditQueryError::Malformed("too many figures"));
@@ -201,7 +201,7 @@ pub struct AuditKey {
 pub struct AuditReport {
     /// Per group and window, by group then window: the members' sums added.
     pub figures: Vec<AuditFigures>,
-    /// The worst keys, worst first ([`sort_worst`]).
+    /// The worst keys, worst first.
     pub keys: Vec<AuditKey>,
     /// Members whose figures are in the report (this node included), by id.
     pub answered: Vec<NodeId>,
@@ -211,7 +211,7 @@ pub struct AuditReport {
 
 /// Figures of lanes or members added per group and window: sums merged ([`AuditSums::merge`]),
 /// incomplete windows added. Sorted by group, then window.
-pub fn merge_figures(figures: impl IntoIterator<Item = AuditFigures>) -> Vec<AuditFigures> {
+pub(crate) fn merge_figures(figures: impl IntoIterator<Item = AuditFigures>) -> Vec<AuditFigures> {
     let mut merged: BTreeMap<(u64, Duration), AuditFigures> = BTreeMap::new();
     for f in figures {
         let slot = merged.entry((f.group, f.window)).or_insert(AuditFigures {
@@ -234,7 +234,7 @@ fn worst_ratio_millionths(sums: &AuditSums) -> u128 {
 
 /// Sorts keys as the core ranks them (`ratemesh_core::Node::audit_worst_keys`): the most hits
 /// admitted above the ideal first, then the highest worst admitted/limit ratio, then by key.
-pub fn sort_worst<T>(keys: &mut [T], figures: impl Fn(&T) -> &AuditKeyFigures) {
+pub(crate) fn sort_worst<T>(keys: &mut [T], figures: impl Fn(&T) -> &AuditKeyFigures) {
     keys.sort_by(|a, b| {
         let (a, b) = (figures(a), figures(b));
         b.sums

@@ -43,7 +43,7 @@ async fn five_nodes_form_a_cluster_and_agree_on_the_owner_of_every_key() {
     for i in 0..2000 {
         let key = format!("user-{i}");
         let owners: Vec<Option<NodeId>> =
-            nodes.iter().map(|n| n.node.owner_of(&policy, key.as_bytes())).collect();
+            nodes.iter().map(|n| n.node.owner_of(policy.key(key.as_bytes()))).collect();
         assert!(owners.iter().all(|o| *o == owners[0]), "{key}: {owners:?}");
         let owner = owners[0].unwrap();
         owned[(owner.0 - 1) as usize] += 1;
@@ -99,9 +99,9 @@ async fn a_killed_owner_is_detected_and_its_keys_move_without_a_reset_to_full() 
         })
         .await;
     }
-    let new_owner = survivors[0].owner_of(&policy, &key).unwrap();
+    let new_owner = survivors[0].owner_of(policy.key(&key)).unwrap();
     assert_ne!(new_owner, victim);
-    assert_eq!(survivors[1].owner_of(&policy, &key), Some(new_owner));
+    assert_eq!(survivors[1].owner_of(policy.key(&key)), Some(new_owner));
     // 40 remain. The dead member still counts in the cluster's size, so the survivors enforce
     // 2/3 of the limit: never more than the 40 left, and no reset to a full bucket of 100.
     let after = admitted_concurrently(&survivors, &policy, &key, 150).await;
@@ -166,7 +166,7 @@ async fn members_without_a_cluster_certificate_are_never_admitted_even_when_goss
     }
     let policy = hourly_bucket("admission", 10, Mode::Exact);
     for i in 0..2000 {
-        let owner = nodes[0].node.owner_of(&policy, format!("k{i}").as_bytes()).unwrap();
+        let owner = nodes[0].node.owner_of(policy.key(format!("k{i}").as_bytes())).unwrap();
         assert!(!rogues.contains(&owner));
     }
     assert_eq!(live_ids(&foreign.node.members()), [NodeId(7)]);

@@ -88,7 +88,7 @@ impl Target {
             .iter()
             .map(|node| {
                 let owners = (0..1000)
-                    .map(|i| node.node.owner_of(&self.probes[0], format!("k{i}").as_bytes()))
+                    .map(|i| node.node.owner_of(self.probes[0].key(format!("k{i}").as_bytes())))
                     .collect();
                 (node.node.members(), owners)
             })

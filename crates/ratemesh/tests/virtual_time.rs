@@ -56,7 +56,7 @@ fn policy(mode: Mode) -> NamedPolicy {
 fn key_owned_by(asker: &Node, policy: &NamedPolicy, owner: NodeId) -> Vec<u8> {
     (0..10_000)
         .map(|i| format!("user:{i}").into_bytes())
-        .find(|key| asker.owner_of(policy, key) == Some(owner))
+        .find(|key| asker.owner_of(policy.key(key)) == Some(owner))
         .expect("some key is owned by each member")
 }
 
@@ -173,7 +173,7 @@ async fn a_graceful_leave_hands_the_owners_counts_over() {
         assert!(decision.allowed);
     }
     leave_second(&mut nodes).await;
-    assert_ne!(nodes[0].owner_of(&policy, &key), Some(NodeId(2)));
+    assert_ne!(nodes[0].owner_of(policy.key(&key)), Some(NodeId(2)));
     // The new owner took over the three hits: the fourth leaves six, decided without fallback.
     let decision = timeout(WAIT, nodes[0].check(&policy, &key, 1)).await.expect("bounded").expect("decided");
     assert!(decision.allowed);
@@ -186,7 +186,7 @@ async fn a_graceful_leave_hands_the_owners_counts_over() {
 fn keys_owned_elsewhere(asker: &Node, policy: &NamedPolicy, count: usize) -> Vec<Vec<u8>> {
     (0..10_000)
         .map(|i| format!("user:{i}").into_bytes())
-        .filter(|key| asker.owner_of(policy, key) != Some(asker.id()))
+        .filter(|key| asker.owner_of(policy.key(key)) != Some(asker.id()))
         .take(count)
         .collect()
 }
@@ -206,7 +206,7 @@ async fn a_cluster_of_four_lane_nodes_enforces_each_limit_exactly_and_hands_it_o
     let keys = keys_owned_elsewhere(&nodes[0], &policy, 64);
     assert_eq!(nodes[0].lanes(), 4);
     let lanes: std::collections::BTreeSet<usize> =
-        keys.iter().map(|key| nodes[0].lane_of(&policy, key)).collect();
+        keys.iter().map(|key| nodes[0].lane_of(policy.key(key))).collect();
     assert_eq!(lanes.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3], "the keys fall in every lane");
     for key in &keys {
         let mut admitted = 0;
@@ -253,7 +253,7 @@ async fn top_keys_of_every_lane_are_in_any_members_answer() {
         expected.insert(String::from_utf8(key.clone()).expect("text"), cost + now);
     }
     let lanes: std::collections::BTreeSet<usize> =
-        keys.iter().map(|key| nodes[0].lane_of(&policy, key)).collect();
+        keys.iter().map(|key| nodes[0].lane_of(policy.key(key))).collect();
     assert_eq!(lanes.len(), 4, "the keys fall in every lane");
     for node in &nodes {
         let report = node.top("api", ratemesh::TopBy::Demand, 100).await;
@@ -350,10 +350,10 @@ async fn the_cluster_audit_adds_the_owners_lanes_and_names_keys_from_the_askers_
     let policy = policy(Mode::Exact);
     let keys: Vec<Vec<u8>> = (0..10_000)
         .map(|i| format!("user:{i}").into_bytes())
-        .filter(|key| nodes[0].owner_of(&policy, key) == Some(NodeId(2)))
+        .filter(|key| nodes[0].owner_of(policy.key(key)) == Some(NodeId(2)))
         .take(8)
         .collect();
-    assert!(keys.iter().any(|k| nodes[1].lane_of(&policy, k) != nodes[1].lane_of(&policy, &keys[0])));
+    assert!(keys.iter().any(|k| nodes[1].lane_of(policy.key(k)) != nodes[1].lane_of(policy.key(&keys[0]))));
     // Five checks per key per second for four seconds, half the limit (10 per second): the
     // ideal admits every hit, and so does the owner.
     let mut admitted = 0;

@@ -175,7 +175,7 @@ impl NodeBuilder {
     /// Gossip addresses of members to join through (any one live member suffices): socket
     /// addresses, or [`Seed`]s, which may be DNS names (`"ratemesh-peers:7946".parse()?`),
     /// resolved without the C library and re-resolved every [`NodeBuilder::seed_resolve_interval`]
-    /// (see [`crate::seeds`]).
+    /// (see [`Seed`]).
     #[must_use]
     pub fn seeds<S: Into<Seed>>(mut self, seeds: impl IntoIterator<Item = S>) -> Self {
         self.seeds.clear();

@@ -104,18 +104,13 @@ impl Node {
         self.shared.lanes.len()
     }
 
-    /// The lane that holds `key` under `policy`, below [`Node::lanes`]. Checks of different lanes
-    /// share no lock and no state; threads that each check the keys of their own lanes (a
-    /// dispatcher that routes each key to its lane's thread) share no cache line either, and
-    /// scale with cores. Threads that check keys of every lane pay for the lanes' cache lines
-    /// moving between cores instead.
-    pub fn lane_of(&self, policy: &NamedPolicy, key: &[u8]) -> usize {
-        self.lane_of_hashed(policy.key(key))
-    }
-
-    /// [`Node::lane_of`] of a bucket named by its hash.
-    pub fn lane_of_hashed(&self, key: KeyHash) -> usize {
-        lane_index(key, self.shared.lanes.len())
+    /// The lane that holds the bucket named by `bucket` (a key under a policy:
+    /// [`NamedPolicy::key`]), below [`Node::lanes`]. Checks of different lanes share no lock and
+    /// no state; threads that each check the keys of their own lanes (a dispatcher that routes
+    /// each key to its lane's thread) share no cache line either, and scale with cores. Threads
+    /// that check keys of every lane pay for the lanes' cache lines moving between cores instead.
+    pub fn lane_of(&self, bucket: KeyHash) -> usize {
+        lane_index(bucket, self.shared.lanes.len())
     }
 
     /// Checks `cost` hits (0: a query) of `key` under `policy`. Decided locally in approximate
@@ -311,14 +306,10 @@ impl Node {
         self.shared.members.clone()
     }
 
-    /// The owner of `key` under `policy` in this node's current ring.
-    pub fn owner_of(&self, policy: &NamedPolicy, key: &[u8]) -> Option<NodeId> {
-        self.owner_of_hashed(policy.key(key))
-    }
-
-    /// The owner of a bucket named by its hash in this node's current ring.
-    pub fn owner_of_hashed(&self, key: KeyHash) -> Option<NodeId> {
-        self.shared.lane(key).lock().core.owner_of(key)
+    /// The owner, in this node's current ring, of the bucket named by `bucket` (a key under a
+    /// policy: [`NamedPolicy::key`]).
+    pub fn owner_of(&self, bucket: KeyHash) -> Option<NodeId> {
+        self.shared.lane(bucket).lock().core.owner_of(bucket)
     }
 
     /// Each member's part of the key space in this node's current ring, exactly

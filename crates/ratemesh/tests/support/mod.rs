@@ -165,6 +165,6 @@ pub fn hourly_bucket(name: &str, capacity: u64, mode: Mode) -> NamedPolicy {
 pub fn key_owned_by(node: &Node, policy: &NamedPolicy, owner: NodeId) -> Vec<u8> {
     (0..100_000u32)
         .map(|i| format!("key-{i}").into_bytes())
-        .find(|key| node.owner_of(policy, key) == Some(owner))
+        .find(|key| node.owner_of(policy.key(key)) == Some(owner))
         .expect("some key is owned by every member")
 }

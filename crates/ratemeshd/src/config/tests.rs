@@ -606,7 +606,7 @@ fn regions_are_checked() {
     assert_eq!(config.node_config().region, RegionId::NONE);
     assert_eq!(config.node.region_fallback, RegionFallback::Last);
     assert_eq!(parse("[node]\nregion = \"\"\n").expect("valid").node.region, Region::NONE);
-    let long = "x".repeat(ratemesh::region::REGION_NAME_BYTES_MAX);
+    let long = "x".repeat(ratemesh::REGION_NAME_BYTES_MAX);
     let config = parse(&format!("[node]\nregion = \"{long}\"\n")).expect("valid");
     assert_eq!(config.node.region.name(), long);
     for bad in ["EU-West", "eu west", "eu/west", "région"] {

@@ -366,7 +366,7 @@ pub async fn sync(daemon: &Arc<Daemon>, only: Option<&HashSet<GroupKey>>) {
     let mut by_owner: BTreeMap<NodeId, Vec<GroupDemand>> = BTreeMap::new();
     let mut orphans = Vec::new();
     for demand in hub.demands(only) {
-        match node.owner_of_hashed(demand.hash) {
+        match node.owner_of(demand.hash) {
             Some(owner) => by_owner.entry(owner).or_default().push(demand),
             None => orphans.push(demand),
         }
