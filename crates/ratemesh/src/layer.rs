@@ -296,6 +296,7 @@ impl<K> Drop for LeaseGuard<K> {
     fn drop(&mut self) {
         // Fails only when the node is shutting down, which ends every lease anyway (and a lease
         // never released expires after the policy's period).
-        let _ = self.limiter.node.release(&self.limiter.policy, &self.key, self.lease);
+        let policy = &self.limiter.policy;
+        let _ = self.limiter.node.release(policy.policy(), policy.key(&self.key), self.lease);
     }
 }

@@ -78,20 +78,19 @@ impl Node {
     /// check would pass afterwards. Window algorithms take the hits back from the current window
     /// (then, for the sliding window counter, the previous one).
     pub async fn refund(&self, policy: &NamedPolicy, key: &[u8], hits: u64) -> Result<Decision, AdjustError> {
-        self.adjust_hashed(&Arc::new(policy.policy().clone()), policy.key(key), Adjustment::Refund, hits)
-            .await
+        self.adjust(&Arc::new(policy.policy().clone()), policy.key(key), Adjustment::Refund, hits).await
     }
 
     /// Applies `hits` of `key` under `policy` unconditionally (the real cost, known after the
     /// work), at the key's owner: the bucket may go into debt, which later checks pay back. The
     /// decision says whether a cost-1 check would pass now, and when it will.
     pub async fn charge(&self, policy: &NamedPolicy, key: &[u8], hits: u64) -> Result<Decision, AdjustError> {
-        self.adjust_hashed(&Arc::new(policy.policy().clone()), policy.key(key), Adjustment::Charge, hits)
-            .await
+        self.adjust(&Arc::new(policy.policy().clone()), policy.key(key), Adjustment::Charge, hits).await
     }
 
-    /// [`Node::refund`] or [`Node::charge`] of a bucket named by its hash.
-    pub async fn adjust_hashed(
+    /// Refunds or charges `hits` of the bucket `bucket` (a key under `policy`:
+    /// [`NamedPolicy::key`]), at the key's owner: [`Node::refund`] and [`Node::charge`] by name.
+    pub async fn adjust(
         &self,
         policy: &Arc<Policy>,
         key: KeyHash,
@@ -176,7 +175,7 @@ impl Node {
     /// Gives back what an admitted check of a refused group took.
     async fn give_back(&self, check: &GroupCheck, admitted: &Decision) -> Result<Decision, CheckError> {
         if let Some(lease) = admitted.lease {
-            match self.release_hashed(&check.policy, check.key, lease)? {
+            match self.release(&check.policy, check.key, lease)? {
                 Released::Ended | Released::NotHeld | Released::SentToOwner(_) => {}
             }
             // The lease's hits are free again (the owner applies the release; no answer comes).
@@ -186,7 +185,7 @@ impl Node {
         if check.cost == 0 {
             return Ok(*admitted);
         }
-        match self.adjust_hashed(&check.policy, check.key, Adjustment::Refund, check.cost).await {
+        match self.adjust(&check.policy, check.key, Adjustment::Refund, check.cost).await {
             Ok(decision) => Ok(decision),
             Err(AdjustError::Joining) => Err(CheckError::Joining),
             Err(_) => Err(CheckError::ShutDown),

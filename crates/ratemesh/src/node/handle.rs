@@ -246,27 +246,18 @@ impl Node {
         decision
     }
 
-    /// Releases a concurrency lease taken by an admitted check (sent to the key's owner when it
-    /// is another node; a lease that is never released expires after the policy's period).
-    pub fn release(&self, policy: &NamedPolicy, key: &[u8], lease: LeaseId) -> Result<Released, CheckError> {
-        self.release_hashed(&policy.policy, policy.key(key), lease)
-    }
-
-    /// [`Node::release`] of a bucket named by its hash.
-    pub fn release_hashed(
-        &self,
-        policy: &Policy,
-        key: KeyHash,
-        lease: LeaseId,
-    ) -> Result<Released, CheckError> {
-        let lane = self.shared.lane(key);
+    /// Releases a concurrency lease that an admitted check of the bucket `bucket` (a key under
+    /// `policy`: [`NamedPolicy::key`], [`NamedPolicy::policy`]) took: sent to the key's owner when
+    /// it is another node; a lease that is never released expires after the policy's period.
+    pub fn release(&self, policy: &Policy, bucket: KeyHash, lease: LeaseId) -> Result<Released, CheckError> {
+        let lane = self.shared.lane(bucket);
         let mut state = lane.lock();
         if state.leaving {
             return Err(CheckError::ShutDown);
         }
         let now = self.shared.now();
-        let owner = state.core.owner_of(key).unwrap_or(self.shared.id);
-        let ended = state.core.handle_release(now, key, policy, lease);
+        let owner = state.core.owner_of(bucket).unwrap_or(self.shared.id);
+        let ended = state.core.handle_release(now, bucket, policy, lease);
         self.shared.after_input(lane, &mut state);
         Ok(match (owner == self.shared.id, ended) {
             (false, _) => Released::SentToOwner(owner),

@@ -66,7 +66,7 @@ impl Daemon {
         if self.is_shutting_down() {
             return Err(AdjustError::ShutDown);
         }
-        let decision = self.node.adjust_hashed(&policy, key, adjustment, hits).await?;
+        let decision = self.node.adjust(&policy, key, adjustment, hits).await?;
         let answer = Answer::limited(target.clone(), policy, decision);
         self.metrics.record_adjustment(&answer, adjustment, hits);
         Ok(answer)
@@ -115,6 +115,6 @@ impl Daemon {
         if self.is_shutting_down() {
             return Err(CheckError::ShutDown);
         }
-        self.node.release_hashed(policy, key, lease)
+        self.node.release(policy, key, lease)
     }
 }
