@@ -406,7 +406,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// A body split in two keeps every item once, in order; coarsened, every log state keeps
-    /// its hits in half the entries (rounded up), none younger than before.
+    /// its hits in half the entries (rounded up), none younger than before, and every lease
+    /// state its slots, none expiring sooner.
     #[test]
     fn bodies_split_and_coarsen_without_losing_hits(body in body(), keep in 0usize..40) {
         let mut first = body.clone();
@@ -421,8 +422,20 @@ proptest! {
             let all = b.grant.iter().map(|g| &g.state).chain(states).chain(b.report.iter().filter_map(|r| r.seed.as_ref()));
             all.filter_map(|s| match s { SnapshotWire::Log(hits) => Some(hits.clone()), _ => None }).collect()
         };
+        let leases = |b: &Body| -> Vec<Vec<(u64, u64, u64)>> {
+            let states = b.handoff.iter().chain(&b.replica).map(|s| &s.state);
+            let all = b.grant.iter().map(|g| &g.state).chain(states).chain(b.report.iter().filter_map(|r| r.seed.as_ref()));
+            all.filter_map(|s| match s { SnapshotWire::Leases(l) => Some(l.clone()), _ => None }).collect()
+        };
+        for (old, new) in leases(&body).iter().zip(&leases(&coarse)) {
+            let slots = |l: &[(u64, u64, u64)]| l.iter().fold(0u64, |s, &(_, n, _)| s.saturating_add(n));
+            prop_assert_eq!(new.len(), if old.len() >= 2 { old.len().div_ceil(2) } else { old.len() });
+            prop_assert_eq!(slots(new), slots(old));
+            prop_assert!(new.iter().zip(old.chunks(2)).all(|(n, pair)| pair.iter().all(|&(_, _, left)| left <= n.2)));
+        }
         let (before, after) = (logs(&body), logs(&coarse));
-        prop_assert_eq!(changed, before.iter().any(|hits| hits.len() >= 2));
+        let coarsened = before.iter().any(|hits| hits.len() >= 2) || leases(&body).iter().any(|l| l.len() >= 2);
+        prop_assert_eq!(changed, coarsened);
         for (old, new) in before.iter().zip(&after) {
             let sum = |hits: &[(u64, u64)]| hits.iter().fold(0u64, |s, &(_, c)| s.saturating_add(c));
             prop_assert_eq!(new.len(), if old.len() >= 2 { old.len().div_ceil(2) } else { old.len() });

@@ -174,8 +174,8 @@ impl Body {
         }
     }
 
-    /// Coarsens every sliding window log state it carries ([`SnapshotWire::coarsen`]): for an
-    /// item no frame holds. Whether any was.
+    /// Coarsens every sliding window log and lease state it carries ([`SnapshotWire::coarsen`]):
+    /// for an item no frame holds. Whether any was.
     pub fn coarsen_states(&mut self) -> bool {
         let grants = self.grant.iter_mut().map(|g| &mut g.state);
         let states = self.handoff.iter_mut().chain(self.replica.iter_mut()).map(|s| &mut s.state);
@@ -337,20 +337,33 @@ pub enum SnapshotWire {
 }
 
 impl SnapshotWire {
-    /// Halves a sliding window log's entries, each pair of neighbours merged into one at the
-    /// newer's age (the hits then leave the window later: the state only grows more cautious);
-    /// whether there was anything to merge. Other states are as small as they come.
+    /// Halves the entries of a sliding window log or of a concurrency limit's leases, each pair
+    /// of neighbours merged into one; whether there was anything to merge. The state only grows
+    /// more cautious: merged hits take the newer one's age (they leave the window later), merged
+    /// leases the first one's id, both their slots and the later expiry (a release of the other
+    /// id finds nothing, and its slots stay held until that expiry). Other states are as small
+    /// as they come.
     pub fn coarsen(&mut self) -> bool {
-        let SnapshotWire::Log(hits) = self else { return false };
-        if hits.len() < 2 {
-            return false;
+        match self {
+            SnapshotWire::Log(hits) if hits.len() >= 2 => {
+                let pair = |pair: &[(u64, u64)]| {
+                    let age = pair.iter().map(|&(age, _)| age).min().unwrap_or(0);
+                    (age, pair.iter().fold(0u64, |sum, &(_, cost)| sum.saturating_add(cost)))
+                };
+                *hits = hits.chunks(2).map(pair).collect();
+                true
+            }
+            SnapshotWire::Leases(leases) if leases.len() >= 2 => {
+                let pair = |pair: &[(u64, u64, u64)]| {
+                    let slots = pair.iter().fold(0u64, |sum, &(_, slots, _)| sum.saturating_add(slots));
+                    let left = pair.iter().map(|&(_, _, left)| left).max().unwrap_or(0);
+                    (pair[0].0, slots, left)
+                };
+                *leases = leases.chunks(2).map(pair).collect();
+                true
+            }
+            _ => false,
         }
-        let pair = |pair: &[(u64, u64)]| {
-            let age = pair.iter().map(|&(age, _)| age).min().unwrap_or(0);
-            (age, pair.iter().fold(0u64, |sum, &(_, cost)| sum.saturating_add(cost)))
-        };
-        *hits = hits.chunks(2).map(pair).collect();
-        true
     }
 }
 
