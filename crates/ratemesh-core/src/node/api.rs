@@ -340,7 +340,7 @@ pub const FRAME_LEN_MIN: usize = 1024;
 /// carries at most `sync_batch_len_max` entries (`forward_batch_len_max` forwarded checks), so
 /// `frame_len_max` must hold that many of these: else frames would fail to encode. The states of
 /// a sliding window log or of leases can be larger: a body they make too large for one frame goes
-/// over several, and a log too long for any frame is coarsened until it fits.
+/// over several, and a state too long for any frame is coarsened until it fits.
 pub const FRAME_ENTRY_BYTES_MAX: usize = 128;
 
 /// Why a [`NodeConfig`] cannot run a node. The driver's settings are at fault (an integration
