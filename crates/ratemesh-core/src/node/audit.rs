@@ -532,9 +532,14 @@ fn admit_most(bucket: &mut Bucket, limit: &Limit, hits: u64, at: Instant, rng: &
 /// missed: the time its capacity takes to refill (a window algorithm's period), in windows, at
 /// least one.
 fn ideal_memory_windows(limit: &Limit, window_nanos: u64) -> u64 {
+    refill_nanos(limit).div_ceil(window_nanos.max(1)).max(1)
+}
+
+/// The time `limit`'s capacity takes to refill, in nanoseconds (a window algorithm's period).
+fn refill_nanos(limit: &Limit) -> u64 {
     let period = u128::from(duration_nanos(limit.spec().period));
-    let memory = u128::from(limit.capacity()) * period / u128::from(limit.reported_limit().max(1));
-    u64::try_from(memory.div_ceil(u128::from(window_nanos.max(1)))).unwrap_or(u64::MAX).max(1)
+    let refill = u128::from(limit.capacity()) * period / u128::from(limit.reported_limit().max(1));
+    u64::try_from(refill).unwrap_or(u64::MAX)
 }
 
 /// The earliest instant whose hits the state at `at` of a key under `limit` can depend on: the
@@ -547,10 +552,7 @@ fn history_start(limit: &Limit, at: Instant) -> Instant {
         (_, Some(window)) => window.start.as_nanos().min(t),
         (crate::limit::Algorithm::FixedWindow, None) => t - t % period,
         (crate::limit::Algorithm::SlidingWindowCounter, None) => (t - t % period).saturating_sub(period),
-        _ => {
-            let refill = u128::from(limit.capacity()) * u128::from(period) / u128::from(spec.limit.max(1));
-            t.saturating_sub(u64::try_from(refill).unwrap_or(u64::MAX))
-        }
+        _ => t.saturating_sub(refill_nanos(limit)),
     };
     Instant::from_nanos(from)
 }

@@ -158,6 +158,11 @@ impl Cluster {
 
 fn policy(mode: Mode, limit: u64, burst: u64) -> Arc<Policy> {
     let spec = LimitSpec::new(Algorithm::TokenBucket, limit, Duration::from_secs(1)).with_burst(burst);
+    policy_of(spec, mode)
+}
+
+/// A policy of `spec` in `mode`, with the default fallback and audit.
+fn policy_of(spec: LimitSpec, mode: Mode) -> Arc<Policy> {
     Arc::new(Policy {
         limit: Limit::new(spec).expect("valid"),
         mode,
@@ -215,18 +220,8 @@ fn states_larger_than_a_frame_are_split_over_frames_and_never_wedge_the_link() {
     };
     let mut cluster = Cluster::with_config(2, &config);
     let spec = LimitSpec::new(Algorithm::SlidingWindowLog, 1_000_000, Duration::from_secs(3600));
-    let policy = Arc::new(Policy {
-        limit: Limit::new(spec).expect("valid"),
-        mode: Mode::Exact,
-        fallback: Fallback::LocalShare,
-        audit: api::Audit::default(),
-    });
-    let ring = Ring::new(&[NodeId(1), NodeId(2)], RING_VNODES_DEFAULT);
-    let owned: Vec<KeyHash> = (0..1_000u64)
-        .map(|i| key(&format!("log{i}")))
-        .filter(|&k| ring.owner(k) == Some(NodeId(1)))
-        .take(21)
-        .collect();
+    let policy = policy_of(spec, Mode::Exact);
+    let owned: Vec<KeyHash> = keys_owned_by(1, &[1, 2]).take(21).collect();
     let mut id = 0;
     let mut hit = |cluster: &mut Cluster, k: KeyHash| {
         id += 1;
@@ -267,12 +262,7 @@ fn states_larger_than_a_frame_are_split_over_frames_and_never_wedge_the_link() {
 fn a_refused_costly_check_does_not_refuse_cheaper_ones_at_a_follower() {
     let mut cluster = Cluster::new(3);
     let spec = LimitSpec::new(Algorithm::SlidingWindowLog, 3, Duration::from_secs(3600));
-    let policy = Arc::new(Policy {
-        limit: Limit::new(spec).expect("valid"),
-        mode: Mode::Exact,
-        fallback: Fallback::LocalShare,
-        audit: api::Audit::default(),
-    });
+    let policy = policy_of(spec, Mode::Exact);
     let k = key_owned_by(1, &[1, 2, 3]);
     let decide = |cluster: &mut Cluster, id: u64, cost: u64| -> Decision {
         let request = CheckRequest { id: RequestId(id), key: k, policy: policy.clone(), cost };
@@ -539,11 +529,13 @@ impl Cluster {
 
 /// A key owned by `owner` in a ring of `members`.
 fn key_owned_by(owner: u64, members: &[u64]) -> KeyHash {
+    keys_owned_by(owner, members).next().expect("found")
+}
+
+/// Keys owned by `owner` in a ring of `members`, the same ones in the same order every time.
+fn keys_owned_by(owner: u64, members: &[u64]) -> impl Iterator<Item = KeyHash> {
     let ring = Ring::new(&members.iter().copied().map(NodeId).collect::<Vec<_>>(), RING_VNODES_DEFAULT);
-    (0..10_000u64)
-        .map(|i| key(&format!("k{i}")))
-        .find(|&k| ring.owner(k) == Some(NodeId(owner)))
-        .expect("found")
+    (0..10_000u64).map(|i| key(&format!("k{i}"))).filter(move |&k| ring.owner(k) == Some(NodeId(owner)))
 }
 
 #[test]
@@ -2386,13 +2378,8 @@ fn a_key_born_at_a_calm_owner_is_audited_from_its_first_window() {
     let mut cluster = Cluster::new(3);
     let policy = policy(Mode::Approximate, 100, 100);
     cluster.run_for(Duration::from_millis(2_300));
-    let owned = key_owned_by(1, &[1, 2, 3]);
-    let forwarded = (0..10_000u64)
-        .map(|i| key(&format!("f{i}")))
-        .find(|&k| {
-            Ring::new(&[NodeId(1), NodeId(2), NodeId(3)], RING_VNODES_DEFAULT).owner(k) == Some(NodeId(1))
-        })
-        .expect("found");
+    let mut keys = keys_owned_by(1, &[1, 2, 3]);
+    let (owned, forwarded) = (keys.next().expect("found"), keys.next().expect("found"));
     let own_first = audit_load(&mut cluster, &policy, owned, 1);
     cluster.run_for(Duration::from_millis(300));
     let forwarded_first = audit_load(&mut cluster, &policy, forwarded, 2);
@@ -2406,10 +2393,7 @@ fn a_key_born_at_a_calm_owner_is_audited_from_its_first_window() {
     }
     cluster.view(&[1, 2, 3], &[1, 2], &[]);
     cluster.run_for(Duration::from_millis(300));
-    let late = (0..10_000u64)
-        .map(|i| key(&format!("l{i}")))
-        .find(|&k| Ring::new(&[NodeId(1), NodeId(2)], RING_VNODES_DEFAULT).owner(k) == Some(NodeId(1)))
-        .expect("found");
+    let late = keys_owned_by(1, &[1, 2]).find(|k| ![owned, forwarded].contains(k)).expect("found");
     let first = audit_load(&mut cluster, &policy, late, 1);
     audit_load(&mut cluster, &policy, late, 1);
     cluster.run_for(Duration::from_secs(3));

@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::json;
 
-use super::body::{BodyError, from_json_body};
+use super::body::from_json_body;
 use super::{Api, ApiError, ApiState, json_response, parse_body};
 use crate::config::Bounds;
 use crate::daemon::AdminError;
@@ -82,11 +82,7 @@ fn override_key(key: &str) -> Result<(), ApiError> {
 /// The path's parameters, or a JSON 400 naming the path (a segment that is not UTF-8 once
 /// percent-decoded), like every other bad input.
 fn path_params<T>(path: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
-    let invalid = |rejection: PathRejection| BodyError::Invalid {
-        field: "path".to_owned(),
-        message: rejection.body_text(),
-    };
-    path.map(|Path(params)| params).map_err(|rejection| invalid(rejection).into())
+    path.map(|Path(params)| params).map_err(|rejection| ApiError::bad_request("path", rejection.body_text()))
 }
 
 pub(super) async fn put_override(
