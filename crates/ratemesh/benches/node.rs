@@ -17,7 +17,7 @@
 //!      which both library checks include.
 //!
 //!    Goal: `check_now` within 1.3 × `core_clock`. The policy is audited; `BENCH_AUDIT_OFF=1`
-//!    measures it unaudited.
+//!    measures it unaudited. `BENCH_CHECK_ONLY=1` runs this section alone.
 //!
 //!    Then what the audit adds to the core's check (the owner counts every check into the key's
 //!    open window: `ratemesh_core`'s `audit.rs`): the same core with the policy audited and with
@@ -567,6 +567,66 @@ fn print_approximate_summary() {
     println!("| {} |", cells.join(" | "));
 }
 
+/// What [`check_now_cost`] measured, medians of its interleaved rounds.
+struct CheckNowCost {
+    /// `check_now` over the core with a clock read.
+    ratio: f64,
+    /// `check_now` with top keys off over the same.
+    ratio_no_top: f64,
+    core_ns: f64,
+    library_ns: f64,
+}
+
+/// The library's `check_now` (with and without top keys) over the core's check with a clock read
+/// and its timers run as the core asks (as the library's timer task runs them): `AUDIT_ROUNDS`
+/// interleaved rounds on the same keys and policy, so that a busy machine weighs on all alike.
+fn check_now_cost(runtime: &Runtime) -> CheckNowCost {
+    let keys = keys();
+    let policy = policy(Mode::Approximate);
+    let shared = Arc::new(policy.policy().clone());
+    let mut core = ratemesh_core::Node::new(NodeId(1), 1, NodeConfig::default(), 7, Instant::ZERO).unwrap();
+    let origin = std::time::Instant::now();
+    let mut core_round = |checks: usize| {
+        let mut pick = XorShift(0x2545_f491_4f6c_dd1d);
+        let started = std::time::Instant::now();
+        for _ in 0..checks {
+            let now = Instant::from_nanos(origin.elapsed().as_nanos() as u64);
+            let key = policy.key(&keys[pick.next(KEYS)]);
+            let request = CheckRequest { id: RequestId(0), key, policy: shared.clone(), cost: 1 };
+            black_box(core.handle_check(now, request));
+            if core.poll_timeout().is_some_and(|t| t <= now) {
+                core.handle_timeout(now);
+            }
+        }
+        started.elapsed().as_nanos() as f64 / checks as f64
+    };
+    let untracked = TopConfig { policies_max: 0, ..TopConfig::default() };
+    let nodes = [builder(1), builder(3).top_config(untracked)].map(|b| runtime.block_on(b.start()).unwrap());
+    let library_round = |node: &ratemesh::Node, checks: usize| {
+        let mut pick = XorShift(0x2545_f491_4f6c_dd1d);
+        let started = std::time::Instant::now();
+        for _ in 0..checks {
+            black_box(node.check_now(&policy, &keys[pick.next(KEYS)], 1).unwrap());
+        }
+        started.elapsed().as_nanos() as f64 / checks as f64
+    };
+    core_round(KEYS * 4);
+    for node in &nodes {
+        library_round(node, KEYS * 4);
+    }
+    let mut rounds = Vec::new();
+    for _ in 0..AUDIT_ROUNDS {
+        let core_ns = core_round(AUDIT_CHECKS);
+        let [library_ns, no_top_ns] = [0, 1].map(|i| library_round(&nodes[i], AUDIT_CHECKS));
+        rounds.push([library_ns / core_ns, no_top_ns / core_ns, core_ns, library_ns]);
+    }
+    for node in nodes {
+        runtime.block_on(node.shutdown());
+    }
+    let column = |i: usize| median(rounds.iter().map(|round| round[i]).collect());
+    CheckNowCost { ratio: column(0), ratio_no_top: column(1), core_ns: column(2), library_ns: column(3) }
+}
+
 /// The core's check with the audit on over the same with it off: medians of interleaved rounds
 /// (with the nanoseconds per check of each).
 fn audit_cost() -> (f64, f64, f64) {
@@ -619,6 +679,14 @@ fn main() {
     approximate_check(&mut criterion, &runtime);
     criterion.final_summary();
     print_approximate_summary();
+    let cost = check_now_cost(&runtime);
+    println!(
+        "check_now over the core with a clock read (10k keys, medians of {AUDIT_ROUNDS} interleaved rounds): {:.0} ns over {:.0} ns: {:.3} × (top keys off: {:.3} ×)",
+        cost.library_ns, cost.core_ns, cost.ratio, cost.ratio_no_top
+    );
+    if std::env::var_os("BENCH_CHECK_ONLY").is_some() {
+        return;
+    }
     let (ratio, on_ns, off_ns) = audit_cost();
     println!(
         "

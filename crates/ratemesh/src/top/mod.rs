@@ -392,19 +392,26 @@ impl TopTable {
             return;
         }
         let TopLabel { policy, key } = label;
-        let text = cut_key(key, self.config.key_bytes_max);
-        let id = match label_bucket {
-            Some(bucket) if text.len() == key.len() && matches!(text, Cow::Borrowed(_)) => {
-                debug_assert_eq!(
-                    bucket,
-                    Namespace::new(policy.as_bytes()).key(key),
-                    "not the label's bucket"
-                );
-                bucket
-            }
-            _ => Namespace::new(policy.as_bytes()).key(text.as_bytes()),
+        let bytes_max = self.config.key_bytes_max;
+        // The common case first: a short ASCII key is its own text, so its identity is its bucket
+        // and no text is made unless a sketch gives it a counter (a UTF-8 check per hit was a
+        // tenth of the recording).
+        let (id, text) = if key.len() <= bytes_max && key.is_ascii() {
+            let bucket = label_bucket.unwrap_or_else(|| Namespace::new(policy.as_bytes()).key(key));
+            debug_assert_eq!(bucket, Namespace::new(policy.as_bytes()).key(key), "not the label's bucket");
+            (bucket, None)
+        } else {
+            let text = cut_key(key, bytes_max);
+            let id = match label_bucket {
+                Some(bucket) if text.len() == key.len() && matches!(text, Cow::Borrowed(_)) => bucket,
+                _ => Namespace::new(policy.as_bytes()).key(text.as_bytes()),
+            };
+            (id, Some(text))
         };
-        let write = |buffer: &mut String| buffer.push_str(&text);
+        let write = |buffer: &mut String| match &text {
+            Some(text) => buffer.push_str(text),
+            None => buffer.push_str(&cut_key(key, bytes_max)),
+        };
         if let Some(top) = shard.policies.get_mut(policy) {
             return top.record(now, id, write, cost, refused);
         }
