@@ -1153,6 +1153,17 @@ impl Node {
         }
     }
 
+    /// Since when the audit counts `member`, believed dead at `now`, as perhaps answering by
+    /// itself: a member that sent this node pieces lately (and so a frame at least every
+    /// [`KEEPALIVE_NANOS`]) since it was last heard from — its side may have seen this node die
+    /// first and answered by its fallback meanwhile; another, from now.
+    pub(super) fn audit_dead_since(&self, member: NodeId, now: Instant) -> Instant {
+        match (self.audit.senders.contains_key(&member), self.peers.heard_at(member)) {
+            (true, Some(at)) => at.min(now),
+            _ => now,
+        }
+    }
+
     /// A view change at `now`: windows open now close only a settle time later, those open when
     /// a member was `forgotten` (gone from the view's live and dead members) are incomplete, and
     /// tallies go to their keys' owners in the new ring. When members `returned` to the ring
@@ -1160,17 +1171,25 @@ impl Node {
     /// and hands their windows over once it sees the heal too), windows wait
     /// [`HANDOFF_GRACE_NANOS`] more.
     ///
-    /// While members are believed dead (`dead`), windows are incomplete: such a member may be
-    /// alive behind a cut, its side owning the key on its own; its windows come back with the
-    /// handover at the heal, but the owner cannot tell that from a crash, nor when it will come.
-    pub(super) fn audit_view_changed(&mut self, now: Instant, forgotten: bool, returned: bool, dead: bool) {
+    /// While members are believed dead (`dead_since`: since when, at the earliest), windows are
+    /// incomplete: such a member may be alive behind a cut, its side owning the key on its own
+    /// (from when this node last heard from it: its side may have seen this one die first, and
+    /// answered by its fallback meanwhile); its windows come back with the handover at the heal,
+    /// but the owner cannot tell that from a crash, nor when it will come.
+    pub(super) fn audit_view_changed(
+        &mut self,
+        now: Instant,
+        forgotten: bool,
+        returned: bool,
+        dead_since: Option<Instant>,
+    ) {
         let grace = if returned { HANDOFF_GRACE_NANOS } else { 0 };
         self.audit.disturbed_at = self.audit.disturbed_at.max(now.add_nanos(grace));
         let periods = &mut self.audit.dead_periods;
         let ongoing = periods.back().is_some_and(|(_, until)| until.is_none());
-        match (dead, ongoing) {
-            (true, false) => periods.push_back((now, None)),
-            (false, true) => {
+        match (dead_since, ongoing) {
+            (Some(since), false) => periods.push_back((since, None)),
+            (None, true) => {
                 if let Some((_, until)) = periods.back_mut() {
                     *until = Some(now);
                 }

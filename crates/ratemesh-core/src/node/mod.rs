@@ -555,7 +555,8 @@ impl Node {
         let forgotten = self.members.iter().any(|m| members.binary_search(m).is_err());
         // Back from the dead (a healed partition), not new: the other side may hand windows over.
         let returned = joined.iter().any(|m| self.members.binary_search(m).is_ok());
-        self.audit_view_changed(now, forgotten, returned, !dead.is_empty());
+        let dead_since = dead.iter().map(|&m| self.audit_dead_since(m, now)).min();
+        self.audit_view_changed(now, forgotten, returned, dead_since);
         self.members = members;
         self.refresh_reachability(now, true);
         // Owners mark no key for replication while they are alone on their ring: the first

@@ -2357,6 +2357,51 @@ fn the_audit_sees_both_sides_of_a_split_once_healed() {
     }
 }
 
+/// A cut that one side's failure detector sees first: node 3 believes the owner dead at once and
+/// owns the key itself, answering its clients alone, while the owner goes on for two seconds
+/// believing node 3 alive (it hears nothing from it) for four seconds. The owner cannot see what
+/// node 3 answered from the cut on, so every window from when it last heard from node 3 is
+/// incomplete — not only those around its own view change (before, the first two of those four
+/// seconds closed as complete).
+#[test]
+fn the_audit_counts_a_member_as_gone_from_when_it_was_last_heard_not_when_it_was_seen_dead() {
+    let mut cluster = Cluster::new(3);
+    let base = policy(Mode::Exact, 100, 100);
+    let policy = Arc::new(Policy { fallback: Fallback::FailOpen, ..Policy::clone(&base) });
+    let k = key_owned_by(1, &[1, 2, 3]);
+    load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 20, 2);
+    let view = |live: &[u64], dead: &[u64]| MemberView {
+        live: live.iter().copied().map(NodeId).collect(),
+        dead: dead.iter().copied().map(NodeId).collect(),
+        regions: Vec::new(),
+    };
+    for other in [1, 2] {
+        cluster.cut.push((NodeId(3), NodeId(other)));
+        cluster.cut.push((NodeId(other), NodeId(3)));
+    }
+    let now = cluster.now;
+    cluster.node(3).handle_membership(now, view(&[3], &[1, 2]));
+    let before = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 20, 4);
+    let now = cluster.now;
+    cluster.node(1).handle_membership(now, view(&[1, 2], &[3]));
+    cluster.node(2).handle_membership(now, view(&[1, 2], &[3]));
+    load_aligned(&mut cluster, &policy, k, &[1, 2], 20, 2);
+    cluster.cut.clear();
+    let now = cluster.now;
+    let all = view(&[1, 2, 3], &[]);
+    for id in 1..=3 {
+        cluster.node(id).handle_membership(now, all.clone());
+    }
+    cluster.drain();
+    cluster.run_for(Duration::from_secs(5));
+    let windows = cluster.node(1).audit_windows(k);
+    println!("before the owner saw node 3 dead {before:?}\nowner's windows {windows:?}");
+    for &(index, _) in &before {
+        let w = windows.iter().find(|w| w.index == index).expect("audited");
+        assert!(!w.complete, "node 3 answered alone in this window: {w:?}");
+    }
+}
+
 /// Checks `k` at `node` ten times a tenth of a second, from now (mid-window) to the end of the
 /// next second; returns the index of the second the first check fell in.
 fn audit_load(cluster: &mut Cluster, policy: &Arc<Policy>, k: KeyHash, node: u64) -> u64 {
