@@ -2282,10 +2282,7 @@ fn the_audit_reports_an_over_admission_in_a_cut_after_the_heal() {
     let policy = Arc::new(Policy { fallback: Fallback::FailOpen, ..Policy::clone(&base) });
     let k = key_owned_by(1, &[1, 2, 3]);
     load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 2);
-    for other in [1, 2] {
-        cluster.cut.push((NodeId(3), NodeId(other)));
-        cluster.cut.push((NodeId(other), NodeId(3)));
-    }
+    cut_off_node_3(&mut cluster);
     let cut = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 4);
     let before_heal = cluster.node(1).audit_windows(k);
     cluster.cut.clear();
@@ -2322,19 +2319,11 @@ fn the_audit_sees_both_sides_of_a_split_once_healed() {
     let k = key_owned_by(1, &[1, 2, 3]);
     load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 2);
     let all: Vec<NodeId> = (1..=3).map(NodeId).collect();
-    let view = |live: &[u64], dead: &[u64]| MemberView {
-        live: live.iter().copied().map(NodeId).collect(),
-        dead: dead.iter().copied().map(NodeId).collect(),
-        regions: Vec::new(),
-    };
-    for other in [1, 2] {
-        cluster.cut.push((NodeId(3), NodeId(other)));
-        cluster.cut.push((NodeId(other), NodeId(3)));
-    }
+    cut_off_node_3(&mut cluster);
     let now = cluster.now;
-    cluster.node(1).handle_membership(now, view(&[1, 2], &[3]));
-    cluster.node(2).handle_membership(now, view(&[1, 2], &[3]));
-    cluster.node(3).handle_membership(now, view(&[3], &[1, 2]));
+    cluster.node(1).handle_membership(now, view_of(&[1, 2], &[3]));
+    cluster.node(2).handle_membership(now, view_of(&[1, 2], &[3]));
+    cluster.node(3).handle_membership(now, view_of(&[3], &[1, 2]));
     cluster.drain();
     let cut = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 4);
     cluster.cut.clear();
@@ -2370,25 +2359,17 @@ fn the_audit_counts_a_member_as_gone_from_when_it_was_last_heard_not_when_it_was
     let policy = Arc::new(Policy { fallback: Fallback::FailOpen, ..Policy::clone(&base) });
     let k = key_owned_by(1, &[1, 2, 3]);
     load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 20, 2);
-    let view = |live: &[u64], dead: &[u64]| MemberView {
-        live: live.iter().copied().map(NodeId).collect(),
-        dead: dead.iter().copied().map(NodeId).collect(),
-        regions: Vec::new(),
-    };
-    for other in [1, 2] {
-        cluster.cut.push((NodeId(3), NodeId(other)));
-        cluster.cut.push((NodeId(other), NodeId(3)));
-    }
+    cut_off_node_3(&mut cluster);
     let now = cluster.now;
-    cluster.node(3).handle_membership(now, view(&[3], &[1, 2]));
+    cluster.node(3).handle_membership(now, view_of(&[3], &[1, 2]));
     let before = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 20, 4);
     let now = cluster.now;
-    cluster.node(1).handle_membership(now, view(&[1, 2], &[3]));
-    cluster.node(2).handle_membership(now, view(&[1, 2], &[3]));
+    cluster.node(1).handle_membership(now, view_of(&[1, 2], &[3]));
+    cluster.node(2).handle_membership(now, view_of(&[1, 2], &[3]));
     load_aligned(&mut cluster, &policy, k, &[1, 2], 20, 2);
     cluster.cut.clear();
     let now = cluster.now;
-    let all = view(&[1, 2, 3], &[]);
+    let all = view_of(&[1, 2, 3], &[]);
     for id in 1..=3 {
         cluster.node(id).handle_membership(now, all.clone());
     }
@@ -2399,6 +2380,23 @@ fn the_audit_counts_a_member_as_gone_from_when_it_was_last_heard_not_when_it_was
     for &(index, _) in &before {
         let w = windows.iter().find(|w| w.index == index).expect("audited");
         assert!(!w.complete, "node 3 answered alone in this window: {w:?}");
+    }
+}
+
+/// A member view of one region: the nodes `live` and `dead`.
+fn view_of(live: &[u64], dead: &[u64]) -> MemberView {
+    MemberView {
+        live: live.iter().copied().map(NodeId).collect(),
+        dead: dead.iter().copied().map(NodeId).collect(),
+        regions: Vec::new(),
+    }
+}
+
+/// Cuts node 3 off from nodes 1 and 2, both ways.
+fn cut_off_node_3(cluster: &mut Cluster) {
+    for other in [1, 2] {
+        cluster.cut.push((NodeId(3), NodeId(other)));
+        cluster.cut.push((NodeId(other), NodeId(3)));
     }
 }
 
