@@ -1158,7 +1158,9 @@ impl Node {
     /// [`KEEPALIVE_NANOS`]) since it was last heard from — its side may have seen this node die
     /// first and answered by its fallback meanwhile; another, from now.
     pub(super) fn audit_dead_since(&self, member: NodeId, now: Instant) -> Instant {
-        match (self.audit.senders.contains_key(&member), self.peers.heard_at(member)) {
+        let sent_at = self.audit.senders.get(&member).copied();
+        let recent = sent_at.is_some_and(|at| now.nanos_since(at) < SENDER_ACTIVE_NANOS + KEEPALIVE_NANOS);
+        match (recent, self.peers.heard_at(member)) {
             (true, Some(at)) => at.min(now),
             _ => now,
         }
@@ -1189,6 +1191,12 @@ impl Node {
         let ongoing = periods.back().is_some_and(|(_, until)| until.is_none());
         match (dead_since, ongoing) {
             (Some(since), false) => periods.push_back((since, None)),
+            // Another member seen dead later may have been gone since before this period began.
+            (Some(since), true) => {
+                if let Some((from, _)) = periods.back_mut() {
+                    *from = (*from).min(since);
+                }
+            }
             (None, true) => {
                 if let Some((_, until)) = periods.back_mut() {
                     *until = Some(now);

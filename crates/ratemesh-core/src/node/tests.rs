@@ -489,6 +489,14 @@ fn approximate_mode_converges_to_the_limit() {
 }
 
 impl Cluster {
+    /// Cuts `node` off from `others`, both ways.
+    fn cut_off(&mut self, node: u64, others: &[u64]) {
+        for &other in others {
+            self.cut.push((NodeId(node), NodeId(other)));
+            self.cut.push((NodeId(other), NodeId(node)));
+        }
+    }
+
     /// Applies a view to every node in `to`.
     fn view(&mut self, to: &[u64], live: &[u64], dead: &[u64]) {
         let view = MemberView {
@@ -583,10 +591,7 @@ fn an_unreachable_owner_leaves_the_local_share() {
     assert!(cluster.node(1).stats().grants_sent == 0 && cluster.node(4).stats().grants_sent > 0);
     // Cut node 4 off completely; after the silence bound nodes 1–3 fall back to their shares of
     // the limit (a quarter each), starting from the owner's last state (almost full).
-    for other in 1..=3 {
-        cluster.cut.push((NodeId(4), NodeId(other)));
-        cluster.cut.push((NodeId(other), NodeId(4)));
-    }
+    cluster.cut_off(4, &[1, 2, 3]);
     cluster.run_for(Duration::from_millis(500));
     for node in 1..=3 {
         // Its share, plus what was left of its allowance (debited by the owner already: at most
@@ -636,10 +641,7 @@ fn a_node_cut_off_without_shared_state_admits_nothing_until_the_detector_moves_t
     let mut cluster = Cluster::new(4);
     let policy = policy(Mode::Exact, 1_000, 1_000);
     let k = key_owned_by(4, &[1, 2, 3, 4]);
-    for other in 1..=3 {
-        cluster.cut.push((NodeId(4), NodeId(other)));
-        cluster.cut.push((NodeId(other), NodeId(4)));
-    }
+    cluster.cut_off(4, &[1, 2, 3]);
     // The owner does not expect to hear from node 1, so it still enforces the whole limit: a share
     // taken here would come on top of it.
     assert_eq!(cluster.admit(1, k, &policy, 10), 0);
@@ -2282,7 +2284,7 @@ fn the_audit_reports_an_over_admission_in_a_cut_after_the_heal() {
     let policy = Arc::new(Policy { fallback: Fallback::FailOpen, ..Policy::clone(&base) });
     let k = key_owned_by(1, &[1, 2, 3]);
     load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 2);
-    cut_off_node_3(&mut cluster);
+    cluster.cut_off(3, &[1, 2]);
     let cut = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 4);
     let before_heal = cluster.node(1).audit_windows(k);
     cluster.cut.clear();
@@ -2318,22 +2320,12 @@ fn the_audit_sees_both_sides_of_a_split_once_healed() {
     let policy = Arc::new(Policy { fallback: Fallback::FailOpen, ..Policy::clone(&base) });
     let k = key_owned_by(1, &[1, 2, 3]);
     load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 2);
-    let all: Vec<NodeId> = (1..=3).map(NodeId).collect();
-    cut_off_node_3(&mut cluster);
-    let now = cluster.now;
-    cluster.node(1).handle_membership(now, view_of(&[1, 2], &[3]));
-    cluster.node(2).handle_membership(now, view_of(&[1, 2], &[3]));
-    cluster.node(3).handle_membership(now, view_of(&[3], &[1, 2]));
-    cluster.drain();
+    cluster.cut_off(3, &[1, 2]);
+    cluster.view(&[1, 2], &[1, 2], &[3]);
+    cluster.view(&[3], &[3], &[1, 2]);
     let cut = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 4);
     cluster.cut.clear();
-    let now = cluster.now;
-    for id in 1..=3 {
-        cluster
-            .node(id)
-            .handle_membership(now, MemberView { live: all.clone(), dead: vec![], regions: Vec::new() });
-    }
-    cluster.drain();
+    cluster.view(&[1, 2, 3], &[1, 2, 3], &[]);
     cluster.run_for(Duration::from_secs(4));
     let windows = cluster.node(1).audit_windows(k);
     println!("cut {cut:?}\nowner's windows {windows:?}");
@@ -2347,11 +2339,11 @@ fn the_audit_sees_both_sides_of_a_split_once_healed() {
 }
 
 /// A cut that one side's failure detector sees first: node 3 believes the owner dead at once and
-/// owns the key itself, answering its clients alone, while the owner goes on for two seconds
-/// believing node 3 alive (it hears nothing from it) for four seconds. The owner cannot see what
-/// node 3 answered from the cut on, so every window from when it last heard from node 3 is
-/// incomplete — not only those around its own view change (before, the first two of those four
-/// seconds closed as complete).
+/// owns the key itself, answering its clients alone, while the owner goes on believing node 3
+/// alive (it hears nothing from it) for about five seconds (to the next whole second, then four
+/// of load). The owner cannot see what node 3 answered from the cut on, so every window from
+/// when it last heard from node 3 is incomplete — not only those around its own view change
+/// (before, the first two of the four loaded windows closed as complete).
 #[test]
 fn the_audit_counts_a_member_as_gone_from_when_it_was_last_heard_not_when_it_was_seen_dead() {
     let mut cluster = Cluster::new(3);
@@ -2359,44 +2351,19 @@ fn the_audit_counts_a_member_as_gone_from_when_it_was_last_heard_not_when_it_was
     let policy = Arc::new(Policy { fallback: Fallback::FailOpen, ..Policy::clone(&base) });
     let k = key_owned_by(1, &[1, 2, 3]);
     load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 20, 2);
-    cut_off_node_3(&mut cluster);
-    let now = cluster.now;
-    cluster.node(3).handle_membership(now, view_of(&[3], &[1, 2]));
+    cluster.cut_off(3, &[1, 2]);
+    cluster.view(&[3], &[3], &[1, 2]);
     let before = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 20, 4);
-    let now = cluster.now;
-    cluster.node(1).handle_membership(now, view_of(&[1, 2], &[3]));
-    cluster.node(2).handle_membership(now, view_of(&[1, 2], &[3]));
+    cluster.view(&[1, 2], &[1, 2], &[3]);
     load_aligned(&mut cluster, &policy, k, &[1, 2], 20, 2);
     cluster.cut.clear();
-    let now = cluster.now;
-    let all = view_of(&[1, 2, 3], &[]);
-    for id in 1..=3 {
-        cluster.node(id).handle_membership(now, all.clone());
-    }
-    cluster.drain();
+    cluster.view(&[1, 2, 3], &[1, 2, 3], &[]);
     cluster.run_for(Duration::from_secs(5));
     let windows = cluster.node(1).audit_windows(k);
     println!("before the owner saw node 3 dead {before:?}\nowner's windows {windows:?}");
     for &(index, _) in &before {
         let w = windows.iter().find(|w| w.index == index).expect("audited");
         assert!(!w.complete, "node 3 answered alone in this window: {w:?}");
-    }
-}
-
-/// A member view of one region: the nodes `live` and `dead`.
-fn view_of(live: &[u64], dead: &[u64]) -> MemberView {
-    MemberView {
-        live: live.iter().copied().map(NodeId).collect(),
-        dead: dead.iter().copied().map(NodeId).collect(),
-        regions: Vec::new(),
-    }
-}
-
-/// Cuts node 3 off from nodes 1 and 2, both ways.
-fn cut_off_node_3(cluster: &mut Cluster) {
-    for other in [1, 2] {
-        cluster.cut.push((NodeId(3), NodeId(other)));
-        cluster.cut.push((NodeId(other), NodeId(3)));
     }
 }
 

@@ -396,10 +396,13 @@ impl TopTable {
         // The common case first: a short ASCII key is its own text, so its identity is its bucket
         // and no text is made unless a sketch gives it a counter (a UTF-8 check per hit was a
         // tenth of the recording).
+        debug_assert!(
+            key.len() > bytes_max
+                || label_bucket.is_none_or(|b| b == Namespace::new(policy.as_bytes()).key(key)),
+            "not the label's bucket"
+        );
         let (id, text) = if key.len() <= bytes_max && key.is_ascii() {
-            let bucket = label_bucket.unwrap_or_else(|| Namespace::new(policy.as_bytes()).key(key));
-            debug_assert_eq!(bucket, Namespace::new(policy.as_bytes()).key(key), "not the label's bucket");
-            (bucket, None)
+            (label_bucket.unwrap_or_else(|| Namespace::new(policy.as_bytes()).key(key)), None)
         } else {
             let text = cut_key(key, bytes_max);
             let id = match label_bucket {
