@@ -100,6 +100,14 @@ fn malformed_json_is_a_syntax_error_with_a_position() {
 }
 
 #[test]
+fn a_body_that_is_an_array_is_not_read_as_a_check() {
+    for body in [r#"["k", "api"]"#, " \n[{\"key\": \"k\", \"policy\": \"api\"}]"] {
+        let message = bad_check(body, "body");
+        assert!(message.contains("object"), "{body}: {message}");
+    }
+}
+
+#[test]
 fn wrong_types_name_the_field() {
     bad_check(r#"{"key": 5, "policy": "api"}"#, "key");
     bad_check(r#"{"key": "k", "policy": "api", "cost": "1"}"#, "cost");
