@@ -542,6 +542,12 @@ fn refill_nanos(limit: &Limit) -> u64 {
     u64::try_from(refill).unwrap_or(u64::MAX)
 }
 
+/// Whether a member whose last pieces came at `pieces_at` still counts as a sender at `now` (and
+/// so sends the owner a frame at least every [`KEEPALIVE_NANOS`]).
+fn sender_active(pieces_at: Instant, now: Instant) -> bool {
+    now.nanos_since(pieces_at) < SENDER_ACTIVE_NANOS + KEEPALIVE_NANOS
+}
+
 /// The earliest instant whose hits the state at `at` of a key under `limit` can depend on: the
 /// start of its fixed (or calendar) window, of the sliding counter's previous window, or the time
 /// its capacity takes to refill (the bucket algorithms, the log, the expiring counter).
@@ -1096,7 +1102,7 @@ impl Node {
         }
         let settle_base = self.audit_settle_nanos(0);
         // What every recent sender has sent is in up to when it was last heard from.
-        self.audit.senders.retain(|_, at| now.nanos_since(*at) < SENDER_ACTIVE_NANOS + KEEPALIVE_NANOS);
+        self.audit.senders.retain(|_, &mut at| sender_active(at, now));
         let heard = |m: &NodeId| self.peers.heard_at(*m).unwrap_or(Instant::ZERO);
         let watermark = self.audit.senders.keys().map(heard).min().unwrap_or(now).min(now);
         let regions = self.regions.active();
@@ -1158,8 +1164,7 @@ impl Node {
     /// [`KEEPALIVE_NANOS`]) since it was last heard from — its side may have seen this node die
     /// first and answered by its fallback meanwhile; another, from now.
     pub(super) fn audit_dead_since(&self, member: NodeId, now: Instant) -> Instant {
-        let sent_at = self.audit.senders.get(&member).copied();
-        let recent = sent_at.is_some_and(|at| now.nanos_since(at) < SENDER_ACTIVE_NANOS + KEEPALIVE_NANOS);
+        let recent = self.audit.senders.get(&member).is_some_and(|&at| sender_active(at, now));
         match (recent, self.peers.heard_at(member)) {
             (true, Some(at)) => at.min(now),
             _ => now,

@@ -308,15 +308,10 @@ impl<'de> Deserialize<'de> for LeaseJson {
     }
 }
 
-/// Deserializes a JSON object body, bounded and naming the field at fault like the check bodies
-/// (for the admin API's bodies).
+/// Deserializes a JSON object body (a check's, an admin call's), bounded and naming the field at
+/// fault like `from_json`, refusing an array, from which serde would read a struct too (its fields
+/// in order: `["k", "api"]` a check).
 pub fn from_json_body<T: DeserializeOwned>(body: &[u8], bounds: &Bounds) -> Result<T, BodyError> {
-    from_json_object(body, bounds)
-}
-
-/// [`from_json`] of a body that must be an object: serde reads a struct from an array too (its
-/// fields in order), which would take `["k", "api"]` for a check.
-fn from_json_object<T: DeserializeOwned>(body: &[u8], bounds: &Bounds) -> Result<T, BodyError> {
     if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
         return Err(invalid(
             "body",
@@ -354,7 +349,7 @@ fn json_error(field: String, error: serde_json::Error) -> BodyError {
 
 /// Parses and validates the body of `POST /v1/check`.
 pub fn parse_check(body: &[u8], table: &PolicyTable, bounds: &Bounds) -> Result<ValidCheck, BodyError> {
-    from_json_object::<CheckBody>(body, bounds)?.validate(table, bounds)
+    from_json_body::<CheckBody>(body, bounds)?.validate(table, bounds)
 }
 
 /// Parses and validates the body of `POST /v1/check/batch`: a JSON array of check bodies, at most
@@ -380,7 +375,7 @@ pub fn parse_check_batch(
 
 /// Parses and validates the body of `POST /v1/charge`.
 pub fn parse_charge(body: &[u8], table: &PolicyTable, bounds: &Bounds) -> Result<ValidCharge, BodyError> {
-    from_json_object::<ChargeBody>(body, bounds)?.validate(table, bounds)
+    from_json_body::<ChargeBody>(body, bounds)?.validate(table, bounds)
 }
 
 /// Parses and validates the body of `POST /v1/check/all`: a batch like `POST /v1/check/batch`
@@ -402,7 +397,7 @@ pub fn parse_check_all(
 
 /// Parses and validates the body of `POST /v1/release`.
 pub fn parse_release(body: &[u8], table: &PolicyTable, bounds: &Bounds) -> Result<ValidRelease, BodyError> {
-    from_json_object::<ReleaseBody>(body, bounds)?.validate(table, bounds)
+    from_json_body::<ReleaseBody>(body, bounds)?.validate(table, bounds)
 }
 
 /// The answer to a check:
