@@ -7,7 +7,7 @@
 # runs pytest (bounded by pytest-timeout and `timeout`) on:
 #   clients/python/tests          the client, the middleware, failover, fail-open/closed, errors;
 #   tests/python/limits_upstream  the `limits` project's own storage and strategy tests, adapted
-#                                 to the ratemesh storage (see its README.md);
+#                                 to the ratemesh storage (see its conftest.py);
 #   tests/python/test_e2e.py      Flask-Limiter and SlowAPI apps, three processes each pointed at
 #                                 a different node, one limit: the total admitted within bounds;
 #   tests/python/test_node_killed.py  then, alone: node 3 killed mid-run, no error, within bounds.

@@ -37,14 +37,6 @@ def async_ratemesh_uri() -> str:
     return f"async+ratemesh://{_nodes()}?prefix=t{uuid.uuid4().hex[:12]}/"
 
 
-# Where ratemesh's storage differs from Redis by design: these upstream tests are expected to
-# fail (xfail, not strict). docs/integrations/python.md states each difference.
-KNOWN_DEVIATIONS = {
-    "test_sliding_window_counter_previous_window": "the daemon answers the weighted count, not "
-    "the previous and current windows' counts apart, so reset times within a window differ",
-}
-
-
 # Racy at a window's edge for every timestamp-based storage (upstream's memory storage too: its
 # three hits 1 s apart may straddle a minute's edge): run again once, as upstream's CI reruns the
 # tests it marks flaky (pytest-rerunfailures honours those marks here).
@@ -56,7 +48,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = getattr(item, "originalname", item.name)
         if "limits_upstream" not in str(item.path):
             continue
-        if name in KNOWN_DEVIATIONS:
-            item.add_marker(pytest.mark.xfail(reason=KNOWN_DEVIATIONS[name], strict=False))
-        elif name in EDGE_RACES:
+        if name in EDGE_RACES:
             item.add_marker(pytest.mark.flaky(reruns=1))

@@ -12,8 +12,14 @@ the cluster's, one per key, whichever node is asked:
   ``incr`` answers the limit plus the hit, and the window's count stays at the limit.
 - moving window (``acquire_entry``, ``get_moving_window``): a ``sliding_window_log`` (any
   limit: a hit is one entry whatever its cost).
-- sliding window counter: the daemon's ``sliding_window_counter`` (the same weighting);
-  ``get_sliding_window`` reports the weighted count as the current window's, the previous as 0.
+- sliding window counter (``acquire_sliding_window_entry``, ``get_sliding_window``): as
+  ``limits``' own memory storage does it, two counters per key, one per clock-aligned window
+  (``key/{now // expiry}``, expiring 2 × expiry after their first hit), each an
+  ``expiring_counter`` on the cluster. A hit reads the previous window's count and adds to the
+  current one in one request; when ``floor(previous × its remaining share + current)`` then
+  exceeds the limit, the hit is given back and refused (upstream's race: concurrent hits may
+  refuse one another, never admit too many). So the counts ``limits`` sees are the previous and
+  current windows' apart, and its reset times and admissions are the same as with Redis.
 - ``clear``: refunds every hit of the key's limits; ``reset``: clears the keys this storage
   object used (the cluster has no listing of keys).
 
@@ -25,6 +31,7 @@ Options (URI query or keyword arguments): ``mode`` (``exact``, the default, or `
 from __future__ import annotations
 
 import time
+from math import floor
 import urllib.parse
 from typing import Any, Optional, Union
 
@@ -131,14 +138,18 @@ class _Mapping:
             return used[0]
         return ("expiring_counter", parsed[0], parsed[1]) if parsed else None
 
-    def _sliding(self, key: str, expiry: int) -> Optional[Spec]:
-        used = [s for s in self._used.get(key, ()) if s[0] == "sliding_window_counter" and s[2] == expiry]
-        if used:
-            return used[0]
-        parsed = parse_limits_key(key)
-        return ("sliding_window_counter", parsed[0], expiry) if parsed else None
+    def _window_checks(self, key: str, expiry: int, amount: int, now: float) -> list[Check]:
+        """The previous window's counter, read, and the current window's, charged ``amount``."""
+        counter = self._limit(("expiring_counter", COUNTER_LIMIT, 2 * expiry))
+        previous, current = TimestampedSlidingWindow.sliding_window_keys(key, expiry, now)
+        prefix = self._options.prefix
+        return [Check(prefix + previous, counter, cost=0), Check(prefix + current, counter, cost=amount)]
 
-    def _clear_checks(self, key: str, only: Optional[str] = None) -> list[Check]:
+    def _window_clears(self, key: str, expiry: int) -> list[Check]:
+        """Refunds of every hit in the previous and the current window of ``key``."""
+        return [Check(c.key, c.target, cost=-REFUND_ALL) for c in self._window_checks(key, expiry, 0, time.time())]
+
+    def _clear_checks(self, key: str) -> list[Check]:
         specs = set(self._used.get(key, ()))
         parsed = parse_limits_key(key)
         if parsed:
@@ -148,11 +159,13 @@ class _Mapping:
                 ("sliding_window_counter", amount, expiry),
                 ("sliding_window_log", amount, expiry),
             }
-        return [
-            Check(self._options.prefix + key, self._limit(s), cost=-REFUND_ALL)
-            for s in sorted(specs)
-            if only is None or s[0] == only
-        ]
+        checks: list[Check] = []
+        for spec in sorted(specs):
+            if spec[0] == "sliding_window_counter":
+                checks += self._window_clears(key, spec[2])
+            else:
+                checks.append(Check(self._options.prefix + key, self._limit(spec), cost=-REFUND_ALL))
+        return checks
 
     @staticmethod
     def _count(decision: Decision) -> int:
@@ -175,11 +188,28 @@ class _Mapping:
             return now + probe.retry_after_ms / 1000 - expiry
         return now + query.reset_after_ms / 1000 - expiry
 
-    def _sliding_result(self, decision: Optional[Decision], expiry: int) -> tuple[int, float, int, float]:
-        if decision is None or decision.fallback:
+    def _sliding_window(self, windows: list[Decision], expiry: int, now: float) -> tuple[int, float, int, float]:
+        """``get_sliding_window``'s answer, as upstream's memory storage computes it."""
+        previous, current = windows
+        if previous.fallback or current.fallback:
             return 0, 0.0, 0, 0.0
-        ttl = expiry - (time.time() % expiry)
-        return 0, 0.0, self._count(decision), ttl
+        previous_count, current_count = self._count(previous), self._count(current)
+        previous_ttl = 0.0 if previous_count == 0 else (1 - (((now - expiry) / expiry) % 1)) * expiry
+        current_ttl = (1 - ((now / expiry) % 1)) * expiry + expiry
+        return previous_count, previous_ttl, current_count, current_ttl
+
+    def _sliding_admits(self, windows: list[Decision], limit: int, expiry: int, now: float) -> Optional[bool]:
+        """A hit charged in ``windows``: admitted (True), refused uncounted (False), or counted above
+        the limit (None: refused, and the caller gives it back)."""
+        current = windows[1]
+        if current.fallback:
+            return current.allowed
+        if not current.allowed:
+            return False
+        previous_count, previous_ttl, current_count, _ = self._sliding_window(windows, expiry, now)
+        if floor(previous_count * previous_ttl / expiry + current_count) <= limit:
+            return True
+        return None
 
 
 class RatemeshStorage(
@@ -258,17 +288,22 @@ class RatemeshStorage(
         return self._window_start(query, probe, expiry), count
 
     def acquire_sliding_window_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
-        spec = self._remember(key, ("sliding_window_counter", limit, expiry))
-        return self._check(key, spec, amount).allowed
+        if amount > limit:
+            return False
+        self._remember(key, ("sliding_window_counter", limit, expiry))
+        now = time.time()
+        checks = self._window_checks(key, expiry, amount, now)
+        admits = self._sliding_admits(self._client.check_batch(checks), limit, expiry, now)
+        if admits is None and amount > 0:
+            self._client.refund(checks[1].key, checks[1].target, amount)
+        return bool(admits)
 
     def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
-        spec = self._sliding(key, expiry)
-        return self._sliding_result(None if spec is None else self._check(key, spec, 0), expiry)
+        now = time.time()
+        return self._sliding_window(self._client.check_batch(self._window_checks(key, expiry, 0, now)), expiry, now)
 
     def clear_sliding_window(self, key: str, expiry: int) -> None:
-        checks = self._clear_checks(key, "sliding_window_counter")
-        if checks:
-            self._client.check_batch(checks)
+        self._client.check_batch(self._window_clears(key, expiry))
 
 
 class AsyncRatemeshStorage(
@@ -349,14 +384,20 @@ class AsyncRatemeshStorage(
         return self._window_start(query, probe, expiry), count
 
     async def acquire_sliding_window_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
-        spec = self._remember(key, ("sliding_window_counter", limit, expiry))
-        return (await self._check(key, spec, amount)).allowed
+        if amount > limit:
+            return False
+        self._remember(key, ("sliding_window_counter", limit, expiry))
+        now = time.time()
+        checks = self._window_checks(key, expiry, amount, now)
+        admits = self._sliding_admits(await self._client.check_batch(checks), limit, expiry, now)
+        if admits is None and amount > 0:
+            await self._client.refund(checks[1].key, checks[1].target, amount)
+        return bool(admits)
 
     async def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
-        spec = self._sliding(key, expiry)
-        return self._sliding_result(None if spec is None else await self._check(key, spec, 0), expiry)
+        now = time.time()
+        windows = await self._client.check_batch(self._window_checks(key, expiry, 0, now))
+        return self._sliding_window(windows, expiry, now)
 
     async def clear_sliding_window(self, key: str, expiry: int) -> None:
-        checks = self._clear_checks(key, "sliding_window_counter")
-        if checks:
-            await self._client.check_batch(checks)
+        await self._client.check_batch(self._window_clears(key, expiry))
