@@ -6,11 +6,14 @@
 #
 #   bash tests/wan/run.sh --regions 3 --nodes-per-region 2 --rtt-ms 40,80,120 \
 #       --limit 100 --period-ms 1000 --secs 20 --demand 80,10,10 --keys 1 \
-#       [--loss 0.01] [--jitter-ms 5] [--partition-region 2@5-12]... [--seed 1]
+#       [--loss 0.01] [--jitter-ms 5] [--partition-region 2@5-12]... [--seed 1] \
+#       [--home-region 1] [--region-fallback closed]
 #
 # --rtt-ms is the upper triangle of the round-trip matrix, row by row: for 3 regions
 # 1-2,1-3,2-3. --partition-region R@START-END cuts region R (1-based) off from every other
-# region from START to END seconds of the load (repeatable). The binary: RATEMESHD, else a
+# region from START to END seconds of the load (repeatable). --home-region R pins the policy's
+# home region (1-based; default: a hash of each key), --region-fallback its own fallback (floor,
+# last or closed; default: the nodes' last). The binary: RATEMESHD, else a
 # release build (`cargo build --release -p ratemeshd`, into CARGO_TARGET_DIR or target/).
 # shellcheck source-path=SCRIPTDIR/..
 set -euo pipefail
@@ -23,11 +26,12 @@ wait_s=60
 usage() {
     echo "usage: $script_name --regions N --nodes-per-region K --rtt-ms A,B,C --limit L --period-ms P" \
         "--secs S --demand D1,D2,... [--keys K] [--loss P] [--jitter-ms J] [--partition-region R@START-END]..." \
-        "[--seed N]" >&2
+        "[--seed N] [--home-region R] [--region-fallback floor|last|closed]" >&2
     exit 2
 }
 
 regions="" per_region="" rtt="" limit="" period_ms="" secs="" demand="" keys=1 loss=0 jitter_ms=0 seed=1
+home_region="" region_fallback=""
 partitions=()
 while (($#)); do
     (($# >= 2)) || { echo "$script_name: $1 needs a value" >&2; usage; }
@@ -44,6 +48,8 @@ while (($#)); do
     --jitter-ms) jitter_ms=$2 ;;
     --partition-region) partitions+=("$2") ;;
     --seed) seed=$2 ;;
+    --home-region) home_region=$2 ;;
+    --region-fallback) region_fallback=$2 ;;
     *) echo "$script_name: unknown argument '$1'" >&2; usage ;;
     esac
     shift 2
@@ -52,9 +58,9 @@ done
 # --- arguments: checked, then written as the run's parameters ---------------------------------------
 work_params=$(
     python3 - "$regions" "$per_region" "$rtt" "$limit" "$period_ms" "$secs" "$demand" "$keys" "$loss" \
-        "$jitter_ms" "$seed" ${partitions[@]+"${partitions[@]}"} <<'EOF'
+        "$jitter_ms" "$seed" "$home_region" "$region_fallback" ${partitions[@]+"${partitions[@]}"} <<'EOF'
 import json, re, sys
-(regions, per_region, rtt, limit, period_ms, secs, demand, keys, loss, jitter_ms, seed), partitions = sys.argv[1:12], sys.argv[12:]
+(regions, per_region, rtt, limit, period_ms, secs, demand, keys, loss, jitter_ms, seed, home, fallback), partitions = sys.argv[1:14], sys.argv[14:]
 def bad(message):
     sys.exit(f"tests/wan/run.sh: {message}")
 def whole(name, text, low, high):
@@ -101,7 +107,11 @@ params = {
     "secs": whole("secs", secs, 1, 600), "demand_per_s": demands, "keys": whole("keys", keys, 1, 100_000),
     "loss": number("loss", loss, 0, 1), "jitter_ms": number("jitter-ms", jitter_ms, 0, 10_000),
     "partitions": cuts, "seed": whole("seed", seed, 0, 2**32),
+    "home_region": whole("home-region", home, 1, n) if home else None,
+    "region_fallback": fallback or None,
 }
+if fallback and fallback not in ("floor", "last", "closed"):
+    bad(f"--region-fallback {fallback!r}: use floor, last or closed")
 print(json.dumps(params))
 EOF
 ) || exit 2
@@ -160,6 +170,16 @@ wait_for "the relay is ready" grep -q "relay ready" "$work/relay.log"
 
 # --- the nodes ----------------------------------------------------------------------------------------
 read -r limit period_ms < <(python3 -c 'import json,sys; p=json.loads(sys.argv[1]); print(p["limit"], p["period_ms"])' "$work_params")
+# The policy's own terms between regions, when given: TOML lines of [[policies]].
+policy_region=$(python3 - "$work_params" <<'EOF'
+import json, sys
+p = json.loads(sys.argv[1])
+if p["home_region"]:
+    print('home_region = "region-%d"' % p["home_region"])
+if p["region_fallback"]:
+    print('region_fallback = "%s"' % p["region_fallback"])
+EOF
+)
 for ((id = 1; id <= nodes; id++)); do
     region=$(((id - 1) / per_region + 1))
     seeds=""
@@ -188,6 +208,7 @@ name = "wan"
 algorithm = "token_bucket"
 limit = $limit
 period_ms = $period_ms
+$policy_region
 TOML
     env -i PATH="$PATH" TOKIO_WORKER_THREADS=1 "$binary" serve --config "$work/node-$id.toml" >"$work/node-$id.log" 2>&1 &
     node_pids[id]=$!

@@ -225,6 +225,7 @@ fn an_audited_key_costs_its_owner_a_minute_of_windows() {
         mode: ratemesh_core::Mode::Approximate,
         fallback: ratemesh_core::Fallback::LocalShare,
         audit: ratemesh_core::Audit::default(),
+        region: ratemesh_core::PolicyRegion::default(),
     };
     let unaudited = ratemesh_core::Policy { audit: ratemesh_core::Audit::Off, ..audited.clone() };
     let (on, off) = (node_bytes(&audited), node_bytes(&unaudited));

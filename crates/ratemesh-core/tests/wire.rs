@@ -17,7 +17,7 @@ use ratemesh_core::wire::{
 };
 use ratemesh_core::{
     Algorithm, CONCURRENCY_LIMIT_MAX, Decision, LeaseId, Limit, LimitError, LimitParameter, LimitSpec,
-    PERIOD_NANOS_MAX, SLIDING_LOG_ENTRIES_MAX, Snapshot,
+    PERIOD_NANOS_MAX, PolicyRegion, RegionFallback, RegionId, SLIDING_LOG_ENTRIES_MAX, Snapshot,
 };
 
 const MAX: usize = FRAME_LEN_MAX_DEFAULT;
@@ -151,18 +151,42 @@ fn decision_wire() -> impl Strategy<Value = DecisionWire> {
     )
 }
 
+/// A policy's terms between regions, the default (sent as nothing) as often as the others.
+fn policy_region() -> impl Strategy<Value = PolicyRegion> {
+    let fallback =
+        prop_oneof![Just(RegionFallback::Last), Just(RegionFallback::Floor), Just(RegionFallback::Closed)];
+    prop_oneof![
+        Just(PolicyRegion::default()),
+        (option::of(int()), option::of(fallback))
+            .prop_map(|(home, fallback)| PolicyRegion { home: home.map(RegionId), fallback }),
+    ]
+}
+
 fn body() -> impl Strategy<Value = Body> {
     let mode = prop_oneof![Just(WireMode::Exact), Just(WireMode::Approximate)];
     // Few distinct limits, so that frames share table entries.
     let limit = || prop_oneof![Just(gcra_wire()), limit_wire()];
-    let forward =
-        (int(), key(), limit(), int(), mode, int()).prop_map(|(id, key, limit, cost, mode, refused_here)| {
-            ForwardCheck { id, key, limit, cost, mode, refused_here }
-        });
+    let forward = (int(), key(), limit(), int(), mode, int(), policy_region()).prop_map(
+        |(id, key, limit, cost, mode, refused_here, region)| ForwardCheck {
+            id,
+            key,
+            limit,
+            cost,
+            mode,
+            refused_here,
+            region,
+        },
+    );
     let decided = (int(), decision_wire()).prop_map(|(id, decision)| Decided { id, decision });
     let counters = (int(), int(), int(), int(), int(), int(), int());
-    let report = (key(), limit(), counters, option::of(snapshot_wire())).prop_map(
-        |(key, limit, (epoch, holding, granted_seen, uncovered, returned, refunded, demand_per_s), seed)| {
+    let report = (key(), limit(), counters, option::of(snapshot_wire()), policy_region()).prop_map(
+        |(
+            key,
+            limit,
+            (epoch, holding, granted_seen, uncovered, returned, refunded, demand_per_s),
+            seed,
+            region,
+        )| {
             Report {
                 key,
                 limit,
@@ -174,6 +198,7 @@ fn body() -> impl Strategy<Value = Body> {
                 refunded,
                 demand_per_s,
                 seed,
+                region,
             }
         },
     );
@@ -198,18 +223,19 @@ fn body() -> impl Strategy<Value = Body> {
     let mode_again = prop_oneof![Just(WireMode::Exact), Just(WireMode::Approximate)];
     let adjust = (int(), key(), limit(), kind, int(), mode_again)
         .prop_map(|(id, key, limit, kind, hits, mode)| Adjust { id, key, limit, kind, hits, mode });
-    let region_report = (key(), limit(), int(), int(), int(), int()).prop_map(
-        |(key, limit, demand_per_s, report_count, applied_seq, applied_part)| RegionReport {
+    let region_report = (key(), limit(), int(), int(), int(), int(), policy_region()).prop_map(
+        |(key, limit, demand_per_s, report_count, applied_seq, applied_part, region)| RegionReport {
             key,
             limit,
             demand_per_s,
             report_count,
             applied_seq,
             applied_part,
+            region,
         },
     );
-    let region_grant = (key(), limit(), int(), int(), int(), int(), any::<bool>()).prop_map(
-        |(key, limit, seq, part, lease_nanos, report_count, first)| RegionGrant {
+    let region_grant = (key(), limit(), int(), int(), int(), int(), any::<bool>(), policy_region()).prop_map(
+        |(key, limit, seq, part, lease_nanos, report_count, first, region)| RegionGrant {
             key,
             limit,
             seq,
@@ -217,6 +243,7 @@ fn body() -> impl Strategy<Value = Body> {
             lease_nanos,
             report_count,
             first,
+            region,
         },
     );
     let audit = (key(), int(), int(), int(), int(), int(), int()).prop_map(
@@ -733,6 +760,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         cost: 1,
                         mode: WireMode::Approximate,
                         refused_here: 0,
+                        region: PolicyRegion::default(),
                     }],
                     ..Body::default()
                 },
@@ -806,6 +834,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         refunded: 0,
                         demand_per_s: 12,
                         seed: Some(SnapshotWire::Tat { backlog_nanos: 7 }),
+                        region: PolicyRegion::default(),
                     }],
                     ..Body::default()
                 },
@@ -989,6 +1018,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         report_count: 5,
                         applied_seq: 2,
                         applied_part: 97,
+                        region: PolicyRegion::default(),
                     }],
                     region_grant: vec![RegionGrant {
                         key: 15,
@@ -998,11 +1028,60 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         lease_nanos: 2_000_000_000,
                         report_count: 5,
                         first: true,
+                        region: PolicyRegion::default(),
                     }],
                     ..Body::default()
                 },
             },
             "04090104000004030001040a8094ebdc030105000009010e00000000000000000000000000000000ac020502610a010f00000000000000000000000000000000036380a8d6b9070501",
+        ),
+        (
+            // A policy's terms between regions (`RegionTerms`, the last section): only where they
+            // are not the defaults, by section and position.
+            Frame {
+                from: 9,
+                incarnation: 1,
+                seq: 5,
+                ack: 0,
+                sack: 0,
+                una: 5,
+                body: Body {
+                    forward: vec![ForwardCheck {
+                        id: 1,
+                        key: 16,
+                        limit: gcra_wire(),
+                        cost: 1,
+                        mode: WireMode::Approximate,
+                        refused_here: 0,
+                        region: PolicyRegion { home: Some(RegionId(7)), fallback: None },
+                    }],
+                    region_report: vec![
+                        RegionReport {
+                            key: 14,
+                            limit: gcra_wire(),
+                            demand_per_s: 300,
+                            report_count: 5,
+                            applied_seq: 2,
+                            applied_part: 97,
+                            region: PolicyRegion::default(),
+                        },
+                        RegionReport {
+                            key: 17,
+                            limit: gcra_wire(),
+                            demand_per_s: 3,
+                            report_count: 1,
+                            applied_seq: 0,
+                            applied_part: 1,
+                            region: PolicyRegion {
+                                home: Some(RegionId(7)),
+                                fallback: Some(RegionFallback::Closed),
+                            },
+                        },
+                    ],
+                    ..Body::default()
+                },
+            },
+            "04090105000005040001040a8094ebdc0301050000010101100000000000000000000000000000000001010009020e00000000000000000000000000000000ac020502611100000000000000000000000000000000030100010c020000010700020101070102",
         ),
     ]
 }
@@ -1184,6 +1263,7 @@ fn bytes_per_item() {
             cost: 1,
             mode: WireMode::Exact,
             refused_here: 0,
+            region: PolicyRegion::default(),
         })
         .collect();
     let decision = DecisionWire {
@@ -1213,6 +1293,7 @@ fn bytes_per_item() {
             refunded: 0,
             demand_per_s: 240,
             seed: None,
+            region: PolicyRegion::default(),
         })
         .collect();
     let grant: Vec<Grant> = keys()

@@ -37,7 +37,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ratemesh_core::{Fallback, Mode, Policy};
+use ratemesh_core::{Fallback, Mode, Policy, PolicyRegion};
 use ratemesh_sim::audit::{AuditSummary, Side};
 use ratemesh_sim::strategy::audit_of;
 use ratemesh_sim::sweep::SweepFile;
@@ -172,7 +172,8 @@ fn longest_window(s: &Scenario) -> (u64, u64) {
         let period = limit.spec().period.as_nanos();
         let memory = u128::from(limit.capacity()) * period / u128::from(limit.reported_limit().max(1));
         let audit = audit_of(index);
-        let policy = Policy { limit, mode: Mode::Approximate, fallback: Fallback::LocalShare, audit };
+        let region = PolicyRegion::default();
+        let policy = Policy { limit, mode: Mode::Approximate, fallback: Fallback::LocalShare, audit, region };
         (policy.audit_window().map_or(0, |w| w.as_nanos() as u64), memory as u64)
     });
     each.fold((0, 0), |(w, m), (w2, m2)| (w.max(w2), m.max(m2)))

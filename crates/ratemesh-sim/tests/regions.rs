@@ -96,6 +96,12 @@ fn validation_names_the_field_that_is_wrong() {
             "burst = 20\n[node]\nregion_fallback = \"open\"",
             "node.region_fallback \"open\" is not floor, last or closed",
         ),
+        ("burst = 20", "burst = 20\nhome_region = 3", "policy home_region 3 is not a region (0..3)"),
+        (
+            "burst = 20",
+            "burst = 20\nregion_fallback = \"open\"",
+            "policy region_fallback \"open\" is not floor, last or closed",
+        ),
     ];
     for (from, to, expected) in cases {
         let error = invalid(from, to);
@@ -351,4 +357,5 @@ region_scenarios!(
     regions_partition_closed,
     regions_five,
     regions_wan,
+    regions_pinned_home,
 );

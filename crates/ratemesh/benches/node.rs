@@ -67,7 +67,7 @@ use criterion::Criterion;
 use ratemesh::{ClusterSecurity, MemberStatus, NamedPolicy, NodeBuilder, NodeId, TopConfig};
 use ratemesh_core::{
     Algorithm, Audit, CheckRequest, Fallback, Instant, KeyHash, Limit, LimitSpec, Mode, NodeConfig, Policy,
-    RequestId,
+    PolicyRegion, RequestId,
 };
 use tokio::runtime::Runtime;
 
@@ -98,6 +98,7 @@ fn policy(mode: Mode) -> NamedPolicy {
                 Some(_) => Audit::Off,
                 None => Audit::default(),
             },
+            region: PolicyRegion::default(),
         },
     )
 }

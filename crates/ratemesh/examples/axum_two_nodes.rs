@@ -19,7 +19,7 @@ use axum::Router;
 use axum::routing::get;
 use ratemesh::{
     Algorithm, Audit, ClusterSecurity, Fallback, HeaderKey, Limit, LimitSpec, MemberStatus, Mode,
-    NamedPolicy, Node, NodeBuilder, NodeConfig, NodeId, Policy, RateLimitLayer,
+    NamedPolicy, Node, NodeBuilder, NodeConfig, NodeId, Policy, PolicyRegion, RateLimitLayer,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -76,7 +76,13 @@ async fn main() -> Result<(), Error> {
     let limit = Limit::new(LimitSpec::new(Algorithm::TokenBucket, LIMIT, Duration::from_secs(60)))?;
     let policy = NamedPolicy::new(
         "api",
-        Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare, audit: Audit::default() },
+        Policy {
+            limit,
+            mode: Mode::Exact,
+            fallback: Fallback::LocalShare,
+            audit: Audit::default(),
+            region: PolicyRegion::default(),
+        },
     );
     println!("key \"client-42\" is owned by {:?}", first.owner_of(policy.key(b"client-42")));
 

@@ -19,7 +19,9 @@ use std::sync::Arc;
 use jiff::ToSpan as _;
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
-use ratemesh_core::{Audit, CalendarWindow, Fallback, Instant, Limit, LimitError, LimitSpec, Mode, Policy};
+use ratemesh_core::{
+    Audit, CalendarWindow, Fallback, Instant, Limit, LimitError, LimitSpec, Mode, Policy, PolicyRegion,
+};
 
 use crate::sync::Mutex;
 
@@ -153,19 +155,22 @@ pub struct CalendarPolicy {
     mode: Mode,
     fallback: Fallback,
     audit: Audit,
+    region: PolicyRegion,
     current: Mutex<Arc<Policy>>,
 }
 
 impl CalendarPolicy {
-    /// `limit` hits per window of `calendar`, in `mode`, with `fallback`, audited as `audit`.
+    /// `limit` hits per window of `calendar`, in `mode`, with `fallback`, audited as `audit`,
+    /// under `region`'s terms between regions.
     pub fn new(
         calendar: Calendar,
         limit: u64,
-        (mode, fallback, audit): (Mode, Fallback, Audit),
+        (mode, fallback, audit, region): (Mode, Fallback, Audit, PolicyRegion),
     ) -> Result<Self, CalendarError> {
-        let rule = (limit, mode, fallback, audit);
+        let rule = (limit, mode, fallback, audit, region);
         let first = resolve(&calendar, rule, crate::durable::unix_nanos_now())?;
-        Ok(CalendarPolicy { calendar, limit, mode, fallback, audit, current: Mutex::new(Arc::new(first)) })
+        let current = Mutex::new(Arc::new(first));
+        Ok(CalendarPolicy { calendar, limit, mode, fallback, audit, region, current })
     }
 
     /// The calendar.
@@ -197,7 +202,7 @@ impl CalendarPolicy {
             // The limit was valid for one window, so it is for every other; a window that cannot
             // be computed (beyond the year 2554) keeps the last one, which the core treats as
             // stale: counted in the bucket's own window.
-            let rule = (self.limit, self.mode, self.fallback, self.audit);
+            let rule = (self.limit, self.mode, self.fallback, self.audit, self.region);
             if let Ok(policy) = resolve(&self.calendar, rule, unix_nanos) {
                 *current = Arc::new(policy);
             }
@@ -214,8 +219,8 @@ impl CalendarPolicy {
 impl PartialEq for CalendarPolicy {
     /// The same rule (the cached window aside).
     fn eq(&self, other: &Self) -> bool {
-        (&self.calendar, self.limit, self.mode, self.fallback, self.audit)
-            == (&other.calendar, other.limit, other.mode, other.fallback, other.audit)
+        (&self.calendar, self.limit, self.mode, self.fallback, self.audit, self.region)
+            == (&other.calendar, other.limit, other.mode, other.fallback, other.audit, other.region)
     }
 }
 
@@ -223,9 +228,9 @@ impl Eq for CalendarPolicy {}
 
 fn resolve(
     calendar: &Calendar,
-    (limit, mode, fallback, audit): (u64, Mode, Fallback, Audit),
+    (limit, mode, fallback, audit, region): (u64, Mode, Fallback, Audit, PolicyRegion),
     unix_nanos: u64,
 ) -> Result<Policy, LimitError> {
     let limit = Limit::new(LimitSpec::calendar(limit, calendar.window_at(unix_nanos)))?;
-    Ok(Policy { limit, mode, fallback, audit })
+    Ok(Policy { limit, mode, fallback, audit, region })
 }

@@ -79,7 +79,7 @@ pub use region::{REGION_NAME_BYTES_MAX, Region, RegionError};
 pub use ratemesh_core::{
     AUDIT_KEYS_MAX_DEFAULT, Adjustment, Algorithm, Audit, AuditFigures, AuditKeyFigures, AuditStats,
     AuditSums, AuditWindow, Decision, Fallback, KeyHash, LeaseId, Limit, LimitError, LimitSpec, MemberView,
-    Mode, Namespace, NodeConfig, NodeConfigError, NodeId, Policy, RegionFallback, RegionId,
+    Mode, Namespace, NodeConfig, NodeConfigError, NodeId, Policy, PolicyRegion, RegionFallback, RegionId,
 };
 pub use security::{ClusterSecret, ClusterSecurity, ProvidedCerts, SecurityError};
 pub use seeds::{SEED_ADDRS_MAX, SEED_HOST_BYTES_MAX, Seed, SeedError, SeedHost};

@@ -20,7 +20,7 @@ use ratemesh::{
     ClusterSecurity, HeaderKey, MemoryNetwork, NamedPolicy, Node, NodeBuilder, NodeId, RateLimitBody,
     RateLimitLayer,
 };
-use ratemesh_core::{Algorithm, Audit, Fallback, Limit, LimitSpec, Mode, Policy};
+use ratemesh_core::{Algorithm, Audit, Fallback, Limit, LimitSpec, Mode, Policy, PolicyRegion};
 use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceExt, service_fn};
 
@@ -48,7 +48,13 @@ fn policy(name: &str, spec: LimitSpec) -> NamedPolicy {
     let limit = Limit::new(spec).unwrap();
     NamedPolicy::new(
         name,
-        Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare, audit: Audit::default() },
+        Policy {
+            limit,
+            mode: Mode::Exact,
+            fallback: Fallback::LocalShare,
+            audit: Audit::default(),
+            region: PolicyRegion::default(),
+        },
     )
 }
 

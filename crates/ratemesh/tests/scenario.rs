@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratemesh::{NamedPolicy, Node};
-use ratemesh_core::{Audit, Fallback, Mode, Policy};
+use ratemesh_core::{Audit, Fallback, Mode, Policy, PolicyRegion};
 use ratemesh_sim::metrics::over_admission;
 use ratemesh_sim::oracle::Oracle;
 use ratemesh_sim::scenario::Metric;
@@ -95,6 +95,7 @@ async fn the_loopback_steady_scenario_holds_its_bounds_on_real_nodes_as_in_the_s
             mode,
             fallback: Fallback::LocalShare,
             audit: Audit::default(),
+            region: PolicyRegion::default(),
         };
         let policy = NamedPolicy::new(Arc::from(strategy), policy);
         let mut outcomes = replay(&handles, &policy, &arrivals).await;

@@ -196,6 +196,7 @@ mod tests {
             mode: Mode::Approximate,
             fallback: Fallback::LocalShare,
             audit: Audit::default(),
+            region: ratemesh_core::PolicyRegion::default(),
         });
         let decision = Decision {
             allowed,

@@ -175,7 +175,8 @@ impl Node {
             };
             // Adjustments are not admissions: not audited.
             let (fallback, audit) = (api::Fallback::LocalShare, api::Audit::Off);
-            let policy = Arc::new(Policy { limit, mode, fallback, audit });
+            let policy =
+                Arc::new(Policy { limit, mode, fallback, audit, region: api::PolicyRegion::default() });
             let adjustment = match item.kind {
                 AdjustKind::Refund => Adjustment::Refund,
                 AdjustKind::Charge => Adjustment::Charge,

@@ -58,7 +58,7 @@ const REGION_NAME_SEED: u64 = 0x7265_6769_6f6e_0001;
 /// What a region's share of a key falls to when its lease from the key's home owner ends
 /// without a renewal (the region cannot reach the home region): the global limit holds in every
 /// case, because the home owner keeps that much reserved for a silent region.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum RegionFallback {
     /// The last share leased (the default): the home owner keeps it reserved while the region
     /// is silent (until its members leave the view), so both sides of a partition go on
@@ -124,6 +124,22 @@ pub struct Policy {
     pub fallback: Fallback,
     /// Whether the key's owner audits what the cluster admitted (`node/audit.rs`).
     pub audit: Audit,
+    /// Its terms between regions (`node/region.rs`): the node's where it sets none.
+    pub region: PolicyRegion,
+}
+
+/// A policy's terms between regions; each `None` takes the node's (a cluster of one region
+/// ignores both).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PolicyRegion {
+    /// The home region of the policy's keys, whose owner leases the other regions their parts:
+    /// the region where most of its demand is, so that its checks wait on no other region for
+    /// their leases. `None`, or a region not in a node's view: a hash of the key over the
+    /// view's regions.
+    pub home: Option<RegionId>,
+    /// What a region's part falls to when its lease ends without a renewal. `None`: the node's
+    /// [`NodeConfig::region_fallback`].
+    pub fallback: Option<RegionFallback>,
 }
 
 /// Whether the owner of a key audits what the whole cluster admitted of it, window by window,

@@ -42,6 +42,7 @@ impl Node {
             cost: request.cost,
             mode,
             refused_here,
+            region: request.policy.region,
         };
         let deadline = now.add_nanos(self.forward_wait_nanos(owner));
         debug_assert!(deadline > now, "a forward waits for its answer");

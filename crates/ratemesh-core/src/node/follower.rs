@@ -221,7 +221,7 @@ impl Node {
         let keepalive = 4 * duration_nanos(self.config.sync_interval);
         let horizon = self.report_horizon_nanos(owner);
         let outcome = self.update_key(key, |bucket, meta| {
-            let limit = meta.policy.limit.clone();
+            let policy = meta.policy.clone();
             let follower = meta.follower.as_mut()?;
             follower.allowance.expire(now);
             let keepalive_due = follower.allowance.hits > 0
@@ -229,7 +229,7 @@ impl Node {
                 && follower.reported_at.is_none_or(|at| at.add_nanos(keepalive) <= now);
             let running_low = lease_running_low(follower, now, half_life, horizon);
             let report = (follower.report_due(running_low) || keepalive_due)
-                .then(|| take_report(key, bucket, &limit, follower, now, half_life, horizon));
+                .then(|| take_report(key, bucket, &policy, follower, now, half_life, horizon));
             let active = follower.allowance.hits > 0 || follower.demand.per_second(now, half_life) > 0;
             Some((report, active))
         });
@@ -289,7 +289,7 @@ fn lease_running_low(follower: &mut Follower, now: Instant, half_life: u64, hori
 pub(super) fn take_report(
     key: KeyHash,
     bucket: &Bucket,
-    limit: &Limit,
+    policy: &Policy,
     follower: &mut Follower,
     now: Instant,
     half_life: u64,
@@ -305,7 +305,7 @@ pub(super) fn take_report(
     let seed = follower.seed_pending.then(|| SnapshotWire::from(bucket.export(now)));
     let report = Report {
         key: key.0,
-        limit: LimitWire::from_limit(limit),
+        limit: LimitWire::from_limit(&policy.limit),
         epoch: follower.epoch,
         holding: follower.allowance.live(now),
         granted_seen: follower.granted_seen,
@@ -314,6 +314,7 @@ pub(super) fn take_report(
         refunded: core::mem::take(&mut follower.refunded),
         demand_per_s,
         seed,
+        region: policy.region,
     };
     follower.used = 0;
     follower.refused = 0;

@@ -210,5 +210,6 @@ pub(super) fn state_policy(limit: &Limit) -> Arc<Policy> {
         mode: api::Mode::Approximate,
         fallback: api::Fallback::LocalShare,
         audit: api::Audit::Off,
+        region: api::PolicyRegion::default(),
     })
 }

@@ -90,7 +90,11 @@ impl Node {
         let mut last: Option<(LimitWire, WireMode, Arc<Policy>)> = None;
         for check in checks {
             let policy = match last.as_ref() {
-                Some((limit, mode, policy)) if *limit == check.limit && *mode == check.mode => policy.clone(),
+                Some((limit, mode, policy))
+                    if *limit == check.limit && *mode == check.mode && policy.region == check.region =>
+                {
+                    policy.clone()
+                }
                 _ => {
                     let Ok(limit) = check.limit.to_limit() else {
                         self.stats.items_refused += 1;
@@ -102,7 +106,8 @@ impl Node {
                     };
                     let fallback = api::Fallback::LocalShare;
                     // The forwarder counts the answer for the audit (`audit.rs`): not this node.
-                    let policy = Arc::new(Policy { limit, mode, fallback, audit: api::Audit::Off });
+                    let (audit, region) = (api::Audit::Off, check.region);
+                    let policy = Arc::new(Policy { limit, mode, fallback, audit, region });
                     last = Some((check.limit.clone(), check.mode, policy.clone()));
                     policy
                 }
@@ -257,7 +262,7 @@ impl Node {
         let limit = report.limit.to_limit().ok()?;
         let key = KeyHash(report.key);
         let (mode, fallback, audit) = (api::Mode::Approximate, api::Fallback::LocalShare, api::Audit::Off);
-        let policy = Arc::new(Policy { limit, mode, fallback, audit });
+        let policy = Arc::new(Policy { limit, mode, fallback, audit, region: report.region });
         // A side of a partition whose share rounds to nothing still debits and credits what it
         // is told, under the whole limit, and grants nothing.
         let scaled = self.owner_limit(&policy, key, now);

@@ -191,6 +191,7 @@ mod tests {
             mode: api::Mode::Exact,
             fallback: api::Fallback::LocalShare,
             audit: api::Audit::default(),
+            region: PolicyRegion::default(),
         })
     }
 

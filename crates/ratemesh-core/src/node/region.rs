@@ -32,7 +32,7 @@ use alloc::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::api::{MemberView, NodeId, Policy, RegionFallback, RegionId};
+use super::api::{MemberView, NodeId, Policy, PolicyRegion, RegionFallback, RegionId};
 use super::ring::Ring;
 use super::*;
 use crate::algorithm::Keep;
@@ -127,9 +127,13 @@ impl Regions {
         members.iter().copied().filter(|&m| self.region_of(m) == region).collect()
     }
 
-    /// The key's home region (rendezvous hashing: a region leaving moves only its own keys) and
-    /// its owner there (none while the region has no live member).
-    pub fn home(&self, key: KeyHash) -> (RegionId, Option<NodeId>) {
+    /// The key's home region and its owner there (none while the region has no live member):
+    /// the region its policy pins (`pinned`) when the view has it, else rendezvous hashing of
+    /// the key over the view's regions (a region leaving moves only its own keys).
+    pub fn home(&self, key: KeyHash, pinned: Option<RegionId>) -> (RegionId, Option<NodeId>) {
+        if let Some(at) = pinned.and_then(|region| self.ids.binary_search(&region).ok()) {
+            return (self.ids[at], self.rings[at].owner(key));
+        }
         let bytes = key.0.to_le_bytes();
         let score = |at: usize| xxh3_64_with_seed(&bytes, self.ids[at].0);
         let Some(at) = (0..self.ids.len()).max_by_key(|&at| (score(at), self.ids[at])) else {
@@ -624,7 +628,12 @@ impl Node {
         }
         let floor = self.regions.floor(policy.limit.spec().limit);
         let lease = self.keys.extra(key).and_then(|meta| meta.region.as_deref().copied()).unwrap_or_default();
-        Some(lease.part_at(now, floor, self.config.region_fallback))
+        Some(lease.part_at(now, floor, self.region_fallback(policy)))
+    }
+
+    /// What `policy`'s parts fall to when a lease lapses: its own choice, else this node's.
+    fn region_fallback(&self, policy: &Policy) -> RegionFallback {
+        policy.region.fallback.unwrap_or(self.config.region_fallback)
     }
 
     /// Before a decision on `key` under `part` of its limit: the bucket is re-expressed in that
@@ -682,6 +691,15 @@ impl Node {
             return;
         }
         let interval = duration_nanos(self.config.region_sync_interval);
+        let meta = self.keys.extra(key);
+        if meta.is_some_and(|meta| meta.policy.region != policy.region) {
+            // The key's state came without its policy (a handoff, a report): a check brings its
+            // terms between regions (only them: the key keeps its mode and audit).
+            let (limit, region) = (policy.limit.clone(), policy.region);
+            self.keys.update(key, &limit, |_, meta| {
+                meta.policy = Arc::new(Policy { region, ..Policy::clone(&meta.policy) });
+            });
+        }
         let lease = self.keys.extra(key).and_then(|meta| meta.region.as_deref().copied());
         // A key with no live lease is reported at once (once an interval): it decides by its
         // floor until the lease comes.
@@ -710,7 +728,7 @@ impl Node {
             let policy = meta.policy.clone();
             let lease = meta.region.as_deref().copied().unwrap_or_default();
             let demand = self.region_demand(key, now);
-            if lease.news(demand, self.regions.home(key).1, now, renew) {
+            if lease.news(demand, self.regions.home(key, policy.region.home).1, now, renew) {
                 self.report_region(key, &policy, demand, now);
             }
             let watched = self.keys.extra(key).and_then(|m| m.region.as_deref().copied());
@@ -754,10 +772,10 @@ impl Node {
     /// Sends `key`'s report (its region's `demand`) to its home owner (applies it here when
     /// this node is the home owner).
     fn report_region(&mut self, key: KeyHash, policy: &Arc<Policy>, demand: u64, now: Instant) {
-        let (home, owner) = self.regions.home(key);
+        let (home, owner) = self.regions.home(key, policy.region.home);
         let Some(home_owner) = owner else { return };
         let floor = self.regions.floor(policy.limit.spec().limit);
-        let fallback = self.config.region_fallback;
+        let fallback = self.region_fallback(policy);
         let lease = self.keys.update(key, &policy.limit, |_, meta| {
             let lease = meta.region.get_or_insert_with(Box::default);
             lease.reported_at = now;
@@ -783,6 +801,7 @@ impl Node {
             // the part as what the region uses, and knows the key is not new.
             applied_seq: lease.seq,
             applied_part: lease.part,
+            region: policy.region,
         };
         self.stats.reports_sent += 1;
         if home_owner == self.id && home == self.config.region {
@@ -811,7 +830,7 @@ impl Node {
     fn home_report(&mut self, from: NodeId, report: RegionReport, now: Instant) {
         let key = KeyHash(report.key);
         let region = self.regions.region_of(from);
-        let (home, owner) = self.regions.home(key);
+        let (home, owner) = self.regions.home(key, report.region.home);
         let Ok(limit) = report.limit.to_limit() else {
             self.stats.items_refused += 1;
             return;
@@ -826,7 +845,7 @@ impl Node {
             value,
             floor: self.regions.floor(value),
             even: value / self.regions.count() as u64,
-            fallback: self.config.region_fallback,
+            fallback: report.region.fallback.unwrap_or(self.config.region_fallback),
             lease_nanos: duration_nanos(self.config.region_lease)
                 .saturating_add(duration_nanos(self.config.region_sync_interval)),
             new_nanos: duration_nanos(self.config.region_sync_interval).saturating_mul(2),
@@ -841,7 +860,8 @@ impl Node {
             applied_part: report.applied_part.min(value),
         };
         let ids = self.regions.ids.clone();
-        let policy = handoff::state_policy(&limit);
+        let policy =
+            Arc::new(Policy { region: report.region, ..Policy::clone(&handoff::state_policy(&limit)) });
         let (grants, first) = self.keys.upsert_with(
             key,
             &limit,
@@ -867,6 +887,7 @@ impl Node {
                 lease_nanos,
                 report_count: g.report_count,
                 first: first && i == 0,
+                region: PolicyRegion { home: report.region.home, fallback: None },
             };
             let to = g.to;
             if to == self.id {
@@ -884,7 +905,7 @@ impl Node {
     /// (another member's grant is refused and changes nothing).
     pub(super) fn on_region_grants(&mut self, from: NodeId, grants: Vec<RegionGrant>, now: Instant) {
         for grant in grants {
-            let home = self.regions.home(KeyHash(grant.key)).1;
+            let home = self.regions.home(KeyHash(grant.key), grant.region.home).1;
             if !self.regions.active() || home != Some(from) || from == self.id {
                 self.stats.items_refused += 1;
                 continue;
@@ -906,6 +927,7 @@ impl Node {
             report_count: grant.report_count,
             applied_seq: grant.seq,
             applied_part: 0,
+            region: grant.region,
         };
         if home == self.id {
             self.home_report(self.id, release, now);

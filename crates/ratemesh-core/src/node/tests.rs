@@ -168,6 +168,7 @@ fn policy_of(spec: LimitSpec, mode: Mode) -> Arc<Policy> {
         mode,
         fallback: Fallback::LocalShare,
         audit: api::Audit::default(),
+        region: PolicyRegion::default(),
     })
 }
 
@@ -851,8 +852,13 @@ fn a_daily_key_spread_over_the_nodes_admits_its_whole_limit_despite_timeouts() {
         cluster.duplicate = true;
         let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(86_400));
         let limit = Limit::new(spec).expect("valid");
-        let policy =
-            Arc::new(Policy { limit, mode, fallback: Fallback::LocalShare, audit: api::Audit::default() });
+        let policy = Arc::new(Policy {
+            limit,
+            mode,
+            fallback: Fallback::LocalShare,
+            audit: api::Audit::default(),
+            region: PolicyRegion::default(),
+        });
         let k = key(name);
         let mut allowed = 0u64;
         let before = cluster.decided.len();
@@ -944,6 +950,7 @@ fn a_refund_through_a_follower_returns_exactly_its_hits_and_never_more_than_the_
             mode,
             fallback: Fallback::LocalShare,
             audit: api::Audit::default(),
+            region: PolicyRegion::default(),
         });
         let k = key_owned_by(1, &[1, 2, 3]);
         assert_eq!(cluster.exhaust(2, k, &policy), 10, "{mode:?}: the burst passes");
@@ -1021,6 +1028,7 @@ fn concurrent_checks_under_random_cuts_admit_the_whole_limit_in_the_end() {
                 mode,
                 fallback: Fallback::LocalShare,
                 audit: api::Audit::default(),
+                region: PolicyRegion::default(),
             });
             let k = key(&format!("stranded-{seed}"));
             let mut allowed = 0u64;
@@ -1116,6 +1124,7 @@ fn hits_at_the_owner_after_two_leave_at_once(four_learns_of_five: bool) -> u64 {
         mode: Mode::Exact,
         fallback: Fallback::LocalShare,
         audit: api::Audit::default(),
+        region: PolicyRegion::default(),
     });
     let ring = |members: &[u64]| {
         Ring::new(&members.iter().copied().map(NodeId).collect::<Vec<_>>(), RING_VNODES_DEFAULT)
@@ -1168,6 +1177,7 @@ fn an_owner_alone_on_a_key_admits_its_whole_stock() {
             mode: Mode::Approximate,
             fallback: Fallback::LocalShare,
             audit: api::Audit::default(),
+            region: PolicyRegion::default(),
         });
         let k = key("alone");
         let mut admitted = 0;
@@ -1196,6 +1206,7 @@ fn three_of_five_leaving_at_once_lose_no_hit_whatever_the_order_views_arrive_in(
         mode: Mode::Exact,
         fallback: Fallback::LocalShare,
         audit: api::Audit::default(),
+        region: PolicyRegion::default(),
     });
     let keys: Vec<KeyHash> = (0..40).map(|i| key(&format!("spread-{i}"))).collect();
     let plan = LeavePlan { own_for: Duration::from_millis(100), drain_for: Duration::from_secs(2) };
@@ -1300,6 +1311,7 @@ fn a_cycle_of_handoffs_between_disagreeing_views_turns_at_most_once_a_sync_inter
         mode: Mode::Exact,
         fallback: Fallback::LocalShare,
         audit: api::Audit::default(),
+        region: PolicyRegion::default(),
     });
     for i in 0..10 {
         let request = CheckRequest { id: RequestId(i), key: k, policy: policy.clone(), cost: 1 };
@@ -1512,6 +1524,7 @@ fn spent_daily_key(k: KeyHash) -> (Arc<Policy>, Vec<DurableKey>) {
         mode: Mode::Exact,
         fallback: Fallback::LocalShare,
         audit: api::Audit::default(),
+        region: PolicyRegion::default(),
     });
     let t0 = Instant::from_millis(1_000);
     let mut writer = Node::new(NodeId(9), 1, NodeConfig::default(), 9, t0).expect("valid");
@@ -1793,6 +1806,7 @@ fn six_leases(mode: Mode) -> Arc<Policy> {
         mode,
         fallback: Fallback::LocalShare,
         audit: api::Audit::default(),
+        region: PolicyRegion::default(),
     })
 }
 
@@ -1885,6 +1899,7 @@ fn a_lone_leave_ends_once_its_handoff_is_acknowledged_and_one_beside_another_lin
             mode: Mode::Exact,
             fallback: Fallback::LocalShare,
             audit: api::Audit::default(),
+            region: PolicyRegion::default(),
         });
         for i in 0..30 {
             let k = key(&format!("lone-{i}"));
@@ -1929,6 +1944,7 @@ fn a_leave_heard_by_every_member_hands_over_without_waiting_for_own_for() {
         mode: Mode::Exact,
         fallback: Fallback::LocalShare,
         audit: api::Audit::default(),
+        region: PolicyRegion::default(),
     });
     let k = key_owned_by(3, &[1, 2, 3]);
     assert_eq!(cluster.admit(3, k, &policy, 10), 10);
@@ -1966,6 +1982,7 @@ fn an_expiring_counter_counts_from_its_first_hit_across_the_nodes() {
             mode,
             fallback: Fallback::LocalShare,
             audit: api::Audit::default(),
+            region: PolicyRegion::default(),
         });
         let k = key_owned_by(1, &[1, 2, 3]);
         let mut id = 0;
@@ -2165,6 +2182,39 @@ fn regions_cut_from_each_other_stay_within_the_limit() {
     }
 }
 
+/// A policy's own terms between regions: its home region pinned (the same key, homed in each
+/// region in turn) and its own fallback over the node's. Both regions at overload, cut from
+/// each other: with `Closed` (the policy's; the nodes say `Last`) the side without the home
+/// refuses once its lease ends, and the home's side takes the whole limit.
+#[test]
+fn a_policy_pins_its_home_region_and_chooses_its_fallback() {
+    let (east, west) = (RegionId::from_name("east"), RegionId::from_name("west"));
+    let k = key("pinned");
+    for home in [east, west] {
+        let mut cluster = two_regions(&NodeConfig::default());
+        let region = PolicyRegion { home: Some(home), fallback: Some(RegionFallback::Closed) };
+        let policy = Arc::new(Policy { region, ..Policy::clone(&policy(Mode::Approximate, 100, 100)) });
+        let before = regional_load(&mut cluster, &policy, k, &[1, 2, 3, 4], 2);
+        let owner = cluster.node(1).regions.home(k, Some(home)).1.expect("a home owner");
+        assert_eq!(cluster.node(1).regions.region_of(owner), home, "the home owner is in the pinned region");
+        for a in 1..=2u64 {
+            for b in 3..=4u64 {
+                cluster.cut.push((NodeId(a), NodeId(b)));
+                cluster.cut.push((NodeId(b), NodeId(a)));
+            }
+        }
+        let cut: Vec<(u64, u64)> = regional_load(&mut cluster, &policy, k, &[1, 2, 3, 4], 5)
+            .iter()
+            .map(|s| (s[0] + s[1], s[2] + s[3]))
+            .collect();
+        println!("home {home:?}: before {before:?}; cut {cut:?}");
+        let (east_now, west_now) = cut[4];
+        let (home_side, other_side) = if home == east { (east_now, west_now) } else { (west_now, east_now) };
+        assert!(home_side >= 90, "the pinned home's side takes the limit: {cut:?}");
+        assert_eq!(other_side, 0, "the policy's Closed, not the node's Last: {cut:?}");
+    }
+}
+
 /// Only a key's home owner grants its regions' leases: a grant from another member (an insider
 /// sending the largest part, number and lease there are) is refused and changes nothing, and
 /// the key's region keeps within its part.
@@ -2174,7 +2224,7 @@ fn a_region_lease_from_a_member_other_than_the_home_owner_is_refused() {
     let policy = policy(Mode::Approximate, 100, 100);
     let k = key("forged");
     let before = regional_load(&mut cluster, &policy, k, &[1, 2], 2);
-    let home = cluster.node(1).regions.home(k).1.expect("a home owner");
+    let home = cluster.node(1).regions.home(k, None).1.expect("a home owner");
     let owner = cluster.node(1).owner_of(k).expect("an owner in the region");
     let forger = (1..=4u64).map(NodeId).find(|&n| n != home && n != owner).expect("another member");
     let forged = crate::wire::RegionGrant {
@@ -2185,6 +2235,7 @@ fn a_region_lease_from_a_member_other_than_the_home_owner_is_refused() {
         lease_nanos: u64::MAX,
         report_count: u64::MAX,
         first: true,
+        region: PolicyRegion::default(),
     };
     let refused_before = cluster.node(owner.0).stats.items_refused;
     let now = cluster.now;
@@ -2423,7 +2474,14 @@ fn a_policy_names_its_audit_window() {
     let with = |algorithm, period: Duration, audit| {
         let spec = LimitSpec::new(algorithm, 10, period);
         let limit = Limit::new(spec).expect("valid");
-        Policy { limit, mode: Mode::Approximate, fallback: Fallback::LocalShare, audit }.audit_window()
+        Policy {
+            limit,
+            mode: Mode::Approximate,
+            fallback: Fallback::LocalShare,
+            audit,
+            region: PolicyRegion::default(),
+        }
+        .audit_window()
     };
     let on = api::Audit::default();
     let (second, minute) = (Duration::from_secs(1), Duration::from_secs(60));

@@ -15,6 +15,7 @@ use super::{
     LimitWire, RegionGrant, RegionReport, Release, Report, SnapshotWire, WireError, WireMode,
 };
 use crate::limit::Algorithm;
+use crate::node::{PolicyRegion, RegionFallback, RegionId};
 
 /// A frame as postcard writes it.
 #[derive(Serialize, Deserialize)]
@@ -46,6 +47,98 @@ enum Section {
     RegionGrant(Vec<RegionGrantItem>),
     /// Added after them, likewise.
     Audit(Vec<AuditItem>),
+    /// Added after it, likewise: the region reports' and grants' terms that are not the
+    /// defaults (a policy's pinned home region or its own fallback), by position.
+    RegionTerms(Vec<RegionTermsItem>),
+}
+
+/// The region terms of one item that carries a policy's limit ([`PolicyRegion`]).
+#[derive(Serialize, Deserialize, PartialEq, Eq)]
+struct RegionTermsItem {
+    /// The section of the item.
+    of: TermsOf,
+    /// Its position in its section.
+    index: u32,
+    home_region: Option<u64>,
+    fallback: Option<FallbackCode>,
+}
+
+/// The sections whose items carry region terms.
+#[derive(Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+enum TermsOf {
+    Forward,
+    Report,
+    RegionReport,
+    RegionGrant,
+}
+
+/// [`RegionFallback`] on the wire.
+#[derive(Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+enum FallbackCode {
+    Last,
+    Floor,
+    Closed,
+}
+
+impl FallbackCode {
+    fn of(fallback: RegionFallback) -> FallbackCode {
+        match fallback {
+            RegionFallback::Last => FallbackCode::Last,
+            RegionFallback::Floor => FallbackCode::Floor,
+            RegionFallback::Closed => FallbackCode::Closed,
+        }
+    }
+
+    fn fallback(self) -> RegionFallback {
+        match self {
+            FallbackCode::Last => RegionFallback::Last,
+            FallbackCode::Floor => RegionFallback::Floor,
+            FallbackCode::Closed => RegionFallback::Closed,
+        }
+    }
+}
+
+/// The terms items of a body's items, in section order, the default ones left out.
+fn region_terms(body: &Body) -> Vec<RegionTermsItem> {
+    let sections = [
+        (TermsOf::Forward, body.forward.iter().map(|f| f.region).collect::<Vec<_>>()),
+        (TermsOf::Report, body.report.iter().map(|r| r.region).collect()),
+        (TermsOf::RegionReport, body.region_report.iter().map(|r| r.region).collect()),
+        (TermsOf::RegionGrant, body.region_grant.iter().map(|g| g.region).collect()),
+    ];
+    let mut items = Vec::new();
+    for (of, terms) in sections {
+        for (index, region) in terms.into_iter().enumerate() {
+            if region != PolicyRegion::default() {
+                items.push(RegionTermsItem {
+                    of,
+                    index: index as u32,
+                    home_region: region.home.map(|r| r.0),
+                    fallback: region.fallback.map(FallbackCode::of),
+                });
+            }
+        }
+    }
+    items
+}
+
+/// Puts terms items on the body's items (decoded before them); one naming no item is not an
+/// encoding [`region_terms`] makes.
+fn apply_region_terms(body: &mut Body, items: Vec<RegionTermsItem>) -> Result<(), WireError> {
+    for item in items {
+        let index = item.index as usize;
+        let target = match item.of {
+            TermsOf::Forward => body.forward.get_mut(index).map(|f| &mut f.region),
+            TermsOf::Report => body.report.get_mut(index).map(|r| &mut r.region),
+            TermsOf::RegionReport => body.region_report.get_mut(index).map(|r| &mut r.region),
+            TermsOf::RegionGrant => body.region_grant.get_mut(index).map(|g| &mut g.region),
+        };
+        *target.ok_or(WireError::NonCanonical)? = PolicyRegion {
+            home: item.home_region.map(RegionId),
+            fallback: item.fallback.map(FallbackCode::fallback),
+        };
+    }
+    Ok(())
 }
 
 #[derive(Serialize, Deserialize)]
@@ -286,6 +379,7 @@ impl FrameWire {
                 refused: a.refused,
             })
             .collect();
+        let region_terms = region_terms(body);
         let limits: Vec<LimitCode> = table.0.iter().map(LimitCode::from_limit).collect();
         // Sections in a fixed order, the empty ones left out.
         let candidates = [
@@ -301,6 +395,7 @@ impl FrameWire {
             (region_report.is_empty(), Section::RegionReport(region_report)),
             (region_grant.is_empty(), Section::RegionGrant(region_grant)),
             (audit.is_empty(), Section::Audit(audit)),
+            (region_terms.is_empty(), Section::RegionTerms(region_terms)),
         ];
         let sections = candidates.into_iter().filter(|(empty, _)| !empty).map(|(_, s)| s).collect();
         FrameWire {
@@ -371,6 +466,7 @@ impl FrameWire {
                         })
                         .collect();
                 }
+                Section::RegionTerms(items) => apply_region_terms(&mut body, items)?,
             }
         }
         Ok(Frame {
@@ -423,6 +519,7 @@ impl ForwardItem {
             cost: self.cost,
             mode: self.mode,
             refused_here: self.refused_here,
+            region: PolicyRegion::default(),
         })
     }
 }
@@ -440,6 +537,7 @@ impl ReportItem {
             refunded: self.refunded,
             demand_per_s: self.demand_per_s,
             seed: self.seed,
+            region: PolicyRegion::default(),
         })
     }
 }
@@ -494,6 +592,7 @@ impl RegionGrantItem {
             lease_nanos: self.lease_nanos,
             report_count: self.report_count,
             first: self.first,
+            region: PolicyRegion::default(),
         })
     }
 }
@@ -507,6 +606,7 @@ impl RegionReportItem {
             report_count: self.report_count,
             applied_seq: self.applied_seq,
             applied_part: self.applied_part,
+            region: PolicyRegion::default(),
         })
     }
 }

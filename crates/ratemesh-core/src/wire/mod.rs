@@ -26,6 +26,7 @@ use crate::decision::{Decision, LeaseId};
 mod codec;
 
 use crate::limit::{Algorithm, CalendarWindow, Limit, LimitError, LimitSpec};
+use crate::node::PolicyRegion;
 use crate::time::{Instant, duration_nanos};
 
 /// The wire version this build speaks.
@@ -476,6 +477,8 @@ pub struct ForwardCheck {
     /// had said the key is over its limit for a while): demand the owner did not see, which its
     /// demand-proportional shares at overload must count.
     pub refused_here: u64,
+    /// The policy's terms between regions: the owner reports the key to its home under them.
+    pub region: PolicyRegion,
 }
 
 /// The owner's answer to one forwarded check.
@@ -512,6 +515,8 @@ pub struct Report {
     pub demand_per_s: u64,
     /// The follower's last authoritative state, sent once to a new owner to seed it.
     pub seed: Option<SnapshotWire>,
+    /// The policy's terms between regions (see [`ForwardCheck::region`]).
+    pub region: PolicyRegion,
 }
 
 /// A region's owner of a key to the key's home owner: its region's demand and the part of the
@@ -530,6 +535,9 @@ pub struct RegionReport {
     pub applied_seq: u64,
     /// The part of the limit's rate the sender enforces now.
     pub applied_part: u64,
+    /// The policy's terms between regions: the home it pins, and what the sender's part falls
+    /// to when its lease lapses (the home keeps reserved what the region may go on using).
+    pub region: PolicyRegion,
 }
 
 /// A home owner's lease to a region's owner of a key: a part of the limit, for a while.
@@ -550,6 +558,9 @@ pub struct RegionGrant {
     /// The key's first lease anywhere: the key is new, and the region may have its part of a
     /// full bucket.
     pub first: bool,
+    /// The policy's terms the report named ([`RegionReport::region`]): the receiver checks that
+    /// the sender is the key's home owner under its home.
+    pub region: PolicyRegion,
 }
 
 /// Hits a node decided itself of a key another node owns, for the owner's audit: a piece of at

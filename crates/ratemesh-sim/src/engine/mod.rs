@@ -158,7 +158,9 @@ impl<'a> World<'a> {
         let keys: Vec<KeyHash> = (0..scenario.workload.keys).map(key_hash).collect();
         let exact = (0..limits.len()).map(|i| scenario.policy_mode_exact(i)).collect();
         let policy_of = |key: u32| scenario.policy_of_key(key);
-        let policies = Rc::new(PolicyTable::new(limits.clone(), exact, &keys, policy_of));
+        let regions = (0..limits.len()).map(|i| scenario.policy_region(i)).collect();
+        let policies =
+            Rc::new(PolicyTable::new(limits.clone(), exact, &keys, policy_of).with_regions(regions));
         let mut clock_rng = substream(seed, "clock", 0);
         let slots = (0..scenario.nodes).map(|_| new_slot(scenario, &mut clock_rng)).collect();
         Ok(World {
@@ -205,6 +207,7 @@ impl<'a> World<'a> {
                     mode: ratemesh_core::Mode::Approximate,
                     fallback: ratemesh_core::Fallback::LocalShare,
                     audit: crate::strategy::audit_of(index),
+                    region: ratemesh_core::PolicyRegion::default(),
                 };
                 policy.audit_window().map(ratemesh_core::duration_nanos)
             })

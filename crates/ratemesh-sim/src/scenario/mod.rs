@@ -20,7 +20,7 @@ mod workload;
 
 use std::path::Path;
 
-use ratemesh_core::{Algorithm, Limit, LimitSpec};
+use ratemesh_core::{Algorithm, Limit, LimitSpec, PolicyRegion};
 use serde::{Deserialize, Serialize};
 
 pub use self::environment::{
@@ -113,6 +113,14 @@ pub struct LimitConfig {
     /// approximate; `ratemesh-exact` and `ratemesh-approx` force theirs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
+    /// The policy's home region (`PolicyRegion::home`): a region's number, `0` to
+    /// `network.regions.count − 1` (unset: a hash of each key over the regions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home_region: Option<u32>,
+    /// The policy's own region fallback (`PolicyRegion::fallback`): `floor`, `last` or `closed`
+    /// (unset: `node.region_fallback`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region_fallback: Option<String>,
 }
 
 /// Settings of the ratemesh nodes, as in `ratemesh_core::NodeConfig` (unset: the core's default).
@@ -264,7 +272,27 @@ impl Scenario {
         self.policy_configs().get(index).and_then(|p| p.mode.as_deref()) == Some("exact")
     }
 
+    /// The terms between regions of policy `index` (checked by [`Scenario::limits`]).
+    pub fn policy_region(&self, index: usize) -> PolicyRegion {
+        let Some(config) = self.policy_configs().get(index) else { return PolicyRegion::default() };
+        PolicyRegion {
+            home: config.home_region.map(crate::strategy::region_id),
+            fallback: config.region_fallback.as_deref().and_then(crate::strategy::region_fallback),
+        }
+    }
+
     fn parse_limit(&self, config: &LimitConfig) -> Result<Limit, SimError> {
+        let regions = self.network.regions.as_ref().map_or(0, |r| r.count);
+        if let Some(home) = config.home_region
+            && home >= regions
+        {
+            return Err(self.invalid(format!("policy home_region {home} is not a region (0..{regions})")));
+        }
+        if let Some(name) = config.region_fallback.as_deref()
+            && crate::strategy::region_fallback(name).is_none()
+        {
+            return Err(self.invalid(format!("policy region_fallback {name:?} is not floor, last or closed")));
+        }
         let algorithm = Algorithm::from_name(&config.algorithm)
             .filter(|a| *a != Algorithm::Concurrency)
             .ok_or_else(|| self.invalid(format!("unsupported algorithm {:?}", config.algorithm)))?;

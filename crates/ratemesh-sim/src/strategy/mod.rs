@@ -17,7 +17,7 @@ mod static_split;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use ratemesh_core::{Instant, KeyHash, Limit, Mode};
+use ratemesh_core::{Instant, KeyHash, Limit, Mode, PolicyRegion};
 
 pub use crdt::Crdt;
 pub use gubernator::Gubernator;
@@ -36,6 +36,8 @@ pub struct PolicyTable {
     pub limits: Vec<Limit>,
     /// Whether the `ratemesh` strategy runs policy `i` in exact mode.
     pub exact: Vec<bool>,
+    /// Policy `i`'s terms between regions (the defaults where it sets none).
+    pub regions: Vec<PolicyRegion>,
     by_key: HashMap<KeyHash, usize>,
 }
 
@@ -48,12 +50,19 @@ impl PolicyTable {
         policy_of: impl Fn(u32) -> usize,
     ) -> PolicyTable {
         let by_key = keys.iter().enumerate().map(|(i, key)| (*key, policy_of(i as u32))).collect();
-        PolicyTable { limits, exact, by_key }
+        let regions = vec![PolicyRegion::default(); limits.len()];
+        PolicyTable { limits, exact, regions, by_key }
+    }
+
+    /// The same policies with their terms between regions, `regions[i]` policy `i`'s.
+    pub fn with_regions(self, regions: Vec<PolicyRegion>) -> PolicyTable {
+        PolicyTable { regions, ..self }
     }
 
     /// One policy for every key.
     pub fn single(limit: Limit) -> PolicyTable {
-        PolicyTable { limits: vec![limit], exact: vec![false], by_key: HashMap::new() }
+        let regions = vec![PolicyRegion::default()];
+        PolicyTable { limits: vec![limit], exact: vec![false], regions, by_key: HashMap::new() }
     }
 
     /// The policy index of `key` (keys outside the workload: policy 0).

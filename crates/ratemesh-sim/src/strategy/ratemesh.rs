@@ -44,11 +44,18 @@ impl Ratemesh {
             .limits
             .iter()
             .zip(&table.exact)
+            .zip(&table.regions)
             .enumerate()
-            .map(|(index, (limit, exact))| {
+            .map(|(index, ((limit, exact), region))| {
                 let own = if *exact { Mode::Exact } else { Mode::Approximate };
                 let audit = audit_of(index);
-                Arc::new(Policy { limit: limit.clone(), mode: mode.unwrap_or(own), fallback, audit })
+                Arc::new(Policy {
+                    limit: limit.clone(),
+                    mode: mode.unwrap_or(own),
+                    fallback,
+                    audit,
+                    region: *region,
+                })
             })
             .collect();
         Ratemesh { node, policies, table, decided: VecDeque::new(), left: false, regions: setup.regions }

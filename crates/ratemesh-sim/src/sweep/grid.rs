@@ -203,6 +203,8 @@ pub fn parse_limit(text: &str, algorithm: &str) -> Result<LimitConfig, String> {
         period_ms,
         burst: None,
         mode: None,
+        home_region: None,
+        region_fallback: None,
     })
 }
 

@@ -112,6 +112,7 @@ fn a_variant_takes_the_policy_defaults() {
         mode: Mode::Exact,
         fallback: Fallback::LocalShare,
         audit: Audit::default(),
+        region: ratemesh_core::PolicyRegion::default(),
     };
     let same = OverrideLimit::default().variant(&base).expect("valid");
     assert_eq!(same, base, "no values: the policy itself");

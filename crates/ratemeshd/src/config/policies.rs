@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratemesh::{Calendar, CalendarPolicy, CalendarUnit};
-use ratemesh_core::{Algorithm, Audit, Fallback, Limit, LimitSpec, Mode, Policy};
+use ratemesh::{Calendar, CalendarPolicy, CalendarUnit, Region};
+use ratemesh_core::{Algorithm, Audit, Fallback, Limit, LimitSpec, Mode, Policy, PolicyRegion};
 use toml::Spanned;
 
 use super::defaults::{FALLBACK_DEFAULT, MODE_DEFAULT, TIME_ZONE_DEFAULT};
@@ -101,6 +101,8 @@ impl Ctx<'_> {
                 ("time_zone", p.time_zone.as_ref().map(|v| &v.at)),
                 ("audit", p.audit.as_ref().map(|v| &v.at)),
                 ("audit_window_ms", p.audit_window_ms.as_ref().map(|v| &v.at)),
+                ("home_region", p.home_region.as_ref().map(|v| &v.at)),
+                ("region_fallback", p.region_fallback.as_ref().map(|v| &v.at)),
             ];
             if let Some((name, Some(at))) = limit_fields.into_iter().find(|(_, at)| at.is_some()) {
                 return Err(self.invalid(field(name), at, "does not apply to an unlimited policy"));
@@ -236,7 +238,8 @@ impl Ctx<'_> {
         })?;
         let (mode, fallback) = self.mode_and_fallback(i, p)?;
         let audit = self.audit(i, p, algorithm)?;
-        Ok(Policy { limit, mode, fallback, audit })
+        let region = self.region(i, p)?;
+        Ok(Policy { limit, mode, fallback, audit, region })
     }
 
     /// A calendar-aligned fixed window: `window` (and `time_zone`, default UTC) instead of
@@ -278,7 +281,8 @@ impl Ctx<'_> {
             Calendar::new(unit, zone).map_err(|error| self.invalid(field("time_zone"), zone_at, error))?;
         let (mode, fallback) = self.mode_and_fallback(i, p)?;
         let audit = self.audit(i, p, Algorithm::FixedWindow)?;
-        CalendarPolicy::new(calendar, limit.value, (mode, fallback, audit))
+        let region = self.region(i, p)?;
+        CalendarPolicy::new(calendar, limit.value, (mode, fallback, audit, region))
             .map_err(|error| self.invalid(field("limit"), &limit.at, error))
     }
 
@@ -323,6 +327,33 @@ impl Ctx<'_> {
         }
         let name = p.name.as_ref().map_or("", |v| v.value.as_str());
         Ok(Audit::On { group: ratemesh::NamedPolicy::audit_group(name), window })
+    }
+
+    /// `home_region` (a region's name, as in `node.region`; default: a hash of each key over
+    /// the regions) and `region_fallback` (`last`, `floor` or `closed`; default: the node's
+    /// `node.region_fallback`): the policy's terms between regions.
+    fn region(&self, i: usize, p: &RawPolicy) -> Result<PolicyRegion, ConfigError> {
+        let field = |name: &str| format!("policies[{i}].{name}");
+        let home = match &p.home_region {
+            None => None,
+            Some(v) => match Region::new(&v.value) {
+                Ok(region) if !region.is_none() => Some(region.id()),
+                Ok(_) => {
+                    return Err(self.invalid(field("home_region"), &v.at, "empty: leave it out for none"));
+                }
+                Err(error) => {
+                    return Err(self.invalid(field("home_region"), &v.at, format!("{:?}: {error}", v.value)));
+                }
+            },
+        };
+        let fallback = match &p.region_fallback {
+            None => None,
+            Some(v) => Some(
+                region_fallback_named(&v.value)
+                    .map_err(|message| self.invalid(field("region_fallback"), &v.at, message))?,
+            ),
+        };
+        Ok(PolicyRegion { home, fallback })
     }
 
     fn mode_and_fallback(&self, i: usize, p: &RawPolicy) -> Result<(Mode, Fallback), ConfigError> {

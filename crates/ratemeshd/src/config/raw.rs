@@ -186,6 +186,8 @@ pub(super) struct RawPolicy {
     pub(super) unlimited: Option<Val<bool>>,
     pub(super) audit: Option<Val<bool>>,
     pub(super) audit_window_ms: Option<Val<u64>>,
+    pub(super) home_region: Option<Val<String>>,
+    pub(super) region_fallback: Option<Val<String>>,
     pub(super) overrides: Option<Val<Vec<Spanned<RawVariant>>>>,
     pub(super) tiers: Option<Val<Vec<Spanned<RawVariant>>>>,
 }

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use ratemesh::security::CLUSTER_SECRET_LEN_MIN;
 use ratemesh::{ClusterSecurity, Region, Seed};
-use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, NodeId, RegionFallback, RegionId};
+use ratemesh_core::{
+    Algorithm, Fallback, Limit, LimitSpec, Mode, NodeId, PolicyRegion, RegionFallback, RegionId,
+};
 
 use super::*;
 
@@ -225,6 +227,23 @@ fn policy_defaults_are_approximate_local_share_enforced() {
     assert_eq!(core.mode, Mode::Approximate);
     assert_eq!(core.fallback, Fallback::LocalShare);
     assert_eq!(core.limit.capacity(), 100);
+}
+
+#[test]
+fn a_policy_sets_its_terms_between_regions() {
+    let default = parse(POLICY).expect("valid");
+    assert_eq!(default.policies[0].rule.policy().expect("limited").region, PolicyRegion::default());
+    let text = POLICY.to_owned() + "home_region = \"eu-west\"\nregion_fallback = \"closed\"\n";
+    let config = parse(&text).expect("valid");
+    let region = config.policies[0].rule.policy().expect("limited").region;
+    assert_eq!(region.home, Some(RegionId::from_name("eu-west")));
+    assert_eq!(region.fallback, Some(RegionFallback::Closed));
+    let message = refused(&(POLICY.to_owned() + "home_region = \"EU\"\n"), "policies[0].home_region", 6);
+    assert!(message.contains("a-z, 0-9"), "{message}");
+    refused(&(POLICY.to_owned() + "home_region = \"\"\n"), "policies[0].home_region", 6);
+    let message =
+        refused(&(POLICY.to_owned() + "region_fallback = \"open\"\n"), "policies[0].region_fallback", 6);
+    assert!(message.contains("floor, last or closed"), "{message}");
 }
 
 #[test]

@@ -412,17 +412,8 @@ impl Ctx<'_> {
         }
         let region_fallback = match &n.region_fallback {
             None => defaults.region_fallback,
-            Some(v) => {
-                REGION_FALLBACKS.iter().find(|(name, _)| *name == v.value).map(|&(_, f)| f).ok_or_else(
-                    || {
-                        self.invalid(
-                            "node.region_fallback",
-                            &v.at,
-                            format!("unknown {:?}: use floor, last or closed", v.value),
-                        )
-                    },
-                )?
-            }
+            Some(v) => region_fallback_named(&v.value)
+                .map_err(|message| self.invalid("node.region_fallback", &v.at, message))?,
         };
         // 0 is valid: the node audits nothing.
         let audit_keys_max = self.number(

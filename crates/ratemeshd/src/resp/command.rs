@@ -28,7 +28,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratemesh::CheckError;
-use ratemesh_core::{Algorithm, Audit, Decision, Limit, LimitError, LimitParameter, LimitSpec, Policy};
+use ratemesh_core::{
+    Algorithm, Audit, Decision, Limit, LimitError, LimitParameter, LimitSpec, Policy, PolicyRegion,
+};
 use tracing::debug;
 
 use super::protocol;
@@ -305,6 +307,7 @@ fn throttle_target(parameters: [i64; 3]) -> Result<ThrottleTarget, String> {
         mode: MODE_DEFAULT,
         fallback: FALLBACK_DEFAULT,
         audit: Audit::default(),
+        region: PolicyRegion::default(),
     });
     Ok(ThrottleTarget { parameters, target: Target::Inline(inline), capacity })
 }

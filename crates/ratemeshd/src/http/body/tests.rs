@@ -4,7 +4,9 @@ use super::*;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratemesh_core::{Audit, Decision, Fallback, LeaseId, Limit, LimitSpec, Mode, Namespace, Policy};
+use ratemesh_core::{
+    Audit, Decision, Fallback, LeaseId, Limit, LimitSpec, Mode, Namespace, Policy, PolicyRegion,
+};
 
 use crate::check::Target;
 use crate::config::{Config, INLINE_LABEL, KEY_BYTES_MAX_DEFAULT, Rule};
@@ -320,6 +322,7 @@ fn response(decision: &Decision, algorithm: Algorithm, shadow_mode: bool) -> Che
         mode: Mode::Exact,
         fallback: Fallback::LocalShare,
         audit: Audit::default(),
+        region: PolicyRegion::default(),
     });
     CheckResponse::from(&Answer::limited(target, policy, *decision))
 }

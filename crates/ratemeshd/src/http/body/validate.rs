@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ratemesh::{Calendar, CalendarPolicy, CalendarUnit};
 use ratemesh_core::{
-    Algorithm, Audit, Fallback, KeyHash, LeaseId, Limit, LimitSpec, Mode, Namespace, Policy,
+    Algorithm, Audit, Fallback, KeyHash, LeaseId, Limit, LimitSpec, Mode, Namespace, Policy, PolicyRegion,
 };
 
 use super::{BodyError, ChargeBody, CheckBody, CostJson, LimitBody, ReleaseBody, invalid};
@@ -71,7 +71,13 @@ impl LimitBody {
         };
         let limit = Limit::new(spec)
             .map_err(|error| invalid(sub(limit_error_field(&error)), limit_error_message(&error)))?;
-        Ok(InlineLimit::new(Policy { limit, mode, fallback, audit: Audit::default() }))
+        Ok(InlineLimit::new(Policy {
+            limit,
+            mode,
+            fallback,
+            audit: Audit::default(),
+            region: PolicyRegion::default(),
+        }))
     }
 
     /// An inline calendar window, resolved for now (the request is decided at once). Its buckets
@@ -100,8 +106,9 @@ impl LimitBody {
         let zone = self.time_zone.as_deref().unwrap_or(TIME_ZONE_DEFAULT);
         let calendar =
             Calendar::new(unit, zone).map_err(|error| invalid(sub("time_zone"), error.to_string()))?;
-        let rule = CalendarPolicy::new(calendar, limit, (mode, fallback, Audit::default()))
-            .map_err(|error| invalid(sub("limit"), error.to_string()))?;
+        let rule =
+            CalendarPolicy::new(calendar, limit, (mode, fallback, Audit::default(), PolicyRegion::default()))
+                .map_err(|error| invalid(sub("limit"), error.to_string()))?;
         let name = format!(
             "inline:fixed_window:{limit}/calendar:{}@{zone}:{}:{}",
             unit.name(),
