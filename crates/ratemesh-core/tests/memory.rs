@@ -220,13 +220,7 @@ fn an_audited_key_costs_its_owner_a_minute_of_windows() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let spec = LimitSpec::new(Algorithm::TokenBucket, 1_000, Duration::from_secs(1)).with_burst(1_000);
     let limit = Limit::new(spec).expect("valid limit");
-    let audited = ratemesh_core::Policy {
-        limit,
-        mode: ratemesh_core::Mode::Approximate,
-        fallback: ratemesh_core::Fallback::LocalShare,
-        audit: ratemesh_core::Audit::default(),
-        region: ratemesh_core::PolicyRegion::default(),
-    };
+    let audited = ratemesh_core::Policy::new(limit, ratemesh_core::Mode::Approximate);
     let unaudited = ratemesh_core::Policy { audit: ratemesh_core::Audit::Off, ..audited.clone() };
     let (on, off) = (node_bytes(&audited), node_bytes(&unaudited));
     let per_key = (on as f64 - off as f64) / AUDIT_KEYS as f64;

@@ -18,8 +18,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use ratemesh::{
-    Algorithm, Audit, ClusterSecurity, Fallback, HeaderKey, Limit, LimitSpec, MemberStatus, Mode,
-    NamedPolicy, Node, NodeBuilder, NodeConfig, NodeId, Policy, PolicyRegion, RateLimitLayer,
+    Algorithm, ClusterSecurity, HeaderKey, Limit, LimitSpec, MemberStatus, Mode, NamedPolicy, Node,
+    NodeBuilder, NodeConfig, NodeId, Policy, RateLimitLayer,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -74,16 +74,7 @@ async fn main() -> Result<(), Error> {
     println!("cluster formed: nodes 1 and 2 are live on both");
 
     let limit = Limit::new(LimitSpec::new(Algorithm::TokenBucket, LIMIT, Duration::from_secs(60)))?;
-    let policy = NamedPolicy::new(
-        "api",
-        Policy {
-            limit,
-            mode: Mode::Exact,
-            fallback: Fallback::LocalShare,
-            audit: Audit::default(),
-            region: PolicyRegion::default(),
-        },
-    );
+    let policy = NamedPolicy::new("api", Policy::new(limit, Mode::Exact));
     println!("key \"client-42\" is owned by {:?}", first.owner_of(policy.key(b"client-42")));
 
     let mut apps = Vec::new();

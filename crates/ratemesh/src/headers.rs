@@ -16,11 +16,11 @@
 //! use std::time::Duration;
 //! use ratemesh::NamedPolicy;
 //! use ratemesh::headers::insert_headers;
-//! use ratemesh_core::{Algorithm, Decision, Fallback, Limit, LimitSpec, Mode, Audit, Policy, PolicyRegion};
+//! use ratemesh_core::{Algorithm, Decision, Limit, LimitSpec, Mode, Policy};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let limit = Limit::new(LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(60)))?;
-//! let policy = NamedPolicy::new("api", Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare, audit: Audit::default(), region: PolicyRegion::default() });
+//! let policy = NamedPolicy::new("api", Policy::new(limit, Mode::Exact));
 //! let decision = Decision {
 //!     allowed: true,
 //!     limit: 100,
@@ -227,7 +227,7 @@ fn insert_ascii(headers: &mut HeaderMap, name: HeaderName, value: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ratemesh_core::{Algorithm, Audit, Fallback, LeaseId, Limit, LimitSpec, Mode, Policy, PolicyRegion};
+    use ratemesh_core::{Algorithm, LeaseId, Limit, LimitSpec, Mode, Policy};
 
     #[test]
     fn structured_field_integers_never_exceed_fifteen_digits() {
@@ -248,16 +248,7 @@ mod tests {
 
     fn policy(name: &str, limit: u64, period: Duration) -> NamedPolicy {
         let limit = Limit::new(LimitSpec::new(Algorithm::TokenBucket, limit, period)).expect("valid limit");
-        NamedPolicy::new(
-            name,
-            Policy {
-                limit,
-                mode: Mode::Exact,
-                fallback: Fallback::LocalShare,
-                audit: Audit::default(),
-                region: PolicyRegion::default(),
-            },
-        )
+        NamedPolicy::new(name, Policy::new(limit, Mode::Exact))
     }
 
     fn decision(

@@ -38,11 +38,11 @@
 //! use std::time::Duration;
 //! use axum::{Router, routing::get};
 //! use ratemesh::{HeaderKey, NamedPolicy, Node, RateLimitLayer};
-//! use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, Audit, Policy, PolicyRegion};
+//! use ratemesh_core::{Algorithm, Limit, LimitSpec, Mode, Policy};
 //!
 //! fn app(node: Node) -> Result<Router, ratemesh_core::LimitError> {
 //!     let limit = Limit::new(LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(60)))?;
-//!     let policy = Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare, audit: Audit::default(), region: PolicyRegion::default() };
+//!     let policy = Policy::new(limit, Mode::Exact);
 //!     let policy = NamedPolicy::new("api", policy);
 //!     Ok(Router::new()
 //!         .route("/", get(|| async { "hello" }))

@@ -35,8 +35,8 @@ use ratemesh::gossip::check::{check_against, summarize};
 use ratemesh::gossip::seal::{GossipKeys, Opener, Sealer};
 use ratemesh_core::wire::{FRAME_LEN_MAX_DEFAULT, decode, encode};
 use ratemesh_core::{
-    AdjustRequest, Adjustment, Algorithm, Audit, CheckRequest, CoreRng, Fallback, Limit, LimitSpec,
-    MemberView, Mode, Namespace, NodeConfig, NodeId, Policy, PolicyRegion, RequestId,
+    AdjustRequest, Adjustment, Algorithm, CheckRequest, CoreRng, Limit, LimitSpec, MemberView, Mode,
+    Namespace, NodeConfig, NodeId, Policy, RequestId,
 };
 use tokio::sync::mpsc;
 use wire::{DigestEntry, Id, Op};
@@ -395,13 +395,7 @@ fn frame_corpus() -> Vec<(NodeId, Vec<u8>)> {
     .into_iter()
     .map(|(algorithm, mode)| {
         let limit = Limit::new(LimitSpec::new(algorithm, 20, Duration::from_secs(1))).unwrap();
-        Arc::new(Policy {
-            limit,
-            mode,
-            fallback: Fallback::LocalShare,
-            audit: Audit::default(),
-            region: PolicyRegion::default(),
-        })
+        Arc::new(Policy::new(limit, mode))
     })
     .collect();
     let namespace = Namespace::new(b"fuzz");

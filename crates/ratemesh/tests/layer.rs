@@ -20,7 +20,7 @@ use ratemesh::{
     ClusterSecurity, HeaderKey, MemoryNetwork, NamedPolicy, Node, NodeBuilder, NodeId, RateLimitBody,
     RateLimitLayer,
 };
-use ratemesh_core::{Algorithm, Audit, Fallback, Limit, LimitSpec, Mode, Policy, PolicyRegion};
+use ratemesh_core::{Algorithm, Limit, LimitSpec, Mode, Policy};
 use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceExt, service_fn};
 
@@ -46,16 +46,7 @@ async fn start_node() -> Node {
 
 fn policy(name: &str, spec: LimitSpec) -> NamedPolicy {
     let limit = Limit::new(spec).unwrap();
-    NamedPolicy::new(
-        name,
-        Policy {
-            limit,
-            mode: Mode::Exact,
-            fallback: Fallback::LocalShare,
-            audit: Audit::default(),
-            region: PolicyRegion::default(),
-        },
-    )
+    NamedPolicy::new(name, Policy::new(limit, Mode::Exact))
 }
 
 fn per_minute(limit: u64) -> NamedPolicy {

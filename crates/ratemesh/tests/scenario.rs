@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratemesh::{NamedPolicy, Node};
-use ratemesh_core::{Audit, Fallback, Mode, Policy, PolicyRegion};
+use ratemesh_core::{Mode, Policy};
 use ratemesh_sim::metrics::over_admission;
 use ratemesh_sim::oracle::Oracle;
 use ratemesh_sim::scenario::Metric;
@@ -90,13 +90,7 @@ async fn the_loopback_steady_scenario_holds_its_bounds_on_real_nodes_as_in_the_s
     let nodes = start_cluster(u64::from(scenario.nodes)).await;
     let handles: Vec<Node> = nodes.iter().map(|n| n.node.clone()).collect();
     for (strategy, mode) in [("ratemesh-approx", Mode::Approximate), ("ratemesh-exact", Mode::Exact)] {
-        let policy = Policy {
-            limit: scenario.limit().unwrap(),
-            mode,
-            fallback: Fallback::LocalShare,
-            audit: Audit::default(),
-            region: PolicyRegion::default(),
-        };
+        let policy = Policy::new(scenario.limit().unwrap(), mode);
         let policy = NamedPolicy::new(Arc::from(strategy), policy);
         let mut outcomes = replay(&handles, &policy, &arrivals).await;
         let (admitted, ideal) = admitted_and_ideal(&scenario, &mut outcomes);

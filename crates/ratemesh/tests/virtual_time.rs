@@ -10,7 +10,7 @@ use ratemesh::{
     ClusterSecurity, MemberStatus, MemoryNetwork, NamedPolicy, Node, NodeBuilder, NodeId, PeerTransport,
     Region, TransportConfig,
 };
-use ratemesh_core::{Algorithm, Audit, Fallback, Limit, LimitSpec, Mode, NodeConfig, Policy, PolicyRegion};
+use ratemesh_core::{Algorithm, Limit, LimitSpec, Mode, NodeConfig, Policy};
 use tokio::time::{Instant, timeout};
 
 /// Bound on every wait, in virtual time.
@@ -49,16 +49,7 @@ async fn cluster_of_lanes(network: &MemoryNetwork, count: u64, lanes: usize) -> 
 fn policy(mode: Mode) -> NamedPolicy {
     let limit =
         Limit::new(LimitSpec::new(Algorithm::TokenBucket, 10, Duration::from_secs(1))).expect("valid");
-    NamedPolicy::new(
-        "api",
-        Policy {
-            limit,
-            mode,
-            fallback: Fallback::LocalShare,
-            audit: Audit::default(),
-            region: PolicyRegion::default(),
-        },
-    )
+    NamedPolicy::new("api", Policy::new(limit, mode))
 }
 
 /// A key of `policy` that `asker` sees owned by `owner`.
@@ -171,16 +162,7 @@ async fn a_graceful_leave_hands_the_owners_counts_over() {
     // 10 per minute: what refills during the leave (a few virtual seconds) is under one hit.
     let limit =
         Limit::new(LimitSpec::new(Algorithm::TokenBucket, 10, Duration::from_secs(60))).expect("valid");
-    let policy = NamedPolicy::new(
-        "slow",
-        Policy {
-            limit,
-            mode: Mode::Exact,
-            fallback: Fallback::LocalShare,
-            audit: Audit::default(),
-            region: PolicyRegion::default(),
-        },
-    );
+    let policy = NamedPolicy::new("slow", Policy::new(limit, Mode::Exact));
     let key = key_owned_by(&nodes[0], &policy, NodeId(2));
     for _ in 0..3 {
         let decision =
@@ -213,16 +195,7 @@ async fn a_cluster_of_four_lane_nodes_enforces_each_limit_exactly_and_hands_it_o
     // 10 per minute: nothing refills during the test's few virtual seconds.
     let limit =
         Limit::new(LimitSpec::new(Algorithm::TokenBucket, 10, Duration::from_secs(60))).expect("valid");
-    let policy = NamedPolicy::new(
-        "lanes",
-        Policy {
-            limit,
-            mode: Mode::Exact,
-            fallback: Fallback::LocalShare,
-            audit: Audit::default(),
-            region: PolicyRegion::default(),
-        },
-    );
+    let policy = NamedPolicy::new("lanes", Policy::new(limit, Mode::Exact));
     // Keys of every lane (64 keys over 4 lanes), all owned by the other nodes: forwarded.
     let keys = keys_owned_elsewhere(&nodes[0], &policy, 64);
     assert_eq!(nodes[0].lanes(), 4);

@@ -181,23 +181,16 @@ impl Answer {
 mod tests {
     use std::time::Duration;
 
-    use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode};
+    use ratemesh_core::{Algorithm, Limit, LimitSpec, Mode};
 
     use super::*;
     use crate::policy::tests::table;
-    use ratemesh_core::Audit;
 
     fn answer(policy_name: &str, allowed: bool) -> Answer {
         let target = Target::Named(Arc::clone(table().get(policy_name).expect("configured")));
         let limit =
             Limit::new(LimitSpec::new(Algorithm::FixedWindow, 1, Duration::from_secs(1))).expect("valid");
-        let policy = Arc::new(Policy {
-            limit,
-            mode: Mode::Approximate,
-            fallback: Fallback::LocalShare,
-            audit: Audit::default(),
-            region: ratemesh_core::PolicyRegion::default(),
-        });
+        let policy = Arc::new(Policy::new(limit, Mode::Approximate));
         let decision = Decision {
             allowed,
             limit: 1,

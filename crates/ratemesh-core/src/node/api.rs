@@ -128,6 +128,15 @@ pub struct Policy {
     pub region: PolicyRegion,
 }
 
+impl Policy {
+    /// `limit` in `mode`, with the defaults: the local share when the owner is unreachable,
+    /// audited ([`Audit::default`]), the node's terms between regions.
+    pub fn new(limit: Limit, mode: Mode) -> Policy {
+        let (fallback, audit, region) = (Fallback::LocalShare, Audit::default(), PolicyRegion::default());
+        Policy { limit, mode, fallback, audit, region }
+    }
+}
+
 /// A policy's terms between regions; each `None` takes the node's (a cluster of one region
 /// ignores both).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -186,13 +186,7 @@ mod tests {
 
     fn policy(algorithm: Algorithm, period: Duration) -> Arc<Policy> {
         let limit = Limit::new(LimitSpec::new(algorithm, 100, period)).expect("valid limit");
-        Arc::new(Policy {
-            limit,
-            mode: api::Mode::Exact,
-            fallback: api::Fallback::LocalShare,
-            audit: api::Audit::default(),
-            region: PolicyRegion::default(),
-        })
+        Arc::new(Policy::new(limit, api::Mode::Exact))
     }
 
     fn key(name: &str) -> KeyHash {

@@ -163,13 +163,7 @@ fn policy(mode: Mode, limit: u64, burst: u64) -> Arc<Policy> {
 
 /// A policy of `spec` in `mode`, with the default fallback and audit.
 fn policy_of(spec: LimitSpec, mode: Mode) -> Arc<Policy> {
-    Arc::new(Policy {
-        limit: Limit::new(spec).expect("valid"),
-        mode,
-        fallback: Fallback::LocalShare,
-        audit: api::Audit::default(),
-        region: PolicyRegion::default(),
-    })
+    Arc::new(Policy::new(Limit::new(spec).expect("valid"), mode))
 }
 
 fn key(name: &str) -> KeyHash {
@@ -852,13 +846,7 @@ fn a_daily_key_spread_over_the_nodes_admits_its_whole_limit_despite_timeouts() {
         cluster.duplicate = true;
         let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(86_400));
         let limit = Limit::new(spec).expect("valid");
-        let policy = Arc::new(Policy {
-            limit,
-            mode,
-            fallback: Fallback::LocalShare,
-            audit: api::Audit::default(),
-            region: PolicyRegion::default(),
-        });
+        let policy = Arc::new(Policy::new(limit, mode));
         let k = key(name);
         let mut allowed = 0u64;
         let before = cluster.decided.len();
@@ -945,13 +933,7 @@ fn a_refund_through_a_follower_returns_exactly_its_hits_and_never_more_than_the_
         let mut cluster = Cluster::new(3);
         // 1 hit per 100 s: nothing refills during the test.
         let spec = LimitSpec::new(Algorithm::TokenBucket, 1, Duration::from_secs(100)).with_burst(10);
-        let policy = Arc::new(Policy {
-            limit: Limit::new(spec).expect("valid"),
-            mode,
-            fallback: Fallback::LocalShare,
-            audit: api::Audit::default(),
-            region: PolicyRegion::default(),
-        });
+        let policy = Arc::new(Policy::new(Limit::new(spec).expect("valid"), mode));
         let k = key_owned_by(1, &[1, 2, 3]);
         assert_eq!(cluster.exhaust(2, k, &policy), 10, "{mode:?}: the burst passes");
         let refunded = cluster.adjust(3, k, &policy, Adjustment::Refund, 4);
@@ -1023,13 +1005,7 @@ fn concurrent_checks_under_random_cuts_admit_the_whole_limit_in_the_end() {
             cluster.duplicate = seed % 2 == 0;
             let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(86_400));
             let limit = Limit::new(spec).expect("valid");
-            let policy = Arc::new(Policy {
-                limit,
-                mode,
-                fallback: Fallback::LocalShare,
-                audit: api::Audit::default(),
-                region: PolicyRegion::default(),
-            });
+            let policy = Arc::new(Policy::new(limit, mode));
             let k = key(&format!("stranded-{seed}"));
             let mut allowed = 0u64;
             let before = cluster.decided.len();
@@ -1119,13 +1095,7 @@ fn hits_at_the_owner_after_two_leave_at_once(four_learns_of_five: bool) -> u64 {
     let mut cluster = Cluster::with_config(5, &NodeConfig { replicate: false, ..NodeConfig::default() });
     // 100 an hour: nothing refills during the test.
     let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(3600));
-    let policy = Arc::new(Policy {
-        limit: Limit::new(spec).expect("valid"),
-        mode: Mode::Exact,
-        fallback: Fallback::LocalShare,
-        audit: api::Audit::default(),
-        region: PolicyRegion::default(),
-    });
+    let policy = Arc::new(Policy::new(Limit::new(spec).expect("valid"), Mode::Exact));
     let ring = |members: &[u64]| {
         Ring::new(&members.iter().copied().map(NodeId).collect::<Vec<_>>(), RING_VNODES_DEFAULT)
     };
@@ -1172,13 +1142,7 @@ fn an_owner_alone_on_a_key_admits_its_whole_stock() {
         let mut cluster = Cluster::new(1);
         let spec = LimitSpec::new(Algorithm::TokenBucket, 20, Duration::from_secs(86_400));
         let limit = Limit::new(spec).expect("valid");
-        let policy = Arc::new(Policy {
-            limit,
-            mode: Mode::Approximate,
-            fallback: Fallback::LocalShare,
-            audit: api::Audit::default(),
-            region: PolicyRegion::default(),
-        });
+        let policy = Arc::new(Policy::new(limit, Mode::Approximate));
         let k = key("alone");
         let mut admitted = 0;
         for i in 0..29 {
@@ -1201,13 +1165,7 @@ fn an_owner_alone_on_a_key_admits_its_whole_stock() {
 #[test]
 fn three_of_five_leaving_at_once_lose_no_hit_whatever_the_order_views_arrive_in() {
     let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(3600));
-    let policy = Arc::new(Policy {
-        limit: Limit::new(spec).expect("valid"),
-        mode: Mode::Exact,
-        fallback: Fallback::LocalShare,
-        audit: api::Audit::default(),
-        region: PolicyRegion::default(),
-    });
+    let policy = Arc::new(Policy::new(Limit::new(spec).expect("valid"), Mode::Exact));
     let keys: Vec<KeyHash> = (0..40).map(|i| key(&format!("spread-{i}"))).collect();
     let plan = LeavePlan { own_for: Duration::from_millis(100), drain_for: Duration::from_secs(2) };
     let mut lost_runs = Vec::new();
@@ -1306,13 +1264,7 @@ fn a_cycle_of_handoffs_between_disagreeing_views_turns_at_most_once_a_sync_inter
         .find(|&k| ring(&[1, 2, 3, 4, 5]).owners(k, 3) == [NodeId(4), NodeId(5), NodeId(1)])
         .expect("a key whose first members clockwise are 4, 5, 1");
     let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(3600));
-    let policy = Arc::new(Policy {
-        limit: Limit::new(spec).expect("valid"),
-        mode: Mode::Exact,
-        fallback: Fallback::LocalShare,
-        audit: api::Audit::default(),
-        region: PolicyRegion::default(),
-    });
+    let policy = Arc::new(Policy::new(Limit::new(spec).expect("valid"), Mode::Exact));
     for i in 0..10 {
         let request = CheckRequest { id: RequestId(i), key: k, policy: policy.clone(), cost: 1 };
         let _ = cluster.check(1 + i % 5, request);
@@ -1519,13 +1471,7 @@ fn restarted_cluster(kept: &[DurableKey]) -> Cluster {
 fn spent_daily_key(k: KeyHash) -> (Arc<Policy>, Vec<DurableKey>) {
     let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(86_400));
     let limit = Limit::new(spec).expect("valid");
-    let daily = Arc::new(Policy {
-        limit,
-        mode: Mode::Exact,
-        fallback: Fallback::LocalShare,
-        audit: api::Audit::default(),
-        region: PolicyRegion::default(),
-    });
+    let daily = Arc::new(Policy::new(limit, Mode::Exact));
     let t0 = Instant::from_millis(1_000);
     let mut writer = Node::new(NodeId(9), 1, NodeConfig::default(), 9, t0).expect("valid");
     let spend = CheckRequest { id: RequestId(0), key: k, policy: daily.clone(), cost: 60 };
@@ -1801,13 +1747,7 @@ impl Cluster {
 /// A concurrency limit of 6 leases, each held for at most a minute, in `mode`.
 fn six_leases(mode: Mode) -> Arc<Policy> {
     let spec = LimitSpec::new(Algorithm::Concurrency, 6, Duration::from_secs(60));
-    Arc::new(Policy {
-        limit: Limit::new(spec).expect("valid"),
-        mode,
-        fallback: Fallback::LocalShare,
-        audit: api::Audit::default(),
-        region: PolicyRegion::default(),
-    })
+    Arc::new(Policy::new(Limit::new(spec).expect("valid"), mode))
 }
 
 /// A concurrency limit of 6, 12 acquisitions spread over three nodes, each lease released
@@ -1894,13 +1834,7 @@ fn a_lone_leave_ends_once_its_handoff_is_acknowledged_and_one_beside_another_lin
         // 100 an hour: the keys stay spent, so there is state to hand over.
         let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(3600));
         let limit = Limit::new(spec).expect("valid");
-        let policy = Arc::new(Policy {
-            limit,
-            mode: Mode::Exact,
-            fallback: Fallback::LocalShare,
-            audit: api::Audit::default(),
-            region: PolicyRegion::default(),
-        });
+        let policy = Arc::new(Policy::new(limit, Mode::Exact));
         for i in 0..30 {
             let k = key(&format!("lone-{i}"));
             let _ =
@@ -1939,13 +1873,7 @@ fn a_leave_heard_by_every_member_hands_over_without_waiting_for_own_for() {
     let mut cluster = Cluster::new(3);
     let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(3600));
     let limit = Limit::new(spec).expect("valid");
-    let policy = Arc::new(Policy {
-        limit,
-        mode: Mode::Exact,
-        fallback: Fallback::LocalShare,
-        audit: api::Audit::default(),
-        region: PolicyRegion::default(),
-    });
+    let policy = Arc::new(Policy::new(limit, Mode::Exact));
     let k = key_owned_by(3, &[1, 2, 3]);
     assert_eq!(cluster.admit(3, k, &policy, 10), 10);
     let now = cluster.now;
@@ -1977,13 +1905,7 @@ fn an_expiring_counter_counts_from_its_first_hit_across_the_nodes() {
         // 1 s into the cluster's clock plus 300 ms: off any grid of the 2 s period.
         cluster.run_for(Duration::from_millis(300));
         let spec = LimitSpec::new(Algorithm::ExpiringCounter, 10, Duration::from_secs(2));
-        let policy = Arc::new(Policy {
-            limit: Limit::new(spec).expect("valid"),
-            mode,
-            fallback: Fallback::LocalShare,
-            audit: api::Audit::default(),
-            region: PolicyRegion::default(),
-        });
+        let policy = Arc::new(Policy::new(Limit::new(spec).expect("valid"), mode));
         let k = key_owned_by(1, &[1, 2, 3]);
         let mut id = 0;
         let mut admitted_in = |cluster: &mut Cluster, checks: u64, gap: Duration| -> u64 {

@@ -33,7 +33,7 @@ use ratemesh_core::NodeId;
 /// ```
 /// use std::time::Duration;
 /// use ratemesh::{ClusterSecurity, NamedPolicy, NodeBuilder, NodeId, MemberStatus};
-/// use ratemesh_core::{Algorithm, Audit, Fallback, Limit, LimitSpec, Mode, Policy, PolicyRegion};
+/// use ratemesh_core::{Algorithm, Limit, LimitSpec, Mode, Policy};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -54,7 +54,7 @@ use ratemesh_core::NodeId;
 /// second.wait_serving().await;
 ///
 /// let limit = Limit::new(LimitSpec::new(Algorithm::TokenBucket, 10, Duration::from_secs(1)))?;
-/// let policy = NamedPolicy::new("api", Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare, audit: Audit::default(), region: PolicyRegion::default() });
+/// let policy = NamedPolicy::new("api", Policy::new(limit, Mode::Exact));
 /// let decision = second.check(&policy, b"client-42", 1).await?;
 /// assert!(decision.allowed);
 /// assert_eq!(decision.limit, 10);

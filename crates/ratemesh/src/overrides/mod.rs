@@ -24,7 +24,7 @@
 //! ```
 //! use std::time::Duration;
 //! use ratemesh::{ClusterSecurity, NamedPolicy, NodeBuilder, NodeId, OverrideLimit};
-//! use ratemesh_core::{Algorithm, Fallback, Limit, LimitSpec, Mode, Audit, Policy, PolicyRegion};
+//! use ratemesh_core::{Algorithm, Limit, LimitSpec, Mode, Policy};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -33,7 +33,7 @@
 //! let overrides = node.start_live_overrides(None); // or Some(data directory)
 //!
 //! let limit = Limit::new(LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(60)))?;
-//! let api = NamedPolicy::new("api", Policy { limit, mode: Mode::Exact, fallback: Fallback::LocalShare, audit: Audit::default(), region: PolicyRegion::default() });
+//! let api = NamedPolicy::new("api", Policy::new(limit, Mode::Exact));
 //! overrides.set(&api, "customer:acme", OverrideLimit { limit: Some(1000), ..OverrideLimit::default() })?;
 //!
 //! // Every check resolves its policy first: the key's override, else the policy itself.

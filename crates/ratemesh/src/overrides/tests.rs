@@ -1,7 +1,6 @@
 //! The live-override table: merge, bounds, chunks and file, without a network.
 
 use super::*;
-use ratemesh_core::Audit;
 
 fn entry(key: &str, version_ms: u64, writer: u64, deleted: bool) -> LiveOverride {
     LiveOverride {
@@ -105,15 +104,9 @@ fn the_file_round_trips_and_reads_what_the_daemon_wrote() {
 
 #[test]
 fn a_variant_takes_the_policy_defaults() {
-    use ratemesh_core::{Algorithm, Fallback, Mode};
+    use ratemesh_core::{Algorithm, Mode};
     let spec = LimitSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(60)).with_burst(150);
-    let base = Policy {
-        limit: Limit::new(spec).expect("valid"),
-        mode: Mode::Exact,
-        fallback: Fallback::LocalShare,
-        audit: Audit::default(),
-        region: ratemesh_core::PolicyRegion::default(),
-    };
+    let base = Policy::new(Limit::new(spec).expect("valid"), Mode::Exact);
     let same = OverrideLimit::default().variant(&base).expect("valid");
     assert_eq!(same, base, "no values: the policy itself");
     let higher =

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use ratemesh::{ClusterSecurity, Member, MemberStatus, NamedPolicy, Node, NodeBuilder, NodeId, NodeMetrics};
-use ratemesh_core::{Algorithm, Audit, Fallback, Limit, LimitSpec, Mode, NodeConfig, Policy, PolicyRegion};
+use ratemesh_core::{Algorithm, Limit, LimitSpec, Mode, NodeConfig, Policy};
 use tokio::runtime::Runtime;
 use tokio::time::timeout;
 
@@ -152,16 +152,7 @@ pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
 /// A named policy.
 pub fn policy(name: &str, spec: LimitSpec, mode: Mode) -> NamedPolicy {
     let limit = Limit::new(spec).unwrap();
-    NamedPolicy::new(
-        name,
-        Policy {
-            limit,
-            mode,
-            fallback: Fallback::LocalShare,
-            audit: Audit::default(),
-            region: PolicyRegion::default(),
-        },
-    )
+    NamedPolicy::new(name, Policy::new(limit, mode))
 }
 
 /// A token bucket of `capacity` that refills over an hour: no refill to speak of during a test,

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratemesh_core::{Algorithm, Audit, Limit, LimitSpec, Policy, PolicyRegion};
+use ratemesh_core::{Algorithm, Limit, LimitSpec, Policy};
 
 use super::yaml::{self, Descriptor, RateLimit};
 use super::{ConfigFile, EnvoyConfigError, Problem};
@@ -226,13 +226,7 @@ fn rule(key: &str, limit: &RateLimit) -> Result<(Rule, Option<Duration>), Proble
     );
     let limit = Limit::new(spec)
         .map_err(|error| Problem::Limit { key: key.to_owned(), message: limit_error_message(&error) })?;
-    let policy = Policy {
-        limit,
-        mode: MODE_DEFAULT,
-        fallback: FALLBACK_DEFAULT,
-        audit: Audit::default(),
-        region: PolicyRegion::default(),
-    };
+    let policy = Policy { fallback: FALLBACK_DEFAULT, ..Policy::new(limit, MODE_DEFAULT) };
     Ok((Rule::Limited(Arc::new(policy)), None))
 }
 

@@ -8,7 +8,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
-use ratemesh_core::{Algorithm, Audit, Limit, LimitSpec, Policy, PolicyRegion};
+use ratemesh_core::{Algorithm, Limit, LimitSpec, Policy};
 use tonic::Status;
 
 use super::{DESCRIPTORS_MAX, ENTRIES_MAX};
@@ -147,13 +147,7 @@ fn upstream_override(index: usize, requests: u64, period: Duration) -> Result<Ta
     let limit = Limit::new(LimitSpec::new(Algorithm::FixedWindow, requests, period)).map_err(|error| {
         Status::invalid_argument(format!("descriptors[{index}].limit: {}", limit_error_message(&error)))
     })?;
-    let policy = Policy {
-        limit,
-        mode: MODE_DEFAULT,
-        fallback: FALLBACK_DEFAULT,
-        audit: Audit::default(),
-        region: PolicyRegion::default(),
-    };
+    let policy = Policy { fallback: FALLBACK_DEFAULT, ..Policy::new(limit, MODE_DEFAULT) };
     Ok(Target::Inline(InlineLimit::new(policy)))
 }
 

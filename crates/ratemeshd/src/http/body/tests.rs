@@ -4,9 +4,7 @@ use super::*;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratemesh_core::{
-    Audit, Decision, Fallback, LeaseId, Limit, LimitSpec, Mode, Namespace, Policy, PolicyRegion,
-};
+use ratemesh_core::{Decision, Fallback, LeaseId, Limit, LimitSpec, Mode, Namespace, Policy};
 
 use crate::check::Target;
 use crate::config::{Config, INLINE_LABEL, KEY_BYTES_MAX_DEFAULT, Rule};
@@ -317,13 +315,7 @@ fn response(decision: &Decision, algorithm: Algorithm, shadow_mode: bool) -> Che
     let name = if shadow_mode { "shadow" } else { "api" };
     let target = Target::Named(Arc::clone(table().get(name).expect("configured")));
     let limit = Limit::new(LimitSpec::new(algorithm, 100, Duration::from_secs(1))).expect("valid");
-    let policy = Arc::new(Policy {
-        limit,
-        mode: Mode::Exact,
-        fallback: Fallback::LocalShare,
-        audit: Audit::default(),
-        region: PolicyRegion::default(),
-    });
+    let policy = Arc::new(Policy::new(limit, Mode::Exact));
     CheckResponse::from(&Answer::limited(target, policy, *decision))
 }
 
