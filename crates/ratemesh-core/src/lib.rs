@@ -39,6 +39,7 @@ mod key;
 mod limit;
 #[cfg(feature = "std")]
 mod node;
+mod region;
 mod store;
 mod time;
 pub mod wire;
@@ -55,9 +56,10 @@ pub use node::{
     AUDIT_KEYS_MAX_DEFAULT, AUDIT_SPAN_NANOS, AdjustRequest, Adjustment, Audit, AuditFigures,
     AuditKeyFigures, AuditStats, AuditSums, AuditWindow, CheckOutcome, CheckRequest, DeliveryStats,
     DurableCursor, DurableKey, Event, FRAME_ENTRY_BYTES_MAX, FRAME_LEN_MIN, Fallback, LeavePlan, MemberView,
-    Mode, Node, NodeConfig, NodeConfigError, NodeId, NodeStats, Policy, PolicyRegion,
-    REGION_LEASE_MS_DEFAULT, REGION_SYNC_INTERVAL_MS_DEFAULT, RING_VNODES_DEFAULT, RING_VNODES_MAX,
-    RegionFallback, RegionId, RequestId, RestoreStats, Ring, SYNC_INTERVAL_MS_DEFAULT, Transmit, ViewChange,
+    Mode, Node, NodeConfig, NodeConfigError, NodeId, NodeStats, Policy, REGION_LEASE_MS_DEFAULT,
+    REGION_SYNC_INTERVAL_MS_DEFAULT, RING_VNODES_DEFAULT, RING_VNODES_MAX, RequestId, RestoreStats, Ring,
+    SYNC_INTERVAL_MS_DEFAULT, Transmit, ViewChange,
 };
+pub use region::{PolicyRegion, RegionFallback, RegionId};
 pub use store::{KeyExtra, Store, StoreConfig, StoreStats};
 pub use time::{Instant, duration_nanos};

@@ -217,7 +217,8 @@ fn body() -> impl Strategy<Value = Body> {
     );
     let release = (key(), limit_wire(), int()).prop_map(|(key, limit, lease)| Release { key, limit, lease });
     let key_state = || {
-        (key(), limit_wire(), snapshot_wire()).prop_map(|(key, limit, state)| KeyState { key, limit, state })
+        (key(), limit_wire(), snapshot_wire(), policy_region())
+            .prop_map(|(key, limit, state, region)| KeyState { key, limit, state, region })
     };
     let kind = prop_oneof![Just(AdjustKind::Refund), Just(AdjustKind::Charge)];
     let mode_again = prop_oneof![Just(WireMode::Exact), Just(WireMode::Approximate)];
@@ -613,7 +614,10 @@ fn encode_refuses_frames_over_the_bound() {
         ack: 0,
         sack: 0,
         una: 0,
-        body: Body { handoff: vec![KeyState { key: 1, limit: gcra_wire(), state }], ..Body::default() },
+        body: Body {
+            handoff: vec![KeyState { key: 1, limit: gcra_wire(), state, region: PolicyRegion::default() }],
+            ..Body::default()
+        },
     };
     let bytes = encode(&frame, MAX).expect("fits 1 MiB");
     assert!(bytes.len() > 40_000);
@@ -898,6 +902,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                                 calendar: None,
                             },
                             state: SnapshotWire::Log(vec![(1, 2), (300, 1)]),
+                            region: PolicyRegion::default(),
                         },
                         KeyState {
                             key: 10,
@@ -910,6 +915,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                                 calendar: None,
                             },
                             state: SnapshotWire::Leases(vec![(0xdead_beef, 1, 2_000)]),
+                            region: PolicyRegion::default(),
                         },
                         KeyState {
                             key: 13,
@@ -925,6 +931,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                                 }),
                             },
                             state: SnapshotWire::Calendar { elapsed_nanos: 5, remaining_nanos: 6, curr: 7 },
+                            region: PolicyRegion::default(),
                         },
                     ],
                     ..Body::default()
@@ -964,6 +971,7 @@ fn golden_frames() -> Vec<(Frame, &'static str)> {
                         key: 12,
                         limit: gcra_wire(),
                         state: SnapshotWire::Tat { backlog_nanos: 1_000 },
+                        region: PolicyRegion::default(),
                     }],
                     ..Body::default()
                 },
@@ -1134,6 +1142,7 @@ fn unknown_algorithm_codes_are_refused() {
                 key: 12,
                 limit: gcra_wire(),
                 state: SnapshotWire::Tat { backlog_nanos: 9 },
+                region: PolicyRegion::default(),
             }],
             ..Body::default()
         },

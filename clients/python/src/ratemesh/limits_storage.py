@@ -15,11 +15,13 @@ the cluster's, one per key, whichever node is asked:
 - sliding window counter (``acquire_sliding_window_entry``, ``get_sliding_window``): as
   ``limits``' own memory storage does it, two counters per key, one per clock-aligned window
   (``key/{now // expiry}``, expiring 2 × expiry after their first hit), each an
-  ``expiring_counter`` on the cluster. A hit reads the previous window's count and adds to the
-  current one in one request; when ``floor(previous × its remaining share + current)`` then
-  exceeds the limit, the hit is given back and refused (upstream's race: concurrent hits may
-  refuse one another, never admit too many). So the counts ``limits`` sees are the previous and
-  current windows' apart, and its reset times and admissions are the same as with Redis.
+  ``expiring_counter`` of the rate limit's amount on the cluster (so the cluster never counts a
+  window past the amount, in approximate mode too). A hit reads the previous window's count and
+  adds to the current one in one request; when ``floor(previous × its remaining share +
+  current)`` then exceeds the limit, the hit is given back and refused (upstream's race:
+  concurrent hits may refuse one another, never admit too many). So the counts ``limits`` sees
+  are the previous and current windows' apart, and its reset times and admissions are the same
+  as with Redis.
 - ``clear``: refunds every hit of the key's limits; ``reset``: clears the keys this storage
   object used (the cluster has no listing of keys).
 
@@ -46,7 +48,8 @@ from ._model import Check, Decision, Limit, Mode, OnUnavailable, RatemeshError
 from .client import AsyncClient, Client
 
 COUNTER_LIMIT = 10**15
-"""The limit of an expiring counter whose key does not say its limit."""
+"""The limit of an expiring counter (or a sliding window's counters) whose key and calls do not
+say its limit."""
 REFUND_ALL = 2**62
 SECONDS = {
     "second": 1,
@@ -138,16 +141,22 @@ class _Mapping:
             return used[0]
         return ("expiring_counter", parsed[0], parsed[1]) if parsed else None
 
-    def _window_checks(self, key: str, expiry: int, amount: int, now: float) -> list[Check]:
-        """The previous window's counter, read, and the current window's, charged ``amount``."""
-        counter = self._limit(("expiring_counter", COUNTER_LIMIT, 2 * expiry))
+    def _window_limit(self, key: str, expiry: int) -> int:
+        """The amount of ``key``'s sliding window counter of ``expiry`` (from an earlier hit, or
+        the key ``limits`` builds)."""
+        used = [s[1] for s in self._used.get(key, ()) if s[0] == "sliding_window_counter" and s[2] == expiry]
+        parsed = parse_limits_key(key)
+        if used:
+            return used[0]
+        return parsed[0] if parsed and parsed[1] == expiry else COUNTER_LIMIT
+
+    def _window_checks(self, key: str, expiry: int, cost: tuple[int, int], now: float) -> list[Check]:
+        """Checks of the previous and the current window's counters of ``cost``, each of the
+        key's amount."""
+        counter = self._limit(("expiring_counter", self._window_limit(key, expiry), 2 * expiry))
         previous, current = TimestampedSlidingWindow.sliding_window_keys(key, expiry, now)
         prefix = self._options.prefix
-        return [Check(prefix + previous, counter, cost=0), Check(prefix + current, counter, cost=amount)]
-
-    def _window_clears(self, key: str, expiry: int) -> list[Check]:
-        """Refunds of every hit in the previous and the current window of ``key``."""
-        return [Check(c.key, c.target, cost=-REFUND_ALL) for c in self._window_checks(key, expiry, 0, time.time())]
+        return [Check(prefix + previous, counter, cost=cost[0]), Check(prefix + current, counter, cost=cost[1])]
 
     def _clear_checks(self, key: str) -> list[Check]:
         specs = set(self._used.get(key, ()))
@@ -162,7 +171,7 @@ class _Mapping:
         checks: list[Check] = []
         for spec in sorted(specs):
             if spec[0] == "sliding_window_counter":
-                checks += self._window_clears(key, spec[2])
+                checks += self._window_checks(key, spec[2], (-REFUND_ALL, -REFUND_ALL), time.time())
             else:
                 checks.append(Check(self._options.prefix + key, self._limit(spec), cost=-REFUND_ALL))
         return checks
@@ -292,18 +301,22 @@ class RatemeshStorage(
             return False
         self._remember(key, ("sliding_window_counter", limit, expiry))
         now = time.time()
-        checks = self._window_checks(key, expiry, amount, now)
+        checks = self._window_checks(key, expiry, (0, amount), now)
         admits = self._sliding_admits(self._client.check_batch(checks), limit, expiry, now)
         if admits is None and amount > 0:
-            self._client.refund(checks[1].key, checks[1].target, amount)
+            try:
+                self._client.refund(checks[1].key, checks[1].target, amount)
+            except RatemeshError:
+                pass  # Counted above the limit until the window ends: refuses early, never late.
         return bool(admits)
 
     def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
         now = time.time()
-        return self._sliding_window(self._client.check_batch(self._window_checks(key, expiry, 0, now)), expiry, now)
+        windows = self._client.check_batch(self._window_checks(key, expiry, (0, 0), now))
+        return self._sliding_window(windows, expiry, now)
 
     def clear_sliding_window(self, key: str, expiry: int) -> None:
-        self._client.check_batch(self._window_clears(key, expiry))
+        self._client.check_batch(self._window_checks(key, expiry, (-REFUND_ALL, -REFUND_ALL), time.time()))
 
 
 class AsyncRatemeshStorage(
@@ -388,16 +401,19 @@ class AsyncRatemeshStorage(
             return False
         self._remember(key, ("sliding_window_counter", limit, expiry))
         now = time.time()
-        checks = self._window_checks(key, expiry, amount, now)
+        checks = self._window_checks(key, expiry, (0, amount), now)
         admits = self._sliding_admits(await self._client.check_batch(checks), limit, expiry, now)
         if admits is None and amount > 0:
-            await self._client.refund(checks[1].key, checks[1].target, amount)
+            try:
+                await self._client.refund(checks[1].key, checks[1].target, amount)
+            except RatemeshError:
+                pass  # Counted above the limit until the window ends: refuses early, never late.
         return bool(admits)
 
     async def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
         now = time.time()
-        windows = await self._client.check_batch(self._window_checks(key, expiry, 0, now))
+        windows = await self._client.check_batch(self._window_checks(key, expiry, (0, 0), now))
         return self._sliding_window(windows, expiry, now)
 
     async def clear_sliding_window(self, key: str, expiry: int) -> None:
-        await self._client.check_batch(self._window_clears(key, expiry))
+        await self._client.check_batch(self._window_checks(key, expiry, (-REFUND_ALL, -REFUND_ALL), time.time()))

@@ -173,10 +173,10 @@ impl Node {
                 WireMode::Exact => api::Mode::Exact,
                 WireMode::Approximate => api::Mode::Approximate,
             };
-            // Adjustments are not admissions: not audited.
-            let (fallback, audit) = (api::Fallback::LocalShare, api::Audit::Off);
-            let policy =
-                Arc::new(Policy { limit, mode, fallback, audit, region: api::PolicyRegion::default() });
+            // Adjustments are not admissions: not audited. They carry no terms between regions:
+            // the key's own (from its checks) keep its part.
+            let region = self.keys.extra(key).map_or_else(api::PolicyRegion::default, |m| m.policy.region);
+            let policy = handoff::wire_policy(&limit, mode, region);
             let adjustment = match item.kind {
                 AdjustKind::Refund => Adjustment::Refund,
                 AdjustKind::Charge => Adjustment::Charge,

@@ -40,6 +40,11 @@ impl Node {
             now,
             || KeyMeta::new(policy.clone(), false),
             |bucket, meta| {
+                if meta.policy.region != policy.region {
+                    // The policy's terms between regions changed (a reload), or the key's state
+                    // came without them: its reports carry the check's.
+                    meta.policy = Arc::new(Policy { region: policy.region, ..Policy::clone(&meta.policy) });
+                }
                 let follower = meta.follower();
                 if follower.owner != Some(owner) {
                     follower.follow(owner, keys::new_epoch(rng));

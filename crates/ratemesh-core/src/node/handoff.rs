@@ -31,7 +31,7 @@ impl Node {
             };
             let key = KeyHash(state.key);
             let owned = self.ring.owner(key) == Some(self.id);
-            let policy = state_policy(&limit);
+            let policy = state_policy(&limit, state.region);
             let joined = self.keys.upsert_with(
                 key,
                 &limit,
@@ -60,6 +60,7 @@ impl Node {
                         key: key.0,
                         limit,
                         state: exported.into(),
+                        region: state.region,
                     });
                 }
             }
@@ -111,9 +112,9 @@ impl Node {
     pub(super) fn key_replica(&mut self, key: KeyHash, now: Instant) -> Option<(NodeId, KeyState)> {
         let successor = self.ring.successor(key).filter(|&s| s != self.id)?;
         let meta = self.keys.extra(key).filter(|meta| meta.owned)?;
-        let limit = LimitWire::from_limit(&meta.policy.limit);
+        let (limit, region) = (LimitWire::from_limit(&meta.policy.limit), meta.policy.region);
         let state = self.keys.export(key, now)?;
-        Some((successor, KeyState { key: key.0, limit, state: state.into() }))
+        Some((successor, KeyState { key: key.0, limit, state: state.into(), region }))
     }
 
     /// Sends `states` (at most `sync_batch_len_max`) to `successor` as replicas.
@@ -157,6 +158,7 @@ impl Node {
                         key: key.0,
                         limit: LimitWire::from_limit(&meta.policy.limit),
                         state: bucket.export(now).into(),
+                        region: meta.policy.region,
                     });
                 }
                 if !was_owned && owner == me {
@@ -201,15 +203,15 @@ impl Node {
     }
 }
 
-/// The policy a key's state is kept under when it arrives without one (a handoff, a replica, a
-/// snapshot read back): its limit, approximate, local share, not audited (the audit goes by the
-/// checks' policies). A client's next check brings the key's own policy.
-pub(super) fn state_policy(limit: &Limit) -> Arc<Policy> {
-    Arc::new(Policy {
-        limit: limit.clone(),
-        mode: api::Mode::Approximate,
-        fallback: api::Fallback::LocalShare,
-        audit: api::Audit::Off,
-        region: api::PolicyRegion::default(),
-    })
+/// The policy a key's state is kept under when it arrives without a client's (a handoff, a
+/// replica, a report, a snapshot read back): its limit in `mode`, local share, not audited (the
+/// audit goes by the checks' policies), under the terms between regions it came with. A
+/// client's next check brings the key's own policy.
+pub(super) fn wire_policy(limit: &Limit, mode: api::Mode, region: api::PolicyRegion) -> Arc<Policy> {
+    Arc::new(Policy { audit: api::Audit::Off, region, ..Policy::new(limit.clone(), mode) })
+}
+
+/// [`wire_policy`] of a state: approximate.
+pub(super) fn state_policy(limit: &Limit, region: api::PolicyRegion) -> Arc<Policy> {
+    wire_policy(limit, api::Mode::Approximate, region)
 }

@@ -84,7 +84,7 @@ pub use api::{
     AUDIT_KEYS_MAX_DEFAULT, AdjustRequest, Adjustment, Audit, CheckOutcome, CheckRequest, Event,
     FRAME_ENTRY_BYTES_MAX, FRAME_LEN_MIN, Fallback, MemberView, Mode, NodeConfig, NodeConfigError, NodeId,
     Policy, PolicyRegion, REGION_LEASE_MS_DEFAULT, REGION_SYNC_INTERVAL_MS_DEFAULT, RING_VNODES_MAX,
-    RegionFallback, RegionId, RequestId, SYNC_INTERVAL_MS_DEFAULT, Transmit, ViewChange,
+    RequestId, SYNC_INTERVAL_MS_DEFAULT, Transmit, ViewChange,
 };
 pub use audit::{AUDIT_SPAN_NANOS, AuditFigures, AuditKeyFigures, AuditStats, AuditSums, AuditWindow};
 pub use leave::LeavePlan;

@@ -104,10 +104,8 @@ impl Node {
                         WireMode::Exact => api::Mode::Exact,
                         WireMode::Approximate => api::Mode::Approximate,
                     };
-                    let fallback = api::Fallback::LocalShare;
                     // The forwarder counts the answer for the audit (`audit.rs`): not this node.
-                    let (audit, region) = (api::Audit::Off, check.region);
-                    let policy = Arc::new(Policy { limit, mode, fallback, audit, region });
+                    let policy = handoff::wire_policy(&limit, mode, check.region);
                     last = Some((check.limit.clone(), check.mode, policy.clone()));
                     policy
                 }
@@ -197,7 +195,8 @@ impl Node {
         now: Instant,
     ) -> bool {
         let owned = self.ring.owner(key) == Some(self.id);
-        let policy = || KeyMeta::new(handoff::state_policy(limit), owned);
+        let region = api::PolicyRegion::default();
+        let policy = || KeyMeta::new(handoff::state_policy(limit, region), owned);
         self.keys.upsert_with(key, limit, now, policy, |bucket, _| bucket.release(limit, lease, now))
     }
 
@@ -261,8 +260,13 @@ impl Node {
     ) -> Option<Grant> {
         let limit = report.limit.to_limit().ok()?;
         let key = KeyHash(report.key);
-        let (mode, fallback, audit) = (api::Mode::Approximate, api::Fallback::LocalShare, api::Audit::Off);
-        let policy = Arc::new(Policy { limit, mode, fallback, audit, region: report.region });
+        // A follower whose state came without terms (a snapshot read back) reports none: the
+        // key keeps those its checks brought.
+        let region = match report.region == api::PolicyRegion::default() {
+            true => self.keys.extra(key).map_or(report.region, |meta| meta.policy.region),
+            false => report.region,
+        };
+        let policy = handoff::state_policy(&limit, region);
         // A side of a partition whose share rounds to nothing still debits and credits what it
         // is told, under the whole limit, and grants nothing.
         let scaled = self.owner_limit(&policy, key, now);

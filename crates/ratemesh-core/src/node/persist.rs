@@ -137,7 +137,9 @@ impl Node {
             let owned = owner == self.id;
             let limit = durable.limit;
             let state = durable.state.aged(age_nanos);
-            let policy = state_policy(&limit);
+            // Snapshots on disk keep no terms between regions: a check, or the home's next
+            // grant, brings them back.
+            let policy = state_policy(&limit, PolicyRegion::default());
             let joined = self.keys.upsert_with(
                 key,
                 &limit,
@@ -158,8 +160,8 @@ impl Node {
                     self.replicas_due.insert(key);
                 }
             } else {
-                let state =
-                    KeyState { key: key.0, limit: LimitWire::from_limit(&limit), state: merged.into() };
+                let (limit, region) = (LimitWire::from_limit(&limit), PolicyRegion::default());
+                let state = KeyState { key: key.0, limit, state: merged.into(), region };
                 handoffs.entry(owner).or_default().push(state);
             }
         }

@@ -860,8 +860,7 @@ impl Node {
             applied_part: report.applied_part.min(value),
         };
         let ids = self.regions.ids.clone();
-        let policy =
-            Arc::new(Policy { region: report.region, ..Policy::clone(&handoff::state_policy(&limit)) });
+        let policy = handoff::state_policy(&limit, report.region);
         let (grants, first) = self.keys.upsert_with(
             key,
             &limit,
@@ -887,7 +886,7 @@ impl Node {
                 lease_nanos,
                 report_count: g.report_count,
                 first: first && i == 0,
-                region: PolicyRegion { home: report.region.home, fallback: None },
+                region: report.region,
             };
             let to = g.to;
             if to == self.id {
@@ -952,6 +951,12 @@ impl Node {
             // new home owner numbers its own.
             if lease.home == Some(home) && grant.seq <= lease.seq {
                 return None;
+            }
+            if meta.policy.region == PolicyRegion::default() {
+                // The key's state came without its terms (a snapshot read back): the home that
+                // granted under them (`on_region_grants` checked it) is the key's, so its
+                // reports go back there.
+                meta.policy = Arc::new(Policy { region: grant.region, ..Policy::clone(&meta.policy) });
             }
             let part = grant.part.min(limit.spec().limit);
             let decrease = part < lease.part;

@@ -12,6 +12,7 @@ use std::println;
 
 use super::*;
 use crate::limit::Algorithm;
+use crate::{RegionFallback, RegionId};
 
 const LATENCY_NANOS: u64 = 1_000_000;
 

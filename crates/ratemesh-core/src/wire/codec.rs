@@ -15,7 +15,7 @@ use super::{
     LimitWire, RegionGrant, RegionReport, Release, Report, SnapshotWire, WireError, WireMode,
 };
 use crate::limit::Algorithm;
-use crate::node::{PolicyRegion, RegionFallback, RegionId};
+use crate::region::{PolicyRegion, RegionFallback, RegionId};
 
 /// A frame as postcard writes it.
 #[derive(Serialize, Deserialize)]
@@ -47,8 +47,9 @@ enum Section {
     RegionGrant(Vec<RegionGrantItem>),
     /// Added after them, likewise.
     Audit(Vec<AuditItem>),
-    /// Added after it, likewise: the region reports' and grants' terms that are not the
-    /// defaults (a policy's pinned home region or its own fallback), by position.
+    /// Added after it, likewise: the terms between regions of the items that carry a policy's
+    /// limit (forwards, reports, handoffs, replicas, region reports and grants) where they are
+    /// not the defaults (a policy's pinned home region or its own fallback), by position.
     RegionTerms(Vec<RegionTermsItem>),
 }
 
@@ -70,6 +71,8 @@ enum TermsOf {
     Report,
     RegionReport,
     RegionGrant,
+    Handoff,
+    Replica,
 }
 
 /// [`RegionFallback`] on the wire.
@@ -105,6 +108,8 @@ fn region_terms(body: &Body) -> Vec<RegionTermsItem> {
         (TermsOf::Report, body.report.iter().map(|r| r.region).collect()),
         (TermsOf::RegionReport, body.region_report.iter().map(|r| r.region).collect()),
         (TermsOf::RegionGrant, body.region_grant.iter().map(|g| g.region).collect()),
+        (TermsOf::Handoff, body.handoff.iter().map(|s| s.region).collect()),
+        (TermsOf::Replica, body.replica.iter().map(|s| s.region).collect()),
     ];
     let mut items = Vec::new();
     for (of, terms) in sections {
@@ -112,6 +117,7 @@ fn region_terms(body: &Body) -> Vec<RegionTermsItem> {
             if region != PolicyRegion::default() {
                 items.push(RegionTermsItem {
                     of,
+                    // A frame holds far fewer items than u32::MAX (each takes bytes).
                     index: index as u32,
                     home_region: region.home.map(|r| r.0),
                     fallback: region.fallback.map(FallbackCode::of),
@@ -130,6 +136,8 @@ fn apply_region_terms(body: &mut Body, items: Vec<RegionTermsItem>) -> Result<()
         let target = match item.of {
             TermsOf::Forward => body.forward.get_mut(index).map(|f| &mut f.region),
             TermsOf::Report => body.report.get_mut(index).map(|r| &mut r.region),
+            TermsOf::Handoff => body.handoff.get_mut(index).map(|s| &mut s.region),
+            TermsOf::Replica => body.replica.get_mut(index).map(|s| &mut s.region),
             TermsOf::RegionReport => body.region_report.get_mut(index).map(|r| &mut r.region),
             TermsOf::RegionGrant => body.region_grant.get_mut(index).map(|g| &mut g.region),
         };
@@ -559,7 +567,8 @@ impl GrantItem {
 
 impl StateItem {
     fn into_state(self, limits: &Limits) -> Result<KeyState, WireError> {
-        Ok(KeyState { key: u128::from_le_bytes(self.key), limit: limits.get(self.limit)?, state: self.state })
+        let (key, limit) = (u128::from_le_bytes(self.key), limits.get(self.limit)?);
+        Ok(KeyState { key, limit, state: self.state, region: PolicyRegion::default() })
     }
 }
 

@@ -26,7 +26,7 @@ use crate::decision::{Decision, LeaseId};
 mod codec;
 
 use crate::limit::{Algorithm, CalendarWindow, Limit, LimitError, LimitSpec};
-use crate::node::PolicyRegion;
+use crate::region::PolicyRegion;
 use crate::time::{Instant, duration_nanos};
 
 /// The wire version this build speaks.
@@ -558,8 +558,8 @@ pub struct RegionGrant {
     /// The key's first lease anywhere: the key is new, and the region may have its part of a
     /// full bucket.
     pub first: bool,
-    /// The policy's terms the report named ([`RegionReport::region`]): the receiver checks that
-    /// the sender is the key's home owner under its home.
+    /// The terms the report named ([`RegionReport::region`]): the receiver checks that the
+    /// sender is the key's home owner under their home, and a release echoes them.
     pub region: PolicyRegion,
 }
 
@@ -660,6 +660,9 @@ pub struct KeyState {
     pub limit: LimitWire,
     /// The state.
     pub state: SnapshotWire,
+    /// The key's policy's terms between regions (see [`ForwardCheck::region`]): the node that
+    /// takes the state over reports the key to the same home.
+    pub region: PolicyRegion,
 }
 
 /// Encodes `frame`, refusing to produce more than `frame_len_max` bytes.

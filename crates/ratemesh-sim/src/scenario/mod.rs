@@ -20,7 +20,7 @@ mod workload;
 
 use std::path::Path;
 
-use ratemesh_core::{Algorithm, Limit, LimitSpec, PolicyRegion};
+use ratemesh_core::{Algorithm, Limit, LimitSpec, PolicyRegion, RegionFallback};
 use serde::{Deserialize, Serialize};
 
 pub use self::environment::{
@@ -174,7 +174,7 @@ pub struct NodeSettings {
     /// `NodeConfig::region_lease` (used with `[network.regions]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region_lease_ms: Option<u64>,
-    /// `NodeConfig::region_fallback`: `floor` (default), `last` or `closed` (used with
+    /// `NodeConfig::region_fallback`: `last` (default), `floor` or `closed` (used with
     /// `[network.regions]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region_fallback: Option<String>,
@@ -277,7 +277,7 @@ impl Scenario {
         let Some(config) = self.policy_configs().get(index) else { return PolicyRegion::default() };
         PolicyRegion {
             home: config.home_region.map(crate::strategy::region_id),
-            fallback: config.region_fallback.as_deref().and_then(crate::strategy::region_fallback),
+            fallback: config.region_fallback.as_deref().and_then(RegionFallback::from_name),
         }
     }
 
@@ -289,7 +289,7 @@ impl Scenario {
             return Err(self.invalid(format!("policy home_region {home} is not a region (0..{regions})")));
         }
         if let Some(name) = config.region_fallback.as_deref()
-            && crate::strategy::region_fallback(name).is_none()
+            && RegionFallback::from_name(name).is_none()
         {
             return Err(self.invalid(format!("policy region_fallback {name:?} is not floor, last or closed")));
         }

@@ -52,7 +52,7 @@ impl Scenario {
             )));
         }
         if let Some(name) = self.node.region_fallback.as_deref()
-            && crate::strategy::region_fallback(name).is_none()
+            && ratemesh_core::RegionFallback::from_name(name).is_none()
         {
             return Err(self.invalid(format!("node.region_fallback {name:?} is not floor, last or closed")));
         }

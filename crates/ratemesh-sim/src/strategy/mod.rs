@@ -23,7 +23,7 @@ pub use crdt::Crdt;
 pub use gubernator::Gubernator;
 pub use ratemesh::Ratemesh;
 pub(crate) use ratemesh::node_config;
-pub use ratemesh::{audit_of, member_view, region_fallback, region_id, setup_config};
+pub use ratemesh::{audit_of, member_view, region_id, setup_config};
 pub use static_split::StaticSplit;
 
 use crate::error::SimError;

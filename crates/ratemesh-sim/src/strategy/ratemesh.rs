@@ -178,7 +178,7 @@ pub(crate) fn node_config(settings: &NodeSettings, sync_interval_ms: u64, join_g
         region_fallback: settings
             .region_fallback
             .as_deref()
-            .and_then(region_fallback)
+            .and_then(RegionFallback::from_name)
             .unwrap_or(defaults.region_fallback),
         // A restarted node serves once the others' views include it (the membership model's
         // join delay), as the library waits for gossip to spread.
@@ -214,14 +214,4 @@ pub fn member_view(view: &View, regions: Option<u32>) -> MemberView {
 /// The core's id of simulated region `region`: `RegionId::from_name("region-<region>")`.
 pub fn region_id(region: u32) -> RegionId {
     RegionId::from_name(&format!("region-{region}"))
-}
-
-/// The region fallback called `name` in a scenario (`floor`, `last`, `closed`).
-pub fn region_fallback(name: &str) -> Option<RegionFallback> {
-    match name {
-        "floor" => Some(RegionFallback::Floor),
-        "last" => Some(RegionFallback::Last),
-        "closed" => Some(RegionFallback::Closed),
-        _ => None,
-    }
 }

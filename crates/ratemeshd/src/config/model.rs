@@ -203,18 +203,10 @@ sections! {
     }
 }
 
-/// The configuration names of [`RegionFallback`], in the order the error message lists them.
-pub(super) const REGION_FALLBACKS: [(&str, RegionFallback); 3] =
-    [("floor", RegionFallback::Floor), ("last", RegionFallback::Last), ("closed", RegionFallback::Closed)];
-
 /// The [`RegionFallback`] named `name` in a configuration (`node.region_fallback`, a policy's
 /// `region_fallback`), or the message that refuses it.
 pub(super) fn region_fallback_named(name: &str) -> Result<RegionFallback, String> {
-    REGION_FALLBACKS
-        .iter()
-        .find(|(known, _)| *known == name)
-        .map(|&(_, fallback)| fallback)
-        .ok_or_else(|| format!("unknown {name:?}: use floor, last or closed"))
+    RegionFallback::from_name(name).ok_or_else(|| format!("unknown {name:?}: use floor, last or closed"))
 }
 
 /// Where `[node] id_from` takes the node's name from; the id is the name's ordinal or hash

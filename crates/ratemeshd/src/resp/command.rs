@@ -28,9 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratemesh::CheckError;
-use ratemesh_core::{
-    Algorithm, Audit, Decision, Limit, LimitError, LimitParameter, LimitSpec, Policy, PolicyRegion,
-};
+use ratemesh_core::{Algorithm, Decision, Limit, LimitError, LimitParameter, LimitSpec, Policy};
 use tracing::debug;
 
 use super::protocol;
@@ -302,13 +300,7 @@ fn throttle_target(parameters: [i64; 3]) -> Result<ThrottleTarget, String> {
         calendar: None,
     };
     let limit = Limit::new(spec).map_err(|error| format!("Cell error: {}", throttle_limit_error(&error)))?;
-    let inline = InlineLimit::new(Policy {
-        limit,
-        mode: MODE_DEFAULT,
-        fallback: FALLBACK_DEFAULT,
-        audit: Audit::default(),
-        region: PolicyRegion::default(),
-    });
+    let inline = InlineLimit::new(Policy { fallback: FALLBACK_DEFAULT, ..Policy::new(limit, MODE_DEFAULT) });
     Ok(ThrottleTarget { parameters, target: Target::Inline(inline), capacity })
 }
 

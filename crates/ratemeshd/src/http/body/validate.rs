@@ -71,13 +71,7 @@ impl LimitBody {
         };
         let limit = Limit::new(spec)
             .map_err(|error| invalid(sub(limit_error_field(&error)), limit_error_message(&error)))?;
-        Ok(InlineLimit::new(Policy {
-            limit,
-            mode,
-            fallback,
-            audit: Audit::default(),
-            region: PolicyRegion::default(),
-        }))
+        Ok(InlineLimit::new(Policy { fallback, ..Policy::new(limit, mode) }))
     }
 
     /// An inline calendar window, resolved for now (the request is decided at once). Its buckets
