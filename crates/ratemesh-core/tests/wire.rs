@@ -1255,6 +1255,29 @@ fn tables_and_sections_have_one_encoding() {
     assert_eq!(decode(&past_the_table, MAX), Err(WireError::LimitIndex { index: 1, len: 1 }));
 }
 
+/// (b) Region terms have one encoding too: an item naming no report, a default item (sent as
+/// nothing) and two items for one report are refused; the golden frame's ends with the section
+/// `0c`, two items: (forward 0, home 7, no fallback), (region report 1, home 7, closed).
+#[test]
+fn region_terms_have_one_encoding() {
+    let with_terms = golden_frames()
+        .into_iter()
+        .find(|(frame, _)| frame.body.forward.iter().any(|f| f.region.home.is_some()));
+    let (frame, _) = with_terms.expect("the region terms frame");
+    let bytes = enc(&frame);
+    let tail = [0x0c, 2, 0, 0, 1, 7, 0, 2, 1, 1, 7, 1, 2];
+    let at = bytes.len() - tail.len();
+    assert_eq!(&bytes[at..], &tail, "{}", hex(&bytes));
+    let with_tail = |tail: &[u8]| [&bytes[..at], tail].concat();
+    let no_such_report = with_tail(&[0x0c, 2, 0, 0, 1, 7, 0, 2, 5, 1, 7, 1, 2]);
+    assert_eq!(decode(&no_such_report, MAX), Err(WireError::NonCanonical));
+    let default_item = with_tail(&[0x0c, 2, 0, 0, 0, 0, 2, 1, 1, 7, 1, 2]);
+    assert_eq!(decode(&default_item, MAX), Err(WireError::NonCanonical));
+    let twice = with_tail(&[0x0c, 3, 0, 0, 1, 7, 0, 2, 1, 1, 7, 1, 2, 2, 1, 1, 7, 1, 2]);
+    assert_eq!(decode(&twice, MAX), Err(WireError::NonCanonical));
+    assert_eq!(decode(&bytes, MAX), Ok(frame));
+}
+
 /// What a frame costs per item, printed for the README (`cargo test -p ratemesh-core --test wire
 /// bytes_per_item -- --nocapture`): forwarded checks and answers under one shared limit, the
 /// common case of a batch.

@@ -569,6 +569,25 @@ fn a_leaving_owner_hands_its_keys_over() {
     assert_eq!(cluster.admit(1, k, &policy, 10) + cluster.admit(2, k, &policy, 10), 5, "20 − 15 left");
 }
 
+/// A key's terms between regions travel with its forwards, replicas and handoff: the owner
+/// that takes it over (it never saw a check of it) reports it to the same home.
+#[test]
+fn a_handed_over_key_keeps_its_policys_terms_between_regions() {
+    let mut cluster = Cluster::new(3);
+    let region =
+        PolicyRegion { home: Some(RegionId::from_name("west")), fallback: Some(RegionFallback::Closed) };
+    let policy = Arc::new(Policy { region, ..Policy::clone(&policy(Mode::Exact, 1, 20)) });
+    let ring = Ring::new(&[NodeId(1), NodeId(2)], RING_VNODES_DEFAULT);
+    let k = keys_owned_by(3, &[1, 2, 3]).find(|&k| ring.owner(k) == Some(NodeId(2))).expect("a key");
+    assert_eq!(cluster.admit(1, k, &policy, 5), 5);
+    let terms = |cluster: &mut Cluster, node: u64| cluster.node(node).keys.extra(k).map(|m| m.policy.region);
+    assert_eq!(terms(&mut cluster, 3), Some(region), "the forwards brought them to the owner");
+    // Node 3 leaves: node 2 takes the key over from its state alone (a replica, the handoff).
+    cluster.view(&[1, 2, 3], &[1, 2], &[]);
+    cluster.run_for(Duration::from_millis(20));
+    assert_eq!(terms(&mut cluster, 2), Some(region), "the state carried them");
+}
+
 #[test]
 fn an_unreachable_owner_leaves_the_local_share() {
     let mut cluster = Cluster::new(4);
