@@ -47,6 +47,15 @@ pub enum RegionFallback {
 }
 
 impl RegionFallback {
+    /// Its name in a configuration (the inverse of [`RegionFallback::from_name`]).
+    pub fn name(self) -> &'static str {
+        match self {
+            RegionFallback::Last => "last",
+            RegionFallback::Floor => "floor",
+            RegionFallback::Closed => "closed",
+        }
+    }
+
     /// The fallback named `name` in a configuration: `last`, `floor` or `closed`.
     pub fn from_name(name: &str) -> Option<RegionFallback> {
         match name {

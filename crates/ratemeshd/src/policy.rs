@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use ratemesh::Region;
 use ratemesh_core::{KeyHash, Namespace, Policy};
 
 use crate::config::{Config, EnvoyPattern, PolicyConfig, Rule, ValuePattern};
@@ -42,6 +43,8 @@ pub struct PolicyEntry {
     pub overrides: BTreeMap<String, Arc<PolicyEntry>>,
     /// Named tiers, by name: each its own entry (same name, its own limit and buckets).
     pub tiers: BTreeMap<String, Arc<PolicyEntry>>,
+    /// The name of its home region, if it pins one (`home_region`).
+    pub home_region: Option<Region>,
 }
 
 impl PolicyEntry {
@@ -59,6 +62,7 @@ impl PolicyEntry {
             namespace: Namespace::new(namespace.as_bytes()),
             overrides: BTreeMap::new(),
             tiers: BTreeMap::new(),
+            home_region: self.home_region,
         }
     }
 
@@ -232,6 +236,7 @@ impl PolicyTable {
                 namespace: Namespace::new(policy.name.as_bytes()),
                 overrides: BTreeMap::new(),
                 tiers: BTreeMap::new(),
+                home_region: policy.home_region,
             };
             let variants = |kind: &str, list: &BTreeMap<String, Arc<Policy>>| {
                 let of = |(name, p): (&String, &Arc<Policy>)| {

@@ -76,6 +76,8 @@ algorithm = "fixed_window"
 limit = 2
 period_ms = 3600000
 mode = "exact"
+home_region = "eu-west"
+region_fallback = "closed"
 
 [[policies]]
 name = "shadow"
@@ -537,6 +539,10 @@ async fn metrics_health_readiness_cluster_and_policies() {
     assert_eq!(login["limit"], json!(2));
     assert_eq!(login["period_ms"], json!(3_600_000));
     assert_eq!(login["mode"], json!("exact"));
+    assert_eq!(login["home_region"], json!("eu-west"));
+    assert_eq!(login["region_fallback"], json!("closed"));
+    let shadow = list.iter().find(|p| p["name"] == "shadow").expect("shadow listed");
+    assert!(shadow.get("home_region").is_none() && shadow.get("region_fallback").is_none(), "{shadow}");
     let free = list.iter().find(|p| p["name"] == "free").expect("free listed");
     assert_eq!(free["unlimited"], json!(true));
     let envoy = list.iter().find(|p| p["name"] == "envoy").expect("envoy listed");

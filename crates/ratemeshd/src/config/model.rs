@@ -566,6 +566,8 @@ pub struct PolicyConfig {
     /// `tiers = [{ name, limit, burst, period_ms }]`: named limits a check may ask for with
     /// `"tier"` (a limited policy only), by name.
     pub tiers: BTreeMap<String, Arc<Policy>>,
+    /// `home_region`: its name, as configured (the rule's policy holds its id).
+    pub home_region: Option<Region>,
 }
 /// What a policy enforces.
 #[derive(Clone, Debug, PartialEq, Eq)]

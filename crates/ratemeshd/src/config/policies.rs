@@ -79,6 +79,7 @@ impl Ctx<'_> {
             Some(v) => v.value.clone(),
         };
         let envoy = self.envoy_pattern(i, p)?;
+        let (region, home_region) = self.region(i, p)?;
         let unlimited = p.unlimited.as_ref().is_some_and(|v| v.value);
         let rule = if unlimited {
             if envoy.is_none() {
@@ -109,14 +110,14 @@ impl Ctx<'_> {
             }
             Rule::Unlimited
         } else if p.window.is_some() {
-            Rule::Calendar(Arc::new(self.calendar(i, p, &table)?))
+            Rule::Calendar(Arc::new(self.calendar(i, p, &table, region)?))
         } else {
-            Rule::Limited(Arc::new(self.limited(i, p, &table)?))
+            Rule::Limited(Arc::new(self.limited(i, p, &table, region)?))
         };
         let shadow_mode = p.shadow_mode.as_ref().is_some_and(|v| v.value);
         let overrides = self.variants(i, "overrides", p.overrides.as_ref(), &rule)?;
         let tiers = self.variants(i, "tiers", p.tiers.as_ref(), &rule)?;
-        Ok(PolicyConfig { name, envoy, rule, shadow_mode, overrides, tiers })
+        Ok(PolicyConfig { name, envoy, rule, shadow_mode, overrides, tiers, home_region })
     }
 
     /// A policy's `overrides` (named by `key`) or `tiers` (named by `name`): each its own limit
@@ -197,7 +198,13 @@ impl Ctx<'_> {
         Ok(variants)
     }
 
-    fn limited(&self, i: usize, p: &RawPolicy, table: &At) -> Result<Policy, ConfigError> {
+    fn limited(
+        &self,
+        i: usize,
+        p: &RawPolicy,
+        table: &At,
+        region: PolicyRegion,
+    ) -> Result<Policy, ConfigError> {
         let field = |name: &str| format!("policies[{i}].{name}");
         let missing =
             |name: &str| self.invalid(field(name), table, "missing (required unless unlimited = true)");
@@ -238,13 +245,18 @@ impl Ctx<'_> {
         })?;
         let (mode, fallback) = self.mode_and_fallback(i, p)?;
         let audit = self.audit(i, p, algorithm)?;
-        let region = self.region(i, p)?;
         Ok(Policy { limit, mode, fallback, audit, region })
     }
 
     /// A calendar-aligned fixed window: `window` (and `time_zone`, default UTC) instead of
     /// `period_ms`; `algorithm`, if given, is `fixed_window`.
-    fn calendar(&self, i: usize, p: &RawPolicy, table: &At) -> Result<CalendarPolicy, ConfigError> {
+    fn calendar(
+        &self,
+        i: usize,
+        p: &RawPolicy,
+        table: &At,
+        region: PolicyRegion,
+    ) -> Result<CalendarPolicy, ConfigError> {
         let field = |name: &str| format!("policies[{i}].{name}");
         let window = p.window.as_ref().ok_or_else(|| self.invalid(field("window"), table, "missing"))?;
         let unit = CalendarUnit::from_name(&window.value).ok_or_else(|| {
@@ -281,7 +293,6 @@ impl Ctx<'_> {
             Calendar::new(unit, zone).map_err(|error| self.invalid(field("time_zone"), zone_at, error))?;
         let (mode, fallback) = self.mode_and_fallback(i, p)?;
         let audit = self.audit(i, p, Algorithm::FixedWindow)?;
-        let region = self.region(i, p)?;
         CalendarPolicy::new(calendar, limit.value, (mode, fallback, audit, region))
             .map_err(|error| self.invalid(field("limit"), &limit.at, error))
     }
@@ -331,13 +342,13 @@ impl Ctx<'_> {
 
     /// `home_region` (a region's name, as in `node.region`; default: a hash of each key over
     /// the regions) and `region_fallback` (`last`, `floor` or `closed`; default: the node's
-    /// `node.region_fallback`): the policy's terms between regions.
-    fn region(&self, i: usize, p: &RawPolicy) -> Result<PolicyRegion, ConfigError> {
+    /// `node.region_fallback`): the policy's terms between regions, and its home's name.
+    fn region(&self, i: usize, p: &RawPolicy) -> Result<(PolicyRegion, Option<Region>), ConfigError> {
         let field = |name: &str| format!("policies[{i}].{name}");
         let home = match &p.home_region {
             None => None,
             Some(v) => match Region::new(&v.value) {
-                Ok(region) if !region.is_none() => Some(region.id()),
+                Ok(region) if !region.is_none() => Some(region),
                 Ok(_) => {
                     return Err(self.invalid(field("home_region"), &v.at, "empty: leave it out for none"));
                 }
@@ -353,7 +364,7 @@ impl Ctx<'_> {
                     .map_err(|message| self.invalid(field("region_fallback"), &v.at, message))?,
             ),
         };
-        Ok(PolicyRegion { home, fallback })
+        Ok((PolicyRegion { home: home.map(|region| region.id()), fallback }, home))
     }
 
     fn mode_and_fallback(&self, i: usize, p: &RawPolicy) -> Result<(Mode, Fallback), ConfigError> {

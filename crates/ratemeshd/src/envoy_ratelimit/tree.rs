@@ -149,6 +149,7 @@ impl Loader {
             shadow_mode: descriptor.shadow_mode,
             overrides: Default::default(),
             tiers: Default::default(),
+            home_region: None,
         });
         Ok(())
     }

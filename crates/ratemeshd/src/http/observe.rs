@@ -150,6 +150,12 @@ pub(super) async fn policies(State(api): ApiState) -> Response {
                     }
                     item["mode"] = json!(mode_name(policy.mode));
                     item["fallback"] = json!(fallback_name(policy.fallback));
+                    if let Some(home) = entry.home_region {
+                        item["home_region"] = json!(home.name());
+                    }
+                    if let Some(fallback) = policy.region.fallback {
+                        item["region_fallback"] = json!(fallback.name());
+                    }
                 }
             }
             if !entry.tiers.is_empty() || !entry.overrides.is_empty() {

@@ -128,6 +128,7 @@ fn plan_descriptor(
                 namespace: matched.entry.namespace,
                 overrides: Default::default(),
                 tiers: Default::default(),
+                home_region: matched.entry.home_region,
             };
             let mut bucket_key = matched.bucket_key.clone();
             bucket_key.push(OVERRIDE_TAG);
