@@ -127,8 +127,10 @@ class DevTools:
 
 
 STATE_JS = r"""(() => {
-  // Until the page (not about:blank, not a document being replaced) is there: nothing yet.
-  if (!document.documentElement || !document.getElementById("updated")) return null;
+  // Until the page (not about:blank, not a document being replaced or still parsed: every
+  // element read below) is there: nothing yet.
+  if (document.readyState === "loading" || !document.documentElement) return null;
+  if (!document.getElementById("updated") || !document.getElementById("audit-caption")) return null;
   const rows = (id) => Array.from(document.querySelectorAll(`#${id} tbody tr`));
   const members = rows("members").map((r) => ({
     id: r.cells[0].textContent, status: r.cells[1].textContent, share: r.cells[2].textContent }));
