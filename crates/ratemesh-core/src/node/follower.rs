@@ -43,7 +43,7 @@ impl Node {
                 if meta.policy.region != policy.region {
                     // The policy's terms between regions changed (a reload), or the key's state
                     // came without them: its reports carry the check's.
-                    meta.policy = Arc::new(Policy { region: policy.region, ..Policy::clone(&meta.policy) });
+                    meta.policy = handoff::with_region(&meta.policy, policy.region);
                 }
                 let follower = meta.follower();
                 if follower.owner != Some(owner) {

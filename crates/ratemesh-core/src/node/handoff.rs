@@ -211,6 +211,12 @@ pub(super) fn wire_policy(limit: &Limit, mode: api::Mode, region: api::PolicyReg
     Arc::new(Policy { audit: api::Audit::Off, region, ..Policy::new(limit.clone(), mode) })
 }
 
+/// `policy` under `region`'s terms between regions (a key's stored policy taking the terms a
+/// check or its home brought; its mode and audit stay).
+pub(super) fn with_region(policy: &Policy, region: api::PolicyRegion) -> Arc<Policy> {
+    Arc::new(Policy { region, ..policy.clone() })
+}
+
 /// [`wire_policy`] of a state: approximate.
 pub(super) fn state_policy(limit: &Limit, region: api::PolicyRegion) -> Arc<Policy> {
     wire_policy(limit, api::Mode::Approximate, region)

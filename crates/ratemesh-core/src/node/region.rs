@@ -628,12 +628,13 @@ impl Node {
         }
         let floor = self.regions.floor(policy.limit.spec().limit);
         let lease = self.keys.extra(key).and_then(|meta| meta.region.as_deref().copied()).unwrap_or_default();
-        Some(lease.part_at(now, floor, self.region_fallback(policy)))
+        Some(lease.part_at(now, floor, self.region_fallback(policy.region)))
     }
 
-    /// What `policy`'s parts fall to when a lease lapses: its own choice, else this node's.
-    fn region_fallback(&self, policy: &Policy) -> RegionFallback {
-        policy.region.fallback.unwrap_or(self.config.region_fallback)
+    /// What a part under `region`'s terms falls to when a lease lapses: the policy's own
+    /// choice, else this node's.
+    fn region_fallback(&self, region: PolicyRegion) -> RegionFallback {
+        region.fallback.unwrap_or(self.config.region_fallback)
     }
 
     /// Before a decision on `key` under `part` of its limit: the bucket is re-expressed in that
@@ -696,9 +697,7 @@ impl Node {
             // The key's state came without its policy (a handoff, a report): a check brings its
             // terms between regions (only them: the key keeps its mode and audit).
             let (limit, region) = (policy.limit.clone(), policy.region);
-            self.keys.update(key, &limit, |_, meta| {
-                meta.policy = Arc::new(Policy { region, ..Policy::clone(&meta.policy) });
-            });
+            self.keys.update(key, &limit, |_, meta| meta.policy = handoff::with_region(&meta.policy, region));
         }
         let lease = self.keys.extra(key).and_then(|meta| meta.region.as_deref().copied());
         // A key with no live lease is reported at once (once an interval): it decides by its
@@ -775,7 +774,7 @@ impl Node {
         let (home, owner) = self.regions.home(key, policy.region.home);
         let Some(home_owner) = owner else { return };
         let floor = self.regions.floor(policy.limit.spec().limit);
-        let fallback = self.region_fallback(policy);
+        let fallback = self.region_fallback(policy.region);
         let lease = self.keys.update(key, &policy.limit, |_, meta| {
             let lease = meta.region.get_or_insert_with(Box::default);
             lease.reported_at = now;
@@ -845,7 +844,7 @@ impl Node {
             value,
             floor: self.regions.floor(value),
             even: value / self.regions.count() as u64,
-            fallback: report.region.fallback.unwrap_or(self.config.region_fallback),
+            fallback: self.region_fallback(report.region),
             lease_nanos: duration_nanos(self.config.region_lease)
                 .saturating_add(duration_nanos(self.config.region_sync_interval)),
             new_nanos: duration_nanos(self.config.region_sync_interval).saturating_mul(2),
@@ -956,7 +955,7 @@ impl Node {
                 // The key's state came without its terms (a snapshot read back): the home that
                 // granted under them (`on_region_grants` checked it) is the key's, so its
                 // reports go back there.
-                meta.policy = Arc::new(Policy { region: grant.region, ..Policy::clone(&meta.policy) });
+                meta.policy = handoff::with_region(&meta.policy, grant.region);
             }
             let part = grant.part.min(limit.spec().limit);
             let decrease = part < lease.part;
