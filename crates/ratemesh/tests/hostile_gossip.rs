@@ -51,7 +51,7 @@ impl Insider {
 }
 
 fn keys(secret: &str) -> GossipKeys {
-    GossipKeys::derive(&ClusterSecret::new(secret).unwrap(), "ratemesh").unwrap()
+    GossipKeys::derive(&ClusterSecret::new(secret).unwrap(), &cluster_id()).unwrap()
 }
 
 const INCARNATIONS: [u64; 3] = [1_000_001, 2_000_002, 3_000_003];
@@ -161,7 +161,7 @@ fn forged(ids: &[Id]) -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ("protocol rewrite", rewrite(KEY_PROTOCOL, "255")),
         ("heartbeat overflow", vec![wire::syn_ack(&[heartbeat], &wire::stored(&[]))]),
         ("self-state reset", vec![wire::ack(&wire::stored(&wire::ops(&[reset])))]),
-        ("oversize digests", (0..3).map(|i| wire::syn("ratemesh", &fakes(i * 450))).collect()),
+        ("oversize digests", (0..3).map(|i| wire::syn(&cluster_id(), &fakes(i * 450))).collect()),
         ("panicking delta", vec![wire::syn_ack(&[], &wire::stored(&panicking))]),
         ("compression bomb", vec![bomb()]),
         ("reflection probe", vec![wire::syn_ack(&[], &[0])]),
@@ -302,7 +302,7 @@ async fn insiders_are_bounded(target: &mut Target, sender: SocketAddr) {
             max_version: 0,
         })
         .collect();
-    let datagram = target.insider.seal(sender, &wire::syn("ratemesh", &many));
+    let datagram = target.insider.seal(sender, &wire::syn(&cluster_id(), &many));
     target.refused("insider oversize digest", &[datagram], 0, |s| s.rejected_over_bound).await;
     // A newer generation of the receiver itself (only it writes its own state).
     let mut newer = target.ids[0].clone();
@@ -319,10 +319,10 @@ async fn no_reply_to_unauthenticated(target: &mut Target) {
     let to = target.node(0).gossip_addr();
     let before = target.nodes[0].metrics().gossip.rejected_unauthenticated;
     prober.send_to(&wire::syn_ack(&[], &[0]), to).await.unwrap();
-    prober.send_to(&wire::syn("ratemesh", &[]), to).await.unwrap();
+    prober.send_to(&wire::syn(&cluster_id(), &[]), to).await.unwrap();
     eventually("probe refused", || target.nodes[0].metrics().gossip.rejected_unauthenticated == before + 2)
         .await;
-    let authentic = target.insider.seal(prober.local_addr().unwrap(), &wire::syn("ratemesh", &[]));
+    let authentic = target.insider.seal(prober.local_addr().unwrap(), &wire::syn(&cluster_id(), &[]));
     prober.send_to(&authentic, to).await.unwrap();
     let mut buffer = vec![0_u8; 65_536];
     let (len, from) = tokio::time::timeout(WAIT, prober.recv_from(&mut buffer)).await.unwrap().unwrap();

@@ -223,8 +223,7 @@ impl Cluster {
 
     /// [`Cluster::start`] with gossip rounds `gossip_ms` apart.
     fn start_with_gossip(name: &str, len: u64, durable: bool, gossip_ms: u64) -> Cluster {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("processes-{name}-{}", std::process::id()));
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(cluster_id(name));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch directory");
         let addrs = free_addrs(len as usize);
@@ -244,7 +243,7 @@ impl Cluster {
             } else {
                 String::new()
             };
-            let text = node_config(id, &addrs, &seeds, &node_extra).replace(
+            let text = node_config(&cluster_id(name), id, &addrs, &seeds, &node_extra).replace(
                 &format!("gossip_interval_ms = {GOSSIP_INTERVAL_MS}\n"),
                 &format!("gossip_interval_ms = {gossip_ms}\n"),
             );
@@ -368,15 +367,23 @@ impl Drop for Cluster {
     }
 }
 
-/// Node `id`'s configuration file; `node_extra` goes into its `[node]` section.
-fn node_config(id: u64, addrs: &Addrs, seeds: &str, node_extra: &str) -> String {
+/// The name of the test cluster `name` of this process. Tests run at once and reuse ephemeral
+/// ports: a node of one cluster gossiping to an address that another test's node took over must
+/// not merge the two, and gossip is sealed under keys derived from the name.
+fn cluster_id(name: &str) -> String {
+    format!("processes-{name}-{}", std::process::id())
+}
+
+/// Node `id`'s configuration file in the cluster named `cluster_id`; `node_extra` goes into its
+/// `[node]` section.
+fn node_config(cluster_id: &str, id: u64, addrs: &Addrs, seeds: &str, node_extra: &str) -> String {
     format!(
         r#"[node]
 id = {id}
 {node_extra}
 
 [cluster]
-cluster_id = "processes"
+cluster_id = "{cluster_id}"
 seeds = [{seeds}]
 secret = "{SECRET}"
 gossip_interval_ms = {GOSSIP_INTERVAL_MS}
@@ -1776,8 +1783,7 @@ impl Cluster {
         cut_node: u64,
         cut: std::ops::Range<f64>,
     ) -> (Cluster, Relay) {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("processes-{name}-{}", std::process::id()));
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(cluster_id(name));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch directory");
         // Six nodes' worth of distinct ports: three nodes, and the relay's ports (the UDP ports of
@@ -1792,7 +1798,7 @@ impl Cluster {
             let id = i as u64 + 1;
             let seeds = if id == 1 { String::new() } else { seed.clone() };
             let (gossip_port, quic_port) = relay_ports[i];
-            let text = node_config(id, &addrs, &seeds, "")
+            let text = node_config(&cluster_id(name), id, &addrs, &seeds, "")
                 .replace(
                     &format!("gossip_interval_ms = {GOSSIP_INTERVAL_MS}\n"),
                     &format!("gossip_interval_ms = {gossip_ms}\n"),

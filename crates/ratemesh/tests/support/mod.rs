@@ -35,9 +35,21 @@ pub fn node_config() -> NodeConfig {
     }
 }
 
-/// A builder for test node `id` in the cluster secured by `secret`, joining through `seeds`.
+/// The cluster name of the calling test: its process and its thread (libtest and nextest run a
+/// test's body on a thread named after the test). Tests run at once, in one process and in
+/// several, and each binds ephemeral ports: a node of a finished cluster still gossiping to
+/// a seed address that a later test's node now holds would join that cluster if both shared a
+/// name and a secret. Gossip is sealed under keys derived from the name, so it cannot.
+pub fn cluster_id() -> String {
+    let thread = std::thread::current();
+    format!("test-{}-{}", std::process::id(), thread.name().unwrap_or("unnamed"))
+}
+
+/// A builder for test node `id` in the calling test's cluster ([`cluster_id`]) secured by
+/// `secret`, joining through `seeds`. Call it from the test's body, not from a spawned task.
 pub fn builder(id: u64, secret: &str, seeds: &[SocketAddr]) -> NodeBuilder {
     NodeBuilder::new(NodeId(id))
+        .cluster_id(cluster_id())
         .security(ClusterSecurity::from_secret(secret).unwrap())
         .seeds(seeds.iter().copied())
         .gossip_interval(GOSSIP_INTERVAL)
