@@ -270,6 +270,7 @@ fn body() -> impl Strategy<Value = Body> {
         vec(region_report, 0..VEC_LEN),
         vec(region_grant, 0..VEC_LEN),
         vec(audit, 0..VEC_LEN),
+        proptest::option::of(int()),
     )
         .prop_map(
             |(
@@ -284,6 +285,7 @@ fn body() -> impl Strategy<Value = Body> {
                 region_report,
                 region_grant,
                 audit,
+                audit_clock_nanos,
             )| Body {
                 forward,
                 decided,
@@ -296,6 +298,7 @@ fn body() -> impl Strategy<Value = Body> {
                 region_report,
                 region_grant,
                 audit,
+                audit_clock_nanos,
             },
         )
 }

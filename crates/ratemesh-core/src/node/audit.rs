@@ -8,7 +8,9 @@
 //! hit. The pieces ride to the owner with the node's reports (the `audit` section of a frame)
 //! once [`Node::audit_flush_nanos`] old, as ages (how long before the send): the owner places
 //! them on its own clock (receive time minus the age minus half the round trip), so no clocks
-//! are compared. The owner counts its own clients' checks; the ones it decides for others are
+//! are compared; a frame that waited on the way (a stalled stream) is placed back by its wait
+//! (`Peer::lateness_nanos`: the frame carries the sender's clock, compared only with the same
+//! sender's other frames). The owner counts its own clients' checks; the ones it decides for others are
 //! counted where they were answered, so none counts twice.
 //!
 //! The owner keeps, per audited key, the windows still open ([`Record`]): per tenth of a window

@@ -482,6 +482,8 @@ impl Node {
                 region_report,
                 region_grant,
                 audit,
+                // Spent by `Peers::receive` on the audit pieces' ages.
+                audit_clock_nanos: _,
             } = body;
             self.on_forward(from, forward, now);
             self.on_adjust(from, adjust, now);

@@ -48,12 +48,15 @@ const RECV_WINDOW_LEN_MAX: usize = 4096;
 pub(crate) const ACK_DELAY_NANOS: u64 = 5_000_000;
 /// The most peers tracked (members plus senders outside the view).
 const PEERS_MAX: usize = 4096;
-/// Room a new frame keeps for what its retransmissions change: the acknowledgement fields
-/// (varints of up to ten bytes each).
+/// Room a new frame keeps for what its retransmissions change: the acknowledgement fields and
+/// the audit clock (varints of up to ten bytes each).
 const FRAME_SLACK_BYTES: usize = 64;
 /// Room a new frame keeps per audit piece: its two ages (varints) grow as it is sent again,
 /// from a byte each to six or seven an hour later.
 const AUDIT_AGES_GROWTH_BYTES: usize = 12;
+/// Two nodes' clocks drift apart by at most one part in this many (500 ppm, the most NTP
+/// slews a clock by): how fast the least transit seen of a peer's frames may creep up.
+const CLOCK_DRIFT_PARTS: u64 = 2_000;
 /// The shortest retransmission timeout, in nanoseconds.
 const RTO_MIN_NANOS: u64 = 2_000_000;
 /// The longest retransmission timeout, in nanoseconds.
@@ -133,6 +136,18 @@ struct Peer {
     /// When a frame from the peer last made it reachable again: its side counts this node
     /// reachable only once its own frames are acknowledged, up to a timeout later.
     back_at: Instant,
+    /// The least transit seen lately of the peer's frames that tell their send time.
+    transit: Option<Transit>,
+}
+
+/// The least of `receive time - send time` over a peer incarnation's frames (the clocks' offset
+/// plus the quickest transit), allowed to creep up by the clocks' drift, and when it was last
+/// updated.
+#[derive(Clone, Copy, Debug)]
+struct Transit {
+    incarnation: u64,
+    least_nanos: i128,
+    at: Instant,
 }
 
 /// Delivery counters, for metrics.
@@ -538,9 +553,15 @@ impl Peers {
             self.stats.duplicates += 1;
             return Ok(None);
         }
+        let mut body = frame.body;
+        // Audit pieces are placed by their ages from the arrival: a frame that waited on the way
+        // is placed back by the wait (its retransmissions, re-aged, queue behind it on a stream).
+        if let Some(clock) = body.audit_clock_nanos.take() {
+            body.age_audit(peer.lateness_nanos(frame.incarnation, clock, now));
+        }
         self.stats.frames_received += 1;
         let order = u128::from(frame.incarnation) << 64 | u128::from(frame.seq);
-        Ok(Some((order, frame.body)))
+        Ok(Some((order, body)))
     }
 
     /// The peer state of an authenticated sender; a sender outside the view (a member that just
@@ -577,12 +598,14 @@ impl Peers {
         &mut self,
         to: NodeId,
         seq: u64,
-        body: Body,
+        mut body: Body,
         now: Instant,
         len_max: usize,
     ) -> Result<(Transmit, Body), Box<Body>> {
         let Some(peer) = self.peers.get_mut(&to) else { return Err(Box::new(body)) };
         let una = peer.unacked.front().map_or(peer.next_seq, |f| f.seq);
+        // The audit pieces' ages count back from now (see `Peer::lateness_nanos`).
+        body.audit_clock_nanos = (!body.audit.is_empty()).then(|| now.as_nanos());
         let (ack, sack) = (peer.recv_floor, peer.sack_bits());
         let frame = Frame { from: self.me.0, incarnation: self.incarnation, seq, ack, sack, una, body };
         let Ok(bytes) = wire::encode(&frame, len_max) else { return Err(Box::new(frame.body)) };
@@ -641,7 +664,24 @@ impl Peer {
             left_owing_since: None,
             back_at: Instant::ZERO,
             acked_at: now,
+            transit: None,
         }
+    }
+
+    /// How much longer than the quickest of the peer's frames lately a frame of `incarnation`
+    /// sent at `clock` (the peer's clock) took to arrive at `now`: how long it waited on the way
+    /// (a stream stalled behind a loss or a cut delivers what it held when the path heals).
+    fn lateness_nanos(&mut self, incarnation: u64, clock: u64, now: Instant) -> u64 {
+        let transit = i128::from(now.as_nanos()) - i128::from(clock);
+        let least = match self.transit {
+            Some(t) if t.incarnation == incarnation => {
+                let drift = i128::from(now.nanos_since(t.at) / CLOCK_DRIFT_PARTS);
+                transit.min(t.least_nanos.saturating_add(drift))
+            }
+            _ => transit,
+        };
+        self.transit = Some(Transit { incarnation, least_nanos: least, at: now });
+        u64::try_from(transit - least).unwrap_or(0)
     }
 
     /// Drops frames the peer has acknowledged (`ack`: it has every sequence number below; `sack`:

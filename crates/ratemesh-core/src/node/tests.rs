@@ -26,6 +26,11 @@ struct Cluster {
     decided: Vec<(RequestId, Decision)>,
     /// Links that drop everything: (from, to).
     cut: Vec<(NodeId, NodeId)>,
+    /// Whether cut links hold their frames instead, as a stream stalled behind a loss does
+    /// (QUIC retransmits them), to deliver them in order at [`Cluster::heal`].
+    cut_holds: bool,
+    /// The frames held: (from, to, bytes).
+    held: Vec<(NodeId, NodeId, Vec<u8>)>,
     /// Deliver every frame twice.
     duplicate: bool,
     /// Frames lost at random, per thousand (from a fixed sequence: runs repeat).
@@ -60,6 +65,8 @@ impl Cluster {
             sent: 0,
             decided: vec![],
             cut: vec![],
+            cut_holds: false,
+            held: vec![],
             duplicate: false,
             loss_per_mille: 0,
             left: vec![],
@@ -80,6 +87,9 @@ impl Cluster {
             let node = self.nodes.get_mut(&id).expect("node exists");
             while let Some(transmit) = node.poll_transmit() {
                 if self.cut.contains(&(id, transmit.to)) {
+                    if self.cut_holds {
+                        self.held.push((id, transmit.to, transmit.bytes));
+                    }
                     continue;
                 }
                 if self.loss_per_mille > 0 {
@@ -485,6 +495,15 @@ fn approximate_mode_converges_to_the_limit() {
 }
 
 impl Cluster {
+    /// Ends every cut; the frames the links held arrive now, in the order they were sent.
+    fn heal(&mut self) {
+        self.cut.clear();
+        for (from, to, bytes) in core::mem::take(&mut self.held) {
+            self.sent += 1;
+            self.in_flight.push((self.now.add_nanos(self.latency_nanos), self.sent, from, to, bytes));
+        }
+    }
+
     /// Cuts `node` off from `others`, both ways.
     fn cut_off(&mut self, node: u64, others: &[u64]) {
         for &other in others {
@@ -2269,36 +2288,41 @@ fn the_owner_audits_what_the_whole_cluster_admitted() {
 
 /// A node cut off from the owner admits everything (fail-open): the cluster over-admits, and
 /// the owner's audit shows it once the node is heard again, in the windows the hits were
-/// admitted in (kept open meanwhile).
+/// admitted in (kept open meanwhile) — whether the cut dropped the frames (datagrams; the node
+/// sends them again, re-aged) or held them (a stream stalled behind a loss delivers the first
+/// copies first, aged as when they were sent: the owner places them back by their wait).
 #[test]
 fn the_audit_reports_an_over_admission_in_a_cut_after_the_heal() {
-    let mut cluster = Cluster::new(3);
-    let base = policy(Mode::Approximate, 100, 100);
-    let policy = Arc::new(Policy { fallback: Fallback::FailOpen, ..Policy::clone(&base) });
-    let k = key_owned_by(1, &[1, 2, 3]);
-    load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 2);
-    cluster.cut_off(3, &[1, 2]);
-    let cut = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 4);
-    let before_heal = cluster.node(1).audit_windows(k);
-    cluster.cut.clear();
-    cluster.run_for(Duration::from_secs(3));
-    let windows = cluster.node(1).audit_windows(k);
-    println!("cut {cut:?}\nbefore the heal {before_heal:?}\nafter {windows:?}");
-    assert!(
-        before_heal.iter().all(|w| w.index < cut[1].0),
-        "windows stay open while a member is unreachable: {before_heal:?}"
-    );
-    for &(index, admitted) in &cut[1..] {
-        let w = windows.iter().find(|w| w.index == index).expect("audited");
-        // Node 3 admits all it gets (70), the other two their two thirds of the limit.
-        assert!(admitted >= 130, "{cut:?}");
-        assert!(w.complete, "{w:?}");
-        assert!(w.admitted.abs_diff(admitted) <= 3, "{w:?} against {admitted}");
-        assert!(w.admitted >= w.ideal + 30, "reported above the ideal: {w:?}");
+    for cut_holds in [false, true] {
+        let mut cluster = Cluster::new(3);
+        cluster.cut_holds = cut_holds;
+        let base = policy(Mode::Approximate, 100, 100);
+        let policy = Arc::new(Policy { fallback: Fallback::FailOpen, ..Policy::clone(&base) });
+        let k = key_owned_by(1, &[1, 2, 3]);
+        load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 2);
+        cluster.cut_off(3, &[1, 2]);
+        let cut = load_aligned(&mut cluster, &policy, k, &[1, 2, 3], 70, 4);
+        let before_heal = cluster.node(1).audit_windows(k);
+        cluster.heal();
+        cluster.run_for(Duration::from_secs(3));
+        let windows = cluster.node(1).audit_windows(k);
+        println!("held {cut_holds}: cut {cut:?}\nbefore the heal {before_heal:?}\nafter {windows:?}");
+        assert!(
+            before_heal.iter().all(|w| w.index < cut[1].0),
+            "windows stay open while a member is unreachable: {before_heal:?}"
+        );
+        for &(index, admitted) in &cut[1..] {
+            let w = windows.iter().find(|w| w.index == index).expect("audited");
+            // Node 3 admits all it gets (70), the other two their two thirds of the limit.
+            assert!(admitted >= 130, "{cut:?}");
+            assert!(w.complete, "{w:?}");
+            assert!(w.admitted.abs_diff(admitted) <= 3, "held {cut_holds}: {w:?} against {admitted}");
+            assert!(w.admitted >= w.ideal + 30, "reported above the ideal: {w:?}");
+        }
+        let now = cluster.now;
+        let figures = cluster.node(1).audit_figures(now);
+        assert!(figures[0].sums.over_admitted >= 90, "{figures:?}");
     }
-    let now = cluster.now;
-    let figures = cluster.node(1).audit_figures(now);
-    assert!(figures[0].sums.over_admitted >= 90, "{figures:?}");
 }
 
 /// A partition the failure detector sees: each side owns the key in its own view, node 3 alone

@@ -51,6 +51,9 @@ enum Section {
     /// limit (forwards, reports, handoffs, replicas, region reports and grants) where they are
     /// not the defaults (a policy's pinned home region or its own fallback), by position.
     RegionTerms(Vec<RegionTermsItem>),
+    /// Added after it, likewise: the sender's clock of a frame with audit pieces
+    /// ([`Body::audit_clock_nanos`]).
+    AuditClock(u64),
 }
 
 /// The region terms of one item that carries a policy's limit ([`PolicyRegion`]).
@@ -404,6 +407,7 @@ impl FrameWire {
             (region_grant.is_empty(), Section::RegionGrant(region_grant)),
             (audit.is_empty(), Section::Audit(audit)),
             (region_terms.is_empty(), Section::RegionTerms(region_terms)),
+            (body.audit_clock_nanos.is_none(), Section::AuditClock(body.audit_clock_nanos.unwrap_or(0))),
         ];
         let sections = candidates.into_iter().filter(|(empty, _)| !empty).map(|(_, s)| s).collect();
         FrameWire {
@@ -475,6 +479,7 @@ impl FrameWire {
                         .collect();
                 }
                 Section::RegionTerms(items) => apply_region_terms(&mut body, items)?,
+                Section::AuditClock(nanos) => body.audit_clock_nanos = Some(nanos),
             }
         }
         Ok(Frame {

@@ -143,6 +143,11 @@ pub struct Body {
     pub region_grant: Vec<RegionGrant>,
     /// The audit: hits a node decided of keys the receiver owns (`node/audit.rs`).
     pub audit: Vec<AuditPiece>,
+    /// The sender's clock when it sent the frame (nanoseconds of its own monotonic clock, which
+    /// means nothing on another node), set when the frame carries audit pieces: their ages count
+    /// back from it. The receiver learns from it how much longer than its fastest lately a frame
+    /// took (a stream stalled behind a loss, a cut) and places the pieces back by as much.
+    pub audit_clock_nanos: Option<u64>,
 }
 
 impl Body {
@@ -204,6 +209,7 @@ impl Body {
             region_report: split(&mut self.region_report, &mut keep),
             region_grant: split(&mut self.region_grant, &mut keep),
             audit: split(&mut self.audit, &mut keep),
+            audit_clock_nanos: self.audit_clock_nanos,
         }
     }
 
