@@ -60,6 +60,16 @@ impl Node {
                 if follower.over_until > now && cost > 0 && cost >= follower.over_cost {
                     follower.refused_unasked = follower.refused_unasked.saturating_add(cost);
                     let retry = follower.over_until.nanos_since(now);
+                    let windowed = bucket.window_end_nanos(limit, now).is_some();
+                    if windowed && retry > retry_floor && follower.granted_seen > 0 {
+                        // Reported at the next round all the same, when that comes first: as the
+                        // window's stock ran out, holders whose share shrank gave hits back,
+                        // which reach the owner after it told this node it had none; they
+                        // would stay counted and unused until the window ends, and only a
+                        // report's answer brings them here. (A node that was never granted
+                        // any, whose forwards are refused, has nothing to learn that way.)
+                        follower.refused = follower.refused.saturating_add(cost);
+                    }
                     return Some(FollowerStep::Decided(
                         bucket.peek(limit, cost, now).refused_for(Some(retry)),
                     ));
@@ -67,7 +77,7 @@ impl Node {
                 if !reachable {
                     return None;
                 }
-                if follower.contended && cost > 0 {
+                if follower.contended_until > now && cost > 0 {
                     // Asked and refused: the owner learns of this demand at the next report.
                     follower.refused = follower.refused.saturating_add(cost);
                     let decision = refused_until_grant(bucket, limit, cost, now, retry_floor);
@@ -172,13 +182,15 @@ impl Node {
                     follower.allowance.hits = grant.hold_max;
                     follower.returned = follower.returned.saturating_add(held - grant.hold_max);
                 }
-                follower.contended = grant.contended;
+                follower.contended_until = if grant.contended { expires_at } else { Instant::ZERO };
                 follower.lease = grant.lease;
                 follower.over_until = Instant::ZERO;
                 if follower.allowance.live(now) == 0 {
                     let probe = bucket.peek(&limit, 1, now);
                     if let Some(retry) = probe.retry_after.filter(|_| !probe.allowed) {
-                        follower.over_until = now.add_duration(retry);
+                        // No later than the owner's window ends (the state came a one-way delay
+                        // late, so its window seems to end that much later here).
+                        follower.over_until = now.add_duration(retry).min(expires_at);
                         follower.over_cost = 1;
                     }
                 }

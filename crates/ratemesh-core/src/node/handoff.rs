@@ -148,7 +148,7 @@ impl Node {
                     meta.participants.clear();
                     let own = core::mem::take(&mut meta.own).live(now);
                     bucket.refund(&meta.policy.limit, own, now);
-                    meta.own_contended = false;
+                    meta.own_contended_until = Instant::ZERO;
                     // A region's lease and a home's ledger are the owner's: the new owner reports
                     // afresh (and a new home owner rebuilds its ledger from the reports).
                     meta.region = None;

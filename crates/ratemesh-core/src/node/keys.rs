@@ -26,8 +26,10 @@ pub(crate) struct KeyMeta {
     /// its own checks are decided on the bucket directly).
     pub own: Allowance,
     /// Owner only: at the last sizing, demand exceeded what the key can supply and the owner's
-    /// own share was worth an allowance, so its checks beyond that allowance are refused.
-    pub own_contended: bool,
+    /// own share was worth an allowance, so its checks beyond that allowance are refused — until
+    /// the next sizing, or until this instant, the window's end under a window algorithm (as a
+    /// holder's [`Follower::contended_until`]); [`Instant::ZERO`] when not contended.
+    pub own_contended_until: Instant,
     /// Owner only: its own share of a contended key's refill, when it decides on the bucket.
     pub own_credit: Credit,
     /// The sync round (`Node::due_epoch`) for which a client check last put the key in the
@@ -68,7 +70,7 @@ impl KeyMeta {
             participants: Vec::new(),
             demand: DemandMeter::default(),
             own: Allowance::NONE,
-            own_contended: false,
+            own_contended_until: Instant::ZERO,
             own_credit: Credit::default(),
             own_due_epoch: 0,
             replica_due_epoch: 0,
@@ -326,8 +328,11 @@ pub(crate) struct Follower {
     /// to the owner: demand it would not see otherwise).
     pub refused_unasked: u64,
     /// The owner said demand exceeds what the key can supply and this node's share is an
-    /// allowance: when it runs dry, refuse locally until the next grant instead of asking.
-    pub contended: bool,
+    /// allowance: when it runs dry, refuse locally until the next grant instead of asking — or
+    /// until this instant, the end of the owner's window under a window algorithm (a new window
+    /// is not contended: refusing until the next grant would refuse its first interval's
+    /// arrivals, which the one ideal limiter admits); [`Instant::ZERO`] when not contended.
+    pub contended_until: Instant,
     /// The allowance is a headroom lease ([`Grant::lease`]): reported when it runs low or nears
     /// its expiry, not whenever it was used.
     ///
@@ -370,7 +375,7 @@ impl Follower {
         self.owner = Some(owner);
         self.epoch = epoch;
         self.granted_seen = 0;
-        self.contended = false;
+        self.contended_until = Instant::ZERO;
         self.lease = false;
         self.over_until = Instant::ZERO;
     }

@@ -381,7 +381,7 @@ fn decide_own(
     if meta.own.take(cost, now) {
         return admitted_from_allowance(bucket, limit, meta.own.live(now), now);
     }
-    if meta.own_contended && cost > 0 && !meta.participants.is_empty() {
+    if meta.own_contended_until > now && cost > 0 && !meta.participants.is_empty() {
         return refused_until_grant(bucket, limit, cost, now, retry_floor_nanos);
     }
     sizing.metered(bucket, limit, meta, None, cost, rng)

@@ -426,7 +426,8 @@ impl SizingContext {
             true => self.target(&pool, own_demand, held, false).hits,
             false => 0,
         };
-        meta.own_contended = target > 0;
+        let expires = pool.expires_in_nanos.map_or(Instant::MAX, |left| now.add_nanos(left));
+        meta.own_contended_until = if target > 0 { expires } else { Instant::ZERO };
         if held > target {
             bucket.refund(limit, held - target, now);
             meta.own.hits = target;
@@ -437,14 +438,13 @@ impl SizingContext {
             }
             debug_assert!(grant <= pool.available, "the owner's own grant of {grant} from {pool:?}");
             bucket.force(limit, grant, now);
-            let expires = pool.expires_in_nanos.map_or(Instant::MAX, |left| now.add_nanos(left));
             meta.own.add(grant, expires, now);
         }
         debug_assert!(
             meta.own.live(now) <= target,
             "the owner holds at most its target of its own allowance"
         );
-        meta.own_contended || meta.own.live(now) > 0
+        meta.own_contended_until > now || meta.own.live(now) > 0
     }
 }
 
